@@ -1,0 +1,29 @@
+"""Project exceptions. Each message says what went wrong, where (file, column,
+line, value) and what was expected."""
+
+from __future__ import annotations
+
+__all__ = ["DataError", "NotFittedError", "SchemaError", "TabstreamError", "ExportError"]
+
+
+class TabstreamError(Exception):
+    """Base class of tabstream's own errors."""
+
+
+class DataError(TabstreamError, ValueError):
+    """Input data is unreadable or does not match what was declared."""
+
+
+class SchemaError(TabstreamError, KeyError):
+    """A column is missing or has the wrong type."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0]) if self.args else ""
+
+
+class NotFittedError(TabstreamError, RuntimeError):
+    """A workflow or op was used before ``fit``."""
+
+
+class ExportError(TabstreamError, RuntimeError):
+    """Writing an export failed; nothing that looks complete was left behind."""

@@ -1,0 +1,205 @@
+"""Ops on continuous (numeric) columns: FillMissing, Clip, LogOp, Normalize.
+
+>>> t = pa.table({"I1": [3, None, -2]})
+>>> FillMissing(0).transform(t)["I1"]        # [3, 0, -2]
+>>> Clip(min_value=0).transform(t)["I1"]     # [3, null, 0]
+>>> LogOp().transform(t)["I1"]               # log1p: [1.386, null, nan]  (float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tabstream.ops.base import ColumnOperator, Operator, StatOperator
+from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+
+__all__ = ["Clip", "FillMissing", "LogOp", "Normalize"]
+
+
+def _is_float(t: pa.DataType) -> bool:
+    return pa.types.is_floating(t)
+
+
+def _check_numeric(op: Operator, col: ColumnSchema) -> None:
+    if col.is_list or not (col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"):
+        raise TypeError(
+            f"{type(op).__name__} needs numeric columns, but column {col.name!r} is "
+            f"{'a list of ' if col.is_list else ''}{col.dtype}"
+        )
+
+
+def _to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Values as float64 with nulls as NaN."""
+    return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+class FillMissing(ColumnOperator):
+    """Replace nulls (and NaN in float columns) with ``fill_val``.
+
+    With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
+    """
+
+    def __init__(self, fill_val: float = 0, add_binary_cols: bool = False) -> None:
+        if not isinstance(fill_val, (int, float)) or isinstance(fill_val, bool):
+            raise TypeError(f"FillMissing: fill_val must be a number, got {fill_val!r}")
+        self.fill_val = fill_val
+        self.add_binary_cols = bool(add_binary_cols)
+
+    def compute_output_schema(self, input_schema: Schema) -> Schema:
+        cols = []
+        for col in input_schema:
+            _check_numeric(self, col)
+            dtype = col.dtype
+            if dtype.startswith(("int", "uint")) and float(self.fill_val) != int(self.fill_val):
+                dtype = "float64"  # a fractional fill value cannot live in an int column
+            cols.append(col.with_dtype(dtype))
+            if self.add_binary_cols:
+                cols.append(ColumnSchema(f"{col.name}_filled", "bool"))
+        return Schema(cols)
+
+    def _missing(self, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        missing = pc.is_null(column)
+        if _is_float(column.type):
+            missing = pc.or_(missing, pc.is_nan(column))
+        return missing
+
+    def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        out_type = column.type
+        if pa.types.is_integer(out_type) and float(self.fill_val) != int(self.fill_val):
+            out_type = pa.float64()
+        column = column.cast(out_type)
+        fill = pa.scalar(self.fill_val).cast(out_type)
+        if _is_float(out_type):
+            return pc.if_else(self._missing(column), fill, column)
+        return pc.fill_null(column, fill)
+
+    def transform(self, table: pa.Table) -> pa.Table:
+        data: dict[str, Any] = {}
+        for name in table.column_names:
+            column = table.column(name)
+            data[name] = self.transform_column(name, column)
+            if self.add_binary_cols:
+                data[f"{name}_filled"] = pc.fill_null(self._missing(column), False)
+        return pa.table(data)
+
+
+class Clip(ColumnOperator):
+    """Limit values to ``[min_value, max_value]``; nulls stay null."""
+
+    def __init__(self, min_value: float | None = None, max_value: float | None = None) -> None:
+        if min_value is None and max_value is None:
+            raise ValueError("Clip needs min_value, max_value or both")
+        if min_value is not None and max_value is not None and min_value > max_value:
+            raise ValueError(f"Clip: min_value {min_value} is greater than max_value {max_value}")
+        self.min_value = min_value
+        self.max_value = max_value
+
+    def compute_output_schema(self, input_schema: Schema) -> Schema:
+        cols = []
+        for col in input_schema:
+            _check_numeric(self, col)
+            fractional = any(b is not None and float(b) != int(b) for b in (self.min_value, self.max_value))
+            if col.dtype.startswith(("int", "uint")) and fractional:
+                col = col.with_dtype("float64")
+            cols.append(col)
+        return Schema(cols)
+
+    def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        fractional = any(b is not None and float(b) != int(b) for b in (self.min_value, self.max_value))
+        if pa.types.is_integer(column.type) and fractional:
+            column = column.cast(pa.float64())
+        if self.min_value is not None:
+            column = pc.max_element_wise(column, pa.scalar(self.min_value).cast(column.type))
+        if self.max_value is not None:
+            column = pc.min_element_wise(column, pa.scalar(self.max_value).cast(column.type))
+        return column
+
+
+class LogOp(ColumnOperator):
+    """``log(1 + x)`` as float32 (NVTabular's LogOp).
+
+    Values below -1 give NaN and -1 gives -inf, as ``numpy.log1p`` does; clip counts
+    first (``Clip(min_value=0) >> LogOp()``) when they can be negative. Nulls stay null.
+    """
+
+    def output_column(self, col: ColumnSchema) -> ColumnSchema:
+        _check_numeric(self, col)
+        return col.with_dtype("float32").with_tags(Tags.CONTINUOUS)
+
+    def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.log1p(column.cast(pa.float64())).cast(pa.float32())
+
+
+class Normalize(StatOperator):
+    """Standardize to zero mean and unit standard deviation (sample std, ddof=1).
+
+    Statistics use finite values only (nulls, NaN and ±inf are left out); the
+    output is float32. A column with std 0 (or fewer than 2 values) is only
+    centred. Nulls stay null.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.means: dict[str, float] = {}
+        self.stds: dict[str, float] = {}
+
+    def output_column(self, col: ColumnSchema) -> ColumnSchema:
+        _check_numeric(self, col)
+        return col.with_dtype("float32").with_tags(Tags.CONTINUOUS)
+
+    def fit_partition(self, table: pa.Table) -> dict[str, tuple[int, float, float]]:
+        out = {}
+        for name in table.column_names:
+            x = _to_float64(table.column(name))
+            x = x[np.isfinite(x)]
+            n = len(x)
+            mean = float(x.mean()) if n else 0.0
+            m2 = float(((x - mean) ** 2).sum()) if n else 0.0
+            out[name] = (n, mean, m2)
+        return out
+
+    def combine(self, partials: Sequence[dict[str, tuple[int, float, float]]]) -> dict[str, tuple[int, float, float]]:
+        # Chan et al.'s pairwise update: exact and stable for any partitioning.
+        out: dict[str, tuple[int, float, float]] = {}
+        for part in partials:
+            for name, (n_b, mean_b, m2_b) in part.items():
+                if name not in out:
+                    out[name] = (n_b, mean_b, m2_b)
+                    continue
+                n_a, mean_a, m2_a = out[name]
+                n = n_a + n_b
+                if n == 0:
+                    continue
+                delta = mean_b - mean_a
+                mean = mean_a + delta * n_b / n
+                m2 = m2_a + m2_b + delta * delta * n_a * n_b / n
+                out[name] = (n, mean, m2)
+        return out
+
+    def finalize(self, partial: dict[str, tuple[int, float, float]]) -> None:
+        self.means = {k: float(v[1]) for k, v in partial.items()}
+        self.stds = {k: float(np.sqrt(v[2] / (v[0] - 1))) if v[0] > 1 else 0.0 for k, v in partial.items()}
+        self.fitted = True
+
+    def transform(self, table: pa.Table) -> pa.Table:
+        self.check_fitted()
+        data = {}
+        for name in table.column_names:
+            x = pc.subtract(table.column(name).cast(pa.float64()), self.means[name])
+            if self.stds[name] > 0:
+                x = pc.divide(x, self.stds[name])
+            data[name] = x.cast(pa.float32())
+        return pa.table(data)
+
+    def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        return {"means": self.means, "stds": self.stds}, {}
+
+    def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        self.means = {k: float(v) for k, v in values["means"].items()}
+        self.stds = {k: float(v) for k, v in values["stds"].items()}
+        self.fitted = True

@@ -1,0 +1,553 @@
+"""Lazy, partitioned tabular datasets: parquet, CSV/TSV raw logs, in-memory frames.
+
+A :class:`Dataset` is a list of *pieces* (a few parquet row groups, a byte range of a
+CSV file, a slice of a DataFrame) and a function that reads one piece into an Arrow
+table. Fitting and exporting run one dask task per piece, so memory is bounded by
+``part_size``, never by the dataset.
+
+>>> ds = Dataset("logs/day_*.tsv", sep="\\t", names=["label", "I1", "C1"],
+...              dtypes={"label": "int64", "I1": "int64", "C1": "string"})
+>>> ds.npartitions, ds.schema.column_names
+(12, ['label', 'I1', 'C1'])
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from fsspec.core import get_fs_token_paths
+from fsspec.utils import read_block
+
+from tabstream.errors import DataError, SchemaError
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.pipeline.schema import ColumnSchema, Schema
+
+__all__ = ["Dataset", "parse_bytes"]
+
+DEFAULT_PART_SIZE = 64 * 2**20
+_PARQUET_EXT = (".parquet", ".pq", ".parq")
+_CSV_EXT = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
+
+
+def parse_bytes(size: int | str | None) -> int:
+    """``"128MB"`` -> 134217728. Integers pass through."""
+    if size is None:
+        return DEFAULT_PART_SIZE
+    if isinstance(size, (int, np.integer)):
+        if size <= 0:
+            raise ValueError(f"part_size must be positive, got {size}")
+        return int(size)
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?i?b?)\s*", str(size).lower())
+    if not m:
+        raise ValueError(f"cannot parse part_size {size!r}; expected e.g. 128MB, 1GB or a byte count")
+    unit = m.group(2).rstrip("b").rstrip("i")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise ValueError(f"part_size must be positive, got {size!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class _ParquetPiece:
+    path: str
+    row_groups: tuple[int, ...]
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class _CsvPiece:
+    path: str
+    offset: int
+    length: int | None  # None: the whole file (compressed files cannot be split)
+
+
+@dataclass(frozen=True)
+class _TablePiece:
+    start: int
+    stop: int
+
+
+class Dataset:
+    """A lazily read, partitioned dataset.
+
+    Parameters
+    ----------
+    path_or_df:
+        A parquet or CSV/TSV file, folder, glob or list of them (local or any fsspec
+        URL), a pandas DataFrame, a pyarrow Table or a dask DataFrame.
+    engine:
+        ``"parquet"`` or ``"csv"``; inferred from the file extension when omitted.
+    part_size:
+        Target in-memory size of one partition (``"64MB"`` by default).
+    cpu:
+        ``None`` or ``True``: the CPU backend (pyarrow kernels in dask tasks).
+        ``False`` asks for the GPU backend, which this release does not have yet.
+    **read_kwargs:
+        For CSV: ``names`` (column names, required for headerless raw logs),
+        ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
+        ``header`` (``False`` by default when ``names`` is given).
+    """
+
+    def __init__(
+        self,
+        path_or_df: Any,
+        engine: str | None = None,
+        part_size: int | str | None = None,
+        storage_options: dict | None = None,
+        cpu: bool | None = None,
+        schema: Schema | None = None,
+        **read_kwargs: Any,
+    ) -> None:
+        self.part_size = parse_bytes(part_size)
+        self.storage_options = dict(storage_options or {})
+        self.cpu = _resolve_cpu(cpu)
+        self.read_kwargs = read_kwargs
+        self.fs: fsspec.AbstractFileSystem | None = None
+        self.files: list[str] = []
+        self._table: pa.Table | None = None
+        self._ddf = None
+        self._stored_schema: Schema | None = None
+
+        if isinstance(path_or_df, pd.DataFrame):
+            self.engine = "dataframe"
+            self._table = _pandas_to_arrow(path_or_df)
+        elif isinstance(path_or_df, pa.Table):
+            self.engine = "dataframe"
+            self._table = path_or_df
+        elif _is_dask_dataframe(path_or_df):
+            self.engine = "dask"
+            self._ddf = path_or_df
+        else:
+            self.fs, self.files = _expand_paths(path_or_df, self.storage_options, engine)
+            self.engine = engine or _infer_engine(self.files)
+            if self.engine not in ("parquet", "csv"):
+                raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
+            self._stored_schema = _read_schema_json(self.fs, self.files)
+
+        self._arrow_schema = self._plan()
+        self.schema = self._merge_schema(schema)
+
+    # -- planning -----------------------------------------------------------
+    def _plan(self) -> pa.Schema:
+        if self.engine == "dataframe":
+            assert self._table is not None
+            row_bytes = max(1, self._table.nbytes // max(1, self._table.num_rows))
+            step = max(1, self.part_size // row_bytes)
+            n = self._table.num_rows
+            self._pieces: list[Any] = [
+                _TablePiece(i, min(i + step, n)) for i in range(0, n, step)
+            ] or [_TablePiece(0, 0)]
+            return self._table.schema
+        if self.engine == "dask":
+            self._pieces = list(range(self._ddf.npartitions))
+            meta = self._ddf._meta
+            return _pandas_to_arrow(meta).schema
+        if self.engine == "parquet":
+            return self._plan_parquet()
+        return self._plan_csv()
+
+    def _plan_parquet(self) -> pa.Schema:
+        pieces: list[_ParquetPiece] = []
+        first_schema: pa.Schema | None = None
+        self._file_schemas: dict[str, pa.Schema] = {}
+        for path in self.files:
+            md, arrow_schema = _parquet_footer(self.fs, path)
+            self._file_schemas[path] = arrow_schema
+            if first_schema is None:
+                first_schema = arrow_schema
+            else:
+                _check_compatible(first_schema, arrow_schema, self.files[0], path)
+            group: list[int] = []
+            group_bytes = group_rows = 0
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                if group and group_bytes + rg.total_byte_size > self.part_size:
+                    pieces.append(_ParquetPiece(path, tuple(group), group_rows))
+                    group, group_bytes, group_rows = [], 0, 0
+                group.append(i)
+                group_bytes += rg.total_byte_size
+                group_rows += rg.num_rows
+            if group:
+                pieces.append(_ParquetPiece(path, tuple(group), group_rows))
+        assert first_schema is not None
+        self._pieces = pieces
+        return first_schema
+
+    def _plan_csv(self) -> pa.Schema:
+        names = self.read_kwargs.get("names")
+        dtypes = self.read_kwargs.get("dtypes") or self.read_kwargs.get("dtype") or {}
+        header = self.read_kwargs.get("header", names is None)
+        if names is None and not header:
+            raise ValueError("CSV without a header needs names=[...] (the column names in order)")
+        sep = self.read_kwargs.get("sep")
+        if sep is None:
+            sep = "\t" if self.files[0].endswith((".tsv", ".tsv.gz")) else ","
+        self._csv_sep = sep
+        self._csv_header = bool(header)
+        if names is None:
+            with self.fs.open(self.files[0], "rb", compression="infer") as f:
+                first = f.readline().decode().rstrip("\r\n")
+            names = first.split(sep)
+        unknown = sorted(set(dtypes) - set(names))
+        if unknown:
+            raise SchemaError(f"dtypes given for columns {unknown} that are not in names={list(names)}")
+        self._csv_names = list(names)
+        self._csv_types = {n: dtype_to_arrow_type(dtypes[n]) for n in names if n in dtypes}
+        # Columns without a declared dtype are read as strings: guessing per block
+        # would let two partitions disagree on a column's type.
+        fields = [pa.field(n, self._csv_types.get(n, pa.string())) for n in names]
+        pieces: list[_CsvPiece] = []
+        for path in self.files:
+            if fsspec.utils.infer_compression(path):
+                pieces.append(_CsvPiece(path, 0, None))
+                continue
+            size = self.fs.size(path)
+            for offset in range(0, max(size, 1), self.part_size):
+                pieces.append(_CsvPiece(path, offset, self.part_size))
+        self._pieces = pieces
+        return pa.schema(fields)
+
+    def _merge_schema(self, given: Schema | None) -> Schema:
+        cols = []
+        stored = given or self._stored_schema
+        for field in self._arrow_schema:
+            dtype, is_list = arrow_type_to_dtype(field.type)
+            col = ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
+            if stored is not None and field.name in stored:
+                known = stored[field.name]
+                col = ColumnSchema(field.name, dtype, known.tags, known.properties,
+                                   is_list=is_list, is_ragged=known.is_ragged if is_list else False)
+            cols.append(col)
+        return Schema(cols)
+
+    # -- reading ------------------------------------------------------------
+    @property
+    def npartitions(self) -> int:
+        return len(self._pieces)
+
+    @property
+    def pieces(self) -> list[Any]:
+        return list(self._pieces)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self._arrow_schema
+
+    def read_piece(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Read one partition as an Arrow table (only ``columns`` when given)."""
+        if columns is not None:
+            missing = [c for c in columns if c not in self._arrow_schema.names]
+            if missing:
+                raise SchemaError(
+                    f"columns {missing} are not in the dataset; available: {self._arrow_schema.names}"
+                )
+        if isinstance(piece, _TablePiece):
+            assert self._table is not None
+            t = self._table.slice(piece.start, piece.stop - piece.start)
+            return t.select(list(columns)) if columns is not None else t
+        if isinstance(piece, _ParquetPiece):
+            return self._read_parquet_piece(piece, columns)
+        if isinstance(piece, _CsvPiece):
+            t = self._read_csv_piece(piece)
+            return t.select(list(columns)) if columns is not None else t
+        part = self._ddf.get_partition(piece).compute(scheduler="sync")
+        t = _pandas_to_arrow(part)
+        return t.select(list(columns)) if columns is not None else t
+
+    def _read_parquet_piece(self, piece: _ParquetPiece, columns: Sequence[str] | None) -> pa.Table:
+        try:
+            with self.fs.open(piece.path, "rb") as f:
+                pf = pq.ParquetFile(f)
+                table = pf.read_row_groups(list(piece.row_groups),
+                                           columns=list(columns) if columns is not None else None)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{piece.path}: cannot read row groups {list(piece.row_groups)}: {exc}") from exc
+        target = self._arrow_schema if columns is None else pa.schema(
+            [self._arrow_schema.field(c) for c in columns])
+        if not table.schema.equals(target):
+            try:
+                table = table.select(target.names).cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise DataError(f"{piece.path}: cannot convert to the dataset's schema {target}: {exc}") from exc
+        return table
+
+    def _read_csv_piece(self, piece: _CsvPiece) -> pa.Table:
+        data = self._csv_block(piece)
+        skip_header = self._csv_header and piece.offset == 0
+        try:
+            return self._parse_csv(data, skip_header)
+        except pa.ArrowInvalid as exc:
+            raise self._csv_error(piece, data, skip_header, exc) from exc
+
+    def _csv_block(self, piece: _CsvPiece) -> bytes:
+        with self.fs.open(piece.path, "rb", compression="infer") as f:
+            if piece.length is None:
+                return f.read()
+            return read_block(f, piece.offset, piece.length, delimiter=b"\n")
+
+    def _parse_csv(self, data: bytes, skip_header: bool,
+                   invalid_row_handler: Any = None, as_strings: bool = False) -> pa.Table:
+        types = {n: pa.string() for n in self._csv_names} if as_strings else self._csv_types
+        names = self._csv_names
+        if not data.strip():
+            return pa.table({n: pa.array([], type=self._arrow_schema.field(n).type) for n in names})
+        return pacsv.read_csv(
+            io.BytesIO(data),
+            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
+                                           use_threads=False, block_size=1 << 26),
+            parse_options=pacsv.ParseOptions(delimiter=self._csv_sep,
+                                             invalid_row_handler=invalid_row_handler),
+            convert_options=pacsv.ConvertOptions(
+                column_types={n: types.get(n, pa.string()) for n in names},
+                null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
+            ),
+        )
+
+    def _csv_error(self, piece: _CsvPiece, data: bytes, skip_header: bool,
+                   exc: Exception) -> DataError:
+        """Turn an Arrow CSV error into one that names the file, line and column."""
+        first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
+        msg = str(exc)
+        bad: list[Any] = []
+
+        def handler(row: Any) -> str:
+            bad.append(row)
+            return "skip"
+
+        if "parse error" in msg.lower():
+            try:
+                self._parse_csv(data, skip_header, invalid_row_handler=handler, as_strings=True)
+            except pa.ArrowInvalid:
+                pass
+            if bad:
+                row = bad[0]
+                line = first_line + (row.number - 1 if row.number is not None else 0)
+                return DataError(
+                    f"{piece.path}, line {line}: expected {row.expected_columns} fields "
+                    f"separated by {self._csv_sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
+                )
+            return DataError(f"{piece.path} (from line {first_line}): {msg}")
+        m = re.search(r"column #(\d+)", msg)
+        if m:
+            name = self._csv_names[int(m.group(1))]
+            raw = self._parse_csv(data, skip_header, as_strings=True).column(name)
+            target = self._csv_types[name]
+            for i, value in enumerate(raw.to_pylist()):
+                if value is None:
+                    continue
+                try:
+                    pa.array([value]).cast(target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    return DataError(
+                        f"{piece.path}, line {first_line + i}, column {name!r}: value {value!r} "
+                        f"is not a valid {arrow_type_to_dtype(target)[0]}"
+                    )
+            return DataError(f"{piece.path}, column {name!r}: {msg}")
+        return DataError(f"{piece.path} (from line {first_line}): {msg}")
+
+    def _lines_before(self, piece: _CsvPiece) -> int:
+        """Lines in the file before the block of ``piece`` (``read_block`` starts a
+        block just after the first newline at or past ``offset``)."""
+        if piece.offset == 0:
+            return 0
+        with self.fs.open(piece.path, "rb") as f:
+            return f.read(piece.offset).count(b"\n") + 1
+
+    # -- user-facing views --------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        if self.engine == "parquet":
+            return sum(p.num_rows for p in self._pieces)
+        if self.engine == "dataframe":
+            assert self._table is not None
+            return self._table.num_rows
+        import dask
+
+        tasks = [dask.delayed(_count_rows)(self, p) for p in self._pieces]
+        return int(sum(dask.compute(*tasks, scheduler="threads")))
+
+    def to_iter(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+        """Yield the partitions one by one as pandas DataFrames."""
+        for piece in self._pieces:
+            yield arrow_to_pandas(self.read_piece(piece, columns))
+
+    def to_ddf(self, columns: Sequence[str] | None = None):
+        """A dask DataFrame over the partitions (pandas partitions)."""
+        import dask.dataframe as dd
+
+        if self.engine == "dask" and columns is None:
+            return self._ddf
+        cols = list(columns) if columns is not None else None
+        target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
+        meta = arrow_to_pandas(target.empty_table())
+        return dd.from_map(_ReadPandas(self, cols), self._pieces, meta=meta, enforce_metadata=False)
+
+    def to_parquet(self, output_path: str, **kwargs: Any):
+        """Export the dataset unchanged (see :func:`tabstream.pipeline.export.to_parquet`)."""
+        from tabstream.pipeline.export import export
+
+        return export(self, None, output_path, **kwargs)
+
+    def __repr__(self) -> str:
+        src = self.files[0] if self.files else self.engine
+        more = f" (+{len(self.files) - 1} files)" if len(self.files) > 1 else ""
+        return f"Dataset({src!r}{more}, engine={self.engine!r}, npartitions={self.npartitions})"
+
+
+class _ReadPandas:
+    """Picklable partition reader for ``dd.from_map``."""
+
+    def __init__(self, ds: Dataset, columns: list[str] | None) -> None:
+        self.ds, self.columns = ds, columns
+
+    def __call__(self, piece: Any) -> pd.DataFrame:
+        return arrow_to_pandas(self.ds.read_piece(piece, self.columns))
+
+
+def _count_rows(ds: Dataset, piece: Any) -> int:
+    return ds.read_piece(piece).num_rows
+
+
+def arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
+    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
+    lists become ArrowDtype lists, strings pandas' string dtype."""
+
+    def mapper(t: pa.DataType) -> Any:
+        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pd.ArrowDtype(t)
+        return None
+
+    return table.to_pandas(types_mapper=mapper, self_destruct=False)
+
+
+def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
+    return pa.Table.from_pandas(df, preserve_index=False)
+
+
+def _is_dask_dataframe(obj: Any) -> bool:
+    mod = type(obj).__module__
+    return mod.startswith("dask") and hasattr(obj, "npartitions")
+
+
+def _resolve_cpu(cpu: bool | None) -> bool:
+    """Only the CPU backend (pandas/pyarrow) exists in this release; say so plainly
+    when the GPU one is asked for."""
+    if cpu is None or cpu:
+        return True
+    raise ValueError(
+        "Dataset(cpu=False) asks for the GPU (cudf) backend, which this release of "
+        "tabstream does not have yet; use cpu=None or cpu=True"
+    )
+
+
+def _expand_paths(path: Any, storage_options: dict, engine: str | None) -> tuple[Any, list[str]]:
+    paths = [path] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else list(path)
+    if not paths:
+        raise FileNotFoundError("Dataset got an empty list of paths")
+    paths = [str(p) for p in paths]
+    fs, _, _ = get_fs_token_paths(paths[0], storage_options=storage_options)
+    files: list[str] = []
+    for p in paths:
+        stripped = fs._strip_protocol(p)
+        if any(ch in p for ch in "*?["):
+            matched = sorted(fs.glob(stripped))
+            if not matched:
+                raise FileNotFoundError(f"no files match {p!r}")
+            files.extend(m for m in matched if fs.isfile(m))
+        elif fs.isdir(stripped):
+            found = sorted(
+                f for f in fs.find(stripped)
+                if not any(part.startswith(("_", ".")) for part in posixpath.relpath(f, stripped).split("/"))
+                and _wanted(f, engine)
+            )
+            if not found:
+                raise FileNotFoundError(f"folder {p!r} holds no data files")
+            files.extend(found)
+        elif fs.exists(stripped):
+            files.append(stripped)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p!r}")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("file", "local"):
+        files = [f if "://" in f else f"{protocol}://{f}" for f in files]
+    return fs, files
+
+
+def _wanted(path: str, engine: str | None) -> bool:
+    if engine == "parquet" or engine is None:
+        if path.endswith(_PARQUET_EXT):
+            return True
+    if engine == "csv" or engine is None:
+        if path.endswith(_CSV_EXT):
+            return True
+    return False
+
+
+def _infer_engine(files: list[str]) -> str:
+    first = files[0]
+    if first.endswith(_PARQUET_EXT):
+        return "parquet"
+    if first.endswith(_CSV_EXT):
+        return "csv"
+    raise ValueError(f"cannot tell the format of {first!r} from its extension; pass engine='parquet' or 'csv'")
+
+
+def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
+    try:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            return pf.metadata, pf.schema_arrow
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+
+
+def _check_compatible(first: pa.Schema, other: pa.Schema, first_path: str, path: str) -> None:
+    missing = [n for n in first.names if n not in other.names]
+    if missing:
+        raise SchemaError(
+            f"{path}: columns {missing} are missing (they are in {first_path}); "
+            f"this file has {other.names}"
+        )
+    for field in first:
+        theirs = other.field(field.name).type
+        if theirs != field.type and not _safely_castable(theirs, field.type):
+            raise SchemaError(
+                f"{path}: column {field.name!r} is {theirs}, but {first_path} has {field.type}"
+            )
+
+
+def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    if pa.types.is_dictionary(src):
+        src = src.value_type
+    if src == dst:
+        return True
+    both_int = pa.types.is_integer(src) and pa.types.is_integer(dst)
+    both_float = pa.types.is_floating(src) and pa.types.is_floating(dst)
+    strings = {pa.string(), pa.large_string()}
+    return both_int or both_float or (src in strings and dst in strings)
+
+
+def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
+    """tabstream exports keep tags and properties in ``schema.json`` beside the files."""
+    folder = posixpath.dirname(fs._strip_protocol(files[0]))
+    candidate = posixpath.join(folder, "schema.json")
+    if not fs.exists(candidate):
+        return None
+    with fs.open(candidate, "r") as f:
+        try:
+            return Schema.from_dict(json.load(f))
+        except (ValueError, KeyError) as exc:
+            raise DataError(f"{candidate}: not a valid tabstream schema: {exc}") from exc

@@ -1,0 +1,72 @@
+"""Mapping between Arrow types and the dtype names used in schemas.
+
+Schemas name element types the numpy way (``"int64"``, ``"float32"``,
+``"string"``, ``"bool"``); list columns keep the element type and set
+``is_list``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type"]
+
+_NAMED = {
+    "string": pa.string(),
+    "str": pa.string(),
+    "object": pa.string(),
+    "large_string": pa.large_string(),
+    "bool": pa.bool_(),
+    "boolean": pa.bool_(),
+}
+
+
+def is_list_type(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def list_value_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if is_list_type(t) else t
+
+
+def arrow_type_to_dtype(t: pa.DataType) -> tuple[str, bool]:
+    """``(element dtype name, is_list)`` for an Arrow type.
+
+    >>> arrow_type_to_dtype(pa.list_(pa.int32()))
+    ('int32', True)
+    """
+    is_list = is_list_type(t)
+    t = list_value_type(t)
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string", is_list
+    if pa.types.is_boolean(t):
+        return "bool", is_list
+    if pa.types.is_timestamp(t):
+        return f"datetime64[{t.unit}]", is_list
+    try:
+        return np.dtype(t.to_pandas_dtype()).name, is_list
+    except (NotImplementedError, TypeError):
+        return str(t), is_list
+
+
+def dtype_to_arrow_type(dtype: Any) -> pa.DataType:
+    """Arrow type for a user-given dtype: a name (``"int64"``, ``"string"``), a numpy
+    dtype, a Python type (``int``, ``float``, ``str``) or an Arrow type."""
+    if isinstance(dtype, pa.DataType):
+        return dtype
+    if dtype is str:
+        return pa.string()
+    if isinstance(dtype, str) and dtype.lower() in _NAMED:
+        return _NAMED[dtype.lower()]
+    try:
+        return pa.from_numpy_dtype(np.dtype(dtype))
+    except (TypeError, NotImplementedError) as exc:
+        raise TypeError(
+            f"unsupported dtype {dtype!r}; use a numpy dtype name such as 'int64', "
+            "'float32', 'string' or 'bool', or a pyarrow DataType"
+        ) from exc

@@ -1,0 +1,58 @@
+"""Running task graphs on dask: the threaded scheduler by default, a
+``distributed.Client`` when one is given."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask
+from dask import delayed
+
+__all__ = ["compute", "num_workers", "tree_reduce"]
+
+
+def num_workers(client: Any = None) -> int:
+    """Processes (client) or threads (local) that run tasks side by side."""
+    if client is not None:
+        return max(1, len(client.scheduler_info().get("workers", {})))
+    configured = dask.config.get("num_workers", None)
+    return int(configured or os.cpu_count() or 1)
+
+
+def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
+            progress: bool | None = None) -> list[Any]:
+    """Compute delayed ``tasks`` and return their results in order.
+
+    ``progress=None`` shows a bar only when stderr is a terminal.
+    """
+    tasks = list(tasks)
+    if not tasks:
+        return []
+    disable = None if progress is None else not progress
+    if client is not None:
+        from distributed import as_completed
+        from tqdm.auto import tqdm
+
+        futures = client.compute(tasks)
+        with tqdm(total=len(futures), desc=desc, disable=disable, unit="task") as bar:
+            for _ in as_completed(futures):
+                bar.update()
+        return client.gather(futures)
+    from tqdm.dask import TqdmCallback
+
+    with TqdmCallback(desc=desc, disable=disable, unit="task"):
+        return list(dask.compute(*tasks, scheduler="threads"))
+
+
+def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8) -> Any:
+    """Combine delayed partial results ``fan_in`` at a time until one is left, so no
+    task ever holds more than ``fan_in`` partials."""
+    level = list(items)
+    if not level:
+        raise ValueError("nothing to reduce")
+    combine_d = delayed(combine, pure=False)
+    while len(level) > 1:
+        level = [combine_d(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
+    return level[0]

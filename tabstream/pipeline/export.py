@@ -1,0 +1,325 @@
+"""Atomic, split, optionally shuffled parquet export.
+
+Layout of an export folder::
+
+    out/train/part_00000.parquet ...   data files (snappy; row groups of <= row_group_size)
+    out/train/schema.json              the output Schema (tags, cardinalities, ...)
+    out/train/_manifest.json           {"num_rows": N, "files": [{"path", "num_rows"}], ...}
+    out/train/_metadata                parquet footers of every file
+    out/train/_keysets/part_00000.parquet   with write_keysets: (column, id) pairs per file
+
+Everything is written into a hidden sibling folder ``.train.tmp-<id>`` and renamed
+to ``train`` only when complete, so a failed or killed export never leaves a
+folder that looks finished.
+
+Files and work are split into *writer groups*, one per dask worker (threads of the
+local scheduler, or the workers of a distributed client). Each group reads its
+share of the input partitions one at a time and writes ``out_files_per_proc`` files:
+
+* ``shuffle=None``: rows keep their order; partitions go to files in turn.
+* ``"per_partition"``: rows of each partition are permuted before writing.
+* ``"per_worker"``: each permuted partition is cut into ``out_files_per_proc`` pieces,
+  one per file of its group, so every file mixes rows of all the group's partitions.
+* ``"full"``: a two-pass global shuffle: rows are scattered to random files, then
+  each file's rows are permuted (memory: one output file at a time).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from dask import delayed
+
+import tabstream
+from tabstream.errors import ExportError
+from tabstream.pipeline.dataset import Dataset
+from tabstream.pipeline.execution import compute, num_workers
+from tabstream.pipeline.schema import Schema, Tags
+
+__all__ = ["ExportResult", "export"]
+
+SHUFFLES = (None, "per_partition", "per_worker", "full")
+DEFAULT_ROW_GROUP_SIZE = 128 * 1024
+
+
+class ExportResult:
+    """What an export wrote: ``path``, ``files`` (relative names), ``num_rows`` and
+    ``rows_per_file``."""
+
+    def __init__(self, path: str, files: list[str], rows_per_file: list[int]) -> None:
+        self.path = path
+        self.files = files
+        self.rows_per_file = rows_per_file
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(self.rows_per_file))
+
+    def __repr__(self) -> str:
+        return f"ExportResult({self.path!r}, files={len(self.files)}, num_rows={self.num_rows})"
+
+
+def export(
+    dataset: Dataset,
+    workflow: Any,
+    output_path: str,
+    out_files_per_proc: int | None = None,
+    num_files: int | None = None,
+    shuffle: str | None = None,
+    partition_on: list[str] | None = None,
+    write_keysets: bool = False,
+    seed: int | None = None,
+    overwrite: bool = False,
+    client: Any = None,
+    row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
+    compression: str = "snappy",
+    storage_options: dict | None = None,
+    progress: bool | None = None,
+) -> ExportResult:
+    """Write ``workflow.transform(dataset)`` (or the dataset itself when ``workflow`` is
+    None) as parquet files plus ``schema.json`` and ``_manifest.json``."""
+    if shuffle not in SHUFFLES:
+        raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+    if partition_on:
+        raise ValueError(
+            "partition_on is not supported by this release; export without it and "
+            "split with Dataset.split or a Filter op"
+        )
+    for name, value in (("out_files_per_proc", out_files_per_proc), ("num_files", num_files)):
+        if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if out_files_per_proc is not None and num_files is not None:
+        raise ValueError("give out_files_per_proc or num_files, not both")
+    if row_group_size < 1:
+        raise ValueError(f"row_group_size must be positive, got {row_group_size}")
+
+    fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
+    root = paths[0].rstrip("/")
+    if fs.exists(root) and not overwrite:
+        if fs.isdir(root) and not fs.ls(root):
+            fs.rm(root, recursive=True)
+        else:
+            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+    parent, name = posixpath.split(root)
+    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    fs.makedirs(tmp, exist_ok=True)
+
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % 2**63)  # owned entropy, no global RNG
+    pieces = dataset.pieces
+    groups = min(num_workers(client), num_files or 10**9, max(1, len(pieces)))
+    total_files = num_files or (out_files_per_proc or 1) * groups
+    if workflow is not None:
+        schema = workflow.output_schema
+        columns = workflow.input_columns
+    else:
+        schema = dataset.schema
+        columns = None
+    keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
+    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed)
+
+    try:
+        if shuffle == "full":
+            results = _full_shuffle(plan, pieces, total_files, client, progress)
+        else:
+            tasks = []
+            for g in range(groups):
+                files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
+                my_pieces = list(range(g * len(pieces) // groups, (g + 1) * len(pieces) // groups))
+                tasks.append(delayed(_write_group, pure=False)(plan, my_pieces, files, shuffle))
+            results = [r for group in compute(tasks, client, desc="export", progress=progress) for r in group]
+        results.sort()
+        files = [f for f, rows in results if rows > 0]
+        rows = [rows for f, rows in results if rows > 0]
+        _write_sidecars(fs, tmp, schema, files, rows)
+        _publish(fs, tmp, root, overwrite)
+    except BaseException as exc:
+        try:
+            fs.rm(tmp, recursive=True)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError)):
+            raise
+        raise ExportError(f"export to {output_path!r} failed, nothing was written: {exc}") from exc
+    return ExportResult(output_path, files, rows)
+
+
+class _Plan:
+    """Everything a writer task needs (shipped to workers by dask)."""
+
+    def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
+                 fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
+                 seed: int) -> None:
+        self.dataset = dataset
+        self.workflow = workflow
+        self.columns = columns
+        self.tmp = tmp
+        self.fs = fs
+        self.row_group_size = row_group_size
+        self.compression = compression
+        self.keyset_columns = keyset_columns
+        self.seed = seed
+
+    def read(self, piece_index: int) -> pa.Table:
+        table = self.dataset.read_piece(self.dataset.pieces[piece_index], self.columns)
+        if self.workflow is not None:
+            table = self.workflow.transform_table(table)
+        return table
+
+    def rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *key])
+
+
+class _FileWriter:
+    """A parquet file opened on first write, with the keyset of its categorical ids."""
+
+    def __init__(self, plan: _Plan, index: int) -> None:
+        self.plan = plan
+        self.name = f"part_{index:05d}.parquet"
+        self.writer: pq.ParquetWriter | None = None
+        self.f: Any = None
+        self.rows = 0
+        self.keys: dict[str, list[pa.Array]] = {c: [] for c in plan.keyset_columns}
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if self.writer is None:
+            self.f = self.plan.fs.open(posixpath.join(self.plan.tmp, self.name), "wb")
+            self.writer = pq.ParquetWriter(self.f, table.schema, compression=self.plan.compression)
+        elif not table.schema.equals(self.writer.schema):
+            table = table.cast(self.writer.schema)
+        self.writer.write_table(table, row_group_size=self.plan.row_group_size)
+        self.rows += table.num_rows
+        for col, found in self.keys.items():
+            values = table.column(col)
+            if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+                values = pc.list_flatten(values)
+            found.append(pc.unique(values))
+
+    def close(self) -> tuple[str, int]:
+        """Finish the file; a writer that got no rows leaves no file."""
+        if self.writer is None:
+            return self.name, 0
+        self.writer.close()
+        self.f.close()
+        if self.keys:
+            self._write_keyset()
+        return self.name, self.rows
+
+    def _write_keyset(self) -> None:
+        names, ids = [], []
+        for col, found in self.keys.items():
+            unique = pc.unique(pa.chunked_array(found)).cast(pa.int64())
+            names.append(pa.array(np.full(len(unique), col, dtype=object), pa.string()))
+            ids.append(unique)
+        table = pa.table({"column": pa.concat_arrays(names), "id": pa.concat_arrays(ids)})
+        folder = posixpath.join(self.plan.tmp, "_keysets")
+        self.plan.fs.makedirs(folder, exist_ok=True)
+        with self.plan.fs.open(posixpath.join(folder, self.name), "wb") as f:
+            pq.write_table(table, f)
+
+
+def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
+                 shuffle: str | None) -> list[tuple[str, int]]:
+    writers = [_FileWriter(plan, i) for i in file_indices]
+    for turn, p in enumerate(piece_indices):
+        table = plan.read(p)
+        if shuffle in ("per_partition", "per_worker"):
+            table = table.take(plan.rng(p).permutation(table.num_rows))
+        if shuffle == "per_worker" and len(writers) > 1:
+            bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
+            offset = turn % len(writers)  # rotate so small partitions still spread evenly
+            for j, w in enumerate(writers):
+                k = (j + offset) % len(writers)
+                w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
+        else:
+            writers[turn % len(writers)].write(table)
+    return [w.close() for w in writers]
+
+
+def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
+                  progress: bool | None) -> list[tuple[str, int]]:
+    scatter = posixpath.join(plan.tmp, "_scatter")
+    tasks = [delayed(_scatter_piece, pure=False)(plan, p, total_files, scatter) for p in range(len(pieces))]
+    compute(tasks, client, desc="export: scatter", progress=progress)
+    tasks = [delayed(_gather_file, pure=False)(plan, f, len(pieces), scatter) for f in range(total_files)]
+    results = compute(tasks, client, desc="export: gather", progress=progress)
+    plan.fs.rm(scatter, recursive=True)
+    return results
+
+
+def _scatter_piece(plan: _Plan, p: int, total_files: int, scatter: str) -> None:
+    table = plan.read(p)
+    target = plan.rng(p).integers(0, total_files, table.num_rows)
+    order = np.argsort(target, kind="stable")
+    counts = np.bincount(target, minlength=total_files)
+    table = table.take(order)
+    start = 0
+    for f, n in enumerate(counts):
+        folder = posixpath.join(scatter, f"f{f:05d}")
+        plan.fs.makedirs(folder, exist_ok=True)
+        with plan.fs.open(posixpath.join(folder, f"p{p:06d}.parquet"), "wb") as fh:
+            pq.write_table(table.slice(start, int(n)), fh)
+        start += int(n)
+
+
+def _gather_file(plan: _Plan, f: int, npieces: int, scatter: str) -> tuple[str, int]:
+    folder = posixpath.join(scatter, f"f{f:05d}")
+    parts = []
+    for p in range(npieces):
+        with plan.fs.open(posixpath.join(folder, f"p{p:06d}.parquet"), "rb") as fh:
+            parts.append(pq.read_table(fh))
+    table = pa.concat_tables(parts)
+    table = table.take(plan.rng(10**9 + f).permutation(table.num_rows))
+    writer = _FileWriter(plan, f)
+    writer.write(table)
+    return writer.close()
+
+
+def _write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int]) -> None:
+    with fs.open(posixpath.join(tmp, "schema.json"), "w") as f:
+        f.write(schema.to_json())
+    collected = []
+    for name in files:
+        with fs.open(posixpath.join(tmp, name), "rb") as fh:
+            md = pq.read_metadata(fh)
+        md.set_file_path(name)
+        collected.append(md)
+    if collected:
+        with fs.open(posixpath.join(tmp, "_metadata"), "wb") as fh:
+            combined = collected[0]
+            for md in collected[1:]:
+                combined.append_row_groups(md)
+            combined.write_metadata_file(fh)
+    manifest = {
+        "format": "tabstream.export",
+        "tabstream_version": tabstream.__version__,
+        "num_rows": int(sum(rows)),
+        "files": [{"path": f, "num_rows": int(n)} for f, n in zip(files, rows)],
+    }
+    # The manifest is written last: its presence inside the folder marks it complete.
+    with fs.open(posixpath.join(tmp, "_manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
+    """Move the finished folder into place (a rename on local disks)."""
+    if fs.exists(root):
+        if not overwrite:
+            raise FileExistsError(f"{root!r} appeared while exporting; pass overwrite=True to replace it")
+        parent, name = posixpath.split(root)
+        old = posixpath.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
+        fs.mv(root, old, recursive=True)
+        fs.mv(tmp, root, recursive=True)
+        fs.rm(old, recursive=True)
+    else:
+        fs.mv(tmp, root, recursive=True)

@@ -1,0 +1,263 @@
+"""Column selectors and the operator graph.
+
+Graphs are built with three operators::
+
+    cats = ["C1", "C2"] >> ops.Categorify()          # apply an op
+    feats = cats + conts + ["label"]                   # concatenate outputs
+    feats = feats - ["C2"]                             # drop columns
+
+Nodes are immutable once built. The output schema of every node is computed from
+the input schema alone (no data), which is where missing columns are reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from tabstream.errors import SchemaError
+from tabstream.pipeline.dtypes import arrow_type_to_dtype
+from tabstream.pipeline.schema import Schema, Tags, normalize_tags
+
+__all__ = ["ColumnSelector", "Node", "as_node"]
+
+_ids = itertools.count()
+
+
+class ColumnSelector:
+    """Select input columns by name and/or by tag.
+
+    >>> ColumnSelector(["C1", "C2"])
+    >>> ColumnSelector(tags=[Tags.CATEGORICAL])     # every column tagged categorical
+    """
+
+    def __init__(self, names: Iterable[str] | str | None = None,
+                 tags: Iterable[Tags | str] | Tags | str | None = None) -> None:
+        if isinstance(names, str):
+            names = [names]
+        self.names: list[str] = list(names or [])
+        bad = [n for n in self.names if not isinstance(n, str)]
+        if bad:
+            raise TypeError(f"column names must be strings, got {bad}")
+        self.tags = normalize_tags(tags)
+
+    def resolve(self, schema: Schema) -> list[str]:
+        missing = [n for n in self.names if n not in schema]
+        if missing:
+            raise SchemaError(
+                f"selected columns {missing} do not exist; available columns: {schema.column_names}"
+            )
+        out = list(self.names)
+        if self.tags:
+            tagged = [c.name for c in schema.select_by_tag(self.tags)]
+            if not tagged:
+                raise SchemaError(
+                    f"no column carries tags {sorted(t.value for t in self.tags)}; "
+                    f"columns and their tags: "
+                    f"{ {c.name: sorted(t.value for t in c.tags) for c in schema} }"
+                )
+            out += [n for n in tagged if n not in out]
+        return out
+
+    def to_config(self) -> dict[str, Any]:
+        return {"names": self.names, "tags": sorted(t.value for t in self.tags)}
+
+    def __rshift__(self, op: Any) -> Node:
+        return as_node(self) >> op
+
+    def __add__(self, other: Any) -> Node:
+        return as_node(self) + other
+
+    def __repr__(self) -> str:
+        parts = []
+        if self.names:
+            parts.append(repr(self.names))
+        if self.tags:
+            parts.append(f"tags={sorted(t.value for t in self.tags)}")
+        return f"ColumnSelector({', '.join(parts)})"
+
+
+class Node:
+    """One step of a workflow graph.
+
+    ``kind`` is ``"select"`` (input columns), ``"op"`` (an operator applied to the
+    concatenated outputs of ``parents``), ``"concat"`` or ``"drop"``.
+    """
+
+    def __init__(self, kind: str, parents: Sequence[Node] = (), op: Any = None,
+                 selector: ColumnSelector | None = None, names: Sequence[str] = ()) -> None:
+        self.kind = kind
+        self.parents = list(parents)
+        self.op = op
+        self.selector = selector
+        self.names = list(names)
+        self.id = next(_ids)
+
+    # -- building -----------------------------------------------------------
+    def __rshift__(self, op: Any) -> Node:
+        from tabstream.ops.base import Operator
+
+        if isinstance(op, type) and issubclass(op, Operator):
+            raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")
+        if not isinstance(op, Operator):
+            raise TypeError(f"`>>` needs an op instance on its right, got {type(op).__name__}")
+        return Node("op", [self], op=op)
+
+    def __add__(self, other: Any) -> Node:
+        return Node("concat", _flatten_concat([self, as_node(other)]))
+
+    def __radd__(self, other: Any) -> Node:
+        return Node("concat", _flatten_concat([as_node(other), self]))
+
+    def __sub__(self, other: Any) -> Node:
+        names = [other] if isinstance(other, str) else list(other)
+        return Node("drop", [self], names=names)
+
+    # -- traversal ----------------------------------------------------------
+    def walk(self) -> list[Node]:
+        """All nodes reachable from this one, parents before children."""
+        order: list[Node] = []
+        seen: set[int] = set()
+
+        def visit(n: Node) -> None:
+            if n.id in seen:
+                return
+            seen.add(n.id)
+            for p in n.parents:
+                visit(p)
+            order.append(n)
+
+        visit(self)
+        return order
+
+    def output_schema(self, input_schema: Schema, cache: dict[int, Schema] | None = None) -> Schema:
+        """The schema this node outputs given the workflow's input schema."""
+        cache = {} if cache is None else cache
+        if self.id in cache:
+            return cache[self.id]
+        if self.kind == "select":
+            assert self.selector is not None
+            out = input_schema.select_by_name(self.selector.resolve(input_schema))
+        elif self.kind == "op":
+            inp = _concat_schemas([p.output_schema(input_schema, cache) for p in self.parents])
+            try:
+                out = self.op.compute_output_schema(inp)
+            except SchemaError:
+                raise
+            except KeyError as exc:
+                raise SchemaError(f"{self.op!r}: {exc}") from exc
+        elif self.kind == "concat":
+            out = _concat_schemas([p.output_schema(input_schema, cache) for p in self.parents])
+        elif self.kind == "drop":
+            inp = self.parents[0].output_schema(input_schema, cache)
+            missing = [n for n in self.names if n not in inp]
+            if missing:
+                raise SchemaError(f"cannot drop {missing}: not among {inp.column_names}")
+            out = inp.without(self.names)
+        else:
+            raise ValueError(f"unknown node kind {self.kind!r}")
+        cache[self.id] = out
+        return out
+
+    def transform(self, table: pa.Table, input_schema: Schema,
+                  cache: dict[int, pa.Table] | None = None,
+                  schema_cache: dict[int, Schema] | None = None) -> pa.Table:
+        """Evaluate this node on one partition (an Arrow table of input columns)."""
+        cache = {} if cache is None else cache
+        schema_cache = {} if schema_cache is None else schema_cache
+        if self.id in cache:
+            return cache[self.id]
+        expected = self.output_schema(input_schema, schema_cache)
+        if self.kind == "select":
+            out = table.select(expected.column_names)
+        elif self.kind == "op":
+            inp = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+            out = self.op.transform(inp)
+            _check_produced(self.op, expected, out)
+        elif self.kind == "concat":
+            out = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+        else:
+            out = self.parents[0].transform(table, input_schema, cache, schema_cache).drop_columns(self.names)
+        cache[self.id] = out
+        return out
+
+    def __repr__(self) -> str:
+        if self.kind == "select":
+            return f"Node({self.selector!r})"
+        if self.kind == "op":
+            return f"Node({self.parents!r} >> {self.op!r})"
+        if self.kind == "drop":
+            return f"Node({self.parents[0]!r} - {self.names!r})"
+        return f"Node({' + '.join(repr(p) for p in self.parents)})"
+
+
+def as_node(obj: Any) -> Node:
+    """A node from a node, a selector, a column name or a list of names/nodes."""
+    if isinstance(obj, Node):
+        return obj
+    if isinstance(obj, ColumnSelector):
+        return Node("select", selector=obj)
+    if isinstance(obj, str):
+        return Node("select", selector=ColumnSelector([obj]))
+    if isinstance(obj, (list, tuple)):
+        if all(isinstance(x, str) for x in obj):
+            return Node("select", selector=ColumnSelector(list(obj)))
+        nodes = [as_node(x) for x in obj]
+        return nodes[0] if len(nodes) == 1 else Node("concat", _flatten_concat(nodes))
+    raise TypeError(
+        f"cannot build a workflow node from {type(obj).__name__}; use column names, "
+        "a ColumnSelector or another node"
+    )
+
+
+def _flatten_concat(nodes: list[Node]) -> list[Node]:
+    out: list[Node] = []
+    for n in nodes:
+        out.extend(n.parents if n.kind == "concat" else [n])
+    return out
+
+
+def _concat_schemas(schemas: list[Schema]) -> Schema:
+    cols: dict[str, Any] = {}
+    for s in schemas:
+        for c in s:
+            if c.name in cols and cols[c.name] != c:
+                raise SchemaError(
+                    f"column {c.name!r} is produced twice with different definitions; "
+                    "rename one of them (ops.Rename) or drop it"
+                )
+            cols[c.name] = c
+    return Schema(cols.values())
+
+
+def _concat_tables(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    names: list[str] = []
+    arrays: list[Any] = []
+    for t in tables:
+        for name, col in zip(t.column_names, t.columns):
+            if name not in names:
+                names.append(name)
+                arrays.append(col)
+    return pa.table(arrays, names=names)
+
+
+def _check_produced(op: Any, expected: Schema, table: pa.Table) -> None:
+    """The executor holds every op to the schema it declared."""
+    if table.column_names != expected.column_names:
+        raise SchemaError(
+            f"{type(op).__name__} declared columns {expected.column_names} "
+            f"but produced {table.column_names}"
+        )
+    for col, field in zip(expected, table.schema):
+        dtype, is_list = arrow_type_to_dtype(field.type)
+        if (dtype, is_list) != (col.dtype, col.is_list):
+            raise SchemaError(
+                f"{type(op).__name__} declared column {col.name!r} as "
+                f"{'list of ' if col.is_list else ''}{col.dtype} but produced "
+                f"{'list of ' if is_list else ''}{dtype}"
+            )

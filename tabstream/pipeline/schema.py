@@ -1,0 +1,257 @@
+"""Column schemas and tags.
+
+A :class:`Schema` is an ordered collection of :class:`ColumnSchema`; it is
+computed for a workflow's output before any data is read and written beside
+every export as ``schema.json``::
+
+    {"columns": [{"name": "C1", "dtype": "int64", "tags": ["categorical"],
+                  "is_list": false, "is_ragged": false,
+                  "properties": {"domain": {"min": 0, "max": 41},
+                                 "embedding_sizes": {"cardinality": 42, "dimension": 16}}}]}
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import fsspec
+
+__all__ = ["ColumnSchema", "Schema", "Tags"]
+
+
+class Tags(str, enum.Enum):
+    """Semantic tags attached to columns; the loaders and models select by them."""
+
+    CATEGORICAL = "categorical"
+    CONTINUOUS = "continuous"
+    TARGET = "target"
+    BINARY_CLASSIFICATION = "binary_classification"
+    REGRESSION = "regression"
+    LIST = "list"
+    ID = "id"
+    USER = "user"
+    ITEM = "item"
+    USER_ID = "user_id"
+    ITEM_ID = "item_id"
+    CONTEXT = "context"
+    EMBEDDING = "embedding"
+
+    def __str__(self) -> str:  # "categorical", not "Tags.CATEGORICAL"
+        return self.value
+
+
+# Composite tags expand to several plain tags (as in Merlin: USER_ID is USER + ID).
+_EXPANSIONS = {
+    Tags.USER_ID: (Tags.USER, Tags.ID),
+    Tags.ITEM_ID: (Tags.ITEM, Tags.ID),
+}
+
+
+def normalize_tags(tags: Iterable[Tags | str] | Tags | str | None) -> frozenset[Tags]:
+    """Turn tags given as enum members or strings into a set of :class:`Tags`."""
+    if tags is None:
+        return frozenset()
+    if isinstance(tags, (str, Tags)):
+        tags = [tags]
+    out: set[Tags] = set()
+    for tag in tags:
+        try:
+            t = tag if isinstance(tag, Tags) else Tags(str(tag).lower())
+        except ValueError:
+            valid = ", ".join(t.value for t in Tags)
+            raise ValueError(f"unknown tag {tag!r}; expected one of: {valid}") from None
+        out.add(t)
+        out.update(_EXPANSIONS.get(t, ()))
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class ColumnSchema:
+    """One column: its name, element dtype (a numpy-style name such as ``"int64"``,
+    ``"float32"``, ``"string"``, ``"bool"``), tags and free-form properties.
+
+    List columns have ``is_list=True``; ``dtype`` is then the element type.
+    """
+
+    name: str
+    dtype: str = "unknown"
+    tags: frozenset[Tags] = field(default_factory=frozenset)
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    is_list: bool = False
+    is_ragged: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", normalize_tags(self.tags))
+        object.__setattr__(self, "properties", dict(self.properties))
+        if self.is_list and Tags.LIST not in self.tags:
+            object.__setattr__(self, "tags", self.tags | {Tags.LIST})
+
+    def with_name(self, name: str) -> ColumnSchema:
+        return replace(self, name=name)
+
+    def with_dtype(self, dtype: str, is_list: bool | None = None,
+                   is_ragged: bool | None = None) -> ColumnSchema:
+        return replace(
+            self,
+            dtype=dtype,
+            is_list=self.is_list if is_list is None else is_list,
+            is_ragged=self.is_ragged if is_ragged is None else is_ragged,
+        )
+
+    def with_tags(self, tags: Iterable[Tags | str] | Tags | str) -> ColumnSchema:
+        return replace(self, tags=self.tags | normalize_tags(tags))
+
+    def without_tags(self, tags: Iterable[Tags | str] | Tags | str) -> ColumnSchema:
+        return replace(self, tags=self.tags - normalize_tags(tags))
+
+    def with_properties(self, **properties: Any) -> ColumnSchema:
+        return replace(self, properties={**self.properties, **properties})
+
+    @property
+    def cardinality(self) -> int | None:
+        """Number of distinct ids (``domain.max + 1``) for categorical columns."""
+        domain = self.properties.get("domain")
+        if domain is None:
+            return None
+        return int(domain["max"]) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "tags": sorted(t.value for t in self.tags),
+            "is_list": self.is_list,
+            "is_ragged": self.is_ragged,
+            "properties": _jsonable(self.properties),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ColumnSchema:
+        return cls(
+            name=d["name"],
+            dtype=d.get("dtype", "unknown"),
+            tags=normalize_tags(d.get("tags", ())),
+            properties=d.get("properties", {}),
+            is_list=bool(d.get("is_list", False)),
+            is_ragged=bool(d.get("is_ragged", False)),
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    """Properties may hold numpy scalars; JSON wants plain Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return value.item()
+    return value
+
+
+class Schema:
+    """An ordered set of :class:`ColumnSchema`, addressable by name."""
+
+    def __init__(self, columns: Iterable[ColumnSchema | str] = ()) -> None:
+        self._columns: dict[str, ColumnSchema] = {}
+        for col in columns:
+            if isinstance(col, str):
+                col = ColumnSchema(col)
+            if col.name in self._columns:
+                raise ValueError(f"duplicate column {col.name!r} in schema")
+            self._columns[col.name] = col
+
+    # -- container protocol -------------------------------------------------
+    def __iter__(self) -> Iterator[ColumnSchema]:
+        return iter(self._columns.values())
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    def __getitem__(self, name: str) -> ColumnSchema:
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise KeyError(
+                f"column {name!r} is not in the schema; available: {self.column_names}"
+            ) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Schema({[c.name for c in self]})"
+
+    def __add__(self, other: Schema) -> Schema:
+        merged = dict(self._columns)
+        merged.update({c.name: c for c in other})
+        return Schema(merged.values())
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._columns)
+
+    # -- selection ----------------------------------------------------------
+    def select_by_name(self, names: Iterable[str] | str) -> Schema:
+        if isinstance(names, str):
+            names = [names]
+        names = list(names)
+        missing = [n for n in names if n not in self._columns]
+        if missing:
+            raise KeyError(
+                f"columns {missing} are not in the schema; available: {self.column_names}"
+            )
+        return Schema(self._columns[n] for n in names)
+
+    def select_by_tag(self, tags: Iterable[Tags | str] | Tags | str, any_: bool = False) -> Schema:
+        """Columns carrying all of ``tags`` (or any of them with ``any_=True``)."""
+        wanted = normalize_tags(tags)
+        if any_:
+            return Schema(c for c in self if c.tags & wanted)
+        return Schema(c for c in self if wanted <= c.tags)
+
+    def without(self, names: Iterable[str] | str) -> Schema:
+        if isinstance(names, str):
+            names = [names]
+        drop = set(names)
+        return Schema(c for c in self if c.name not in drop)
+
+    def replace(self, col: ColumnSchema) -> Schema:
+        cols = dict(self._columns)
+        cols[col.name] = col
+        return Schema(cols.values())
+
+    # -- serialization ------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"columns": [c.to_dict() for c in self]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Schema:
+        return cls(ColumnSchema.from_dict(c) for c in d["columns"])
+
+    def to_json(self, path: str | None = None, storage_options: dict | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            with fsspec.open(path, "w", **(storage_options or {})) as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str, storage_options: dict | None = None) -> Schema:
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            try:
+                with fsspec.open(text_or_path, "r", **(storage_options or {})) as f:
+                    text = f.read()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"schema file not found: {text_or_path}") from None
+        try:
+            return cls.from_dict(json.loads(text))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ValueError(f"not a tabstream schema ({text_or_path[:200]!r}): {exc}") from exc

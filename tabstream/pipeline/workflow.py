@@ -1,0 +1,314 @@
+"""Workflow: fit an op graph on a Dataset with dask, transform lazily or eagerly,
+save and load as JSON plus parquet (never pickle).
+
+>>> wf = Workflow(["C1"] >> ops.Categorify() + ["label"])
+>>> wf.fit(Dataset("raw/*.parquet"))
+>>> wf.transform(Dataset("raw/*.parquet")).to_parquet("out/train")
+>>> wf.transform(pd.DataFrame({"C1": ["a", None], "label": [1, 0]}))
+   C1  label
+0   3      1
+1   1      0
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from dask import delayed
+
+import tabstream
+from tabstream.errors import NotFittedError, SchemaError
+from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
+from tabstream.pipeline.execution import compute, tree_reduce
+from tabstream.pipeline.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.pipeline.schema import Schema
+
+__all__ = ["TransformedDataset", "Workflow"]
+
+FORMAT_VERSION = 1
+
+
+class Workflow:
+    """A graph of ops with statistics fitted on a dataset.
+
+    Parameters
+    ----------
+    output_node:
+        The graph's output (a node, or column names / a list of nodes).
+    client:
+        Optional ``dask.distributed.Client``; without one, the threaded scheduler runs
+        the tasks in this process.
+    """
+
+    def __init__(self, output_node: Any, client: Any = None) -> None:
+        self.output_node: Node = as_node(output_node)
+        self.client = client
+        self.input_schema: Schema | None = None
+        self._fitted = False
+
+    # -- schema -------------------------------------------------------------
+    def fit_schema(self, input_schema: Schema) -> Workflow:
+        """Compute (and validate) the graph's schemas for ``input_schema``; reads no data."""
+        self.output_node.output_schema(input_schema)
+        self.input_schema = input_schema
+        return self
+
+    @property
+    def output_schema(self) -> Schema:
+        if self.input_schema is None:
+            raise NotFittedError("the workflow has no input schema yet; call fit(dataset) or fit_schema(schema)")
+        return self.output_node.output_schema(self.input_schema)
+
+    @property
+    def input_columns(self) -> list[str]:
+        """Raw columns the graph reads."""
+        assert self.input_schema is not None
+        cols: list[str] = []
+        for node in self.output_node.walk():
+            if node.kind == "select":
+                assert node.selector is not None
+                cols += [c for c in node.selector.resolve(self.input_schema) if c not in cols]
+        return cols
+
+    def _stat_nodes_by_phase(self) -> list[list[Node]]:
+        phase: dict[int, int] = {}
+        for node in self.output_node.walk():
+            upstream = max((phase[p.id] for p in node.parents), default=0)
+            is_stat = node.kind == "op" and node.op.is_stat
+            phase[node.id] = upstream + (1 if is_stat else 0)
+        phases: dict[int, list[Node]] = {}
+        for node in self.output_node.walk():
+            if node.kind == "op" and node.op.is_stat:
+                phases.setdefault(phase[node.id], []).append(node)
+        return [phases[k] for k in sorted(phases)]
+
+    # -- fit ----------------------------------------------------------------
+    def fit(self, dataset: Dataset | Any, progress: bool | None = None) -> Workflow:
+        """Compute every statistics op's state: one pass over the data per dependency
+        level of statistics ops, each a tree reduction of per-partition partials."""
+        ds = _as_dataset(dataset)
+        self.fit_schema(ds.schema)
+        columns = self.input_columns
+        for level, nodes in enumerate(self._stat_nodes_by_phase()):
+            partials = [
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema)
+                for piece in ds.pieces
+            ]
+            reduced = tree_reduce(partials, _Combine(nodes))
+            (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
+            for node, partial in zip(nodes, stats):
+                node.op.finalize(partial)
+        self._fitted = True
+        return self
+
+    def _check_fitted(self) -> None:
+        unfitted = [n.op for n in self.output_node.walk()
+                    if n.kind == "op" and n.op.is_stat and not n.op.fitted]
+        if self.input_schema is None or unfitted:
+            raise NotFittedError(
+                f"the workflow is not fitted (unfitted ops: {unfitted}); call fit(dataset) before transform"
+            )
+
+    # -- transform ----------------------------------------------------------
+    def transform_table(self, table: pa.Table) -> pa.Table:
+        """Transform one in-memory Arrow table (one partition)."""
+        self._check_fitted()
+        assert self.input_schema is not None
+        missing = [c for c in self.input_columns if c not in table.column_names]
+        if missing:
+            raise SchemaError(f"input is missing columns {missing}; it has {table.column_names}")
+        return self.output_node.transform(table.select(self.input_columns), self.input_schema)
+
+    def transform(self, data: Any) -> Any:
+        """Lazy on a :class:`Dataset` (returns a :class:`TransformedDataset`), eager on a
+        pandas DataFrame or Arrow table (returns the same kind)."""
+        self._check_fitted()
+        if isinstance(data, pd.DataFrame):
+            table = pa.Table.from_pandas(data, preserve_index=False)
+            return arrow_to_pandas(self.transform_table(table))
+        if isinstance(data, pa.Table):
+            return self.transform_table(data)
+        return TransformedDataset(self, _as_dataset(data))
+
+    def fit_transform(self, dataset: Any) -> Any:
+        return self.fit(dataset).transform(dataset)
+
+    # -- save / load --------------------------------------------------------
+    def save(self, path: str, storage_options: dict | None = None) -> None:
+        """Write ``workflow.json`` and one parquet file per fitted statistics table."""
+        self._check_fitted()
+        assert self.input_schema is not None
+        fs, root = _fs_root(path, storage_options)
+        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
+        nodes = []
+        for node in self.output_node.walk():
+            entry: dict[str, Any] = {"id": node.id, "kind": node.kind,
+                                     "parents": [p.id for p in node.parents]}
+            if node.kind == "select":
+                assert node.selector is not None
+                entry["selector"] = node.selector.to_config()
+            elif node.kind == "drop":
+                entry["names"] = node.names
+            elif node.kind == "op":
+                entry["op"] = node.op.to_config()
+                if node.op.is_stat:
+                    values, tables = node.op.get_state()
+                    entry["state"] = values
+                    entry["tables"] = {}
+                    for name, table in tables.items():
+                        rel = f"stats/node{node.id}_{_safe(name)}.parquet"
+                        with fs.open(posixpath.join(root, rel), "wb") as f:
+                            pq.write_table(table, f)
+                        entry["tables"][name] = rel
+            nodes.append(entry)
+        doc = {
+            "format": "tabstream.workflow",
+            "version": FORMAT_VERSION,
+            "tabstream_version": tabstream.__version__,
+            "input_schema": self.input_schema.to_dict(),
+            "output_schema": self.output_schema.to_dict(),
+            "nodes": nodes,
+            "output": self.output_node.id,
+        }
+        with fs.open(posixpath.join(root, "workflow.json"), "w") as f:
+            json.dump(doc, f, indent=2)
+
+    @classmethod
+    def load(cls, path: str, client: Any = None, storage_options: dict | None = None) -> Workflow:
+        """Rebuild a saved workflow. Ops are rebuilt from their JSON parameters by
+        registered class name; nothing is unpickled or evaluated."""
+        fs, root = _fs_root(path, storage_options)
+        doc_path = posixpath.join(root, "workflow.json")
+        try:
+            with fs.open(doc_path, "r") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no saved workflow at {path!r} (expected {doc_path})") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{doc_path}: not valid JSON: {exc}") from exc
+        if doc.get("format") != "tabstream.workflow":
+            raise ValueError(f"{doc_path}: not a tabstream workflow file")
+        if doc.get("version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{doc_path}: written by a newer tabstream (format {doc['version']})")
+        from tabstream.ops.base import Operator
+
+        built: dict[int, Node] = {}
+        for entry in doc["nodes"]:
+            parents = [built[p] for p in entry["parents"]]
+            kind = entry["kind"]
+            if kind == "select":
+                sel = entry["selector"]
+                node = Node("select", selector=ColumnSelector(sel["names"], tags=sel["tags"] or None))
+            elif kind == "op":
+                op = Operator.from_config(entry["op"])
+                if op.is_stat:
+                    tables = {}
+                    for name, rel in entry.get("tables", {}).items():
+                        with fs.open(posixpath.join(root, rel), "rb") as f:
+                            tables[name] = pq.read_table(f)
+                    op.set_state(entry.get("state", {}), tables)
+                node = Node("op", parents, op=op)
+            elif kind == "drop":
+                node = Node("drop", parents, names=entry["names"])
+            else:
+                node = Node("concat", parents)
+            built[entry["id"]] = node
+        wf = cls(built[doc["output"]], client=client)
+        wf.fit_schema(Schema.from_dict(doc["input_schema"]))
+        wf._fitted = True
+        return wf
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.output_node!r})"
+
+
+class TransformedDataset:
+    """The lazy result of ``workflow.transform(dataset)``."""
+
+    def __init__(self, workflow: Workflow, dataset: Dataset) -> None:
+        self.workflow = workflow
+        self.dataset = dataset
+
+    @property
+    def schema(self) -> Schema:
+        return self.workflow.output_schema
+
+    @property
+    def npartitions(self) -> int:
+        return self.dataset.npartitions
+
+    def read_piece(self, piece: Any) -> pa.Table:
+        table = self.dataset.read_piece(piece, self.workflow.input_columns)
+        return self.workflow.transform_table(table)
+
+    def to_iter(self):
+        for piece in self.dataset.pieces:
+            yield arrow_to_pandas(self.read_piece(piece))
+
+    def to_ddf(self):
+        import dask.dataframe as dd
+
+        first = self.read_piece(self.dataset.pieces[0])
+        meta = arrow_to_pandas(first.schema.empty_table())
+        return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
+
+    def compute(self) -> pd.DataFrame:
+        """The whole transformed dataset in memory (small data only)."""
+        tables = compute([delayed(self.read_piece)(p) for p in self.dataset.pieces], self.workflow.client)
+        return arrow_to_pandas(pa.concat_tables(tables))
+
+    def to_parquet(self, output_path: str, **kwargs: Any):
+        from tabstream.pipeline.export import export
+
+        kwargs.setdefault("client", self.workflow.client)
+        return export(self.dataset, self.workflow, output_path, **kwargs)
+
+
+class _TransformPandas:
+    def __init__(self, tds: TransformedDataset) -> None:
+        self.tds = tds
+
+    def __call__(self, piece: Any) -> pd.DataFrame:
+        return arrow_to_pandas(self.tds.read_piece(piece))
+
+
+class _Combine:
+    """Combine per-node partial lists from several partitions."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = list(nodes)
+
+    def __call__(self, partial_lists: list[list[Any]]) -> list[Any]:
+        return [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+
+
+def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
+               input_schema: Schema) -> list[Any]:
+    table = ds.read_piece(piece, columns)
+    cache: dict[int, pa.Table] = {}
+    schema_cache: dict[int, Schema] = {}
+    out = []
+    for node in nodes:
+        parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
+        out.append(node.op.fit_partition(_concat_tables(parents)))
+    return out
+
+
+def _as_dataset(data: Any) -> Dataset:
+    return data if isinstance(data, Dataset) else Dataset(data)
+
+
+def _fs_root(path: str, storage_options: dict | None) -> tuple[Any, str]:
+    fs, _, paths = fsspec.core.get_fs_token_paths(path, storage_options=storage_options or {})
+    return fs, paths[0]
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)

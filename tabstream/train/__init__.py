@@ -1,0 +1,7 @@
+"""Training pieces: embedding tables sized from the schema, sparse-aware optimizers,
+bundled models and fit loops. Framework code lives in ``tabstream.train.torch`` and
+``tabstream.train.tensorflow``; this package itself imports neither framework."""
+
+from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
+
+__all__ = ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"]

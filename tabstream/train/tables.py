@@ -1,0 +1,98 @@
+"""Framework-neutral embedding table configuration derived from a schema.
+
+Both ``tabstream.train.torch`` and ``tabstream.train.tensorflow`` build their
+embedding modules from these plain configs and never mutate them.
+
+>>> infer_embedding_dim(1_000_000)     # floor(1e6 ** 0.25 * 2) = 63 -> 64
+64
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tabstream.pipeline.schema import Schema, Tags
+
+__all__ = ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"]
+
+
+def infer_embedding_dim(cardinality: int, multiplier: float = 2.0, multiple_of: int = 8) -> int:
+    """``floor(cardinality ** 0.25 * multiplier)`` rounded up to a multiple of ``multiple_of``."""
+    if cardinality <= 0:
+        raise ValueError(f"cardinality must be positive, got {cardinality}")
+    raw = math.floor(cardinality**0.25 * multiplier)
+    return max(multiple_of, int(math.ceil(raw / multiple_of) * multiple_of))
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table: ``cardinality`` rows of ``dim`` floats, looked up by the
+    columns in ``feature_names`` (several when a vocabulary is shared). Multi-hot
+    (list) features are pooled with ``combiner`` ("sum" or "mean")."""
+
+    name: str
+    cardinality: int
+    dim: int
+    feature_names: tuple[str, ...]
+    is_list: bool = False
+    combiner: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.cardinality <= 0 or self.dim <= 0:
+            raise ValueError(
+                f"table {self.name!r}: cardinality and dim must be positive, "
+                f"got {self.cardinality} x {self.dim}"
+            )
+        if self.combiner not in ("sum", "mean"):
+            raise ValueError(f"table {self.name!r}: combiner must be 'sum' or 'mean', got {self.combiner!r}")
+
+
+def table_configs_from_schema(
+    schema: Schema,
+    dim: int | dict[str, int] | None = None,
+    infer_sizes: bool = True,
+    multiplier: float = 2.0,
+    combiner: str = "sum",
+) -> list[TableConfig]:
+    """One table per categorical column, or one per shared vocabulary.
+
+    Columns whose ``properties["domain"]["name"]`` (set by a joint Categorify) is the
+    same share one table. ``dim`` fixes the dimension for all tables (an int) or per
+    table (a dict); otherwise, with ``infer_sizes``, the schema's
+    ``embedding_sizes.dimension`` is used, falling back to :func:`infer_embedding_dim`.
+    """
+    groups: dict[str, list] = {}
+    for col in schema.select_by_tag(Tags.CATEGORICAL):
+        if col.cardinality is None:
+            raise ValueError(
+                f"categorical column {col.name!r} has no domain in its schema; "
+                "fit a Categorify/HashBucket on it or set properties['domain']"
+            )
+        table = str(col.properties.get("domain", {}).get("name") or col.name)
+        groups.setdefault(table, []).append(col)
+
+    configs = []
+    for table, cols in groups.items():
+        cardinality = max(int(c.cardinality) for c in cols)
+        if isinstance(dim, dict):
+            d = dim.get(table, dim.get(cols[0].name))
+        else:
+            d = dim
+        if d is None:
+            sizes = cols[0].properties.get("embedding_sizes") or {}
+            if infer_sizes or not sizes.get("dimension"):
+                d = infer_embedding_dim(cardinality, multiplier)
+            else:
+                d = int(sizes["dimension"])
+        configs.append(
+            TableConfig(
+                name=table,
+                cardinality=cardinality,
+                dim=int(d),
+                feature_names=tuple(c.name for c in cols),
+                is_list=any(c.is_list for c in cols),
+                combiner=combiner,
+            )
+        )
+    return configs
