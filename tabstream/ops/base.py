@@ -53,7 +53,13 @@ def get_op_class(name: str) -> type[Operator]:
         raise ValueError(f"unknown op {name!r}; registered ops: {sorted(ops)}") from None
 
 
-class Operator(abc.ABC):
+class _OpMeta(abc.ABCMeta):
+    def __rrshift__(cls, other: Any) -> Any:
+        # `cols >> Categorify` (the class, not an instance) is a common slip
+        raise TypeError(f"{cls.__name__} is a class; apply an instance: >> {cls.__name__}(...)")
+
+
+class Operator(metaclass=_OpMeta):
     """Base class of all ops; ``columns >> op`` builds a graph node."""
 
     #: ops that need no fitting leave this False

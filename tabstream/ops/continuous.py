@@ -65,7 +65,7 @@ class FillMissing(ColumnOperator):
     def _missing(self, column: pa.ChunkedArray) -> pa.ChunkedArray:
         missing = pc.is_null(column)
         if _is_float(column.type):
-            missing = pc.or_(missing, pc.is_nan(column))
+            missing = pc.or_kleene(missing, pc.is_nan(column))
         return missing
 
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:

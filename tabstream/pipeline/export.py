@@ -16,7 +16,7 @@ Files and work are split into *writer groups*, one per dask worker (threads of t
 local scheduler, or the workers of a distributed client). Each group reads its
 share of the input partitions one at a time and writes ``out_files_per_proc`` files:
 
-* ``shuffle=None``: rows keep their order; partitions go to files in turn.
+* ``shuffle=None``: rows keep their order (file k holds the k-th run of partitions).
 * ``"per_partition"``: rows of each partition are permuted before writing.
 * ``"per_worker"``: each permuted partition is cut into ``out_files_per_proc`` pieces,
   one per file of its group, so every file mixes rows of all the group's partitions.
@@ -241,6 +241,9 @@ def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
             for j, w in enumerate(writers):
                 k = (j + offset) % len(writers)
                 w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
+        elif shuffle is None:
+            # contiguous runs of partitions per file keep the input order across files
+            writers[turn * len(writers) // len(piece_indices)].write(table)
         else:
             writers[turn % len(writers)].write(table)
     return [w.close() for w in writers]

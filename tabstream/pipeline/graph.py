@@ -224,9 +224,9 @@ def _concat_schemas(schemas: list[Schema]) -> Schema:
     cols: dict[str, Any] = {}
     for s in schemas:
         for c in s:
-            if c.name in cols and cols[c.name] != c:
+            if c.name in cols:
                 raise SchemaError(
-                    f"column {c.name!r} is produced twice with different definitions; "
+                    f"column {c.name!r} is produced twice by the concatenated nodes; "
                     "rename one of them (ops.Rename) or drop it"
                 )
             cols[c.name] = c

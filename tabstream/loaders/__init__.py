@@ -1,0 +1,12 @@
+"""Shuffled, sharded batches from exported parquet.
+
+The core here yields numpy batches and imports no framework; the adapters
+``tabstream.loaders.torch.Loader`` and ``tabstream.loaders.tensorflow.Loader``
+turn them into tensors (import those modules explicitly).
+"""
+
+from tabstream.loaders.core import Batch, Loader, pad_lists
+from tabstream.loaders.plan import RankShare, split_rows
+from tabstream.loaders.source import ParquetSource, open_source
+
+__all__ = ["Batch", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists", "split_rows"]

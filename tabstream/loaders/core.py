@@ -1,0 +1,509 @@
+"""The framework-neutral loader: parquet row groups in, shuffled numpy batches out.
+
+One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
+
+1. lay the row groups out in the epoch's order and take this rank's slice of rows;
+2. read ``parts_per_chunk`` row groups at a time (a *chunk*), one chunk ahead of
+   the batching, in a background thread;
+3. shuffle each chunk with a generator drawn from ``(seed, epoch, rank, chunk)``
+   and cut it into batches (a batch may span two chunks);
+4. hand batches to the consumer through a queue of ``prefetch`` batches.
+
+Memory is bounded by about two chunks plus ``prefetch`` batches, whatever the
+dataset size. An error in the background thread is raised in the consumer at the
+next batch; abandoning an iteration stops the thread.
+
+Yielded structure, for ``batch_size=3`` and a schema with an id ``C1``, a float
+``I1``, a list ``tags`` and the target ``label``::
+
+    features = {"C1": array([7, 3, 9]),                       # int64, shape (3,)
+                "I1": array([0.5, 0.1, 0.2], dtype=float32),
+                "tags": (array([4, 5, 6]), array([0, 2, 2, 3]))}  # (values, offsets)
+    labels = array([1, 0, 0])
+
+With ``pad=True`` a list column is ``(padded, mask)`` instead, both of shape
+``(batch, max_len)``: ``(array([[4, 5], [0, 0], [6, 0]]), array([[T, T], [F, F], [T, F]]))``.
+``labels`` is one array for one label column, a dict for several, ``None`` for none.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tabstream.loaders import plan
+from tabstream.loaders.source import ParquetSource, list_value_type, open_source
+from tabstream.pipeline.schema import Schema, Tags
+
+__all__ = ["Batch", "Loader"]
+
+# (features, labels): see the module docstring.
+Batch = tuple[dict[str, Any], Any]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _select(schema: Schema, spec: Any, what: str) -> list[str]:
+    """Column names for a selection: a name, a tag, a list mixing both, or a
+    selector object with ``names`` and ``tags`` attributes."""
+    if isinstance(spec, (str, Tags)):
+        spec = [spec]
+    elif hasattr(spec, "names") and hasattr(spec, "tags"):
+        spec = [*spec.names, *spec.tags]
+    names: list[str] = []
+    for item in spec:
+        if isinstance(item, Tags):
+            picked = schema.select_by_tag(item).column_names
+            if not picked:
+                raise ValueError(f"no column of the schema is tagged {item.value!r} "
+                                 f"(for {what}); columns: {schema.column_names}")
+        elif isinstance(item, str):
+            if item not in schema:
+                raise ValueError(f"{what} column {item!r} is not in the dataset schema; "
+                                 f"available: {schema.column_names}")
+            picked = [item]
+        else:
+            raise TypeError(f"{what} must be column names or Tags, got {item!r}")
+        names.extend(n for n in picked if n not in names)
+    return names
+
+
+class _Chunk:
+    """A chunk's columns: numpy arrays for scalars, one arrow array per list."""
+
+    def __init__(self, columns: dict[str, Any], num_rows: int) -> None:
+        self.columns = columns
+        self.num_rows = num_rows
+
+    def take(self, idx: np.ndarray) -> dict[str, Any]:
+        return {n: (pc.take(c, idx) if isinstance(c, pa.Array) else c[idx])
+                for n, c in self.columns.items()}
+
+    def slice(self, lo: int, hi: int) -> dict[str, Any]:
+        return {n: (c.slice(lo, hi - lo) if isinstance(c, pa.Array) else c[lo:hi])
+                for n, c in self.columns.items()}
+
+
+def _concat(parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], pa.Array):
+        return pa.concat_arrays(parts)
+    return np.concatenate(parts)
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    # Arrow buffers are read-only; frameworks want arrays they may own.
+    return a if a.flags.writeable else a.copy()
+
+
+def _ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
+    offsets = arr.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    values = arr.values.to_numpy(zero_copy_only=False)[lo:hi]
+    return _writable(values), (offsets - lo).astype(np.int64)
+
+
+def pad_lists(values: np.ndarray, offsets: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged lists as a zero-padded ``(rows, length)`` array and its mask; longer
+    lists keep their first ``length`` values.
+
+    >>> pad_lists(np.array([4, 5, 6]), np.array([0, 2, 2, 3]), 2)[0].tolist()
+    [[4, 5], [0, 0], [6, 0]]
+    """
+    rows = len(offsets) - 1
+    lengths = np.diff(offsets)
+    row = np.repeat(np.arange(rows), lengths)
+    pos = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
+    keep = pos < length
+    padded = np.zeros((rows, length), dtype=values.dtype)
+    padded[row[keep], pos[keep]] = values[keep]
+    mask = np.arange(length) < np.minimum(lengths, length)[:, None]
+    return padded, mask
+
+
+class Loader:
+    """Shuffled, sharded numpy batches from exported parquet.
+
+    Args:
+        data: a ``tabstream.Dataset`` (anything with ``.files``, ``.fs``, ``.schema``),
+            an export directory, a glob, a parquet file or a list of files (any fsspec
+            URL; ``schema.json`` beside the files is used when present).
+        batch_size: rows per batch (see :mod:`tabstream.loaders.plan` for the last ones).
+        shuffle: shuffle row groups and rows within chunks, differently each epoch.
+        seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
+            on every run. Must be the same on all ranks.
+        parts_per_chunk: row groups read and shuffled together; more is a better
+            shuffle and more memory.
+        global_size, global_rank: number of ranks and this one's index (default 1, 0;
+            the torch and TensorFlow loaders default to the active process group or
+            strategy).
+        drop_last: drop the rows that do not fill a batch on every rank instead of
+            delivering every row exactly once.
+        features: the feature columns: names and/or :class:`Tags` (columns with any of
+            the tags), or a selector with ``names``/``tags``. Default: every schema
+            column that is not a label.
+        labels: label columns, same forms. Default: the columns tagged ``TARGET``.
+        pad: ``True`` delivers list columns as ``(padded, mask)`` of the schema's
+            ``value_count`` max length; a dict ``{name: length}`` gives lengths.
+        prefetch: batches prepared ahead of the consumer.
+        storage_options: fsspec options when ``data`` is a path.
+
+    Epochs: each ``iter(loader)`` runs the next epoch (0, 1, 2, ...);
+    ``set_epoch(n)`` makes the next iteration run epoch ``n`` (then ``n+1``...), as
+    with ``DistributedSampler``. ``len(loader)`` is the number of batches this rank
+    yields per epoch, the same on every rank.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        parts_per_chunk: int = 2,
+        global_size: int | None = None,
+        global_rank: int | None = None,
+        drop_last: bool = False,
+        *,
+        features: Any = None,
+        labels: Any = None,
+        pad: bool | Mapping[str, int] = False,
+        prefetch: int = 2,
+        storage_options: dict | None = None,
+    ) -> None:
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.parts_per_chunk = _check_int("parts_per_chunk", parts_per_chunk, 1)
+        self.prefetch = _check_int("prefetch", prefetch, 1)
+        self.global_size = _check_int("global_size", 1 if global_size is None else global_size, 1)
+        self.global_rank = _check_int("global_rank", 0 if global_rank is None else global_rank, 0)
+        if self.global_rank >= self.global_size:
+            raise ValueError(f"global_rank must be < global_size={self.global_size}, "
+                             f"got {self.global_rank}")
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+
+        self.source: ParquetSource = open_source(data, storage_options)
+        full = self.source.schema
+        self.label_names = (_select(full, Tags.TARGET, "labels")
+                            if labels is None and full.select_by_tag(Tags.TARGET)
+                            else _select(full, labels or [], "labels"))
+        if features is None:
+            self.feature_names = [n for n in full.column_names if n not in self.label_names]
+        else:
+            self.feature_names = _select(full, features, "features")
+        both = set(self.feature_names) & set(self.label_names)
+        if both:
+            raise ValueError(f"columns {sorted(both)} are selected both as features and labels")
+        if not self.feature_names and not self.label_names:
+            raise ValueError("no columns selected: pass features= and/or labels=")
+        self.columns = self.feature_names + self.label_names
+        self.schema = full.select_by_name(self.columns)
+        self.source.check_columns(self.columns)
+        self._value_types = {n: list_value_type(self.source.arrow_types[n]) for n in self.columns}
+        self._check_types()
+        self.pad_lengths = self._pad_lengths(pad)
+
+        self.num_rows = self.source.num_rows
+        self._share = plan.split_rows(self.num_rows, self.batch_size, self.global_size,
+                                      self.drop_last)[self.global_rank]
+        self._epoch = 0
+
+    # -- configuration -------------------------------------------------------
+    def _check_types(self) -> None:
+        for name in self.columns:
+            t = self._value_types[name] or self.source.arrow_types[name]
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+                raise TypeError(
+                    f"column {name!r} has type {self.source.arrow_types[name]}; loaders deliver "
+                    "numbers and lists of numbers: encode it first (e.g. ops.Categorify) or "
+                    "leave it out with features=/labels="
+                )
+
+    def _pad_lengths(self, pad: bool | Mapping[str, int]) -> dict[str, int]:
+        if not pad:
+            return {}
+        given = dict(pad) if isinstance(pad, Mapping) else {}
+        lists = [n for n in self.columns if self._value_types[n] is not None]
+        unknown = sorted(set(given) - set(lists))
+        if unknown:
+            raise ValueError(f"pad names {unknown}, which are not selected list columns; "
+                             f"list columns: {lists}")
+        lengths = {}
+        for name in lists:
+            length = given.get(name)
+            if length is None:
+                length = (self.schema[name].properties.get("value_count") or {}).get("max")
+            if length is None:
+                raise ValueError(
+                    f"list column {name!r} has no value_count max in the schema to pad to; "
+                    f"pass pad={{{name!r}: length}}"
+                )
+            lengths[name] = _check_int(f"pad length of {name!r}", length, 1)
+        return lengths
+
+    def column_dtype(self, name: str) -> tuple[np.dtype, bool]:
+        """The numpy dtype of a selected column's values and whether it is a list."""
+        value_type = self._value_types[name]
+        t = value_type if value_type is not None else self.source.arrow_types[name]
+        return np.dtype(t.to_pandas_dtype()), value_type is not None
+
+    # -- epochs ---------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will run."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run ``epoch`` (later ones continue from there)."""
+        self._epoch = _check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        return self._share.num_batches
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows this rank delivers per epoch."""
+        return self._share.num_rows
+
+    def next_epoch(self) -> int:
+        """Claim the epoch for a new iteration and advance the counter."""
+        epoch = self._epoch
+        self._epoch += 1
+        return epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iter_epoch(self.next_epoch())
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({len(self.source.files)} files, {self.num_rows} rows, "
+                f"batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"rank {self.global_rank}/{self.global_size}, {len(self)} batches)")
+
+    # -- planning and reading -------------------------------------------------
+    def pieces(self, epoch: int) -> list[plan.Piece]:
+        """This rank's pieces of row groups for ``epoch``, in reading order."""
+        units = self.source.units
+        order = plan.unit_order(len(units), self.seed, epoch, self.shuffle)
+        return plan.rank_pieces([u.num_rows for u in units], order,
+                                self._share.start, self._share.stop)
+
+    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
+        unit = self.source.units[piece.unit]
+        path = self.source.files[unit.file]
+        try:
+            table = self.source.open(unit.file).read_row_group(
+                unit.row_group, columns=self.columns, use_threads=True)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"parquet file not found: {path!r}") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
+        if table.num_rows != unit.num_rows:
+            raise ValueError(f"row group {unit.row_group} of {path!r} has {table.num_rows} rows, "
+                             f"its footer says {unit.num_rows}: the file is corrupt")
+        rows: np.ndarray | slice | None = None
+        if piece.num_rows != unit.num_rows:
+            if self.shuffle:
+                perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
+                rows = np.sort(perm[piece.start:piece.stop])
+            else:
+                rows = slice(piece.start, piece.stop)
+        out = {}
+        for name in self.columns:
+            col = table.column(name)
+            if self._value_types[name] is not None:
+                arr = col.combine_chunks()
+                if pa.types.is_fixed_size_list(arr.type):
+                    arr = arr.cast(pa.list_(arr.type.value_type))
+                if arr.null_count:
+                    arr = pc.fill_null(arr, pa.scalar([], arr.type))  # a null list is empty
+                self._check_nulls(name, arr.values, path, unit.row_group)
+                if isinstance(rows, slice):
+                    arr = arr.slice(rows.start, rows.stop - rows.start)
+                elif rows is not None:
+                    arr = pc.take(arr, rows)
+            else:
+                self._check_nulls(name, col, path, unit.row_group)
+                arr = col.to_numpy()
+                if rows is not None:
+                    arr = arr[rows]
+            out[name] = arr
+        return out
+
+    @staticmethod
+    def _check_nulls(name: str, arr: Any, path: str, row_group: int) -> None:
+        if arr.null_count and not pa.types.is_floating(arr.type):
+            raise ValueError(
+                f"column {name!r} has {arr.null_count} nulls in row group {row_group} of "
+                f"{path!r}; only float columns may hold nulls (as NaN): fill them before "
+                "export (e.g. ops.FillMissing)"
+            )
+
+    def _read_chunk(self, pieces: Sequence[plan.Piece], epoch: int) -> _Chunk:
+        parts = [self._read_piece(p, epoch) for p in pieces]
+        columns = {}
+        for name in self.columns:
+            cols = [p[name] for p in parts]
+            if isinstance(cols[0], pa.Array):
+                columns[name] = pa.concat_arrays(cols) if len(cols) > 1 else cols[0]
+            else:
+                columns[name] = np.concatenate(cols) if len(cols) > 1 else cols[0]
+        return _Chunk(columns, sum(p.num_rows for p in pieces))
+
+    def _finish(self, parts: list[dict[str, Any]]) -> Batch:
+        batch: dict[str, Any] = {}
+        for name in self.columns:
+            col = _concat([p[name] for p in parts])
+            if isinstance(col, pa.Array):
+                values, offsets = _ragged(col)
+                length = self.pad_lengths.get(name)
+                batch[name] = (values, offsets) if length is None else pad_lists(values, offsets,
+                                                                                  length)
+            else:
+                batch[name] = _writable(col)
+        features = {n: batch[n] for n in self.feature_names}
+        if not self.label_names:
+            return features, None
+        if len(self.label_names) == 1:
+            return features, batch[self.label_names[0]]
+        return features, {n: batch[n] for n in self.label_names}
+
+    def _batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches for ``epoch``, produced in the calling thread, with
+        the next chunk read in a helper thread."""
+        pieces = self.pieces(epoch)
+        chunks = [pieces[i:i + self.parts_per_chunk]
+                  for i in range(0, len(pieces), self.parts_per_chunk)]
+        sizes = self._share.batch_sizes()
+        need = next(sizes, 0)
+        parts: list[dict[str, Any]] = []
+        have = 0
+        with ThreadPoolExecutor(1, thread_name_prefix="tabstream-read") as pool:
+            ahead: Future | None = pool.submit(self._read_chunk, chunks[0], epoch) if chunks else None
+            for k in range(len(chunks)):
+                assert ahead is not None
+                chunk = ahead.result()
+                ahead = pool.submit(self._read_chunk, chunks[k + 1], epoch) if k + 1 < len(chunks) else None
+                order = (plan.chunk_rng(self.seed, epoch, self.global_rank, k).permutation(chunk.num_rows)
+                         if self.shuffle else None)
+                pos = 0
+                while pos < chunk.num_rows and need:
+                    take = min(need - have, chunk.num_rows - pos)
+                    parts.append(chunk.take(order[pos:pos + take]) if order is not None
+                                 else chunk.slice(pos, pos + take))
+                    have += take
+                    pos += take
+                    if have == need:
+                        yield self._finish(parts)
+                        parts, have, need = [], 0, next(sizes, 0)
+                del chunk
+        if need:  # the plan and the files disagree: never yield a short epoch silently
+            raise RuntimeError(f"rank {self.global_rank} ran out of rows before its last batch; "
+                               "were the files modified while loading?")
+
+    def iter_epoch(self, epoch: int, transform: Callable[[Batch], Any] | None = None) -> Iterator[Any]:
+        """Iterate ``epoch`` without touching the epoch counter. ``transform`` is
+        applied to each batch in the background thread (e.g. to build tensors)."""
+        return _Prefetcher(self._batches(epoch), transform, self.prefetch)
+
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _put(q: queue.Queue, stop: threading.Event, item: Any) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _produce(q: queue.Queue, stop: threading.Event, batches: Iterable[Any],
+             transform: Callable[[Any], Any] | None) -> None:
+    # Holds no reference to the _Prefetcher, so an abandoned one is collected and
+    # its __del__ stops this thread.
+    it = iter(batches)
+    try:
+        for batch in it:
+            if transform is not None:
+                batch = transform(batch)
+            if not _put(q, stop, batch):
+                return
+        _put(q, stop, _END)
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        _put(q, stop, _Failure(exc))
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+class _Prefetcher:
+    """Runs a batch generator in a daemon thread, ``depth`` batches ahead.
+
+    Errors are re-raised in the consumer; ``close()``, or dropping an unfinished
+    iterator, stops the thread at its next step.
+    """
+
+    def __init__(self, batches: Iterable[Any], transform: Callable[[Any], Any] | None,
+                 depth: int) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=_produce,
+                                        args=(self._queue, self._stop, batches, transform),
+                                        name="tabstream-loader", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> _Prefetcher:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True
+                    raise RuntimeError("the loader's background thread stopped "
+                                       "unexpectedly") from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        return item
+
+    def close(self) -> None:
+        """Stop the background thread; later ``next()`` calls raise StopIteration."""
+        self._done = True
+        self._stop.set()
+
+    def __del__(self) -> None:
+        self._stop.set()

@@ -1,0 +1,159 @@
+"""TensorFlow / Keras 3 adapter: the core loader as a ``tf.data.Dataset``.
+
+The loader *is* a ``tf.data.Dataset`` (with a fixed ``element_spec`` and a known
+cardinality), so it goes straight into Keras and into ``tf.function`` loops::
+
+    train = Loader("out/train", batch_size=65536)
+    valid = Loader("out/valid", batch_size=65536, shuffle=False)
+    model.fit(train, validation_data=valid, epochs=2, shuffle=False)
+
+    @tf.function
+    def train_epoch(dataset):
+        for features, labels in dataset: ...
+    train_epoch(train)
+
+Each new iteration (each Keras epoch) runs the next loader epoch, as with the
+other loaders; ``set_epoch`` works too. Keras warns that ``shuffle=True`` (its
+default) is ignored for a ``tf.data.Dataset``: the loader shuffles by itself, so
+pass ``shuffle=False`` to ``fit`` to silence that.
+
+Elements are ``(features, labels)`` (just ``features`` when there are no label
+columns); each leaf is a tensor whose first dimension is the batch:
+``features["C1"]``: int64 ``(batch,)``; a list column: ``(values, offsets)``
+int ``(nnz,)`` and int64 ``(batch + 1,)``, or with ``pad=True`` ``(padded, mask)``
+``(batch, length)``.
+
+Under an active ``tf.distribute`` strategy with several workers (e.g.
+``MultiWorkerMirroredStrategy``; create the loader inside ``strategy.scope()``)
+the rank and size default to the worker's index and the number of workers, and
+the loader turns off tf.data auto-sharding, since it shards by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
+
+from tabstream.loaders import core
+
+__all__ = ["Loader"]
+
+
+def _strategy_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:
+    if not tf.distribute.has_strategy():
+        return global_size, global_rank
+    resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return global_size, global_rank
+    jobs = resolver.cluster_spec().as_dict()
+    chiefs = len(jobs.get("chief", []))
+    workers = chiefs + len(jobs.get("worker", []))
+    if resolver.task_type == "chief":
+        index = 0
+    elif resolver.task_type == "worker":
+        index = chiefs + int(resolver.task_id)
+    else:  # evaluator or parameter server: reads nothing by default
+        return global_size, global_rank
+    return (workers if global_size is None else global_size,
+            index if global_rank is None else global_rank)
+
+
+def _spec(core_loader: core.Loader) -> Any:
+    """The element_spec: a TensorSpec per array, batch dimension left open."""
+
+    def column(name: str) -> Any:
+        np_dtype, is_list = core_loader.column_dtype(name)
+        dtype = tf.as_dtype(np_dtype)
+        if not is_list:
+            return tf.TensorSpec([None], dtype, name=name)
+        length = core_loader.pad_lengths.get(name)
+        if length is None:
+            return (tf.TensorSpec([None], dtype, name=f"{name}__values"),
+                    tf.TensorSpec([None], tf.int64, name=f"{name}__offsets"))
+        return (tf.TensorSpec([None, length], dtype, name=name),
+                tf.TensorSpec([None, length], tf.bool, name=f"{name}__mask"))
+
+    features = {n: column(n) for n in core_loader.feature_names}
+    labels = core_loader.label_names
+    if not labels:
+        return features
+    if len(labels) == 1:
+        return features, column(labels[0])
+    return features, {n: column(n) for n in labels}
+
+
+class Loader(dataset_ops.DatasetV2):
+    """Shuffled, sharded batches from exported parquet, as a ``tf.data.Dataset``.
+
+    Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included). The
+    loader's own settings are under ``loader.core`` (``tf.data.Dataset`` already
+    has ``shuffle``/``batch`` methods); ``len(loader)`` and ``set_epoch`` work as
+    for the other loaders.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        parts_per_chunk: int = 2,
+        global_size: int | None = None,
+        global_rank: int | None = None,
+        drop_last: bool = False,
+        *,
+        features: Any = None,
+        labels: Any = None,
+        pad: bool | Mapping[str, int] = False,
+        prefetch: int = 2,
+        storage_options: dict | None = None,
+    ) -> None:
+        global_size, global_rank = _strategy_defaults(global_size, global_rank)
+        self.core = core.Loader(
+            dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
+            drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
+            storage_options=storage_options,
+        )
+        ds = tf.data.Dataset.from_generator(self._generate, output_signature=_spec(self.core))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options).prefetch(1)
+        self._dataset = ds
+        super().__init__(ds._variant_tensor)
+
+    # tf.data.Dataset's abstract interface
+    def _inputs(self) -> list[tf.data.Dataset]:
+        return [self._dataset]
+
+    @property
+    def element_spec(self) -> Any:
+        return self._dataset.element_spec
+
+    def _generate(self) -> Iterator[Any]:
+        # Called by tf.data once per new iterator, i.e. once per epoch.
+        batches = self.core.iter_epoch(self.core.next_epoch())
+        try:
+            for features, labels in batches:
+                yield features if not self.core.label_names else (features, labels)
+        finally:
+            batches.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""
+        self.core.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will run."""
+        return self.core.epoch
+
+    def __len__(self) -> int:
+        return len(self.core)
+
+    def __repr__(self) -> str:
+        return repr(self.core).replace("Loader(", "tensorflow.Loader(", 1)

@@ -1,0 +1,133 @@
+"""PyTorch adapter: the core loader's batches as tensors.
+
+    >>> loader = Loader("out/train", batch_size=4)               # doctest: +SKIP
+    >>> features, labels = next(iter(loader))                    # doctest: +SKIP
+    >>> features["C1"]            # tensor([12, 3, 3, 40])           int64
+    >>> features["tags"]          # (tensor([5, 9, 2]), tensor([0, 2, 2, 3, 3]))  values, offsets
+    >>> labels                    # tensor([1, 0, 0, 1])
+
+Use it as an iterable, or wrap it: ``torch.utils.data.DataLoader(loader,
+batch_size=None)`` (keep ``num_workers=0``: the loader already reads in a
+background thread). Under ``torch.distributed`` the rank and world size default
+to the process group's, and every rank gets the same number of batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils.data
+
+from tabstream.loaders import core
+
+__all__ = ["Loader"]
+
+
+def _distributed_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:
+    if dist.is_available() and dist.is_initialized():
+        size = dist.get_world_size() if global_size is None else global_size
+        rank = dist.get_rank() if global_rank is None else global_rank
+        return size, rank
+    if global_size is not None and global_size > 1 and global_rank is None:
+        raise ValueError(f"global_size={global_size} needs global_rank (or an initialized "
+                         "torch.distributed process group)")
+    return global_size, global_rank
+
+
+def _map(structure: Any, fn: Any) -> Any:
+    if isinstance(structure, dict):
+        return {k: _map(v, fn) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(_map(v, fn) for v in structure)
+    if structure is None:
+        return None
+    return fn(structure)
+
+
+class Loader(torch.utils.data.IterableDataset):
+    """Shuffled, sharded ``(features, labels)`` tensor batches from exported parquet.
+
+    Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included), plus
+    ``device``: where tensors are delivered. On a CUDA device batches are pinned in
+    the background thread and copied with ``non_blocking=True``.
+
+    Tensors share memory with the numpy batches (``torch.from_numpy``), so a batch
+    costs no copy beyond the shuffle's gather.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        parts_per_chunk: int = 2,
+        global_size: int | None = None,
+        global_rank: int | None = None,
+        drop_last: bool = False,
+        device: str | torch.device = "cpu",
+        *,
+        features: Any = None,
+        labels: Any = None,
+        pad: bool | Mapping[str, int] = False,
+        prefetch: int = 2,
+        storage_options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        global_size, global_rank = _distributed_defaults(global_size, global_rank)
+        self.core = core.Loader(
+            dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
+            drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
+            storage_options=storage_options,
+        )
+        self.device = torch.device(device)
+        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+
+    # -- the core's settings ----------------------------------------------------
+    batch_size = property(lambda self: self.core.batch_size)
+    shuffle = property(lambda self: self.core.shuffle)
+    seed = property(lambda self: self.core.seed)
+    global_size = property(lambda self: self.core.global_size)
+    global_rank = property(lambda self: self.core.global_rank)
+    drop_last = property(lambda self: self.core.drop_last)
+    schema = property(lambda self: self.core.schema)
+    feature_names = property(lambda self: self.core.feature_names)
+    label_names = property(lambda self: self.core.label_names)
+    num_rows = property(lambda self: self.core.num_rows)
+    epoch = property(lambda self: self.core.epoch, doc="The epoch the next iteration runs.")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""
+        self.core.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.core)
+
+    def __repr__(self) -> str:
+        return repr(self.core).replace("Loader(", "torch.Loader(", 1)
+
+    # -- iteration ------------------------------------------------------------------
+    def _to_tensors(self, batch: core.Batch) -> Any:
+        # Runs in the background thread.
+        def convert(a: Any) -> torch.Tensor:
+            t = torch.from_numpy(a)
+            return t.pin_memory() if self._pin else t
+
+        return _map(batch, convert)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise RuntimeError(
+                "wrap the tabstream loader in DataLoader(loader, batch_size=None) with "
+                "num_workers=0: it reads in its own background thread, and each worker "
+                "process would deliver every row again"
+            )
+        batches = self.core.iter_epoch(self.core.next_epoch(), self._to_tensors)
+        if self.device.type == "cpu":
+            return batches
+        return (_map(b, lambda t: t.to(self.device, non_blocking=True)) for b in batches)

@@ -1,0 +1,387 @@
+"""Embedding tables built from a schema, with lookups that keep gradients sparse.
+
+Every table is an :class:`EmbeddingTable` layer holding one ``cardinality x dim``
+variable (path ``"<table name>/embeddings"``). Its lookup gathers rows from the
+variable itself (``tf.gather`` on the ``tf.Variable``), so the forward pass reads only
+the rows of the batch and the gradient is a ``tf.IndexedSlices`` over those rows;
+:class:`~tabstream.train.tensorflow.LazyAdam` then updates only them.
+(``keras.layers.Embedding`` converts the whole table to a tensor every step.)
+
+Accepted inputs for one feature, in ``features: dict[str, Tensor]``:
+
+* single-hot: int ``[B]`` or ``[B, 1]`` -> ``[B, dim]``
+* multi-hot (pooled with the table's ``combiner``, "sum" or "mean"), any of
+    - ``tf.RaggedTensor`` ``[B, None]``
+    - padded int ``[B, L]`` plus an optional ``features[name + "__mask"]`` (bool or
+      0/1, ``[B, L]``); without a mask, id ``0`` (Categorify's padding id) is padding
+    - ``features[name + "__values"]`` and ``features[name + "__offsets"]`` (row splits,
+      ``B + 1`` entries starting at 0, as merlin-dataloader delivers), or the tuple
+      ``(values, offsets)`` under ``name``
+    - ``tf.SparseTensor`` ``[B, L]``
+
+>>> tables = EmbeddingTables([TableConfig("genre", 10, 8, ("genres",), is_list=True)])
+>>> out = tables({"genres": tf.ragged.constant([[1, 2], [3], []])})
+>>> out["genres"].shape       # row 0 = E[1] + E[2], row 1 = E[3], row 2 = 0
+TensorShape([3, 8])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.tables import TableConfig, table_configs_from_schema
+
+__all__ = [
+    "EmbeddingTable",
+    "EmbeddingTables",
+    "embedding_tables_from_schema",
+    "split_embeddings_on_size",
+]
+
+MASK_SUFFIX = "__mask"
+VALUES_SUFFIX = "__values"
+OFFSETS_SUFFIX = "__offsets"
+
+
+def _config_to_dict(config: TableConfig) -> dict[str, Any]:
+    return {
+        "name": config.name,
+        "cardinality": config.cardinality,
+        "dim": config.dim,
+        "feature_names": list(config.feature_names),
+        "is_list": config.is_list,
+        "combiner": config.combiner,
+    }
+
+
+def _config_from_dict(d: Mapping[str, Any]) -> TableConfig:
+    return TableConfig(**{**d, "feature_names": tuple(d["feature_names"])})
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class EmbeddingTable(keras.layers.Layer):
+    """One embedding table, created eagerly from its :class:`TableConfig`.
+
+    ``table(ids)`` looks up single-hot ids; ``table.pool(values, row_ids, nrows)``
+    pools flat multi-hot ids. ``table.embeddings`` is the variable.
+    """
+
+    def __init__(
+        self,
+        config: TableConfig,
+        initializer: Any = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(config, Mapping):  # from get_config
+            config = _config_from_dict(config)
+        if not isinstance(config, TableConfig):
+            raise TypeError(f"EmbeddingTable needs a TableConfig, got {type(config).__name__}")
+        kwargs.setdefault("name", config.name)
+        super().__init__(**kwargs)
+        self.config = config
+        if initializer is None:
+            initializer = keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
+        self.initializer = keras.initializers.get(initializer)
+        # Created here (not in build) so that optimizers can claim the variable
+        # before the model first runs.
+        self.embeddings = self.add_weight(
+            shape=(config.cardinality, config.dim),
+            initializer=self.initializer,
+            name="embeddings",
+        )
+        self.built = True
+
+    def build(self, input_shape: Any = None) -> None:
+        self.built = True
+
+    @property
+    def cardinality(self) -> int:
+        return self.config.cardinality
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def _gather(self, ids: tf.Tensor) -> tf.Tensor:
+        # Gathering from the tf.Variable (not from a tensor read of it) reads only the
+        # requested rows and yields an IndexedSlices gradient.
+        return tf.gather(self.embeddings.value, ids)
+
+    def call(self, ids: tf.Tensor) -> tf.Tensor:
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank == 2 and ids.shape[1] == 1:
+            ids = tf.squeeze(ids, axis=1)
+        if ids.shape.rank != 1:
+            raise ValueError(
+                f"table {self.config.name!r}: single-hot lookups take ids of shape [B] or "
+                f"[B, 1], got {ids.shape}; pass list features through EmbeddingTables"
+            )
+        return self._gather(ids)
+
+    def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
+        """Pool flat ids ``values`` belonging to rows ``row_ids`` into ``[nrows, dim]``."""
+        emb = self._gather(values)
+        row_ids = tf.cast(row_ids, tf.int32)
+        nrows = tf.cast(nrows, tf.int32)
+        pooled = tf.math.unsorted_segment_sum(emb, row_ids, nrows)
+        if self.config.combiner == "mean":
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, emb.dtype), row_ids, nrows)
+            pooled = pooled / tf.maximum(counts, 1.0)[:, None]
+        return pooled
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "config": _config_to_dict(self.config),
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config
+
+
+def _flat_list_ids(
+    name: str, features: Mapping[str, Any]
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
+    """(values, row_ids, nrows) for a list feature in any accepted layout, or None
+    when the feature is a plain dense tensor that the caller must interpret."""
+    if name + VALUES_SUFFIX in features and name not in features:
+        values = features[name + VALUES_SUFFIX]
+        offsets = features.get(name + OFFSETS_SUFFIX)
+        if offsets is None:
+            raise KeyError(
+                f"feature {name!r}: found {name + VALUES_SUFFIX!r} but no "
+                f"{name + OFFSETS_SUFFIX!r}; pass both (row splits of length B + 1)"
+            )
+        x: Any = (values, offsets)
+    else:
+        x = features[name]
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(
+                f"feature {name!r}: a tuple input must be (values, offsets), got {len(x)} items"
+            )
+        values = tf.reshape(tf.convert_to_tensor(x[0]), [-1])
+        offsets = tf.reshape(tf.cast(x[1], tf.int64), [-1])
+        x = tf.RaggedTensor.from_row_splits(values, offsets, validate=False)
+    if isinstance(x, tf.SparseTensor):
+        x = tf.RaggedTensor.from_sparse(x)
+    if isinstance(x, tf.RaggedTensor):
+        if x.ragged_rank != 1:
+            raise ValueError(f"feature {name!r}: expected a [B, None] ragged tensor, got {x.shape}")
+        return x.flat_values, x.value_rowids(), x.nrows()
+    return None
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class EmbeddingTables(keras.layers.Layer):
+    """Embedding tables for several features: ``features -> {feature: [B, dim]}``.
+
+    ``configs`` is a list of :class:`TableConfig` (one table may serve several
+    features). ``list_features`` names the multi-hot features; by default the
+    features of tables whose config has ``is_list=True``.
+
+    >>> configs = [TableConfig("C1", 100, 8, ("C1",)), TableConfig("tags", 50, 8, ("tags",), is_list=True)]
+    >>> out = EmbeddingTables(configs)({"C1": tf.constant([3, 7]),
+    ...                                 "tags": tf.constant([[4, 9, 0], [2, 0, 0]])})
+    >>> {k: v.shape for k, v in out.items()}     # tags row 0 = E[4] + E[9]
+    {'C1': TensorShape([2, 8]), 'tags': TensorShape([2, 8])}
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[TableConfig],
+        list_features: Iterable[str] | None = None,
+        initializer: Any = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        configs = [_config_from_dict(c) if isinstance(c, Mapping) else c for c in configs]
+        if not configs:
+            raise ValueError("EmbeddingTables needs at least one TableConfig")
+        names = [c.name for c in configs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate table names {dupes}; each table needs a unique name")
+        self.configs = tuple(configs)
+        self._feature_to_table: dict[str, str] = {}
+        for c in configs:
+            for f in c.feature_names:
+                if f in self._feature_to_table:
+                    raise ValueError(
+                        f"feature {f!r} is looked up by two tables: "
+                        f"{self._feature_to_table[f]!r} and {c.name!r}"
+                    )
+                self._feature_to_table[f] = c.name
+        if list_features is None:
+            list_features = [f for c in configs if c.is_list for f in c.feature_names]
+        self.list_features = frozenset(list_features)
+        unknown = sorted(self.list_features - set(self._feature_to_table))
+        if unknown:
+            raise ValueError(f"list_features {unknown} have no table; known: {sorted(self._feature_to_table)}")
+        self.initializer = initializer
+        self.seed = seed
+        self._table_names: list[str] = []
+        for i, c in enumerate(configs):
+            table = EmbeddingTable(
+                c, initializer=initializer, seed=None if seed is None else seed + i
+            )
+            # One attribute per table: tf.train.Checkpoint does not follow Keras 3's
+            # tracked dicts/lists of layers, only direct attributes.
+            setattr(self, f"table_{i}", table)
+            self._table_names.append(f"table_{i}")
+
+    def build(self, input_shape: Any = None) -> None:
+        # The tables are created with their variables; nothing depends on input shapes.
+        self.built = True
+
+    @property
+    def tables(self) -> dict[str, EmbeddingTable]:
+        """Table name -> :class:`EmbeddingTable`."""
+        out = {}
+        for attr in self._table_names:
+            t = getattr(self, attr)
+            out[t.config.name] = t
+        return out
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self._feature_to_table)
+
+    def table_for(self, feature: str) -> EmbeddingTable:
+        try:
+            return self.tables[self._feature_to_table[feature]]
+        except KeyError:
+            raise KeyError(
+                f"no embedding table for feature {feature!r}; known: {self.feature_names}"
+            ) from None
+
+    def lookup(self, name: str, features: Mapping[str, Any]) -> tf.Tensor:
+        """Embedding ``[B, dim]`` of one feature (pooled when multi-hot)."""
+        table = self.table_for(name)
+        flat = _flat_list_ids(name, features)
+        if flat is not None:
+            return table.pool(*flat)
+        ids = tf.convert_to_tensor(features[name])
+        if name not in self.list_features:
+            return table(ids)
+        if ids.shape.rank != 2:
+            raise ValueError(
+                f"list feature {name!r}: expected padded ids [B, L], a RaggedTensor or "
+                f"(values, offsets), got a dense tensor of shape {ids.shape}"
+            )
+        mask = features.get(name + MASK_SUFFIX)
+        mask = tf.not_equal(ids, 0) if mask is None else tf.cast(mask, tf.bool)
+        # Pool only the real ids: padding rows then get no (zero) gradient entries,
+        # so a lazy optimizer leaves the padding row alone.
+        where = tf.where(mask)
+        return table.pool(tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0])
+
+    def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+        missing = [
+            f
+            for f in self._feature_to_table
+            if f not in features and f + VALUES_SUFFIX not in features
+        ]
+        if missing:
+            raise KeyError(
+                f"EmbeddingTables: features {missing} are missing from the input; "
+                f"got {sorted(features)}"
+            )
+        return {f: self.lookup(f, features) for f in self._feature_to_table}
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "configs": [_config_to_dict(c) for c in self.configs],
+                "list_features": sorted(self.list_features),
+                "initializer": None
+                if self.initializer is None
+                else keras.initializers.serialize(keras.initializers.get(self.initializer)),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+def embedding_tables_from_schema(
+    schema: Schema,
+    dim: int | dict[str, int] | None = None,
+    infer_sizes: bool = True,
+    multiplier: float = 2.0,
+    combiner: str = "sum",
+    initializer: Any = None,
+    seed: int | None = None,
+    name: str = "embedding_tables",
+) -> EmbeddingTables:
+    """An :class:`EmbeddingTables` layer with one table per categorical (non-target)
+    column of ``schema``, or per shared vocabulary; sizes as in
+    :func:`tabstream.train.table_configs_from_schema` (inferred dim =
+    ``floor(cardinality ** 0.25 * multiplier)`` rounded up to a multiple of 8).
+    """
+    cats = schema.select_by_tag(Tags.CATEGORICAL)
+    cats = cats.without([c.name for c in cats if Tags.TARGET in c.tags])
+    if len(cats) == 0:
+        raise ValueError(
+            f"schema has no categorical feature columns to embed; columns: {schema.column_names}"
+        )
+    configs = table_configs_from_schema(
+        cats, dim=dim, infer_sizes=infer_sizes, multiplier=multiplier, combiner=combiner
+    )
+    list_features = [c.name for c in cats if c.is_list]
+    return EmbeddingTables(
+        configs, list_features=list_features, initializer=initializer, seed=seed, name=name
+    )
+
+
+def _as_table_list(tables: Any) -> list[Any]:
+    if isinstance(tables, EmbeddingTables):
+        return list(tables.tables.values())
+    if isinstance(tables, Mapping):
+        return list(tables.values())
+    if isinstance(tables, (EmbeddingTable, TableConfig)):
+        return [tables]
+    return list(tables)
+
+
+def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], list[Any]]:
+    """Split tables into ``(large, small)``: large ones have ``cardinality >= threshold``.
+
+    ``tables`` is an :class:`EmbeddingTables` layer or an iterable (or dict) of
+    :class:`EmbeddingTable` layers or :class:`TableConfig`; the two lists hold the
+    same kind of object, in their original order. Typical use::
+
+        large, small = split_embeddings_on_size(model.embeddings, threshold=100_000)
+        optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(), large)])
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise ValueError(f"threshold must be a positive int (rows), got {threshold!r}")
+    large: list[Any] = []
+    small: list[Any] = []
+    for t in _as_table_list(tables):
+        if isinstance(t, EmbeddingTable):
+            cardinality = t.config.cardinality
+        elif isinstance(t, TableConfig):
+            cardinality = t.cardinality
+        else:
+            raise TypeError(
+                "split_embeddings_on_size takes EmbeddingTables, EmbeddingTable layers or "
+                f"TableConfig objects, got {type(t).__name__}"
+            )
+        (large if cardinality >= threshold else small).append(t)
+    return large, small
+
+
+def with_dim(configs: Iterable[TableConfig], dim: int, prefix: str = "") -> list[TableConfig]:
+    """Copies of ``configs`` with every table's dimension set to ``dim`` (and names
+    prefixed), e.g. the 1-wide tables of a wide (linear) model."""
+    return [replace(c, dim=dim, name=prefix + c.name) for c in configs]

@@ -1,0 +1,453 @@
+"""Recommender models built from a schema, as Keras 3 models.
+
+Input is ``features: dict[str, Tensor]`` (int ids for categorical columns, floats for
+continuous ones; list columns as in :mod:`.embeddings`). The ranking models
+(:class:`DLRM`, :class:`DCN`, :class:`WideAndDeep`) return **logits** ``[B, 1]``:
+compile them with ``keras.losses.BinaryCrossentropy(from_logits=True)`` and
+:func:`~tabstream.train.tensorflow.binary_classification_metrics` (AUC and log-loss
+with ``from_logits=True``); ``keras.ops.sigmoid(model(x))`` gives probabilities.
+
+>>> model = DLRM(schema, embedding_dim=16)
+>>> model.compile(optimizer=LazyAdam(1e-3),
+...               loss=keras.losses.BinaryCrossentropy(from_logits=True),
+...               metrics=binary_classification_metrics())
+>>> model.fit(train_ds, validation_data=valid_ds, callbacks=[ThroughputCallback(8192)])
+
+:class:`TwoTower` returns ``{"query": [B, d], "candidate": [B, d]}`` and trains with
+in-batch negatives; evaluate it with :meth:`TwoTower.recall_at_k`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.tensorflow.blocks import MLP, ContinuousFeatures, CrossNetV2, DotInteraction
+from tabstream.train.tensorflow.embeddings import (
+    EmbeddingTables,
+    embedding_tables_from_schema,
+    with_dim,
+)
+
+__all__ = ["DCN", "DLRM", "TwoTower", "WideAndDeep"]
+
+
+def _as_schema(schema: Schema | Mapping[str, Any]) -> Schema:
+    if isinstance(schema, Schema):
+        return schema
+    if isinstance(schema, Mapping):
+        return Schema.from_dict(schema)
+    raise TypeError(f"schema must be a tabstream Schema, got {type(schema).__name__}")
+
+
+def _features(schema: Schema) -> tuple[Schema, list[str]]:
+    """(categorical feature schema, continuous feature names), targets excluded."""
+    targets = {c.name for c in schema.select_by_tag(Tags.TARGET)}
+    cats = schema.select_by_tag(Tags.CATEGORICAL).without(targets)
+    conts = [c for c in schema.select_by_tag(Tags.CONTINUOUS) if c.name not in targets]
+    lists = [c.name for c in conts if c.is_list]
+    if lists:
+        raise ValueError(
+            f"continuous list columns {lists} are not supported by the bundled models; "
+            "drop them from the schema or reduce them to scalars"
+        )
+    return cats, [c.name for c in conts]
+
+
+class _SchemaModel(keras.Model):
+    """Shared plumbing: the schema, categorical embeddings and continuous inputs."""
+
+    def __init__(self, schema: Schema | Mapping[str, Any], seed: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.schema = _as_schema(schema)
+        self.seed = seed
+        self._cat_schema, cont_names = _features(self.schema)
+        self.continuous = ContinuousFeatures(cont_names)
+
+    def _seed(self, offset: int) -> int | None:
+        return None if self.seed is None else self.seed + 1000 * offset
+
+    def _embedding_list(self, tables: EmbeddingTables, features: Mapping[str, Any]) -> list[tf.Tensor]:
+        looked_up = tables(features)
+        return [looked_up[name] for name in tables.feature_names]
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "schema": self.schema.to_dict(), "seed": self.seed}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> _SchemaModel:
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class DLRM(_SchemaModel):
+    """DLRM: continuous features -> bottom MLP -> a ``embedding_dim`` vector; it and
+    every categorical embedding (all ``embedding_dim`` wide) -> pairwise dot products
+    -> concatenated with the bottom output -> top MLP -> logit ``[B, 1]``.
+
+    ``bottom_mlp`` lists the hidden widths; a final layer of ``embedding_dim`` is added.
+    """
+
+    def __init__(
+        self,
+        schema: Schema | Mapping[str, Any],
+        embedding_dim: int = 16,
+        bottom_mlp: Sequence[int] = (64,),
+        top_mlp: Sequence[int] = (64, 32),
+        seed: int | None = None,
+        name: str = "dlrm",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(schema, seed=seed, name=name, **kwargs)
+        self.embedding_dim = int(embedding_dim)
+        self.bottom_mlp_units = list(bottom_mlp)
+        self.top_mlp_units = list(top_mlp)
+        num_vectors = len(self._cat_schema) + (1 if self.continuous else 0)
+        if num_vectors < 2:
+            raise ValueError(
+                "DLRM needs at least two interacting vectors (categorical columns plus one for "
+                f"all continuous columns); schema has {self.schema.column_names}"
+            )
+        self.embeddings = embedding_tables_from_schema(
+            self._cat_schema, dim=self.embedding_dim, seed=self._seed(1)
+        )
+        self.bottom_mlp = (
+            MLP([*self.bottom_mlp_units, self.embedding_dim], seed=self._seed(2), name="bottom_mlp")
+            if self.continuous
+            else None
+        )
+        self.interaction = DotInteraction(name="interaction")
+        self.top_mlp = MLP(self.top_mlp_units, seed=self._seed(3), name="top_mlp")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, features: Mapping[str, Any]) -> tf.Tensor:
+        vectors = self._embedding_list(self.embeddings, features)
+        parts = []
+        if self.bottom_mlp is not None:
+            dense = self.bottom_mlp(self.continuous(features))
+            vectors = [dense, *vectors]
+            parts.append(dense)
+        parts.append(self.interaction(tf.stack(vectors, axis=1)))
+        return self.head(self.top_mlp(tf.concat(parts, axis=1)))
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "embedding_dim": self.embedding_dim,
+            "bottom_mlp": self.bottom_mlp_units,
+            "top_mlp": self.top_mlp_units,
+        }
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class DCN(_SchemaModel):
+    """DCN-v2: ``x0`` = concatenated embeddings and continuous features -> cross
+    network (``cross_layers`` layers, optionally ``low_rank``) and a deep MLP,
+    ``structure="stacked"`` (cross then deep) or ``"parallel"`` (both on ``x0``,
+    concatenated) -> logit ``[B, 1]``. ``embedding_dim=None`` infers each table's size.
+    """
+
+    def __init__(
+        self,
+        schema: Schema | Mapping[str, Any],
+        embedding_dim: int | None = None,
+        cross_layers: int = 3,
+        deep: Sequence[int] = (64, 32),
+        structure: str = "stacked",
+        low_rank: int | None = None,
+        seed: int | None = None,
+        name: str = "dcn",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(schema, seed=seed, name=name, **kwargs)
+        if structure not in ("stacked", "parallel"):
+            raise ValueError(f"DCN structure must be 'stacked' or 'parallel', got {structure!r}")
+        self.embedding_dim = embedding_dim
+        self.cross_layers = int(cross_layers)
+        self.deep_units = list(deep)
+        self.structure = structure
+        self.low_rank = low_rank
+        self.embeddings = (
+            embedding_tables_from_schema(self._cat_schema, dim=embedding_dim, seed=self._seed(1))
+            if len(self._cat_schema)
+            else None
+        )
+        if self.embeddings is None and not self.continuous:
+            raise ValueError(f"DCN: schema has no feature columns: {self.schema.column_names}")
+        self.cross = CrossNetV2(self.cross_layers, low_rank=low_rank, seed=self._seed(2), name="cross")
+        self.deep = MLP(self.deep_units, seed=self._seed(3), name="deep")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, features: Mapping[str, Any]) -> tf.Tensor:
+        parts = self._embedding_list(self.embeddings, features) if self.embeddings else []
+        if self.continuous:
+            parts.append(self.continuous(features))
+        x0 = tf.concat(parts, axis=1)
+        crossed = self.cross(x0)
+        if self.structure == "stacked":
+            out = self.deep(crossed)
+        else:
+            out = tf.concat([crossed, self.deep(x0)], axis=1)
+        return self.head(out)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "embedding_dim": self.embedding_dim,
+            "cross_layers": self.cross_layers,
+            "deep": self.deep_units,
+            "structure": self.structure,
+            "low_rank": self.low_rank,
+        }
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class WideAndDeep(_SchemaModel):
+    """Wide & Deep: logit = wide + deep. Wide is a linear model: one weight per
+    categorical id (1-wide tables named ``wide_<table>``, zero-initialized, sparse
+    gradients) plus a linear layer on the continuous features. Deep is embeddings and
+    continuous features -> MLP -> 1. Output: logit ``[B, 1]``.
+    """
+
+    def __init__(
+        self,
+        schema: Schema | Mapping[str, Any],
+        embedding_dim: int | None = None,
+        deep: Sequence[int] = (64, 32),
+        seed: int | None = None,
+        name: str = "wide_and_deep",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(schema, seed=seed, name=name, **kwargs)
+        if len(self._cat_schema) == 0:
+            raise ValueError(
+                f"WideAndDeep needs categorical columns; schema has {self.schema.column_names}"
+            )
+        self.embedding_dim = embedding_dim
+        self.deep_units = list(deep)
+        self.embeddings = embedding_tables_from_schema(
+            self._cat_schema, dim=embedding_dim, seed=self._seed(1)
+        )
+        self.wide_tables = EmbeddingTables(
+            with_dim(self.embeddings.configs, 1, prefix="wide_"),
+            list_features=self.embeddings.list_features,
+            initializer="zeros",
+            name="wide_tables",
+        )
+        self.wide_continuous = keras.layers.Dense(1, use_bias=False, name="wide_continuous")
+        self.deep = MLP(self.deep_units, seed=self._seed(2), name="deep")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, features: Mapping[str, Any]) -> tf.Tensor:
+        wide = tf.add_n(self._embedding_list(self.wide_tables, features))
+        parts = self._embedding_list(self.embeddings, features)
+        if self.continuous:
+            dense = self.continuous(features)
+            wide = wide + self.wide_continuous(dense)
+            parts.append(dense)
+        return wide + self.head(self.deep(tf.concat(parts, axis=1)))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "embedding_dim": self.embedding_dim, "deep": self.deep_units}
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class TwoTower(_SchemaModel):
+    """Two-tower retrieval: USER-tagged columns -> query tower, ITEM-tagged columns ->
+    candidate tower (embeddings + continuous -> MLP ``tower``, L2-normalized).
+
+    ``model(features)`` returns ``{"query": [B, d], "candidate": [B, d]}``. Training
+    uses in-batch negatives: for row ``i`` the logits are ``<q_i, c_j> / temperature``
+    over the batch's candidates ``j``, the target is ``j = i`` (other rows with the same
+    item id are masked out), and the softmax cross-entropy of a row is weighted by its
+    label when labels are given (rows with label 0 are not positives, but their items
+    still serve as negatives). Compile without a loss: ``model.compile(optimizer=...)``.
+    """
+
+    def __init__(
+        self,
+        schema: Schema | Mapping[str, Any],
+        tower: Sequence[int] = (64, 32),
+        embedding_dim: int | None = None,
+        temperature: float = 0.1,
+        normalize: bool = True,
+        seed: int | None = None,
+        name: str = "two_tower",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(schema, seed=seed, name=name, **kwargs)
+        self.tower_units = list(tower)
+        self.embedding_dim = embedding_dim
+        self.temperature = float(temperature)
+        self.normalize = normalize
+        targets = {c.name for c in self.schema.select_by_tag(Tags.TARGET)}
+        user = self.schema.select_by_tag(Tags.USER).without(targets)
+        item = self.schema.select_by_tag(Tags.ITEM).without(targets)
+        for side, part in (("USER", user), ("ITEM", item)):
+            if len(part.select_by_tag(Tags.CATEGORICAL)) == 0:
+                raise ValueError(
+                    f"TwoTower needs categorical columns tagged {side}; "
+                    f"schema has {self.schema.column_names}"
+                )
+        item_ids = item.select_by_tag(Tags.ID).select_by_tag(Tags.CATEGORICAL)
+        if len(item_ids) != 1:
+            raise ValueError(
+                "TwoTower needs exactly one categorical column tagged ITEM_ID (to mask "
+                f"duplicate in-batch items and to rank candidates); found {item_ids.column_names}"
+            )
+        self.item_id = item_ids.column_names[0]
+        user_cats, user_conts = _features(user)
+        item_cats, item_conts = _features(item)
+        self.user_continuous = ContinuousFeatures(user_conts)
+        self.item_continuous = ContinuousFeatures(item_conts)
+        self.item_feature_names = item.column_names
+        self.user_embeddings = embedding_tables_from_schema(
+            user_cats, dim=embedding_dim, seed=self._seed(1), name="user_embeddings"
+        )
+        self.item_embeddings = embedding_tables_from_schema(
+            item_cats, dim=embedding_dim, seed=self._seed(2), name="item_embeddings"
+        )
+        self.query_tower = MLP(
+            self.tower_units, activate_last=False, seed=self._seed(3), name="query_tower"
+        )
+        self.candidate_tower = MLP(
+            self.tower_units, activate_last=False, seed=self._seed(4), name="candidate_tower"
+        )
+
+    def _encode(self, tables: EmbeddingTables, continuous: ContinuousFeatures, tower: MLP,
+                features: Mapping[str, Any]) -> tf.Tensor:
+        parts = self._embedding_list(tables, features)
+        if continuous:
+            parts.append(continuous(features))
+        out = tower(tf.concat(parts, axis=1))
+        return tf.math.l2_normalize(out, axis=1) if self.normalize else out
+
+    def query_embeddings(self, features: Mapping[str, Any]) -> tf.Tensor:
+        """``[B, d]`` user (query) vectors from the USER columns of ``features``."""
+        return self._encode(self.user_embeddings, self.user_continuous, self.query_tower, features)
+
+    def candidate_embeddings(self, features: Mapping[str, Any]) -> tf.Tensor:
+        """``[B, d]`` item (candidate) vectors from the ITEM columns of ``features``."""
+        return self._encode(
+            self.item_embeddings, self.item_continuous, self.candidate_tower, features
+        )
+
+    def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+        return {
+            "query": self.query_embeddings(features),
+            "candidate": self.candidate_embeddings(features),
+        }
+
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> tf.Tensor:
+        if y_pred is None:
+            y_pred = self(x, training=training)
+        logits = tf.matmul(y_pred["query"], y_pred["candidate"], transpose_b=True)
+        logits = logits / self.temperature
+        batch = tf.shape(logits)[0]
+        if x is not None:
+            # Another row with the same item is not a negative: drop it from the softmax.
+            item_id = tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
+            duplicate = tf.logical_and(
+                tf.equal(item_id[:, None], item_id[None, :]),
+                tf.logical_not(tf.eye(batch, dtype=tf.bool)),
+            )
+            logits = tf.where(duplicate, tf.constant(-1e9, logits.dtype), logits)
+        per_row = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.range(batch), logits=logits
+        )
+        weights = tf.ones_like(per_row)
+        if y is not None:
+            weights = tf.cast(tf.reshape(y, [-1]), per_row.dtype)
+        if sample_weight is not None:
+            weights = weights * tf.cast(tf.reshape(sample_weight, [-1]), per_row.dtype)
+        loss = tf.reduce_sum(per_row * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        if self.losses:
+            loss = loss + tf.add_n(self.losses)
+        return loss
+
+    def recall_at_k(
+        self,
+        data: Iterable[Any],
+        k: int = 10,
+        candidates: Mapping[str, Any] | None = None,
+        batch_size: int = 4096,
+    ) -> float:
+        """Share of positive rows of ``data`` whose item is among the ``k`` candidates
+        scoring highest for the row's user.
+
+        ``data`` yields ``(features, labels)`` (rows with label > 0 count) or
+        ``features`` (every row counts). ``candidates`` maps the ITEM columns to arrays
+        with one row per candidate item; by default, every distinct item id seen in
+        ``data`` with its first row's attributes.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        batches = []
+        for batch in data:
+            features, labels = batch if isinstance(batch, tuple) else (batch, None)
+            batches.append((features, labels))
+        if candidates is None:
+            candidates = self._candidates_from(batches)
+        cand_ids = tf.reshape(tf.convert_to_tensor(candidates[self.item_id]), [-1])
+        num = int(cand_ids.shape[0])
+        cand_vectors = tf.concat(
+            [
+                self.candidate_embeddings(
+                    {n: v[start : start + batch_size] for n, v in candidates.items()}
+                )
+                for start in range(0, num, batch_size)
+            ],
+            axis=0,
+        )
+        k = min(k, num)
+        hits = 0.0
+        total = 0.0
+        for features, labels in batches:
+            scores = tf.matmul(self.query_embeddings(features), cand_vectors, transpose_b=True)
+            top = tf.gather(cand_ids, tf.math.top_k(scores, k=k).indices)
+            true = tf.cast(tf.reshape(tf.convert_to_tensor(features[self.item_id]), [-1, 1]), top.dtype)
+            hit = tf.cast(tf.reduce_any(tf.equal(top, true), axis=1), tf.float32)
+            weight = tf.ones_like(hit)
+            if labels is not None:
+                weight = tf.cast(tf.reshape(labels, [-1]) > 0, tf.float32)
+            hits += float(tf.reduce_sum(hit * weight))
+            total += float(tf.reduce_sum(weight))
+        if total == 0:
+            raise ValueError("recall_at_k: data has no positive rows")
+        return hits / total
+
+    def _candidates_from(self, batches: list[tuple[Any, Any]]) -> dict[str, np.ndarray]:
+        columns: dict[str, list[np.ndarray]] = {n: [] for n in self.item_feature_names}
+        for features, _ in batches:
+            for n in self.item_feature_names:
+                value = features[n]
+                if isinstance(value, (tf.RaggedTensor, tf.SparseTensor, tuple, list)):
+                    raise ValueError(
+                        f"recall_at_k cannot collect candidates from list column {n!r}; "
+                        "pass candidates= with one row per item"
+                    )
+                columns[n].append(np.asarray(value))
+        merged = {n: np.concatenate(v) for n, v in columns.items()}
+        _, first = np.unique(merged[self.item_id].reshape(-1), return_index=True)
+        return {n: v[np.sort(first)] for n, v in merged.items()}
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "tower": self.tower_units,
+            "embedding_dim": self.embedding_dim,
+            "temperature": self.temperature,
+            "normalize": self.normalize,
+        }

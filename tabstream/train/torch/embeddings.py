@@ -1,0 +1,246 @@
+"""Embedding tables built from a schema, one ``nn.EmbeddingBag`` per table.
+
+Categorical features arrive in a batch in one of these forms (``B`` rows)::
+
+    single-hot   ids (B,) or (B, 1) int64            -> plain row lookup (fast path)
+    ragged list  (values (nnz,), offsets (B + 1,))    -> EmbeddingBag pooling; row i is
+                 values[offsets[i]:offsets[i + 1]]       (arrow-style offsets)
+                 or the keys "name__values" / "name__offsets"
+    padded list  ids (B, L) with 0 as padding          -> pooled, padding left out
+                 or (ids (B, L), mask (B, L))           -> pooled where mask is true
+
+and come out pooled, one ``(B, dim)`` tensor per feature::
+
+    >>> tables = embedding_tables_from_schema(schema, dim=8)   # item_id: 1000 ids, tags: list
+    >>> out = tables({"item_id": torch.tensor([3, 7]),
+    ...               "tags": (torch.tensor([5, 6, 9]), torch.tensor([0, 2, 3]))})
+    >>> out["item_id"].shape, out["tags"].shape      # tags: row 0 = e5 + e6, row 1 = e9
+    (torch.Size([2, 8]), torch.Size([2, 8]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tabstream.errors import SchemaError
+from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.tables import TableConfig, table_configs_from_schema
+
+__all__ = [
+    "DEFAULT_SPARSE_THRESHOLD",
+    "EmbeddingTables",
+    "embedding_tables_from_schema",
+    "split_embeddings_on_size",
+]
+
+#: Tables with at least this many rows get sparse gradients when ``sparse=None``.
+#: Around this size a lazy row-wise update of a batch of 8,192 ids starts to beat
+#: a dense Adam step over the whole table on one CPU core (see
+#: ``benchmarks/optimizers_torch.py``); above it the gap grows with the table.
+DEFAULT_SPARSE_THRESHOLD = 100_000
+
+Features = Mapping[str, Any]
+T = TypeVar("T")
+
+
+class EmbeddingTables(nn.ModuleDict):
+    """A ``ModuleDict`` of ``nn.EmbeddingBag`` keyed by table name.
+
+    ``forward(features)`` returns ``{feature_name: (B, dim) tensor}`` for every
+    feature of every table (several features may share one table). The configs
+    are kept as given (``self.configs``) and never mutated.
+
+    Args:
+        configs: table configs, e.g. from :func:`table_configs_from_schema`.
+        sparse: ``True``/``False`` for all tables, or ``None`` to give sparse
+            gradients to tables with at least ``sparse_threshold`` rows. Sparse
+            tables need an optimizer that accepts sparse gradients
+            (:class:`~tabstream.train.torch.LazyAdam`, ``SparseAdam``, ``SGD``).
+        init_scale: weights start uniform in ``[-init_scale, init_scale]``.
+    """
+
+    def __init__(
+        self,
+        configs: Iterable[TableConfig],
+        sparse: bool | None = None,
+        sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+        init_scale: float = 0.05,
+    ) -> None:
+        super().__init__()
+        self.configs: tuple[TableConfig, ...] = tuple(configs)
+        self.feature_to_table: dict[str, str] = {}
+        for cfg in self.configs:
+            if "." in cfg.name or cfg.name in ("", "_"):
+                raise ValueError(
+                    f"embedding table name {cfg.name!r} is not usable as a module name "
+                    "(no '.', not empty); rename the column or its domain"
+                )
+            is_sparse = cfg.cardinality >= sparse_threshold if sparse is None else bool(sparse)
+            bag = nn.EmbeddingBag(cfg.cardinality, cfg.dim, mode=cfg.combiner, sparse=is_sparse)
+            nn.init.uniform_(bag.weight, -init_scale, init_scale)
+            self[cfg.name] = bag
+            for feature in cfg.feature_names:
+                if feature in self.feature_to_table:
+                    raise ValueError(
+                        f"feature {feature!r} is in two tables: "
+                        f"{self.feature_to_table[feature]!r} and {cfg.name!r}"
+                    )
+                self.feature_to_table[feature] = cfg.name
+        self._config_by_name = {cfg.name: cfg for cfg in self.configs}
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.feature_to_table)
+
+    @property
+    def output_dims(self) -> dict[str, int]:
+        """``{feature_name: dim}`` of what :meth:`forward` returns."""
+        return {f: self._config_by_name[t].dim for f, t in self.feature_to_table.items()}
+
+    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        out = {}
+        for feature, table in self.feature_to_table.items():
+            cfg = self._config_by_name[table]
+            out[feature] = self._lookup(feature, cfg, self[table], features)
+        return out
+
+    def _lookup(
+        self, feature: str, cfg: TableConfig, bag: nn.EmbeddingBag, features: Features
+    ) -> torch.Tensor:
+        if feature in features:
+            x = features[feature]
+        elif f"{feature}__values" in features and f"{feature}__offsets" in features:
+            x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
+        else:
+            raise SchemaError(
+                f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
+                f"from the batch; the batch has {sorted(features)}"
+            )
+        if isinstance(x, (tuple, list)):
+            first, second = x
+            if first.dim() == 1:
+                return _pool_ragged(feature, bag, first, second)
+            return _pool_padded(feature, bag, first, second.to(bag.weight.dtype))
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"categorical feature {feature!r}: expected an int64 tensor or a "
+                f"(values, offsets) tuple, got {type(x).__name__}"
+            )
+        if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
+            if not cfg.is_list:
+                raise ValueError(
+                    f"categorical feature {feature!r} is not a list column in the schema "
+                    f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
+                )
+            return _pool_padded(feature, bag, x, (x != 0).to(bag.weight.dtype))
+        if x.dim() > 2:
+            raise ValueError(
+                f"categorical feature {feature!r}: expected shape (B,), (B, 1) or (B, L), "
+                f"got {tuple(x.shape)}"
+            )
+        # Single-hot fast path: a plain gather is ~4x faster than a bag of size one
+        # (forward + sparse backward, 8,192 ids, one core).
+        return F.embedding(x.reshape(-1), bag.weight, sparse=bag.sparse)
+
+
+def _pool_ragged(
+    feature: str, bag: nn.EmbeddingBag, values: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(
+            f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
+            f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
+        )
+    return F.embedding_bag(
+        values, bag.weight, offsets.to(torch.long), mode=bag.mode, sparse=bag.sparse,
+        include_last_offset=True,
+    )
+
+
+def _pool_padded(
+    feature: str, bag: nn.EmbeddingBag, ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    if ids.shape != mask.shape:
+        raise ValueError(
+            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
+            f"{tuple(mask.shape)} differ in shape"
+        )
+    # Masking with per-sample weights is ~3x faster than padding_idx in the backward pass.
+    pooled = F.embedding_bag(
+        ids, bag.weight, None, mode="sum", sparse=bag.sparse, per_sample_weights=mask
+    )
+    if bag.mode == "mean":
+        pooled = pooled / mask.sum(dim=1, keepdim=True).clamp_min(1.0)
+    return pooled
+
+
+def embedding_tables_from_schema(
+    schema: Schema,
+    dim: int | dict[str, int] | None = None,
+    infer_sizes: bool = True,
+    multiplier: float = 2.0,
+    sparse: bool | None = None,
+    sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+    combiner: str = "sum",
+    init_scale: float = 0.05,
+) -> EmbeddingTables:
+    """One table per categorical (non-target) column of ``schema``, or per shared
+    vocabulary; sizes as in :func:`tabstream.train.table_configs_from_schema`
+    (``dim=None``: ``floor(cardinality ** 0.25 * multiplier)`` rounded up to a
+    multiple of 8). See :class:`EmbeddingTables` for ``sparse``.
+
+    >>> tables = embedding_tables_from_schema(schema)       # user_id: 1,000,000 ids
+    >>> tables["user_id"], tables["user_id"].sparse        # floor(1e6 ** 0.25 * 2) = 63 -> 64
+    (EmbeddingBag(1000000, 64, mode='sum'), True)
+    """
+    targets = schema.select_by_tag(Tags.TARGET).column_names
+    configs = table_configs_from_schema(
+        schema.without(targets), dim=dim, infer_sizes=infer_sizes,
+        multiplier=multiplier, combiner=combiner,
+    )
+    return EmbeddingTables(
+        configs, sparse=sparse, sparse_threshold=sparse_threshold, init_scale=init_scale
+    )
+
+
+def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], list[Any]]:
+    """Split tables into ``(large, small)``: large have more than ``threshold`` rows.
+
+    ``tables`` may be an :class:`EmbeddingTables`, any module (all its
+    ``nn.Embedding``/``nn.EmbeddingBag`` submodules are split, e.g. a whole
+    model), or a sequence of :class:`TableConfig` or embedding modules. Modules
+    come back as modules (ready for :class:`MultiOptimizer`), configs as configs.
+
+    >>> large, small = split_embeddings_on_size(model, threshold=100_000)
+    >>> [m.num_embeddings for m in large]
+    [1000000]
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int):
+        raise TypeError(f"threshold must be an int number of rows, got {threshold!r}")
+    if isinstance(tables, nn.Module):
+        items: Sequence[Any] = [
+            m for m in tables.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+        ]
+    else:
+        items = list(tables)
+    large, small = [], []
+    for item in items:
+        size = _cardinality(item)
+        (large if size > threshold else small).append(item)
+    return large, small
+
+
+def _cardinality(item: Any) -> int:
+    if isinstance(item, TableConfig):
+        return item.cardinality
+    if isinstance(item, (nn.Embedding, nn.EmbeddingBag)):
+        return int(item.num_embeddings)
+    raise TypeError(
+        "split_embeddings_on_size takes TableConfigs, nn.Embedding/nn.EmbeddingBag "
+        f"modules or a module containing them, got {type(item).__name__}"
+    )

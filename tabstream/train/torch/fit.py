@@ -1,0 +1,312 @@
+"""A training loop for any iterable of ``(features, labels)`` batches.
+
+    >>> from tabstream.loaders.torch import Loader
+    >>> from tabstream.train.torch import DLRM, LazyAdam, fit
+    >>> model = DLRM(schema)
+    >>> history = fit(model, Loader(train, batch_size=8192), LazyAdam(model.parameters()),
+    ...               epochs=2, valid_loader=Loader(valid, batch_size=65536),
+    ...               checkpoint_dir="ckpt/", resume=True)
+    epoch 1/2: 100%|████| 245/245 [00:09, 26.1batch/s, loss=0.4791, samples/s=213,512]
+    epoch 1/2: loss 0.4791  val_loss 0.4702  val_auc 0.7803  213,512 samples/s
+    ...
+    >>> history["val_auc"]
+    [0.7803, 0.7861]
+
+Checkpoints (``checkpoint_dir/checkpoint.pt``) hold only tensors and plain values
+(model and optimizer ``state_dict``, position, history) and load with
+``torch.load(..., weights_only=True)``. With ``resume=True`` training continues
+from the last checkpoint, mid-epoch ones included (the batches already trained are
+skipped), and ends with the same parameters as a run that never stopped, given a
+loader that yields the same batches for the same epoch (``set_epoch`` is called
+when the loader has it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from tabstream.errors import TabstreamError
+from tabstream.train.torch.metrics import log_loss, roc_auc
+
+__all__ = ["CHECKPOINT_FILE", "NonFiniteLossError", "evaluate", "fit", "move_to_device"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+_FORMAT = "tabstream.train.torch.checkpoint/1"
+
+LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
+
+
+class NonFiniteLossError(TabstreamError, FloatingPointError):
+    """The training loss became NaN or infinite; the step was not applied."""
+
+
+def move_to_device(batch: Any, device: torch.device | str) -> Any:
+    """Move tensors, also inside dicts and (values, offsets) tuples, to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch
+
+
+def _unpack(batch: Any, where: str) -> tuple[Mapping[str, Any], Any]:
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)):
+        raise TypeError(
+            f"{where}: the loader must yield (features dict, labels) pairs, got "
+            f"{type(batch).__name__}"
+        )
+    features, labels = batch
+    if isinstance(labels, Mapping):
+        if len(labels) != 1:
+            raise TypeError(
+                f"{where}: labels is a dict of {len(labels)} targets {sorted(labels)}; "
+                "pass a loss_fn that takes (logits, labels dict)"
+            )
+        labels = next(iter(labels.values()))
+    return features, labels
+
+
+def _batch_size(features: Mapping[str, Any], labels: Any) -> int:
+    if isinstance(labels, torch.Tensor):
+        return int(labels.shape[0])
+    for value in features.values():
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[0])
+        if isinstance(value, (tuple, list)):  # (values, offsets): B + 1 offsets
+            return int(value[1].shape[0]) - 1
+    raise ValueError("cannot tell the batch size: no labels and no tensor features")
+
+
+def _loss(model: nn.Module, features: Mapping[str, Any], labels: Any,
+          loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training objective, and the logits when computing it produced them."""
+    if loss_fn is None and hasattr(model, "compute_loss"):
+        return model.compute_loss(features, labels), None
+    logits = model(features)
+    if loss_fn is not None:
+        return loss_fn(logits, labels), logits
+    if labels is None:
+        raise ValueError("the loader yields no labels; pass a loss_fn or a model with compute_loss")
+    loss = F.binary_cross_entropy_with_logits(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
+    return loss, logits
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[Any],
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """``{"loss", "log_loss", "auc", "samples"}`` over all of ``loader``.
+
+    ``loss`` is the training objective (``loss_fn``, the model's ``compute_loss``
+    or binary cross-entropy), averaged per row; ``log_loss`` and ``auc`` score
+    ``sigmoid(model(features))`` against the labels (``auc`` is ``nan`` when the
+    labels hold one class only).
+    """
+    device = torch.device(device) if device is not None else _device_of(model)
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    all_logits, all_labels = [], []
+    try:
+        for batch in loader:
+            features, labels = _unpack(batch, "evaluate")
+            features, labels = move_to_device(features, device), move_to_device(labels, device)
+            size = _batch_size(features, labels)
+            loss, logits = _loss(model, features, labels, loss_fn)
+            total += float(loss) * size
+            n += size
+            if isinstance(labels, torch.Tensor):
+                logits = model(features) if logits is None else logits
+                all_logits.append(logits.reshape(-1).float().cpu())
+                all_labels.append(labels.reshape(-1).float().cpu())
+    finally:
+        model.train(was_training)
+    out = {"loss": total / n if n else float("nan"), "samples": float(n)}
+    if all_labels:
+        y, z = torch.cat(all_labels).numpy(), torch.cat(all_logits).numpy()
+        out["log_loss"] = log_loss(y, z)
+        out["auc"] = roc_auc(y, z)
+    else:
+        out["log_loss"] = out["auc"] = float("nan")
+    return out
+
+
+def _save(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # a reader sees the old or the new checkpoint, never half of one
+
+
+def fit(
+    model: nn.Module,
+    train_loader: Iterable[Any],
+    optimizer: Any,
+    epochs: int = 1,
+    valid_loader: Iterable[Any] | None = None,
+    loss_fn: LossFn | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    device: torch.device | str | None = None,
+    checkpoint_every: int | None = None,
+) -> dict[str, list[float]]:
+    """Train ``model`` for ``epochs`` over ``train_loader``; return the history.
+
+    Args:
+        train_loader: any iterable of ``(features dict, labels)``, such as
+            ``tabstream.loaders.torch.Loader`` or a list of batches.
+        optimizer: anything with ``zero_grad``/``step``/``state_dict``/
+            ``load_state_dict`` (a torch optimizer, :class:`MultiOptimizer`).
+        loss_fn: ``(logits, labels) -> loss``; default: the model's
+            ``compute_loss(features, labels)`` if it has one (``TwoTower``), else
+            binary cross-entropy on logits.
+        checkpoint_dir: where ``checkpoint.pt`` is written after each epoch (and
+            every ``checkpoint_every`` steps).
+        resume: continue from ``checkpoint_dir``'s checkpoint when there is one
+            (start afresh when there is none).
+        progress: a tqdm bar per epoch with the running loss and samples/s, and a
+            summary line per epoch.
+        device: move the model and each batch there (default: the model's device).
+
+    Returns:
+        ``{"epoch", "loss", "samples", "samples_per_sec", "time_s"}`` plus, with a
+        ``valid_loader``, ``{"val_loss", "val_log_loss", "val_auc"}``: one entry
+        per epoch, the epochs before a resume included.
+
+    Raises:
+        NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
+            infinite, naming the epoch and step; that step is not applied.
+    """
+    if epochs < 0:
+        raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"fit: checkpoint_every must be >= 1 step, got {checkpoint_every}")
+    if (resume or checkpoint_every) and checkpoint_dir is None:
+        raise ValueError("fit: resume and checkpoint_every need a checkpoint_dir")
+    if device is not None:
+        model.to(device)
+    device = torch.device(device) if device is not None else _device_of(model)
+    path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+
+    keys = ["epoch", "loss", "samples", "samples_per_sec", "time_s"]
+    if valid_loader is not None:
+        keys += ["val_loss", "val_log_loss", "val_auc"]
+    history: dict[str, list[float]] = {k: [] for k in keys}
+    start_epoch, skip, global_step = 0, 0, 0
+    loss_sum, samples = 0.0, 0
+    if resume and path is not None and path.exists():
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        if ckpt.get("format") != _FORMAT:
+            raise ValueError(f"fit: {path} is not a tabstream checkpoint ({ckpt.get('format')!r})")
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_epoch, skip, global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
+        loss_sum, samples = ckpt["loss_sum"], ckpt["samples"]
+        history = {k: list(ckpt["history"].get(k, [])) for k in keys}
+
+    def checkpoint(epoch: int, step: int) -> None:
+        if path is None:
+            return
+        _save(path, {
+            "format": _FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "epoch": epoch, "step": step, "global_step": global_step,
+            "loss_sum": loss_sum, "samples": samples, "history": history,
+        })
+
+    for epoch in range(start_epoch, epochs):
+        if hasattr(train_loader, "set_epoch"):
+            train_loader.set_epoch(epoch)
+        model.train()
+        total = len(train_loader) if hasattr(train_loader, "__len__") else None
+        bar = tqdm(total=total, initial=skip, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
+                   disable=not progress, dynamic_ncols=True)
+        run_samples, started, shown = 0, time.perf_counter(), 0.0
+        try:
+            for step, batch in enumerate(train_loader):
+                if step < skip:  # trained before the checkpoint we resumed from
+                    continue
+                features, labels = _unpack(batch, "fit")
+                features, labels = move_to_device(features, device), move_to_device(labels, device)
+                loss, _ = _loss(model, features, labels, loss_fn)
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise NonFiniteLossError(
+                        f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "
+                        f"step {global_step + 1}); this step was not applied. Lower the learning "
+                        "rate, clip gradients, or check the batch for NaN/inf inputs (e.g. "
+                        "FillMissing/Normalize on continuous columns)"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                _step(optimizer)
+                size = _batch_size(features, labels)
+                loss_sum += value * size
+                samples += size
+                run_samples += size
+                global_step += 1
+                bar.update(1)
+                now = time.perf_counter()
+                if progress and now - shown > 0.5:
+                    shown = now
+                    rate = run_samples / max(now - started, 1e-9)
+                    bar.set_postfix({"loss": f"{loss_sum / samples:.4f}",
+                                     "samples/s": f"{rate:,.0f}"}, refresh=False)
+                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                    checkpoint(epoch, step + 1)
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - started
+        skip = 0
+        history["epoch"].append(epoch + 1)
+        history["loss"].append(loss_sum / samples if samples else float("nan"))
+        history["samples"].append(samples)
+        history["samples_per_sec"].append(run_samples / elapsed if elapsed > 0 else float("nan"))
+        history["time_s"].append(elapsed)
+        line = (f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}")
+        if valid_loader is not None:
+            metrics = evaluate(model, valid_loader, loss_fn=loss_fn, device=device)
+            history["val_loss"].append(metrics["loss"])
+            history["val_log_loss"].append(metrics["log_loss"])
+            history["val_auc"].append(metrics["auc"])
+            line += f"  val_loss {metrics['loss']:.4f}  val_auc {metrics['auc']:.4f}"
+        if progress:
+            tqdm.write(f"{line}  {history['samples_per_sec'][-1]:,.0f} samples/s")
+        loss_sum, samples = 0.0, 0
+        checkpoint(epoch + 1, 0)
+    return history
+
+
+def _step(optimizer: Any) -> None:
+    try:
+        optimizer.step()
+    except RuntimeError as exc:
+        if "sparse" not in str(exc).lower():
+            raise
+        raise TypeError(
+            f"optimizer {type(optimizer).__name__} cannot apply a sparse gradient ({exc}). "
+            "Embedding tables with at least sparse_threshold rows have sparse gradients: "
+            "use tabstream.train.torch.LazyAdam (takes dense and sparse gradients) or a "
+            "MultiOptimizer, or build the model with sparse=False"
+        ) from exc

@@ -1,0 +1,323 @@
+"""Bundled models, each built from a schema and returning logits.
+
+Every model takes ``features: dict[str, Tensor]`` keyed by the schema's column
+names (categorical ids int64, continuous float; list columns as in
+:mod:`tabstream.train.torch.embeddings`) and returns ``(B,)`` logits::
+
+    >>> model = DLRM(schema, embedding_dim=16)
+    >>> features, labels = next(iter(loader))
+    >>> model(features).shape
+    torch.Size([8192])
+
+Common keyword arguments: ``sparse`` / ``sparse_threshold`` (which tables get
+sparse gradients, see :class:`EmbeddingTables`) and ``combiner`` ("sum" or
+"mean", for list columns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
+from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD
+
+__all__ = ["DCN", "DLRM", "TwoTower", "WideAndDeep", "recall_at_k"]
+
+Features = Mapping[str, Any]
+
+
+class DLRM(nn.Module):
+    """DLRM: a bottom MLP maps the continuous features to one ``embedding_dim``
+    vector; it and every categorical embedding (all ``embedding_dim`` wide) meet in
+    pairwise dot products; the top MLP reads ``[bottom output, dot products]``.
+
+    ``(B, n_cont) -> bottom -> (B, D)``; ``F`` vectors ``-> (B, F(F-1)/2)``;
+    ``concat -> top -> (B,)`` logits.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        embedding_dim: int = 16,
+        bottom_mlp: Sequence[int] = (64,),
+        top_mlp: Sequence[int] = (64, 32),
+        sparse: bool | None = None,
+        sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+        combiner: str = "sum",
+    ) -> None:
+        super().__init__()
+        self.inputs = FeatureInputs(
+            schema, embedding_dim=embedding_dim, sparse=sparse,
+            sparse_threshold=sparse_threshold, combiner=combiner,
+        )
+        n_cont = self.inputs.num_continuous
+        self.bottom = (
+            MLP(n_cont, [*bottom_mlp, embedding_dim], final_activation=True) if n_cont else None
+        )
+        num_vectors = len(self.inputs.embedding_dims) + (1 if n_cont else 0)
+        if num_vectors < 2:
+            raise ValueError(
+                "DLRM needs at least two vectors to interact (categorical features, plus "
+                f"one for the continuous ones); schema {schema.column_names} gives {num_vectors}"
+            )
+        self.interaction = DotInteraction(num_vectors)
+        top_in = self.interaction.output_dim + (embedding_dim if n_cont else 0)
+        self.top = MLP(top_in, [*top_mlp, 1], final_activation=False)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        embeddings, continuous = self.inputs(features)
+        vectors = list(embeddings.values())
+        dense = []
+        if self.bottom is not None:
+            bottom = self.bottom(continuous)
+            vectors.insert(0, bottom)
+            dense.append(bottom)
+        interactions = self.interaction(torch.stack(vectors, dim=1))
+        return self.top(torch.cat([*dense, interactions], dim=1)).squeeze(1)
+
+
+class DCN(nn.Module):
+    """DCN-v2: a cross network over ``x0 = [embeddings, continuous]`` and a deep MLP,
+    either ``"stacked"`` (cross, then deep) or ``"parallel"`` (both read ``x0``,
+    outputs concatenated), then one linear layer to a logit."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        embedding_dim: int | None = None,
+        multiplier: float = 2.0,
+        cross_layers: int = 3,
+        deep: Sequence[int] = (128, 64),
+        structure: str = "stacked",
+        low_rank: int | None = None,
+        sparse: bool | None = None,
+        sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+        combiner: str = "sum",
+    ) -> None:
+        super().__init__()
+        if structure not in ("stacked", "parallel"):
+            raise ValueError(f"DCN: structure must be 'stacked' or 'parallel', got {structure!r}")
+        self.structure = structure
+        self.inputs = FeatureInputs(
+            schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
+            sparse_threshold=sparse_threshold, combiner=combiner,
+        )
+        width = self.inputs.output_dim
+        self.cross = CrossNetwork(width, cross_layers, low_rank=low_rank)
+        self.deep = MLP(width, list(deep), final_activation=True)
+        head_in = self.deep.output_dim + (width if structure == "parallel" else 0)
+        self.head = nn.Linear(head_in, 1)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        x0 = self.inputs.concat(features)
+        if self.structure == "stacked":
+            out = self.deep(self.cross(x0))
+        else:
+            out = torch.cat([self.cross(x0), self.deep(x0)], dim=1)
+        return self.head(out).squeeze(1)
+
+
+class WideAndDeep(nn.Module):
+    """Wide & Deep: a linear model over ``wide_columns`` (one weight per id of each
+    categorical, as a 1-wide embedding table, plus a linear layer over continuous
+    ones) added to an MLP over all embeddings and continuous features.
+
+    ``wide_columns`` defaults to every feature of the schema.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        embedding_dim: int | None = None,
+        multiplier: float = 2.0,
+        deep: Sequence[int] = (128, 64),
+        wide_columns: Iterable[str] | None = None,
+        sparse: bool | None = None,
+        sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+        combiner: str = "sum",
+    ) -> None:
+        super().__init__()
+        self.deep_inputs = FeatureInputs(
+            schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
+            sparse_threshold=sparse_threshold, combiner=combiner,
+        )
+        self.deep = MLP(self.deep_inputs.output_dim, [*deep, 1], final_activation=False)
+        wide_schema = schema if wide_columns is None else schema.select_by_name(list(wide_columns))
+        self.wide_inputs = FeatureInputs(
+            wide_schema, embedding_dim=1, sparse=sparse, sparse_threshold=sparse_threshold,
+            combiner=combiner, init_scale=0.0,
+        )
+        n_cont = self.wide_inputs.num_continuous
+        self.wide_linear = nn.Linear(n_cont, 1) if n_cont else None
+
+    def forward(self, features: Features) -> torch.Tensor:
+        logits = self.deep(self.deep_inputs.concat(features)).squeeze(1)
+        weights, continuous = self.wide_inputs(features)
+        for w in weights.values():
+            logits = logits + w.squeeze(1)
+        if self.wide_linear is not None:
+            logits = logits + self.wide_linear(continuous).squeeze(1)
+        return logits
+
+
+class _Tower(nn.Module):
+    def __init__(self, inputs: FeatureInputs, hidden: Sequence[int], output_dim: int) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.mlp = MLP(inputs.output_dim, [*hidden, output_dim], final_activation=False)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        return self.mlp(self.inputs.concat(features))
+
+
+class TwoTower(nn.Module):
+    """Retrieval model: a query tower over the USER-tagged columns and an item tower
+    over the ITEM-tagged ones, trained with in-batch negatives.
+
+    ``forward(features)`` scores each row's own (user, item) pair: ``(B,)`` logits
+    ``<q, i> / temperature``. ``compute_loss(features, labels)`` (used by
+    :func:`~tabstream.train.torch.fit`) is the in-batch softmax: each positive row's
+    item against the items of the other positive rows (rows with ``label > 0.5``;
+    all rows when ``labels`` is None); another row holding the same item id is not
+    counted as a negative. :meth:`recall_at_k` evaluates retrieval on a loader.
+
+    >>> model = TwoTower(schema, output_dim=32)       # user_id, age: USER; item_id, cat: ITEM
+    >>> model.query_embeddings(features).shape, model.item_embeddings(features).shape
+    (torch.Size([B, 32]), torch.Size([B, 32]))
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        query_tower: Sequence[int] = (64,),
+        item_tower: Sequence[int] = (64,),
+        output_dim: int = 32,
+        embedding_dim: int | None = None,
+        multiplier: float = 2.0,
+        temperature: float = 0.1,
+        l2_normalize: bool = True,
+        sparse: bool | None = None,
+        sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+        combiner: str = "sum",
+    ) -> None:
+        super().__init__()
+        features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
+        user, item = features.select_by_tag(Tags.USER), features.select_by_tag(Tags.ITEM)
+        if not len(user) or not len(item):
+            raise ValueError(
+                "TwoTower needs columns tagged USER and columns tagged ITEM; schema "
+                f"{features.column_names} has USER {user.column_names} and ITEM "
+                f"{item.column_names}. Tag them with ops.AddTags or ColumnSchema.with_tags"
+            )
+        both = sorted(set(user.column_names) & set(item.column_names))
+        if both:
+            raise ValueError(f"TwoTower: columns {both} are tagged both USER and ITEM")
+        if temperature <= 0:
+            raise ValueError(f"TwoTower: temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+        self.l2_normalize = l2_normalize
+        kwargs = {"embedding_dim": embedding_dim, "multiplier": multiplier, "sparse": sparse,
+                  "sparse_threshold": sparse_threshold, "combiner": combiner}
+        self.query_tower = _Tower(FeatureInputs(user, **kwargs), query_tower, output_dim)
+        self.item_tower = _Tower(FeatureInputs(item, **kwargs), item_tower, output_dim)
+        ids = [c.name for c in item.select_by_tag([Tags.ITEM, Tags.ID]) if not c.is_list]
+        cats = [c.name for c in item.select_by_tag(Tags.CATEGORICAL) if not c.is_list]
+        self.item_id_column: str | None = (ids or cats or [None])[0]
+
+    def query_embeddings(self, features: Features) -> torch.Tensor:
+        q = self.query_tower(features)
+        return F.normalize(q, dim=1) if self.l2_normalize else q
+
+    def item_embeddings(self, features: Features) -> torch.Tensor:
+        i = self.item_tower(features)
+        return F.normalize(i, dim=1) if self.l2_normalize else i
+
+    def forward(self, features: Features) -> torch.Tensor:
+        q, i = self.query_embeddings(features), self.item_embeddings(features)
+        return (q * i).sum(dim=1) / self.temperature
+
+    def item_ids(self, features: Features) -> torch.Tensor | None:
+        if self.item_id_column is None:
+            return None
+        return features[self.item_id_column].reshape(-1)
+
+    def compute_loss(self, features: Features, labels: torch.Tensor | None = None) -> torch.Tensor:
+        q, i = self.query_embeddings(features), self.item_embeddings(features)
+        ids = self.item_ids(features)
+        if labels is not None:
+            positive = labels.reshape(-1) > 0.5
+            q, i = q[positive], i[positive]
+            ids = ids[positive] if ids is not None else None
+        if q.shape[0] == 0:  # no positives: a zero loss that leaves every .grad None
+            return torch.zeros((), device=q.device, requires_grad=True)
+        logits = q @ i.T / self.temperature
+        if ids is not None:
+            same_item = ids[:, None] == ids[None, :]
+            same_item.fill_diagonal_(False)
+            logits = logits.masked_fill(same_item, float("-inf"))
+        target = torch.arange(q.shape[0], device=q.device)
+        return F.cross_entropy(logits, target)
+
+    def recall_at_k(self, loader: Iterable[Any], k: int = 10, device: Any = None) -> float:
+        """See :func:`recall_at_k`."""
+        return recall_at_k(self, loader, k=k, device=device)
+
+
+@torch.no_grad()
+def recall_at_k(model: TwoTower, loader: Iterable[Any], k: int = 10, device: Any = None) -> float:
+    """Share of positive (user, item) rows of ``loader`` whose item is among the
+    ``k`` best-scored candidates for that user; the candidates are all distinct
+    items of the positive rows (by ``model.item_id_column``; by embedding when
+    there is none). Random scoring gives about ``k / number of candidates``.
+
+    ``loader`` yields ``(features, labels)`` (rows with ``label > 0.5`` are the
+    positives; ``labels=None`` means all rows are).
+    """
+    from tabstream.train.torch.fit import move_to_device
+
+    if k < 1:
+        raise ValueError(f"recall_at_k: k must be >= 1, got {k}")
+    device = device if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    queries, items, ids = [], [], []
+    try:
+        for features, labels in loader:
+            features = move_to_device(features, device)
+            q, i = model.query_embeddings(features), model.item_embeddings(features)
+            row_ids = model.item_ids(features)
+            if labels is not None:
+                positive = labels.reshape(-1).to(device) > 0.5
+                q, i = q[positive], i[positive]
+                row_ids = row_ids[positive] if row_ids is not None else None
+            queries.append(q)
+            items.append(i)
+            if row_ids is not None:
+                ids.append(row_ids)
+    finally:
+        model.train(was_training)
+    if not queries or sum(len(q) for q in queries) == 0:
+        raise ValueError("recall_at_k: the loader yielded no positive rows")
+    query, item = torch.cat(queries), torch.cat(items)
+    if ids:
+        _, inverse = torch.unique(torch.cat(ids), return_inverse=True)
+    else:
+        _, inverse = torch.unique(item, dim=0, return_inverse=True)
+    n_candidates = int(inverse.max()) + 1
+    # Each candidate's embedding is its first row's (items' features are per item).
+    first = torch.full((n_candidates,), len(inverse), dtype=torch.long, device=inverse.device)
+    first.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
+    candidates = item[first]
+    top = min(k, n_candidates)
+    hits = 0
+    for start in range(0, len(query), 4096):
+        scores = query[start:start + 4096] @ candidates.T
+        best = scores.topk(top, dim=1).indices
+        hits += int((best == inverse[start:start + 4096, None]).any(dim=1).sum())
+    return hits / len(query)

@@ -1,0 +1,181 @@
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tabstream as ts
+from tabstream.errors import DataError, SchemaError
+
+NAMES = ["label", "I1", "C1"]
+DTYPES = {"label": "int64", "I1": "int64", "C1": "string"}
+
+
+def read_all(ds: ts.Dataset) -> pd.DataFrame:
+    return pa.concat_tables([ds.read_piece(p) for p in ds.pieces]).to_pandas()
+
+
+def write_tsv(path, rows):
+    path.write_text("".join("\t".join(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_tsv_raw_logs_with_missing_fields(tmp_path):
+    rows = [["1", "5", "ab"], ["0", "", "cd"], ["1", "-2", ""], ["0", "7", "ab"]]
+    path = write_tsv(tmp_path / "day_0.tsv", rows)
+    ds = ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t")
+    assert ds.schema.column_names == NAMES
+    assert [c.dtype for c in ds.schema] == ["int64", "int64", "string"]
+    got = pa.concat_tables([ds.read_piece(p) for p in ds.pieces])
+    assert got.column("I1").to_pylist() == [5, None, -2, 7]
+    assert got.column("C1").to_pylist() == ["ab", "cd", None, "ab"]
+    assert ds.num_rows == 4
+
+
+@pytest.mark.parametrize("part_size", [40, 97, 10_000])
+def test_csv_partitions_cover_every_line_once(tmp_path, part_size):
+    rng = np.random.default_rng(0)
+    rows = [[str(rng.integers(2)), str(i), f"v{rng.integers(50)}"] for i in range(500)]
+    path = write_tsv(tmp_path / "d.tsv", rows)
+    ds = ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t", part_size=part_size)
+    if part_size < 1000:
+        assert ds.npartitions > 1
+    got = read_all(ds)
+    assert got["I1"].tolist() == list(range(500))
+    assert got["C1"].tolist() == [r[2] for r in rows]
+
+
+def test_csv_wrong_field_count_names_file_and_line(tmp_path):
+    rows = [["1", "5", "ab"]] * 300 + [["0", "7"]] + [["1", "5", "ab"]] * 20
+    path = write_tsv(tmp_path / "bad.tsv", rows)
+    ds = ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t", part_size=1000)
+    with pytest.raises(DataError, match=r"bad\.tsv, line 301: expected 3 fields .* got 2"):
+        read_all(ds)
+
+
+def test_csv_unparseable_value_names_file_line_and_column(tmp_path):
+    rows = [["1", "5", "ab"]] * 120 + [["0", "x7", "cd"]] + [["1", "5", "ab"]] * 3
+    path = write_tsv(tmp_path / "bad.tsv", rows)
+    ds = ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t", part_size=500)
+    with pytest.raises(DataError, match=r"bad\.tsv, line 121, column 'I1': value 'x7' is not a valid int64"):
+        read_all(ds)
+
+
+def test_csv_needs_names_without_header(tmp_path):
+    path = write_tsv(tmp_path / "d.csv", [["1", "2", "3"]])
+    with pytest.raises(SchemaError, match=r"dtypes given for columns \['zzz'\]"):
+        ts.Dataset(path, names=NAMES, dtypes={"zzz": "int64"})
+
+
+def test_csv_with_header(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_text("a,b\n1,x\n2,\n")
+    ds = ts.Dataset(str(path), dtypes={"a": "int64"})
+    got = pa.concat_tables([ds.read_piece(p) for p in ds.pieces])
+    assert got.to_pydict() == {"a": [1, 2], "b": ["x", None]}
+
+
+def _write_parquet_files(folder, n_files=3, rows=100, row_group_size=30):
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for i in range(n_files):
+        df = pd.DataFrame({"id": np.arange(i * rows, (i + 1) * rows), "x": np.random.default_rng(i).random(rows)})
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), folder / f"part_{i}.parquet",
+                       row_group_size=row_group_size)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "list", "file_url"])
+def test_parquet_sources(tmp_path, how):
+    expected = _write_parquet_files(tmp_path / "data")
+    src = {
+        "folder": str(tmp_path / "data"),
+        "glob": str(tmp_path / "data" / "*.parquet"),
+        "list": [str(p) for p in sorted((tmp_path / "data").glob("*.parquet"))],
+        "file_url": f"file://{tmp_path}/data",
+    }[how]
+    ds = ts.Dataset(src)
+    assert ds.num_rows == len(expected)
+    pd.testing.assert_frame_equal(read_all(ds), expected)
+
+
+def test_parquet_part_size_groups_row_groups(tmp_path):
+    expected = _write_parquet_files(tmp_path / "d", n_files=1, rows=300, row_group_size=10)
+    small = ts.Dataset(str(tmp_path / "d"), part_size=1)
+    big = ts.Dataset(str(tmp_path / "d"), part_size="1GB")
+    assert small.npartitions == 30 and big.npartitions == 1
+    pd.testing.assert_frame_equal(read_all(small), expected)
+
+
+def test_memory_filesystem():
+    fs = fsspec.filesystem("memory")
+    df = pd.DataFrame({"a": [1, 2, 3], "s": ["x", None, "z"]})
+    with fs.open("/tsdata/one.parquet", "wb") as f:
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f)
+    ds = ts.Dataset("memory://tsdata/")
+    assert ds.files == ["memory:///tsdata/one.parquet"]
+    pd.testing.assert_frame_equal(read_all(ds), df)
+
+
+def test_corrupt_parquet_names_file(tmp_path):
+    _write_parquet_files(tmp_path / "d", n_files=2)
+    (tmp_path / "d" / "part_9.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match=r"part_9\.parquet: not a readable parquet file"):
+        ts.Dataset(str(tmp_path / "d"))
+
+
+def test_parquet_file_missing_a_column(tmp_path):
+    _write_parquet_files(tmp_path / "d", n_files=1)
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "d" / "part_5.parquet")
+    with pytest.raises(SchemaError, match=r"part_5\.parquet: columns \['x'\] are missing"):
+        ts.Dataset(str(tmp_path / "d"))
+
+
+def test_parquet_incompatible_types(tmp_path):
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "d" / "a.parquet")
+    pq.write_table(pa.table({"a": ["x", "y"]}), tmp_path / "d" / "b.parquet")
+    with pytest.raises(SchemaError, match=r"b\.parquet: column 'a' is string, but .*a\.parquet has int64"):
+        ts.Dataset(str(tmp_path / "d"))
+
+
+def test_missing_path_and_empty_glob(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        ts.Dataset(str(tmp_path / "nope.parquet"))
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        ts.Dataset(str(tmp_path / "*.parquet"))
+
+
+def test_dataframe_source_partitions_and_schema(small_raw):
+    ds = ts.Dataset(small_raw, part_size=4096)
+    assert ds.npartitions > 1
+    assert ds.schema["I1"].dtype == "int64" and ds.schema["C1"].dtype == "string"
+    got = read_all(ds)
+    assert got["row_id"].tolist() == small_raw["row_id"].tolist()
+    ddf = ds.to_ddf()
+    assert len(ddf.compute()) == len(small_raw)
+
+
+def test_dask_dataframe_source(small_raw):
+    import dask.dataframe as dd
+
+    ds = ts.Dataset(dd.from_pandas(small_raw, npartitions=3))
+    assert ds.npartitions == 3
+    assert sorted(read_all(ds)["row_id"]) == list(range(len(small_raw)))
+
+
+def test_part_size_parsing():
+    from tabstream.pipeline.dataset import parse_bytes
+
+    assert parse_bytes("128MB") == 128 * 2**20
+    assert parse_bytes("1.5 GiB") == int(1.5 * 2**30)
+    assert parse_bytes(1000) == 1000
+    with pytest.raises(ValueError, match="cannot parse part_size"):
+        parse_bytes("lots")
+
+
+def test_gpu_backend_request_is_explicit(small_raw):
+    with pytest.raises(ValueError, match="GPU .* backend"):
+        ts.Dataset(small_raw, cpu=False)

@@ -1,0 +1,157 @@
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import tabstream as ts
+from tabstream import ops
+from tabstream.errors import ExportError
+
+
+def fitted(df):
+    node = (["C1"] >> ops.Categorify()) + (["I2"] >> ops.Normalize()) + ["row_id", "label"]
+    return ts.Workflow(node).fit(ts.Dataset(df))
+
+
+def read_export(path):
+    with open(os.path.join(path, "_manifest.json")) as f:
+        manifest = json.load(f)
+    frames = [pq.read_table(os.path.join(path, f["path"])).to_pandas() for f in manifest["files"]]
+    return manifest, frames
+
+
+@pytest.mark.parametrize("shuffle", [None, "per_partition", "per_worker", "full"])
+@pytest.mark.parametrize("files", [{"out_files_per_proc": 1}, {"out_files_per_proc": 3}, {"num_files": 5}])
+def test_every_row_exactly_once(small_raw, tmp_path, shuffle, files):
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    result = wf.transform(ts.Dataset(small_raw, part_size=4000)).to_parquet(out, shuffle=shuffle, seed=3, **files)
+    manifest, frames = read_export(out)
+    ids = np.concatenate([f["row_id"].to_numpy() for f in frames])
+    assert sorted(ids.tolist()) == list(range(len(small_raw)))
+    assert manifest["num_rows"] == len(small_raw) == result.num_rows
+    assert [f["num_rows"] for f in manifest["files"]] == [len(f) for f in frames]
+    if "num_files" in files:
+        assert len(frames) <= 5
+    if shuffle is None:
+        assert ids.tolist() == list(range(len(small_raw)))
+    else:
+        assert ids.tolist() != list(range(len(small_raw)))
+    # values are the transformed rows
+    whole = pd.concat(frames).sort_values("row_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(whole, wf.transform(small_raw), check_dtype=False)
+
+
+def test_shuffle_is_reproducible_from_seed(small_raw, tmp_path):
+    wf = fitted(small_raw)
+    ds = ts.Dataset(small_raw, part_size=4000)
+    orders = []
+    for i, seed in enumerate([5, 5, 6]):
+        wf.transform(ds).to_parquet(str(tmp_path / f"o{i}"), shuffle="per_worker", seed=seed, num_files=2)
+        orders.append(np.concatenate([f["row_id"].to_numpy() for f in read_export(str(tmp_path / f"o{i}"))[1]]))
+    assert orders[0].tolist() == orders[1].tolist()
+    assert orders[0].tolist() != orders[2].tolist()
+
+
+def test_sidecars_schema_metadata_and_dataset_roundtrip(small_raw, tmp_path):
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    wf.transform(ts.Dataset(small_raw)).to_parquet(out, num_files=2)
+    assert ts.Schema.from_json(os.path.join(out, "schema.json")) == wf.output_schema
+    md = pq.read_metadata(os.path.join(out, "_metadata"))
+    assert md.num_rows == len(small_raw)
+    back = ts.Dataset(out)
+    assert back.schema["C1"].cardinality == wf.output_schema["C1"].cardinality
+    assert ts.Tags.CATEGORICAL in back.schema["C1"].tags
+    assert back.schema["I2"].dtype == "float32"
+    assert not any(name.startswith(".") for name in os.listdir(tmp_path))
+
+
+def test_keysets_hold_each_files_unique_ids(small_raw, tmp_path):
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    wf.transform(ts.Dataset(small_raw, part_size=4000)).to_parquet(out, num_files=3, write_keysets=True)
+    manifest, frames = read_export(out)
+    for entry, frame in zip(manifest["files"], frames):
+        keys = pq.read_table(os.path.join(out, "_keysets", entry["path"])).to_pandas()
+        assert set(keys["column"]) == {"C1"}
+        assert sorted(keys["id"]) == sorted(frame["C1"].unique())
+
+
+def test_failure_leaves_nothing_that_looks_finished(small_raw, tmp_path, monkeypatch):
+    wf = fitted(small_raw)
+    out = tmp_path / "out"
+    import tabstream.pipeline.export as export_mod
+
+    calls = {"n": 0}
+    original = export_mod._Plan.read
+
+    def failing_read(self, piece_index):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("disk on fire")
+        return original(self, piece_index)
+
+    monkeypatch.setattr(export_mod._Plan, "read", failing_read)
+    with pytest.raises(ExportError, match="disk on fire"):
+        wf.transform(ts.Dataset(small_raw, part_size=2000)).to_parquet(str(out), num_files=2)
+    assert not out.exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_killed_export_leaves_only_a_hidden_temp_folder(small_raw, tmp_path):
+    """Simulate a kill between writing files and publishing: only the hidden temp folder exists."""
+    import tabstream.pipeline.export as export_mod
+
+    wf = fitted(small_raw)
+    original = export_mod._publish
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    export_mod._publish = killed
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wf.transform(ts.Dataset(small_raw)).to_parquet(str(tmp_path / "out"))
+    finally:
+        export_mod._publish = original
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(FileNotFoundError):
+        ts.Dataset(str(tmp_path / "*.parquet"))
+
+
+def test_existing_output_needs_overwrite(small_raw, tmp_path):
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    wf.transform(ts.Dataset(small_raw)).to_parquet(out)
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        wf.transform(ts.Dataset(small_raw)).to_parquet(out)
+    wf.transform(ts.Dataset(small_raw)).to_parquet(out, overwrite=True, num_files=2)
+    assert read_export(out)[0]["num_rows"] == len(small_raw)
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_export_to_memory_filesystem(small_raw):
+    wf = fitted(small_raw)
+    wf.transform(ts.Dataset(small_raw)).to_parquet("memory://exp/out", num_files=2)
+    back = ts.Dataset("memory://exp/out")
+    assert back.num_rows == len(small_raw)
+
+
+def test_dataset_export_without_workflow(small_raw, tmp_path):
+    ts.Dataset(small_raw).to_parquet(str(tmp_path / "raw"), num_files=2)
+    back = ts.Dataset(str(tmp_path / "raw"))
+    assert back.num_rows == len(small_raw)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"shuffle": "sideways"}, "shuffle must be one of"),
+    ({"num_files": 0}, "num_files must be a positive integer"),
+    ({"num_files": 2, "out_files_per_proc": 2}, "not both"),
+])
+def test_bad_export_arguments(small_raw, tmp_path, kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        fitted(small_raw).transform(ts.Dataset(small_raw)).to_parquet(str(tmp_path / "o"), **kwargs)

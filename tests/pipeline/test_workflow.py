@@ -1,0 +1,134 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tabstream as ts
+from tabstream import ops
+from tabstream.errors import SchemaError
+
+
+def recipe():
+    cats = ["C1", "C2"] >> ops.Categorify(freq_threshold=3)
+    conts = ["I1", "I2"] >> ops.FillMissing(0) >> ops.Clip(min_value=0) >> ops.LogOp() >> ops.Normalize()
+    return cats + conts + (["label"] >> ops.AddTags(["target", "binary_classification"]))
+
+
+def test_output_schema_before_reading_data(small_raw, monkeypatch):
+    ds = ts.Dataset(small_raw)
+    monkeypatch.setattr(ts.Dataset, "read_piece", lambda *a, **k: pytest.fail("data was read"))
+    wf = ts.Workflow(recipe()).fit_schema(ds.schema)
+    schema = wf.output_schema
+    assert schema.column_names == ["C1", "C2", "I1", "I2", "label"]
+    assert [schema[c].dtype for c in schema.column_names] == ["int64", "int64", "float32", "float32", "int64"]
+    assert ts.Tags.TARGET in schema["label"].tags and ts.Tags.CONTINUOUS in schema["I1"].tags
+
+
+def test_missing_column_names_it_and_lists_available(small_raw):
+    wf = ts.Workflow(["C1", "nope"] >> ops.Categorify())
+    with pytest.raises(SchemaError, match=r"\['nope'\] do not exist; available columns: \['label', 'I1'"):
+        wf.fit(ts.Dataset(small_raw))
+
+
+def test_graph_operators_plus_minus_and_tags(small_raw):
+    node = (["C1", "C2"] >> ops.Categorify()) + ["I2", "label"] - ["C2"]
+    wf = ts.Workflow(node)
+    out = wf.fit(ts.Dataset(small_raw)).transform(small_raw)
+    assert list(out.columns) == ["C1", "I2", "label"]
+    by_tag = ts.ColumnSelector(tags=[ts.Tags.CATEGORICAL]) >> ops.AddTags(["user"])
+    wf2 = ts.Workflow(by_tag + ["label"])
+    out2 = wf2.fit(ts.Dataset(out, schema=wf.output_schema)).transform(out)
+    assert list(out2.columns) == ["C1", "label"]
+    assert ts.Tags.USER in wf2.output_schema["C1"].tags
+
+
+def test_duplicate_output_column_is_an_error(small_raw):
+    node = (["I2"] >> ops.LogOp()) + (["I2"] >> ops.Normalize())
+    with pytest.raises(SchemaError, match="'I2' is produced twice"):
+        ts.Workflow(node).fit_schema(ts.Dataset(small_raw).schema)
+
+
+def test_op_class_instead_of_instance():
+    with pytest.raises(TypeError, match=r"Categorify is a class; apply an instance"):
+        ["a"] >> ops.Categorify
+
+
+@pytest.mark.parametrize("part_size", [None, 1500, 20_000])
+def test_statistics_equal_on_one_and_many_partitions(small_raw, part_size):
+    whole = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
+    parts = ts.Workflow(recipe()).fit(ts.Dataset(small_raw, part_size=part_size))
+    pd.testing.assert_frame_equal(whole.transform(small_raw), parts.transform(small_raw))
+
+
+def test_lazy_transform_equals_eager(small_raw):
+    wf = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
+    lazy = wf.transform(ts.Dataset(small_raw, part_size=3000))
+    assert lazy.npartitions > 1
+    pd.testing.assert_frame_equal(lazy.compute(), wf.transform(small_raw))
+    pd.testing.assert_frame_equal(lazy.to_ddf().compute().reset_index(drop=True), wf.transform(small_raw))
+
+
+def test_save_load_identical_output_and_no_pickle(small_raw, tmp_path):
+    wf = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
+    wf.save(str(tmp_path / "wf"))
+    files = sorted(p.name for p in (tmp_path / "wf").rglob("*") if p.is_file())
+    assert all(f.endswith((".json", ".parquet")) for f in files), files
+    doc = json.loads((tmp_path / "wf" / "workflow.json").read_text())
+    assert doc["format"] == "tabstream.workflow"
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    pd.testing.assert_frame_equal(again.transform(small_raw), wf.transform(small_raw))
+    assert again.output_schema == wf.output_schema
+
+
+def test_load_rejects_unknown_op(small_raw, tmp_path):
+    wf = ts.Workflow(["C1"] >> ops.Categorify()).fit(ts.Dataset(small_raw))
+    wf.save(str(tmp_path / "wf"))
+    doc_path = tmp_path / "wf" / "workflow.json"
+    doc = json.loads(doc_path.read_text())
+    for node in doc["nodes"]:
+        if node["kind"] == "op":
+            node["op"]["class"] = "os.system"
+    doc_path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="unknown op 'os.system'"):
+        ts.Workflow.load(str(tmp_path / "wf"))
+
+
+def test_load_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved workflow"):
+        ts.Workflow.load(str(tmp_path / "nothing"))
+
+
+def test_fit_on_distributed_client(small_raw):
+    distributed = pytest.importorskip("distributed")
+    with distributed.Client(n_workers=2, threads_per_worker=1, processes=False,
+                            dashboard_address=None) as client:
+        wf = ts.Workflow(recipe(), client=client).fit(ts.Dataset(small_raw, part_size=3000))
+    local = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
+    pd.testing.assert_frame_equal(wf.transform(small_raw), local.transform(small_raw))
+
+
+def test_fit_memory_is_bounded_by_partitions(small_raw, monkeypatch):
+    """Fitting reads one partition per task and never the whole table."""
+    ds = ts.Dataset(small_raw, part_size=3000)
+    seen = []
+    original = ts.Dataset.read_piece
+
+    def spy(self, piece, columns=None):
+        table = original(self, piece, columns)
+        seen.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(ts.Dataset, "read_piece", spy)
+    ts.Workflow(recipe()).fit(ds)
+    assert len(seen) == ds.npartitions and max(seen) < len(small_raw)
+    assert sum(seen) == len(small_raw)
+
+
+def test_two_level_fit(small_raw):
+    """A statistics op downstream of another one is fitted after it."""
+    node = ["I2"] >> ops.Normalize() >> ops.Clip(min_value=0) >> ops.Normalize()
+    out = ts.Workflow(node).fit(ts.Dataset(small_raw, part_size=3000)).transform(small_raw)
+    x = small_raw["I2"].to_numpy()
+    z = np.maximum((x - x.mean()) / x.std(ddof=1), 0).astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(out["I2"].to_numpy(), (z - z.mean()) / z.std(ddof=1), rtol=1e-4, atol=1e-5)
