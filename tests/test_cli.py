@@ -1,0 +1,76 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tabstream.cli import build_parser, main
+
+
+def run(*args, expect=0):
+    code = main(list(args))
+    assert code == expect
+    return code
+
+
+@pytest.mark.parametrize("command", ["synth", "fit", "transform", "inspect", "demo"])
+def test_help_for_every_command(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([command, "--help"])
+    assert exc.value.code == 0
+    assert "usage: tabstream " + command in capsys.readouterr().out
+
+
+def test_synth_fit_transform_inspect(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    run("synth", "criteo", str(raw), "--rows", "3000", "--files", "2", "--format", "tsv")
+    assert sorted(p.name for p in raw.glob("*.tsv")) == ["part_00000.tsv", "part_00001.tsv"]
+    run("fit", str(raw), "--recipe", "criteo", "--workflow-dir", str(tmp_path / "wf"),
+        "--output", str(tmp_path / "train"), "--shuffle", "per_worker", "--quiet")
+    run("transform", str(tmp_path / "wf"), str(raw / "part_00001.tsv"), str(tmp_path / "again"),
+        "--criteo-tsv", "--quiet")
+    capsys.readouterr()
+    run("inspect", str(tmp_path / "again"), "--json", "--quiet")
+    report = json.loads(capsys.readouterr().out)
+    assert report["num_rows"] == 1500
+    cols = {c["name"]: c for c in report["columns"]}
+    assert cols["C1"]["cardinality"] >= cols["C1"]["distinct"]
+    assert cols["I1"]["null_rate"] == 0.0 and cols["label"]["tags"] == ["binary_classification", "target"]
+
+
+def test_inspect_reports_null_rates_of_raw_logs(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    run("synth", "criteo", str(raw), "--rows", "2000", "--format", "tsv")
+    capsys.readouterr()
+    run("inspect", str(raw), "--criteo-tsv", "--json", "--quiet")
+    report = json.loads(capsys.readouterr().out)
+    import pyarrow.csv as pacsv
+
+    from tabstream.datasets.synthetic import CRITEO_COLUMNS
+
+    table = pacsv.read_csv(str(raw / "part_00000.tsv"),
+                           read_options=pacsv.ReadOptions(column_names=CRITEO_COLUMNS),
+                           parse_options=pacsv.ParseOptions(delimiter="\t"),
+                           convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
+    for col in report["columns"]:
+        assert col["null_rate"] == pytest.approx(table.column(col["name"]).null_count / 2000)
+
+
+def test_errors_are_one_line_with_hint(tmp_path, capsys):
+    run("inspect", str(tmp_path / "missing.parquet"), expect=1)
+    err = capsys.readouterr().err
+    assert "FileNotFoundError" in err and "hint:" in err and "Traceback" not in err
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tabstream.cli", "--debug", "inspect", str(tmp_path / "nope")],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_demo_runs_without_training(tmp_path, capsys):
+    run("demo", "--rows", "20000", "--output", str(tmp_path / "demo"), "--no-train", "--quiet")
+    out = capsys.readouterr().out
+    assert "fit" in out and "export train" in out and "C26" in out
+    assert (tmp_path / "demo" / "train" / "schema.json").exists()
+    assert (tmp_path / "demo" / "valid" / "_manifest.json").exists()
