@@ -3,7 +3,7 @@
 from tabstream.ops.base import ColumnOperator, Operator, StatOperator, registered_ops
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
-from tabstream.ops.hashing import HashBucket
+from tabstream.ops.hashing import HashBucket, HashedCross
 from tabstream.ops.tags import AddMetadata, AddTags
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "ColumnOperator",
     "FillMissing",
     "HashBucket",
+    "HashedCross",
     "LogOp",
     "Normalize",
     "Operator",

@@ -14,35 +14,62 @@ Encoding of every output column::
 >>> op.transform(pa.table({"c": ["b", "a", "z", None]}))["c"]
 [3, 4, 2, 1]
 
-Statistics are per-partition value counts merged by a tree reduction; the
-vocabulary (values with their counts, in id order) is saved as parquet.
+Column groups (nested lists in the selection, or ``column_groups=``):
+
+* ``encode_type="joint"``: the columns of a group share one vocabulary (counts are
+  summed over the group); each column keeps its name. ``single_table=True`` puts
+  every selected column in one group.
+* ``encode_type="combo"``: the combination of the group's values is the category;
+  the output is one column named ``a_b`` for group ``["a", "b"]``. A row whose
+  values are all null is null (id 1); otherwise nulls are part of the combination.
+
+List (multi-hot) columns are encoded element by element and stay lists.
+
+Statistics are per-partition value counts merged by a tree reduction. A partial
+count table that grows beyond ``spill_rows`` distinct values is hash-partitioned
+into ``spill_buckets`` parquet files under a temporary folder and merged bucket by
+bucket at the end, so memory is bounded by one bucket, not by the cardinality.
+The vocabulary (values with their counts, in id order) is saved as parquet.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tabstream.ops.base import StatOperator
-from tabstream.pipeline.schema import ColumnSchema, Tags
+from tabstream.pipeline.hashing import murmur3_32
+from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
 
-__all__ = ["Categorify"]
+__all__ = ["Categorify", "merge_counts", "value_counts"]
 
 PAD_ID = 0
 NULL_ID = 1
 OOV_ID = 2
+_COMBO_SEP = "\x1f"  # unit separator: joins the parts of a combo key
+_COMBO_NULL = "\x00"
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
     """Non-null distinct values and their counts as a table ``(values, counts)``."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+    if _is_list(column.type):
         column = pc.list_flatten(column)
     vc = pc.value_counts(column)
     table = pa.table({"values": vc.field("values"), "counts": vc.field("counts").cast(pa.int64())})
@@ -51,32 +78,63 @@ def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
 
 def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     """Sum the counts of equal values over several ``(values, counts)`` tables."""
-    tables = [t for t in tables if t.num_rows] or list(tables[:1])
-    if len(tables) == 1:
-        return tables[0]
-    merged = pa.concat_tables(tables, promote_options="permissive")
+    nonempty = [t for t in tables if t.num_rows]
+    if len(nonempty) <= 1:
+        return nonempty[0] if nonempty else tables[0]
+    merged = pa.concat_tables(nonempty, promote_options="permissive")
     out = merged.group_by("values").aggregate([("counts", "sum")])
     return pa.table({"values": out["values"], "counts": out["counts_sum"]})
 
 
+@dataclass
+class _Counts:
+    """Partial value counts of one vocabulary: in memory, plus spilled buckets."""
+
+    table: pa.Table | None
+    spilled: list[str] = field(default_factory=list)  # folders, one file per bucket each
+
+
+def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
+    parts = []
+    for name in group:
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        parts.append(pc.fill_null(col.cast(pa.string()), _COMBO_NULL))
+    key = pc.binary_join_element_wise(*parts, _COMBO_SEP)
+    all_null = table.column(group[0]).is_null()
+    for name in group[1:]:
+        all_null = pc.and_(all_null, table.column(name).is_null())
+    return pc.if_else(all_null, pa.scalar(None, pa.string()), key)
+
+
 class Categorify(StatOperator):
-    """Encode each selected column with its own vocabulary (see module docs).
+    """Encode categorical columns with vocabularies fitted on the data (see module docs).
 
     Parameters
     ----------
     freq_threshold:
-        Values seen fewer times than this are out of vocabulary. An int for every
-        column or a dict per column.
+        Values seen fewer times are out of vocabulary (an int, or a dict per column).
     max_size:
-        Keep at most this many vocabulary entries (the most frequent); 0 = no limit.
+        Keep at most this many vocabulary entries, the most frequent (0 = no limit).
     num_buckets:
         Spread out-of-vocabulary values over this many hashed ids instead of one.
-    dtype:
-        Integer dtype of the ids (``"int64"``).
+    vocabs:
+        Given vocabularies ``{column: [values in id order]}``; fitting skips them.
+    encode_type:
+        ``"joint"`` or ``"combo"`` for column groups.
+    column_groups:
+        Groups of columns, e.g. ``[["user", "seller"], "item"]``; usually set by
+        selecting with nested lists: ``[["user", "seller"], "item"] >> Categorify(...)``.
+    single_table:
+        With ``encode_type="joint"``: all selected columns share one vocabulary.
     """
 
     def __init__(self, freq_threshold: int | dict[str, int] = 0, max_size: int | dict[str, int] = 0,
-                 num_buckets: int | None = None, dtype: str = "int64") -> None:
+                 num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
+                 encode_type: str = "joint", column_groups: list | None = None,
+                 single_table: bool = False, dtype: str = "int64",
+                 spill_rows: int = 2_000_000, spill_buckets: int = 32, spill_dir: str | None = None) -> None:
         super().__init__()
         for name, value in (("freq_threshold", freq_threshold), ("max_size", max_size)):
             values = value.values() if isinstance(value, dict) else [value]
@@ -84,87 +142,224 @@ class Categorify(StatOperator):
                 raise ValueError(f"Categorify: {name} must be a non-negative integer, got {value!r}")
         if num_buckets is not None and (not isinstance(num_buckets, (int, np.integer)) or num_buckets < 1):
             raise ValueError(f"Categorify: num_buckets must be a positive integer or None, got {num_buckets!r}")
+        if encode_type not in ("joint", "combo"):
+            raise ValueError(f"Categorify: encode_type must be 'joint' or 'combo', got {encode_type!r}")
         if dtype not in ("int32", "int64"):
             raise ValueError(f"Categorify: dtype must be 'int32' or 'int64', got {dtype!r}")
+        if spill_rows < 1 or spill_buckets < 1:
+            raise ValueError("Categorify: spill_rows and spill_buckets must be positive")
         self.freq_threshold = freq_threshold
         self.max_size = max_size
         self.num_buckets = num_buckets
+        self.vocabs = {k: list(v) for k, v in (vocabs or {}).items()} or None
+        self.encode_type = encode_type
+        self.column_groups = _normalize_groups(column_groups) if column_groups else None
+        self.single_table = bool(single_table)
         self.dtype = dtype
-        self.vocabs: dict[str, pa.Table] = {}
+        self.spill_rows = int(spill_rows)
+        self.spill_buckets = int(spill_buckets)
+        self.spill_dir = spill_dir
+        # fitted state: vocabulary name -> table (values, counts) in id order
+        self.tables: dict[str, pa.Table] = {}
 
+    # -- groups -------------------------------------------------------------
     @property
     def start_index(self) -> int:
         """Id of the first vocabulary entry."""
         return OOV_ID + (self.num_buckets or 1)
 
+    def set_column_groups(self, groups: list) -> None:
+        """Called by the graph when the selection has nested lists."""
+        if self.column_groups is None and any(isinstance(g, list) for g in groups):
+            self.column_groups = _normalize_groups(groups)
+
+    def _groups(self, names: Sequence[str]) -> list[list[str]]:
+        """Vocabulary groups over the columns ``names``, in column order."""
+        if self.single_table and self.encode_type == "joint":
+            return [list(names)]
+        groups = [g for g in (self.column_groups or []) if len(g) > 1 and all(n in names for n in g)]
+        grouped = {n for g in groups for n in g}
+        out, placed = [], set()
+        for n in names:
+            if n in grouped:
+                g = next(g for g in groups if n in g)
+                if id(g) not in placed:
+                    placed.add(id(g))
+                    out.append(g)
+            else:
+                out.append([n])
+        return out
+
+    def _fitted_columns(self) -> list[str]:
+        names = list(self.tables)
+        if self.column_groups:
+            names += _flatten(self.column_groups)
+        return list(dict.fromkeys(names))
+
+    def _vocab_name(self, group: Sequence[str]) -> str:
+        return "_".join(group)
+
     def _setting(self, value: int | dict[str, int], name: str) -> int:
         return int(value.get(name, 0)) if isinstance(value, dict) else int(value)
 
     # -- schema -------------------------------------------------------------
-    def output_column(self, col: ColumnSchema) -> ColumnSchema:
-        if col.dtype not in ("string", "bool") and not col.dtype.startswith(("int", "uint", "float")):
-            raise TypeError(f"Categorify cannot encode column {col.name!r} of dtype {col.dtype}")
+    def compute_output_schema(self, input_schema: Schema) -> Schema:
+        cols = []
+        for group in self._groups(input_schema.column_names):
+            vocab = self._vocab_name(group)
+            for col in (input_schema[n] for n in group):
+                if col.dtype not in ("string", "bool") and not col.dtype.startswith(("int", "uint", "float")):
+                    raise TypeError(f"Categorify cannot encode column {col.name!r} of dtype {col.dtype}")
+            if self.encode_type == "combo" and len(group) > 1:
+                first = input_schema[group[0]]
+                cols.append(self._output(ColumnSchema(vocab, tags=first.tags), vocab))
+            else:
+                cols.extend(self._output(input_schema[n], vocab) for n in group)
+        return Schema(cols)
+
+    def _output(self, col: ColumnSchema, vocab: str) -> ColumnSchema:
         props: dict[str, Any] = {
-            "freq_threshold": self._setting(self.freq_threshold, col.name),
+            **col.properties,
+            "freq_threshold": self._setting(self.freq_threshold, vocab),
             "num_buckets": self.num_buckets,
             "start_index": self.start_index,
         }
-        if col.name in self.vocabs:
-            cardinality = self.start_index + self.vocabs[col.name].num_rows
-            props["domain"] = {"min": 0, "max": cardinality - 1, "name": col.name}
+        if vocab in self.tables:
+            cardinality = self.start_index + self.tables[vocab].num_rows
+            props["domain"] = {"min": 0, "max": cardinality - 1, "name": vocab}
             props["embedding_sizes"] = {"cardinality": cardinality,
                                         "dimension": infer_embedding_dim(cardinality)}
-        out = col.with_dtype(self.dtype).with_tags(Tags.CATEGORICAL).without_tags(Tags.CONTINUOUS)
-        return ColumnSchema(out.name, out.dtype, out.tags, {**col.properties, **props},
-                            is_list=col.is_list, is_ragged=col.is_ragged)
+        tags = (col.tags | {Tags.CATEGORICAL}) - {Tags.CONTINUOUS}
+        return ColumnSchema(col.name, self.dtype, tags, props, is_list=col.is_list, is_ragged=col.is_ragged)
 
     # -- fit ----------------------------------------------------------------
-    def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
-        return {name: value_counts(table.column(name)) for name in table.column_names}
+    def _keys(self, table: pa.Table, group: Sequence[str]) -> list[pa.ChunkedArray | pa.Array]:
+        if self.encode_type == "combo" and len(group) > 1:
+            return [_combo_key(table, group)]
+        return [table.column(n) for n in group]
 
-    def combine(self, partials: Sequence[dict[str, pa.Table]]) -> dict[str, pa.Table]:
-        names = list(partials[0])
-        return {name: merge_counts([p[name] for p in partials]) for name in names}
+    def fit_partition(self, table: pa.Table) -> dict[str, _Counts]:
+        out = {}
+        for group in self._groups(table.column_names):
+            name = self._vocab_name(group)
+            if self.vocabs and name in self.vocabs:
+                continue
+            counts = merge_counts([value_counts(k) for k in self._keys(table, group)])
+            out[name] = self._maybe_spill(_Counts(counts))
+        return out
 
-    def finalize(self, partial: dict[str, pa.Table]) -> None:
-        vocabs = {}
+    def combine(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+        out = {}
+        for name in partials[0]:
+            parts = [p[name] for p in partials]
+            tables = [p.table for p in parts if p.table is not None]
+            merged = _Counts(merge_counts(tables) if tables else None,
+                             [f for p in parts for f in p.spilled])
+            out[name] = self._maybe_spill(merged)
+        return out
+
+    def _maybe_spill(self, counts: _Counts) -> _Counts:
+        if counts.table is None or counts.table.num_rows <= self.spill_rows:
+            return counts
+        return _Counts(None, counts.spilled + [self._spill(counts.table)])
+
+    def _spill(self, table: pa.Table) -> str:
+        """Write ``table`` hash-partitioned into one parquet file per bucket."""
+        folder = os.path.join(self.spill_dir or tempfile.gettempdir(),
+                              f"tabstream-categorify-{uuid.uuid4().hex}")
+        os.makedirs(folder)
+        bucket = murmur3_32(table["values"]) % np.uint32(self.spill_buckets)
+        sizes = np.bincount(bucket, minlength=self.spill_buckets)
+        table = table.take(np.argsort(bucket, kind="stable"))
+        start = 0
+        for b, n in enumerate(sizes):
+            pq.write_table(table.slice(start, int(n)), os.path.join(folder, f"b{b:04d}.parquet"))
+            start += int(n)
+        return folder
+
+    def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
+        """Merge spilled folders bucket by bucket (memory: one bucket at a time);
+        equal values always share a bucket, so each bucket's merge is final."""
+        folders = list(counts.spilled)
+        if counts.table is not None and counts.table.num_rows:
+            folders.append(self._spill(counts.table))
+        kept = []
+        try:
+            for b in range(self.spill_buckets):
+                parts = [pq.read_table(os.path.join(f, f"b{b:04d}.parquet")) for f in folders]
+                kept.append(self._threshold(merge_counts(parts), name))
+        finally:
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
+        return pa.concat_tables(kept)
+
+    def _threshold(self, counts: pa.Table, name: str) -> pa.Table:
+        threshold = self._setting(self.freq_threshold, name)
+        if threshold > 1:
+            counts = counts.filter(pc.greater_equal(counts["counts"], threshold))
+        return counts
+
+    def finalize(self, partial: dict[str, _Counts]) -> None:
+        tables = {}
         for name, counts in partial.items():
-            threshold = self._setting(self.freq_threshold, name)
-            if threshold > 1:
-                counts = counts.filter(pc.greater_equal(counts["counts"], threshold))
-            counts = counts.sort_by([("counts", "descending"), ("values", "ascending")])
+            if counts.spilled:
+                table = self._merge_spilled(name, counts)
+            else:
+                assert counts.table is not None
+                table = self._threshold(counts.table, name)
+            table = table.sort_by([("counts", "descending"), ("values", "ascending")])
             limit = self._setting(self.max_size, name)
             if limit:
-                counts = counts.slice(0, limit)
-            vocabs[name] = counts.combine_chunks()
-        self.vocabs = vocabs
+                table = table.slice(0, limit)
+            tables[name] = table.combine_chunks()
+        for name, values in (self.vocabs or {}).items():
+            arr = pa.array(values)
+            if arr.null_count:
+                raise ValueError(f"Categorify: the vocabulary given for {name!r} contains nulls")
+            if len(pc.unique(arr)) != len(arr):
+                raise ValueError(f"Categorify: the vocabulary given for {name!r} has duplicate values")
+            tables[name] = pa.table({"values": arr, "counts": pa.nulls(len(arr), pa.int64())})
+        self.tables = tables
         self.fitted = True
 
     # -- transform ----------------------------------------------------------
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()
-        return pa.table({name: self._encode(name, table.column(name)) for name in table.column_names})
+        out: dict[str, Any] = {}
+        for group in self._groups(table.column_names):
+            name = self._vocab_name(group)
+            if name not in self.tables:
+                raise KeyError(f"Categorify has no vocabulary for {name!r}; it was fitted on {sorted(self.tables)}")
+            if self.encode_type == "combo" and len(group) > 1:
+                out[name] = self._encode(name, _combo_key(table, group))
+            else:
+                for col in group:
+                    out[col] = self._encode(name, table.column(col))
+        return pa.table(out)
 
-    def _encode(self, name: str, column: pa.ChunkedArray) -> pa.Array:
-        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
-        if pa.types.is_dictionary(column.type):
-            column = column.cast(column.type.value_type)
+    def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
-        vocab = self.vocabs[name]["values"]
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        if _is_list(column.type):
+            ids = self._encode_flat(name, column.flatten())
+            offsets = pc.subtract(column.offsets, column.offsets[0])
+            return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
+        return self._encode_flat(name, column)
+
+    def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:
+        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
+        vocab = self.tables[name]["values"]
         if vocab.type != column.type:
             try:
                 vocab = vocab.cast(column.type)
-            except pa.ArrowInvalid as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
-        index = pc.index_in(column, value_set=vocab)
-        ids = pc.add(index.cast(pa.int64()), self.start_index)
+        ids = pc.add(pc.index_in(column, value_set=vocab).cast(pa.int64()), self.start_index)
         if self.num_buckets:
-            from tabstream.pipeline.hashing import murmur3_32
-
-            hashed = murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID
-            oov: Any = pa.array(hashed)
+            oov: Any = pa.array(murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID)
         else:
             oov = pa.scalar(OOV_ID, pa.int64())
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))
@@ -172,15 +367,37 @@ class Categorify(StatOperator):
 
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-        return {"columns": list(self.vocabs)}, {f"vocab.{k}": v for k, v in self.vocabs.items()}
+        return {"vocabularies": list(self.tables)}, {f"vocab.{k}": v for k, v in self.tables.items()}
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
-        self.vocabs = {k: tables[f"vocab.{k}"] for k in values["columns"]}
+        self.tables = {k: tables[f"vocab.{k}"] for k in values["vocabularies"]}
         self.fitted = True
 
     def reverse_mapping(self, name: str) -> pa.Table:
-        """``(id, value, count)`` of every vocabulary entry of column ``name``."""
+        """``(id, value, counts)`` of every vocabulary entry of ``name`` (a column, a
+        joint group's first column, or a combo column); combo values are the
+        group's values joined by ``"\\x1f"`` (``"\\x00"`` for a null part)."""
         self.check_fitted()
-        vocab = self.vocabs[name]
+        key = name if name in self.tables else next(
+            (self._vocab_name(g) for g in self._groups(self._fitted_columns()) if name in g), None)
+        if key is None or key not in self.tables:
+            raise KeyError(f"Categorify has no vocabulary for {name!r}; it has {sorted(self.tables)}")
+        vocab = self.tables[key]
         ids = pa.array(np.arange(self.start_index, self.start_index + vocab.num_rows, dtype=np.int64))
         return pa.table({"id": ids, "value": vocab["values"], "counts": vocab["counts"]})
+
+
+def _flatten(groups: list[list[str]]) -> list[str]:
+    return [n for g in groups for n in g]
+
+
+def _normalize_groups(groups: list) -> list[list[str]]:
+    out = []
+    for g in groups:
+        if isinstance(g, str):
+            out.append([g])
+        elif isinstance(g, (list, tuple)) and g and all(isinstance(n, str) for n in g):
+            out.append(list(g))
+        else:
+            raise TypeError(f"Categorify: column groups must be names or lists of names, got {g!r}")
+    return out

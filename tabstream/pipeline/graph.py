@@ -38,10 +38,15 @@ class ColumnSelector:
                  tags: Iterable[Tags | str] | Tags | str | None = None) -> None:
         if isinstance(names, str):
             names = [names]
-        self.names: list[str] = list(names or [])
-        bad = [n for n in self.names if not isinstance(n, str)]
-        if bad:
-            raise TypeError(f"column names must be strings, got {bad}")
+        # Nested lists are column groups (joint/combo Categorify, HashedCross).
+        self.groups: list = [list(n) if isinstance(n, (list, tuple)) else n for n in (names or [])]
+        self.names: list[str] = []
+        for item in self.groups:
+            for n in item if isinstance(item, list) else [item]:
+                if not isinstance(n, str):
+                    raise TypeError(f"column names must be strings, got {n!r}")
+                if n not in self.names:
+                    self.names.append(n)
         self.tags = normalize_tags(tags)
 
     def resolve(self, schema: Schema) -> list[str]:
@@ -62,8 +67,12 @@ class ColumnSelector:
             out += [n for n in tagged if n not in out]
         return out
 
+    @property
+    def has_groups(self) -> bool:
+        return any(isinstance(g, list) for g in self.groups)
+
     def to_config(self) -> dict[str, Any]:
-        return {"names": self.names, "tags": sorted(t.value for t in self.tags)}
+        return {"names": self.groups, "tags": sorted(t.value for t in self.tags)}
 
     def __rshift__(self, op: Any) -> Node:
         return as_node(self) >> op
@@ -104,6 +113,9 @@ class Node:
             raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")
         if not isinstance(op, Operator):
             raise TypeError(f"`>>` needs an op instance on its right, got {type(op).__name__}")
+        if self.kind == "select" and self.selector is not None and self.selector.has_groups \
+                and hasattr(op, "set_column_groups"):
+            op.set_column_groups(self.selector.groups)
         return Node("op", [self], op=op)
 
     def __add__(self, other: Any) -> Node:
@@ -203,7 +215,8 @@ def as_node(obj: Any) -> Node:
     if isinstance(obj, str):
         return Node("select", selector=ColumnSelector([obj]))
     if isinstance(obj, (list, tuple)):
-        if all(isinstance(x, str) for x in obj):
+        if all(isinstance(x, (str, list, tuple)) and not isinstance(x, Node) for x in obj) and \
+                all(isinstance(n, str) for x in obj for n in ([x] if isinstance(x, str) else x)):
             return Node("select", selector=ColumnSelector(list(obj)))
         nodes = [as_node(x) for x in obj]
         return nodes[0] if len(nodes) == 1 else Node("concat", _flatten_concat(nodes))

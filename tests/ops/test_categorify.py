@@ -1,0 +1,143 @@
+"""Categorify beyond the basics: groups, given vocabularies, lists, buckets, spilling."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tabstream as ts
+from tabstream import ops
+from tabstream.pipeline.hashing import murmur3_32
+
+
+def encode_reference(train_values, apply_values, freq_threshold=0, num_buckets=None):
+    """Ids the documented way, with plain Python."""
+    counts = pd.Series([v for v in train_values if v is not None and not pd.isna(v)]).value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= max(freq_threshold, 1)), key=lambda kv: (-kv[1], kv[0]))
+    start = 2 + (num_buckets or 1)
+    mapping = {v: start + i for i, (v, _) in enumerate(kept)}
+
+    def one(v):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return 1
+        if v in mapping:
+            return mapping[v]
+        if num_buckets:
+            return 2 + int(murmur3_32(pa.array([v]))[0]) % num_buckets
+        return 2
+
+    return [one(v) for v in apply_values]
+
+
+def fit_apply(node, df, part_size=None):
+    wf = ts.Workflow(node).fit(ts.Dataset(df, part_size=part_size))
+    return wf, wf.transform(df)
+
+
+@pytest.fixture
+def pairs():
+    rng = np.random.default_rng(3)
+    n = 1500
+    users = np.array([f"u{i}" for i in range(40)])
+    return pd.DataFrame({
+        "buyer": pd.array(users[rng.zipf(1.6, n) % 40], dtype="str"),
+        "seller": pd.array(users[rng.zipf(1.3, n) % 40], dtype="str"),
+        "item": rng.integers(0, 30, n),
+    })
+
+
+def test_joint_groups_share_one_vocabulary(pairs):
+    wf, out = fit_apply([["buyer", "seller"], "item"] >> ops.Categorify(encode_type="joint"), pairs, 4000)
+    both = list(pairs["buyer"]) + list(pairs["seller"])
+    assert out["buyer"].tolist() == encode_reference(both, pairs["buyer"])
+    assert out["seller"].tolist() == encode_reference(both, pairs["seller"])
+    assert out["item"].tolist() == encode_reference(list(pairs["item"]), pairs["item"])
+    s = wf.output_schema
+    assert s["buyer"].properties["domain"] == s["seller"].properties["domain"]
+    assert s["buyer"].properties["domain"]["name"] == "buyer_seller"
+    from tabstream.train import table_configs_from_schema
+
+    tables = {t.name: t.feature_names for t in table_configs_from_schema(s)}
+    assert tables == {"buyer_seller": ("buyer", "seller"), "item": ("item",)}
+
+
+def test_single_table(pairs):
+    _, out = fit_apply(["buyer", "seller"] >> ops.Categorify(single_table=True), pairs)
+    both = list(pairs["buyer"]) + list(pairs["seller"])
+    assert out["seller"].tolist() == encode_reference(both, pairs["seller"])
+
+
+def test_combo_encodes_the_combination(pairs):
+    df = pairs.copy()
+    df.loc[::7, "seller"] = None
+    wf, out = fit_apply([["buyer", "seller"]] >> ops.Categorify(encode_type="combo", freq_threshold=2), df, 3000)
+    assert list(out.columns) == ["buyer_seller"]
+    keys = [None if b is None and s is None else (b, "<null>" if pd.isna(s) else s)
+            for b, s in zip(df["buyer"], df["seller"])]
+    assert out["buyer_seller"].tolist() == encode_reference(keys, keys, freq_threshold=2)
+    assert wf.output_schema["buyer_seller"].cardinality == max(out["buyer_seller"]) + 1 or \
+        wf.output_schema["buyer_seller"].cardinality > max(out["buyer_seller"])
+
+
+def test_given_vocabulary_is_used_in_order(pairs):
+    op = ops.Categorify(vocabs={"buyer": ["u3", "u1", "u2"]})
+    _, out = fit_apply(["buyer"] >> op, pairs)
+    expected = [{"u3": 3, "u1": 4, "u2": 5}.get(v, 2) for v in pairs["buyer"]]
+    assert out["buyer"].tolist() == expected
+    with pytest.raises(ValueError, match="duplicate values"):
+        ops.Categorify(vocabs={"c": ["a", "a"]}).fit_table(pa.table({"c": ["a"]}))
+
+
+@pytest.mark.parametrize("num_buckets", [1, 4, 10])
+def test_num_buckets_hash_rare_and_unseen_values(pairs, num_buckets):
+    wf, _ = fit_apply(["buyer"] >> ops.Categorify(freq_threshold=30, num_buckets=num_buckets), pairs)
+    new = pd.DataFrame({"buyer": pd.array(["u0", "never-seen", "u39", None, "also-new"], dtype="str")})
+    got = wf.transform(new)["buyer"].tolist()
+    assert got == encode_reference(list(pairs["buyer"]), list(new["buyer"]), 30, num_buckets)
+    assert wf.output_schema["buyer"].properties["num_buckets"] == num_buckets
+
+
+def test_list_columns_from_parquet(tmp_path):
+    table = pa.table({
+        "tags": pa.array([["a", "b"], [], None, ["b", "b", "c"], ["z"]], pa.list_(pa.string())),
+        "ids": pa.array([[1, 2], [2], [3, 3], None, []], pa.list_(pa.int64())),
+    })
+    pq.write_table(table, tmp_path / "lists.parquet")
+    ds = ts.Dataset(str(tmp_path / "lists.parquet"))
+    assert ds.schema["tags"].is_list
+    wf = ts.Workflow(["tags", "ids"] >> ops.Categorify()).fit(ds)
+    out = wf.transform(table)
+    flat = [v for row in table.column("tags").to_pylist() if row for v in row]
+    expected = [None if row is None else encode_reference(flat, row) for row in table.column("tags").to_pylist()]
+    assert out.column("tags").to_pylist() == expected
+    assert wf.output_schema["tags"].is_list and wf.output_schema["tags"].dtype == "int64"
+
+
+@pytest.mark.parametrize("spill_rows", [5, 50])
+def test_spilling_gives_the_same_vocabulary(tmp_path, spill_rows):
+    rng = np.random.default_rng(11)
+    df = pd.DataFrame({"c": pd.array([f"v{x}" for x in rng.zipf(1.2, 5000) % 900], dtype="str")})
+    in_memory = ops.Categorify(freq_threshold=2)
+    spilled = ops.Categorify(freq_threshold=2, spill_rows=spill_rows, spill_buckets=7, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> in_memory).fit(ts.Dataset(df, part_size=8000))
+    ts.Workflow(["c"] >> spilled).fit(ts.Dataset(df, part_size=8000))
+    assert spilled.tables["c"].equals(in_memory.tables["c"])
+    assert list(tmp_path.iterdir()) == []  # spill files are cleaned up
+
+
+def test_save_load_keeps_groups_and_vocabularies(pairs, tmp_path):
+    node = ([["buyer", "seller"]] >> ops.Categorify(encode_type="joint")) + (
+        [["buyer", "item"]] >> ops.Categorify(encode_type="combo"))
+    wf, out = fit_apply(node, pairs)
+    wf.save(str(tmp_path / "wf"))
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    pd.testing.assert_frame_equal(again.transform(pairs), out)
+
+
+def test_reverse_mapping_for_joint_group(pairs):
+    op = ops.Categorify(encode_type="joint")
+    _, out = fit_apply([["buyer", "seller"]] >> op, pairs)
+    rev = op.reverse_mapping("seller").to_pandas()
+    back = dict(zip(rev["id"], rev["value"]))
+    assert [back[i] for i in out["seller"]] == list(pairs["seller"])
