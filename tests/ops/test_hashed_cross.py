@@ -22,6 +22,7 @@ def test_cross_matches_documented_formula():
     assert list(out.columns) == ["a_X_b_X_c"]
     expected = []
     for a, b, c in zip(df["a"], df["b"], df["c"]):
+        a = None if pd.isna(a) else a
         h = hash_combine(hash_combine(np.uint32(scalar_hash(a)), np.uint32(scalar_hash(int(b)))),
                          np.uint32(scalar_hash(float(c))))
         expected.append(int(h) % 97)
