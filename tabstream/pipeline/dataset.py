@@ -13,6 +13,7 @@ table. Fitting and exporting run one dask task per piece, so memory is bounded b
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import posixpath
@@ -25,6 +26,7 @@ import fsspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fsspec.core import get_fs_token_paths
@@ -248,6 +250,15 @@ class Dataset:
 
     def read_piece(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
         """Read one partition as an Arrow table (only ``columns`` when given)."""
+        row_filter = getattr(self, "_row_filter", None)
+        if row_filter is None:
+            return self._read_piece_raw(piece, columns)
+        needed = None if columns is None else list(dict.fromkeys([*columns, *row_filter.columns]))
+        table = self._read_piece_raw(piece, needed)
+        table = table.filter(row_filter.mask(table, self._piece_index[piece]))
+        return table if columns is None else table.select(list(columns))
+
+    def _read_piece_raw(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
         if columns is not None:
             missing = [c for c in columns if c not in self._arrow_schema.names]
             if missing:
@@ -367,8 +378,43 @@ class Dataset:
             return f.read(piece.offset).count(b"\n") + 1
 
     # -- user-facing views --------------------------------------------------
+    # -- splits ---------------------------------------------------------------
+    def split(self, fractions: Sequence[float], seed: int = 0) -> list[Dataset]:
+        """Random row split into ``len(fractions)`` datasets (fractions sum to 1).
+
+        Row ``i`` of partition ``p`` goes to the split chosen by a uniform draw from
+        ``numpy.random.default_rng([seed, p])``: every row lands in exactly one split,
+        and the same files, ``part_size`` and ``seed`` give the same split.
+        """
+        fractions = [float(f) for f in fractions]
+        if not fractions or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+            raise ValueError(f"split fractions must be non-negative and sum to 1, got {fractions}")
+        bounds = np.cumsum(fractions)
+        bounds[-1] = np.inf
+        return [self._view(_RandomSplit(seed, bounds, k)) for k in range(len(fractions))]
+
+    def split_by_value(self, column: str, groups: Sequence[Sequence[Any]]) -> list[Dataset]:
+        """One dataset per group of values of ``column``, e.g. a day column:
+        ``train, valid = ds.split_by_value("day", [range(1, 7), [7]])``."""
+        if column not in self._arrow_schema.names:
+            raise SchemaError(f"cannot split on {column!r}: not in the dataset; available: {self._arrow_schema.names}")
+        return [self._view(_ValueSplit(column, list(values))) for values in groups]
+
+    def _view(self, row_filter: Any) -> Dataset:
+        view = copy.copy(self)
+        if getattr(self, "_row_filter", None) is not None:
+            raise ValueError("splitting an already split dataset is not supported; split once into all parts")
+        view._row_filter = row_filter
+        view._piece_index = {p: i for i, p in enumerate(self._pieces)}
+        return view
+
     @property
     def num_rows(self) -> int:
+        if getattr(self, "_row_filter", None) is not None:
+            import dask
+
+            tasks = [dask.delayed(_count_rows)(self, p) for p in self._pieces]
+            return int(sum(dask.compute(*tasks, scheduler="threads")))
         if self.engine == "parquet":
             return sum(p.num_rows for p in self._pieces)
         if self.engine == "dataframe":
@@ -405,6 +451,27 @@ class Dataset:
         src = self.files[0] if self.files else self.engine
         more = f" (+{len(self.files) - 1} files)" if len(self.files) > 1 else ""
         return f"Dataset({src!r}{more}, engine={self.engine!r}, npartitions={self.npartitions})"
+
+
+class _RandomSplit:
+    columns: tuple[str, ...] = ()
+
+    def __init__(self, seed: int, bounds: np.ndarray, k: int) -> None:
+        self.seed, self.bounds, self.k = seed, bounds, k
+
+    def mask(self, table: pa.Table, piece_index: int) -> pa.Array:
+        u = np.random.default_rng([self.seed, piece_index]).random(table.num_rows)
+        return pa.array(np.searchsorted(self.bounds, u, side="right") == self.k)
+
+
+class _ValueSplit:
+    def __init__(self, column: str, values: list[Any]) -> None:
+        self.column, self.values = column, values
+        self.columns = (column,)
+
+    def mask(self, table: pa.Table, piece_index: int) -> pa.Array:
+        col = table.column(self.column)
+        return pc.fill_null(pc.is_in(col, value_set=pa.array(self.values, type=col.type)), False)
 
 
 class _ReadPandas:

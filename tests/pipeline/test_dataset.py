@@ -179,3 +179,40 @@ def test_part_size_parsing():
 def test_gpu_backend_request_is_explicit(small_raw):
     with pytest.raises(ValueError, match="GPU .* backend"):
         ts.Dataset(small_raw, cpu=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42])
+def test_random_split_is_a_reproducible_partition(small_raw, seed):
+    ds = ts.Dataset(small_raw, part_size=5000)
+    parts = ds.split([0.7, 0.2, 0.1], seed=seed)
+    ids = [read_all(p)["row_id"].tolist() for p in parts]
+    assert sorted(sum(ids, [])) == list(range(len(small_raw)))
+    assert abs(len(ids[0]) / len(small_raw) - 0.7) < 0.05
+    again = [read_all(p)["row_id"].tolist() for p in ds.split([0.7, 0.2, 0.1], seed=seed)]
+    assert again == ids
+    other = read_all(ds.split([0.7, 0.2, 0.1], seed=seed + 100)[0])["row_id"].tolist()
+    assert other != ids[0]
+    assert parts[1].num_rows == len(ids[1])
+
+
+def test_split_by_value_day_column(tmp_path, small_raw):
+    df = small_raw.assign(day=small_raw["row_id"] % 5)
+    ds = ts.Dataset(df, part_size=5000)
+    train, valid = ds.split_by_value("day", [[0, 1, 2, 3], [4]])
+    assert read_all(train)["day"].isin([0, 1, 2, 3]).all() and len(read_all(train)) == (df["day"] < 4).sum()
+    assert read_all(valid)["row_id"].tolist() == df.loc[df["day"] == 4, "row_id"].tolist()
+    from tabstream import ops
+
+    wf = ts.Workflow((["C1"] >> ops.Categorify()) + ["day"]).fit(train)
+    wf.transform(train).to_parquet(str(tmp_path / "train"))
+    wf.transform(valid).to_parquet(str(tmp_path / "valid"))
+    assert ts.Dataset(str(tmp_path / "train")).schema == ts.Dataset(str(tmp_path / "valid")).schema
+    assert ts.Dataset(str(tmp_path / "valid")).num_rows == (df["day"] == 4).sum()
+
+
+def test_split_errors(small_raw):
+    ds = ts.Dataset(small_raw)
+    with pytest.raises(ValueError, match="sum to 1"):
+        ds.split([0.5, 0.6])
+    with pytest.raises(SchemaError, match="cannot split on 'nope'"):
+        ds.split_by_value("nope", [[1]])
