@@ -124,7 +124,8 @@ class Workflow:
         missing = [c for c in self.input_columns if c not in table.column_names]
         if missing:
             raise SchemaError(f"input is missing columns {missing}; it has {table.column_names}")
-        return self.output_node.transform(table.select(self.input_columns), self.input_schema)
+        table = _conform(table.select(self.input_columns), self.input_schema)
+        return self.output_node.transform(table, self.input_schema)
 
     def transform(self, data: Any) -> Any:
         """Lazy on a :class:`Dataset` (returns a :class:`TransformedDataset`), eager on a
@@ -299,6 +300,27 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
         parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
         out.append(node.op.fit_partition(_concat_tables(parents)))
     return out
+
+
+def _conform(table: pa.Table, schema: Schema) -> pa.Table:
+    """Cast input columns to the types the workflow was fitted on when they differ
+    only in representation (pandas turns nullable ints into float64, say)."""
+    from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+
+    columns = []
+    for name, col in zip(table.column_names, table.columns):
+        expected = schema[name]
+        dtype, is_list = arrow_type_to_dtype(col.type)
+        if not is_list and not expected.is_list and dtype != expected.dtype and expected.dtype != "unknown":
+            try:
+                col = col.cast(dtype_to_arrow_type(expected.dtype))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
+                raise SchemaError(
+                    f"input column {name!r} is {dtype}, but the workflow was fitted on "
+                    f"{expected.dtype} and the values do not convert: {exc}"
+                ) from exc
+        columns.append(col)
+    return pa.table(columns, names=table.column_names)
 
 
 def _as_dataset(data: Any) -> Dataset:
