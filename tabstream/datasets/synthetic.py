@@ -711,6 +711,17 @@ def generate_data(
     return frame
 
 
+def _plain_columns(name: str) -> frozenset[str]:
+    """Columns of dataset ``name`` too varied for a parquet dictionary to pay off.
+
+    The writer would build a dictionary, overflow it and fall back to plain pages:
+    skipping that saves about a quarter of criteo's write time.
+    """
+    if name != "criteo":
+        return frozenset()
+    return frozenset(c for c, spec in _CRITEO_CAT_SPECS.items() if spec.vocab > _TABLE_MAX_VOCAB)
+
+
 _TSV_OPTIONS = pacsv.WriteOptions(
     include_header=False, delimiter="\t", quoting_style="none", null_string=""
 )
@@ -722,15 +733,19 @@ class _AtomicFile:
     Opened lazily on the first table, so the schema comes from the data.
     """
 
-    def __init__(self, path: str, fmt: str, row_group_size: int) -> None:
+    def __init__(
+        self, path: str, fmt: str, row_group_size: int, plain: frozenset[str] = frozenset()
+    ) -> None:
         self.path, self.fmt, self.row_group_size = path, fmt, row_group_size
+        self.plain = plain  # parquet columns written without a dictionary
         self.tmp = path + ".tmp"
         self.writer: pq.ParquetWriter | pacsv.CSVWriter | None = None
 
     def write(self, table: pa.Table) -> None:
         if self.fmt == "parquet":
             if self.writer is None:
-                self.writer = pq.ParquetWriter(self.tmp, table.schema)
+                dictionary = [c for c in table.column_names if c not in self.plain]
+                self.writer = pq.ParquetWriter(self.tmp, table.schema, use_dictionary=dictionary)
             self.writer.write_table(table, row_group_size=self.row_group_size)
         else:
             if self.writer is None:
@@ -816,7 +831,7 @@ def write_data(
         path = os.path.join(output_dir, f"part_{index:05d}.{fmt}")
         prob_path = os.path.join(prob_dir, f"part_{index:05d}.parquet")
         with (
-            _AtomicFile(path, fmt, row_group_size) as data_file,
+            _AtomicFile(path, fmt, row_group_size, _plain_columns(key)) as data_file,
             _AtomicFile(prob_path, "parquet", row_group_size) as prob_file,
         ):
             for c_lo, c_hi in _ranges(lo, hi, chunk_rows):

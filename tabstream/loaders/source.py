@@ -25,6 +25,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from tabstream.errors import DataError, SchemaError
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, is_list_type
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
 __all__ = ["ParquetSource", "Unit", "open_source"]
@@ -69,7 +71,7 @@ def _resolve_paths(data: Any, storage_options: dict | None) -> tuple[list[str], 
         return [path], fs, posixpath.dirname(path)
     if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
         if len(data) == 0:
-            raise ValueError("the dataset is empty: an empty list of files was given")
+            raise DataError("the dataset is empty: an empty list of files was given")
         urls = [os.fspath(p) for p in data]
         fs, _ = fsspec.core.url_to_fs(urls[0], **opts)
         files = [fsspec.core.url_to_fs(u, **opts)[1] for u in urls]
@@ -89,7 +91,7 @@ def _files_in_dir(fs: Any, path: str, url: str) -> list[str]:
         return [posixpath.join(path, e["path"]) for e in entries]
     files = sorted(p for p in fs.find(path) if _data_file(p))
     if not files:
-        raise ValueError(f"the dataset is empty: no .parquet files in {url!r}")
+        raise DataError(f"the dataset is empty: no .parquet files in {url!r}")
     return files
 
 
@@ -107,7 +109,7 @@ def _read_footer(path: str, arrow_fs: pafs.FileSystem | None) -> pq.FileMetaData
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, FileNotFoundError) or "No such file" in str(exc):
             raise FileNotFoundError(f"parquet file not found: {path!r}") from exc
-        raise ValueError(f"{path!r} is not a readable parquet file: {exc}") from exc
+        raise DataError(f"{path!r} is not a readable parquet file: {exc}") from exc
 
 
 def _numpy_dtype(t: pa.DataType) -> np.dtype | None:
@@ -118,19 +120,13 @@ def _numpy_dtype(t: pa.DataType) -> np.dtype | None:
 
 def list_value_type(t: pa.DataType) -> pa.DataType | None:
     """The element type of a list column, ``None`` for a scalar column."""
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return t.value_type
-    return None
+    return t.value_type if is_list_type(t) else None
 
 
 def column_from_arrow(field: pa.Field) -> ColumnSchema:
     """A schema entry inferred from a parquet field (no tags: nothing to go on)."""
-    value_type = list_value_type(field.type)
-    t = field.type if value_type is None else value_type
-    dtype = _numpy_dtype(t)
-    name = dtype.name if dtype is not None else str(t)
-    return ColumnSchema(field.name, name, is_list=value_type is not None,
-                        is_ragged=value_type is not None)
+    dtype, is_list = arrow_type_to_dtype(field.type)
+    return ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
 
 
 @dataclass
@@ -159,19 +155,19 @@ class ParquetSource:
         reference = {f.name: f.type for f in self.metadata[0].schema.to_arrow_schema()}
         for name in columns:
             if name not in reference:
-                raise ValueError(
+                raise SchemaError(
                     f"column {name!r} is missing from {first!r}; its columns: {list(reference)}"
                 )
         for path, md in zip(self.files[1:], self.metadata[1:], strict=True):
             types = {f.name: f.type for f in md.schema.to_arrow_schema()}
             for name in columns:
                 if name not in types:
-                    raise ValueError(
+                    raise SchemaError(
                         f"column {name!r} is missing from {path!r} (present in {first!r}); "
                         f"its columns: {list(types)}"
                     )
                 if types[name] != reference[name]:
-                    raise ValueError(
+                    raise SchemaError(
                         f"schema mismatch: column {name!r} is {types[name]} in {path!r} but "
                         f"{reference[name]} in {first!r}; re-export the files with one schema"
                     )
@@ -186,7 +182,7 @@ class ParquetSource:
         value_type = list_value_type(t)
         if col.is_list != (value_type is not None):
             kind = "a list" if value_type is not None else "not a list"
-            raise ValueError(
+            raise SchemaError(
                 f"schema mismatch: column {name!r} is {kind} ({t}) in {path!r} but the "
                 f"schema says is_list={col.is_list}"
             )
@@ -196,7 +192,7 @@ class ParquetSource:
         except TypeError:
             return  # "unknown", "string", ...: nothing numeric to compare
         if file_dtype is not None and file_dtype != schema_dtype:
-            raise ValueError(
+            raise SchemaError(
                 f"schema mismatch: column {name!r} is {file_dtype} in {path!r} but the schema "
                 f"says {col.dtype}"
             )
@@ -205,10 +201,16 @@ class ParquetSource:
 def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource:
     """Resolve ``data`` to parquet files and read every footer (see module doc)."""
     if hasattr(data, "files") and hasattr(data, "fs") and hasattr(data, "schema"):
-        files, fs, folder = [str(f) for f in data.files], data.fs, None
-        schema = data.schema
+        engine = getattr(data, "engine", "parquet")
+        if engine != "parquet":
+            raise DataError(
+                f"loaders read exported parquet, and this Dataset's engine is {engine!r}: "
+                "write it with to_parquet(...) first and load that folder"
+            )
+        fs, schema, folder = data.fs, data.schema, None
+        files = [fs._strip_protocol(str(f)) for f in data.files]  # Datasets keep URLs
         if not files:
-            raise ValueError("the dataset is empty: it has no files")
+            raise DataError("the dataset is empty: it has no files")
     else:
         files, fs, folder = _resolve_paths(data, storage_options)
         schema = None
@@ -235,6 +237,6 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
         if md.row_group(g).num_rows > 0
     ]
     if not units:
-        raise ValueError(f"the dataset is empty: its {len(files)} file(s) hold no rows "
+        raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows "
                          f"(first: {files[0]!r})")
     return ParquetSource(files, fs, schema, metadata, {}, units)

@@ -2,9 +2,7 @@
 
 ``HashBucket``, ``HashedCross`` and ``Categorify(num_buckets=...)`` all hash
 through this module, so a value lands in the same bucket on every machine, in
-every partition, in every release, and on a future cudf backend
-(``cudf.Series.hash_values(method="murmur3")`` and Spark's ``hash`` use the same
-reference algorithm by Austin Appleby).
+every partition, in every release, and on a future cudf backend.
 
 Algorithm
 ---------
@@ -41,10 +39,26 @@ Byte encoding of one value
 What counts as null follows the container: arrow nulls; pandas' missing values
 (``None``, ``NaN`` and ``NaT`` in a pandas ``Series`` are all null, as in
 ``Series.isna()``); ``None`` in a numpy object array. A NaN inside a numpy float
-array or a pyarrow float array is a value, hashed as the canonical NaN.
+array or a pyarrow float array is a value, hashed as the canonical NaN; so is
+``NaT`` in a numpy ``datetime64`` array (its stored integer, ``-2**63``).
 
 Lists are hashed element-wise with :func:`murmur3_32_list`, which returns the
 hashes of the flattened values plus offsets to re-wrap them.
+
+Reproducing it elsewhere
+------------------------
+Any reference MurmurHash3_x86_32 over the encoded bytes gives these hashes
+(``mmh3.hash(b, seed, signed=False)``, Guava's ``murmur3_32_fixed().hashBytes``).
+cudf's ``hash_values(method="murmur3", seed=s)`` runs the same algorithm but,
+per its 2024-2025 sources (not run here: pin it with a known-answer test when
+the cudf backend lands), hashes each
+column at its native width (int32 as 4 bytes, bool as 1 byte, float32 as 4
+bytes) and returns ``s ^ (m + 0x9e3779b9 + (s << 6) + (s >> 2))`` for a
+one-column table, where ``m`` is the murmur3 hash. A cudf backend therefore
+casts to ``int64``/``float64`` first and recovers
+``m = ((r ^ s) - 0x9e3779b9 - (s << 6) - (s >> 2)) mod 2**32`` from the result
+``r``. Spark's ``hash`` is *not* compatible (seed 42, 4-byte ints, and its own
+handling of a string's trailing bytes).
 
 Combining hashes (crosses)
 --------------------------
@@ -61,10 +75,15 @@ array([        0, 613153351,         0], dtype=uint32)
 >>> murmur3_32_with_nulls(pa.array(["hello", None])).is_null
 array([False,  True])
 
-Cost: everything is whole-array numpy work; strings are processed one 4-byte
-block index at a time over all strings still that long, so a column costs
-``O(total bytes)`` element work plus ``O(longest string / 4)`` numpy calls. It
-is built for categorical values (ids, words, URLs), not megabyte blobs.
+Cost
+----
+Whole-array numpy work in cache-sized passes of rows; no Python loop per value.
+Strings are processed one 4-byte block index at a time over all strings of the
+pass still that long (a pass of equal-length strings, e.g. hex ids, reads each
+block as one strided view). When fewer than ``_SERIAL_ROWS`` strings of a pass
+remain (the long tail of a URL column) their last blocks are mixed one Python
+int at a time, which beats ~14 numpy calls per block. Built for categorical
+values (ids, words, URLs); megabyte blobs work but hash at only ~5-20 MB/s.
 """
 
 from __future__ import annotations
@@ -72,7 +91,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -102,14 +120,19 @@ _TAIL_MASKS = np.array([0x0, 0xFF, 0xFFFF, 0xFFFFFF], dtype=np.uint32)
 # Bits of the one NaN every NaN is rewritten to before hashing.
 _CANONICAL_NAN = np.array(0x7FF8000000000000, dtype=np.uint64).view(np.float64)
 
-# Rows hashed per pass: the few uint32 work arrays of a pass (4 x 256 KiB) stay
-# in L2 cache, which is ~2x faster than streaming 10M-row temporaries.
+# Work is done in passes of rows so that a pass's temporaries stay in cache
+# (~2x faster than streaming 10M-row temporaries). Fixed-width values: a few
+# uint32 arrays of 64Ki rows (256 KiB each).
 _ROWS_PER_PASS = 1 << 16
-# Bytes per pass of a string column: its 4x word table (1 MiB) then stays in L2.
-_BYTES_PER_PASS = 1 << 18
+# Strings: per-row sort keys, indices and a word table 4x the pass's bytes;
+# 16Ki rows keeps short strings' passes near 1 MiB. Long strings are capped
+# in bytes, but generously: with fewer rows per pass the per-block numpy
+# calls, not memory, become the cost.
+_STRING_ROWS_PER_PASS = 1 << 14
+_BYTES_PER_PASS = 1 << 22
 # Below this many rows still to mix, strings finish block by block in Python
-# ints (~0.3 us per block) instead of ~12 numpy calls per block (~10 us).
-_SERIAL_ROWS = 16
+# ints (~0.3 us per block) instead of ~14 numpy calls per block (~15 us).
+_SERIAL_ROWS = 32
 _SERIAL_SEGMENT = 1 << 16
 
 
@@ -278,7 +301,10 @@ def _arrow_chunks(values, where: str) -> list[pa.Array]:
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
             raise ValueError(f"{where}: expected a 1-d array, got shape {values.shape}")
-        if values.dtype.kind == "T":  # numpy StringDType: arrow reads it via objects
+        if values.dtype.kind in "UST":
+            # pyarrow reads numpy U/S arrays as C strings, cutting values at
+            # their first NUL, and cannot read StringDType; Python objects
+            # carry numpy's own values (only trailing NULs dropped).
             values = values.astype(object)
         if values.dtype.kind in "mM":
             values = values.view(np.int64)  # NaT is a value here, as in numpy itself
@@ -360,7 +386,12 @@ def _hasher_for(t: pa.DataType):
         return lambda arr, seed: _hash_numeric(
             arr.fill_null(False).to_numpy(zero_copy_only=False), seed
         )
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t):
+    is_interval = pa.types.is_interval(t)  # 16-byte structs, not one integer
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or (pa.types.is_temporal(t) and not is_interval)
+    ):
         return lambda arr, seed: _hash_numeric(_fixed_width_values(arr), seed)
     if pa.types.is_null(t):
         return lambda arr, seed: np.zeros(len(arr), dtype=np.uint32)
@@ -371,12 +402,14 @@ def _hasher_for(t: pa.DataType):
         )
     raise TypeError(
         f"murmur3_32: cannot hash arrow type {t}; supported: string, binary, "
-        "integer, floating, bool, temporal, and dictionaries of those"
+        "integer, floating, bool, date/time/timestamp/duration, and dictionaries of those"
     )
 
 
 def _hash_dictionary(arr: pa.DictionaryArray, seed: int) -> HashResult:
     """Hash each dictionary entry once, then gather by index."""
+    if len(arr.dictionary) == 0:  # then every index is null
+        return HashResult(np.zeros(len(arr), dtype=np.uint32), np.ones(len(arr), dtype=bool))
     dict_hashes, dict_nulls = _hash_arrow(arr.dictionary, seed)
     indices = arr.indices.fill_null(0).to_numpy(zero_copy_only=False)
     is_null = _null_mask(arr.indices) | dict_nulls[indices]
@@ -451,7 +484,10 @@ def _hash_numeric(values: np.ndarray, seed: int) -> np.ndarray:
 
 def _normalized_float64(values: np.ndarray) -> np.ndarray:
     """float64 copy with -0.0 -> 0.0 and every NaN -> the canonical NaN."""
-    out = np.array(values, dtype="<f8", copy=True)
+    # Widening a signaling NaN raises the FP "invalid" flag; every NaN is
+    # replaced just below, so that one flag is expected here and only here.
+    with np.errstate(invalid="ignore"):
+        out = np.array(values, dtype="<f8", copy=True)
     np.copyto(out, 0.0, where=out == 0.0)  # -0.0 == 0.0, so this also clears the sign
     np.copyto(out, _CANONICAL_NAN, where=np.isnan(out))
     return out
@@ -488,7 +524,7 @@ def _hash_bytes(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:
     """
     n = len(offsets) - 1
     out = np.empty(n, dtype=np.uint32)
-    scratch = _Scratch(min(n, _ROWS_PER_PASS))
+    scratch = _Scratch(min(n, _STRING_ROWS_PER_PASS))
     r0 = 0
     while r0 < n:
         r1 = _pass_end(offsets, r0)
@@ -503,7 +539,7 @@ def _pass_end(offsets: np.ndarray, r0: int) -> int:
     """End row of the pass starting at ``r0``: bounded in rows and in bytes."""
     n = len(offsets) - 1
     by_bytes = int(np.searchsorted(offsets, offsets[r0] + _BYTES_PER_PASS, side="right")) - 1
-    return max(r0 + 1, min(r0 + _ROWS_PER_PASS, n, by_bytes))
+    return max(r0 + 1, min(r0 + _STRING_ROWS_PER_PASS, n, by_bytes))
 
 
 def _hash_bytes_pass(data, offsets, seed, work) -> np.ndarray:
@@ -530,9 +566,7 @@ def _mix_fixed_length(h, data: np.ndarray, length: int, work) -> None:
         starts = np.arange(n, dtype=np.int64) * length
         _mix_serial(h, data, starts, 0, np.full(n, n_blocks))
     elif n_blocks:
-        words = np.ndarray(
-            shape=(len(data) - 3,), dtype="<u4", buffer=data, offset=0, strides=(1,)
-        )
+        words = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, offset=0, strides=(1,))
         for j in range(n_blocks):
             first = 4 * j
             _mix_block(h, words[first : first + length * (n - 1) + 1 : length], k, tmp)
@@ -664,26 +698,31 @@ def _rotl(x: np.ndarray, r: int, tmp: np.ndarray) -> None:
     np.bitwise_or(x, tmp, out=x)
 
 
-def _scramble(k: np.ndarray, tmp: np.ndarray) -> None:
-    """k = rotl(k * c1, 15) * c2; uint32 multiplication wraps modulo 2**32."""
-    np.multiply(k, _C1, out=k)
+def _scramble(k: np.ndarray, tmp: np.ndarray, source: np.ndarray | None = None) -> None:
+    """k = rotl(source * c1, 15) * c2 (source defaults to k); uint32 wraps mod 2**32."""
+    np.multiply(k if source is None else source, _C1, out=k)
     _rotl(k, 15, tmp)
     np.multiply(k, _C2, out=k)
 
 
+def _absorb(h: np.ndarray, k: np.ndarray, tmp: np.ndarray) -> None:
+    """h = rotl(h ^ k, 13) * 5 + n, for a scrambled block k."""
+    np.bitwise_xor(h, k, out=h)
+    _rotl(h, 13, tmp)
+    np.multiply(h, _M, out=h)
+    np.add(h, _N, out=h)
+
+
 def _mix_block(h: np.ndarray, block: np.ndarray, k: np.ndarray, tmp: np.ndarray) -> None:
-    """Body step for one 4-byte block: h = rotl(h ^ scramble(block), 13) * 5 + n."""
-    k[:] = block
-    _mix_loaded(h, k, tmp)
+    """Body step for one 4-byte block (any view); ``k`` and ``tmp`` are scratch."""
+    _scramble(k, tmp, source=block)  # reads the view once, no separate copy
+    _absorb(h, k, tmp)
 
 
 def _mix_loaded(h: np.ndarray, k: np.ndarray, tmp: np.ndarray) -> None:
     """:func:`_mix_block` for a block already in ``k`` (which it overwrites)."""
     _scramble(k, tmp)
-    np.bitwise_xor(h, k, out=h)
-    _rotl(h, 13, tmp)
-    np.multiply(h, _M, out=h)
-    np.add(h, _N, out=h)
+    _absorb(h, k, tmp)
 
 
 def _mix_tail(h: np.ndarray, k: np.ndarray, tmp: np.ndarray) -> None:

@@ -62,6 +62,7 @@ class MLP(keras.layers.Layer):
             shape = (*shape[:-1], self.units[i])
         self.built = True
 
+    @_no_autograph
     def call(self, x: tf.Tensor) -> tf.Tensor:
         for i in range(self._depth):
             x = getattr(self, f"dense_{i}")(x)
@@ -88,6 +89,7 @@ class DotInteraction(keras.layers.Layer):
     """DLRM's pairwise dot products: ``[B, F, D] -> [B, F * (F - 1) / 2]``, the entries
     ``<x_i, x_j>`` for ``i < j`` in row-major order."""
 
+    @_no_autograph
     def call(self, x: tf.Tensor) -> tf.Tensor:
         num = x.shape[1]
         if num is None or num < 2:
@@ -131,6 +133,7 @@ class CrossNetV2(keras.layers.Layer):
             )
         self.built = True
 
+    @_no_autograph
     def call(self, x0: tf.Tensor) -> tf.Tensor:
         x = x0
         for i in range(self.num_layers):
@@ -159,6 +162,7 @@ class ContinuousFeatures:
     def __bool__(self) -> bool:
         return bool(self.names)
 
+    @_no_autograph
     def __call__(self, features: Mapping[str, Any]) -> tf.Tensor:
         missing = [n for n in self.names if n not in features]
         if missing:

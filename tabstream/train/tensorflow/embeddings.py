@@ -114,6 +114,7 @@ class EmbeddingTable(keras.layers.Layer):
         # requested rows and yields an IndexedSlices gradient.
         return tf.gather(self.embeddings.value, ids)
 
+    @_no_autograph
     def call(self, ids: tf.Tensor) -> tf.Tensor:
         ids = tf.convert_to_tensor(ids)
         if ids.shape.rank == 2 and ids.shape[1] == 1:
@@ -125,6 +126,7 @@ class EmbeddingTable(keras.layers.Layer):
             )
         return self._gather(ids)
 
+    @_no_autograph
     def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
         """Pool flat ids ``values`` belonging to rows ``row_ids`` into ``[nrows, dim]``."""
         emb = self._gather(values)
@@ -264,6 +266,7 @@ class EmbeddingTables(keras.layers.Layer):
                 f"no embedding table for feature {feature!r}; known: {self.feature_names}"
             ) from None
 
+    @_no_autograph
     def lookup(self, name: str, features: Mapping[str, Any]) -> tf.Tensor:
         """Embedding ``[B, dim]`` of one feature (pooled when multi-hot)."""
         table = self.table_for(name)
@@ -285,6 +288,7 @@ class EmbeddingTables(keras.layers.Layer):
         where = tf.where(mask)
         return table.pool(tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0])
 
+    @_no_autograph
     def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
         missing = [
             f

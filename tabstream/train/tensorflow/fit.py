@@ -15,16 +15,33 @@ import time
 from typing import Any
 
 import keras
+import tensorflow as tf
 
-__all__ = ["ThroughputCallback", "binary_classification_metrics"]
+__all__ = ["LogLoss", "ThroughputCallback", "binary_classification_metrics"]
+
+
+@keras.saving.register_keras_serializable(package="tabstream")
+class LogLoss(keras.metrics.BinaryCrossentropy):
+    """Mean binary cross-entropy that accepts labels ``[B]`` with predictions ``[B, 1]``
+    (and the reverse); ``keras.metrics.BinaryCrossentropy`` requires equal ranks."""
+
+    def __init__(self, name: str = "logloss", from_logits: bool = True, **kwargs: Any) -> None:
+        super().__init__(name=name, from_logits=from_logits, **kwargs)
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        y_pred = tf.convert_to_tensor(y_pred)
+        y_true = tf.reshape(tf.cast(y_true, y_pred.dtype), tf.shape(y_pred))
+        if sample_weight is not None:
+            sample_weight = tf.reshape(sample_weight, tf.shape(y_pred)[:1])
+        super().update_state(y_true, y_pred, sample_weight=sample_weight)
 
 
 def binary_classification_metrics(from_logits: bool = True) -> list[keras.metrics.Metric]:
-    """``[AUC(name="auc"), BinaryCrossentropy(name="logloss")]`` for models that output
-    logits (the bundled ranking models do); ``from_logits=False`` for probabilities."""
+    """``[AUC(name="auc"), LogLoss(name="logloss")]`` for models that output logits
+    (the bundled ranking models do); ``from_logits=False`` for probabilities."""
     return [
         keras.metrics.AUC(from_logits=from_logits, name="auc"),
-        keras.metrics.BinaryCrossentropy(from_logits=from_logits, name="logloss"),
+        LogLoss(from_logits=from_logits),
     ]
 
 

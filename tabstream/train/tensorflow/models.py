@@ -27,7 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
-from tabstream.train.tensorflow.blocks import MLP, ContinuousFeatures, CrossNetV2, DotInteraction
+from tabstream.train.tensorflow.blocks import (
+    MLP,
+    ContinuousFeatures,
+    CrossNetV2,
+    DotInteraction,
+    kernel_initializer,
+)
 from tabstream.train.tensorflow.embeddings import (
     EmbeddingTables,
     embedding_tables_from_schema,
@@ -123,8 +129,9 @@ class DLRM(_SchemaModel):
         )
         self.interaction = DotInteraction(name="interaction")
         self.top_mlp = MLP(self.top_mlp_units, seed=self._seed(3), name="top_mlp")
-        self.head = keras.layers.Dense(1, name="head")
+        self.head = keras.layers.Dense(1, kernel_initializer=kernel_initializer(self._seed(4)), name="head")
 
+    @_no_autograph
     def call(self, features: Mapping[str, Any]) -> tf.Tensor:
         vectors = self._embedding_list(self.embeddings, features)
         parts = []
@@ -181,8 +188,9 @@ class DCN(_SchemaModel):
             raise ValueError(f"DCN: schema has no feature columns: {self.schema.column_names}")
         self.cross = CrossNetV2(self.cross_layers, low_rank=low_rank, seed=self._seed(2), name="cross")
         self.deep = MLP(self.deep_units, seed=self._seed(3), name="deep")
-        self.head = keras.layers.Dense(1, name="head")
+        self.head = keras.layers.Dense(1, kernel_initializer=kernel_initializer(self._seed(4)), name="head")
 
+    @_no_autograph
     def call(self, features: Mapping[str, Any]) -> tf.Tensor:
         parts = self._embedding_list(self.embeddings, features) if self.embeddings else []
         if self.continuous:
@@ -239,10 +247,13 @@ class WideAndDeep(_SchemaModel):
             initializer="zeros",
             name="wide_tables",
         )
-        self.wide_continuous = keras.layers.Dense(1, use_bias=False, name="wide_continuous")
+        self.wide_continuous = keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="zeros", name="wide_continuous"
+        )
         self.deep = MLP(self.deep_units, seed=self._seed(2), name="deep")
-        self.head = keras.layers.Dense(1, name="head")
+        self.head = keras.layers.Dense(1, kernel_initializer=kernel_initializer(self._seed(3)), name="head")
 
+    @_no_autograph
     def call(self, features: Mapping[str, Any]) -> tf.Tensor:
         wide = tf.add_n(self._embedding_list(self.wide_tables, features))
         parts = self._embedding_list(self.embeddings, features)
@@ -327,22 +338,26 @@ class TwoTower(_SchemaModel):
         out = tower(tf.concat(parts, axis=1))
         return tf.math.l2_normalize(out, axis=1) if self.normalize else out
 
+    @_no_autograph
     def query_embeddings(self, features: Mapping[str, Any]) -> tf.Tensor:
         """``[B, d]`` user (query) vectors from the USER columns of ``features``."""
         return self._encode(self.user_embeddings, self.user_continuous, self.query_tower, features)
 
+    @_no_autograph
     def candidate_embeddings(self, features: Mapping[str, Any]) -> tf.Tensor:
         """``[B, d]`` item (candidate) vectors from the ITEM columns of ``features``."""
         return self._encode(
             self.item_embeddings, self.item_continuous, self.candidate_tower, features
         )
 
+    @_no_autograph
     def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
         return {
             "query": self.query_embeddings(features),
             "candidate": self.candidate_embeddings(features),
         }
 
+    @_no_autograph
     def compute_loss(
         self,
         x: Any = None,

@@ -70,6 +70,7 @@ class LazyAdam(keras.optimizers.Optimizer):
             self._momentums.append(self.add_variable_from_reference(var, name="momentum"))
             self._velocities.append(self.add_variable_from_reference(var, name="velocity"))
 
+    @_no_autograph
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         index = self._get_variable_index(variable)
         m = self._momentums[index]
@@ -253,6 +254,7 @@ class MultiOptimizer(keras.optimizers.Optimizer):
                 routing[key] = opt_index
         return routing
 
+    @_no_autograph
     def build(self, var_list: Sequence[Any]) -> None:
         if self.built:
             return
@@ -278,6 +280,7 @@ class MultiOptimizer(keras.optimizers.Optimizer):
             raise KeyError(f"variable {_path(variable)!r} is not optimized by {self.name!r}") from None
 
     # -- applying gradients ---------------------------------------------------
+    @_no_autograph
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
         grads = list(grads)
         if not grads:
@@ -311,6 +314,7 @@ class MultiOptimizer(keras.optimizers.Optimizer):
                 opt.apply(g, v)
         self._iterations.assign_add(1)
 
+    @_no_autograph
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
         if not self.built:
             return

@@ -121,7 +121,7 @@ class EmbeddingTables(nn.ModuleDict):
                 f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
                 f"from the batch; the batch has {sorted(features)}"
             )
-        if isinstance(x, (tuple, list)):
+        if isinstance(x, tuple) and len(x) == 2:
             first, second = x
             if first.dim() == 1:
                 return _pool_ragged(feature, bag, first, second)

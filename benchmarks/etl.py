@@ -1,0 +1,487 @@
+"""ETL benchmark: the Criteo recipe in tabstream against the same recipe hand-written
+in polars, from parquet and from TSV raw logs.
+
+Recipe (``tabstream.recipes.criteo_workflow``)::
+
+    C1..C26  >> Categorify(freq_threshold=15)   null -> 1, out of vocabulary -> 2,
+                                                 vocabulary from 3 (count desc, value asc)
+    I1..I13  >> FillMissing(0) >> Clip(min_value=0) >> LogOp() >> Normalize()
+    label    kept
+
+Every measured case runs in a fresh child process (peak RSS is the child's own
+``ru_maxrss``, from ``wait4``); engines and formats are interleaved within each
+repeat so that a change in background load hits both engines alike; the table
+shows medians over ``--repeats`` runs. After the runs the two outputs of each
+format are compared (integer ids exactly, normalized values to float32 precision).
+
+    python benchmarks/etl.py                           # 2M rows, parquet and TSV, 3 repeats
+    python benchmarks/etl.py --rows 10000000 --only tabstream --baseline-json bench_data/etl-2M.json
+    python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
+
+``--profile`` runs the tabstream case once on dask's synchronous scheduler under
+cProfile (the threaded scheduler runs tasks on threads cProfile does not see) and
+prints the top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import emit_result, format_table, machine_note, median, run_child  # noqa: E402
+
+FORMATS = ("parquet", "tsv")
+ENGINES = ("tabstream", "polars")
+FREQ_THRESHOLD = 15
+# Targets of issue 2 (item 11), on the project's 2-core machine.
+PARQUET_RATIO_TARGET = 1.25   # tabstream total <= 1.25 x polars total, from parquet
+TSV_RATIO_TARGET = 1.0        # tabstream total <= polars total, from TSV
+RSS_TARGET_MB = 1024          # tabstream peak RSS < 1 GB at 2M rows
+RSS_GROWTH_TOLERANCE = 1.05   # "no higher at 10M rows": allow 5% measurement noise
+
+
+# ---------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------
+def data_files(data_dir: str, rows: int, fmt: str) -> list[str]:
+    """The synthetic raw logs for ``rows`` rows in ``fmt``; generated on first use
+    (8 files; a ``.complete`` marker tells a finished set from an interrupted one)."""
+    folder = os.path.join(data_dir, f"criteo-{rows}", fmt)
+    marker = os.path.join(folder, ".complete")
+    if not os.path.exists(marker):
+        from tabstream.datasets.synthetic import write_data
+
+        start = time.perf_counter()
+        print(f"generating {rows:,} Criteo-like rows as {fmt} in {folder} ...", flush=True)
+        write_data("criteo", folder, rows, num_files=8, fmt=fmt, seed=0)
+        with open(marker, "w") as f:
+            f.write(f"{rows}\n")
+        print(f"  done in {time.perf_counter() - start:.1f} s", flush=True)
+    files = sorted(glob.glob(os.path.join(folder, f"part_*.{fmt}")))
+    if len(files) != 8:
+        raise SystemExit(f"{folder}: expected 8 part_*.{fmt} files, found {len(files)}; delete the folder")
+    return files
+
+
+# ---------------------------------------------------------------------------
+# cases (run in the child process)
+# ---------------------------------------------------------------------------
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class _Phases:
+    """Wall and CPU (all threads) seconds per phase."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        phases = self
+
+        class _Ctx:
+            def __enter__(self) -> None:
+                self.t, self.c = time.perf_counter(), _cpu_seconds()
+
+            def __exit__(self, *exc: Any) -> None:
+                phases.wall[name] = time.perf_counter() - self.t
+                phases.cpu[name] = _cpu_seconds() - self.c
+
+        return _Ctx()
+
+
+def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None) -> dict[str, Any]:
+    ph = _Phases()
+    with ph("import"):
+        import tabstream
+        from tabstream.datasets.synthetic import CRITEO_COLUMNS, CRITEO_DTYPES
+        from tabstream.recipes import criteo_workflow
+
+    prof = None
+    if profile:
+        _run_tasks_synchronously()
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    with ph("fit"):
+        if fmt == "tsv":
+            ds = tabstream.Dataset(files, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t")
+        else:
+            ds = tabstream.Dataset(files)
+        wf = criteo_workflow(freq_threshold=FREQ_THRESHOLD)
+        wf.fit(ds, progress=False)
+    with ph("export"):
+        result = wf.transform(ds).to_parquet(out, out_files_per_proc=2, shuffle=None,
+                                             overwrite=True, progress=False)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+        import pstats
+
+        for key in ("tottime", "cumulative"):
+            print(f"\n--- cProfile, top 30 by {key} (synchronous scheduler) ---")
+            pstats.Stats(prof).sort_stats(key).print_stats(30)
+    return {"wall": ph.wall, "cpu": ph.cpu, "rows": result.num_rows, "files": len(result.files),
+            "npartitions": ds.npartitions}
+
+
+def _run_tasks_synchronously() -> None:
+    """For profiling only: make tabstream's ``compute`` use dask's synchronous
+    scheduler so every task runs on the main thread, where cProfile sees it."""
+    import dask
+
+    from tabstream.pipeline import execution, export, workflow
+
+    def compute_sync(tasks, client=None, desc=None, progress=None):
+        tasks = list(tasks)
+        return list(dask.compute(*tasks, scheduler="sync")) if tasks else []
+
+    for mod in (execution, workflow, export):
+        if hasattr(mod, "compute"):
+            mod.compute = compute_sync
+
+
+def case_polars(fmt: str, files: list[str], out: str, mode: str) -> dict[str, Any]:
+    """The recipe as a polars user would write it.
+
+    ``eager`` (default): read the files once into memory (multi-threaded), compute
+    the 26 vocabularies and 13 means/stds in one ``collect_all``, map ids with an
+    ``Enum`` cast (faster than ``replace_strict`` or joins), write one parquet file.
+    ``streaming``: the same expressions on lazy scans with the streaming engine
+    (reads the files twice, bounded memory).
+    """
+    ph = _Phases()
+    with ph("import"):
+        import polars as pl
+
+        from tabstream.datasets.synthetic import (
+            CRITEO_CATEGORICAL,
+            CRITEO_COLUMNS,
+            CRITEO_CONTINUOUS,
+            CRITEO_DTYPES,
+            CRITEO_LABEL,
+        )
+
+    pl_types = {"int64": pl.Int64, "string": pl.String}
+    schema = {c: pl_types[CRITEO_DTYPES[c]] for c in CRITEO_COLUMNS}
+    engine = "streaming" if mode == "streaming" else "auto"
+
+    def scan() -> pl.LazyFrame:
+        if fmt == "parquet":
+            return pl.scan_parquet(files)
+        # Criteo raw logs: no header, tab separated, empty field = null, no quoting.
+        return pl.scan_csv(files, separator="\t", has_header=False, schema=schema, quote_char=None)
+
+    def logged(c: str) -> pl.Expr:
+        return pl.col(c).fill_null(0).clip(lower_bound=0).log1p().cast(pl.Float32)
+
+    with ph("fit"):
+        lf = scan().collect().lazy() if mode == "eager" else scan()
+        vocab_queries = [
+            lf.group_by(c).len().filter(pl.col("len") >= FREQ_THRESHOLD).drop_nulls(c)
+            .sort(["len", c], descending=[True, False]).select(c)
+            for c in CRITEO_CATEGORICAL
+        ]
+        stats_query = lf.select(
+            [logged(c).cast(pl.Float64).mean().alias(f"{c}_mean") for c in CRITEO_CONTINUOUS]
+            + [logged(c).cast(pl.Float64).std(ddof=1).alias(f"{c}_std") for c in CRITEO_CONTINUOUS]
+        )
+        results = pl.collect_all([*vocab_queries, stats_query], engine=engine)
+        vocabs = {c: frame.get_column(c) for c, frame in zip(CRITEO_CATEGORICAL, results)}
+        stats = results[-1].row(0, named=True)
+
+    with ph("export"):
+        ids = [
+            pl.when(pl.col(c).is_null()).then(pl.lit(1, pl.Int64))
+            .otherwise(pl.col(c).cast(pl.Enum(vocabs[c]), strict=False).to_physical()
+                       .cast(pl.Int64).add(3).fill_null(2))
+            .alias(c)
+            for c in CRITEO_CATEGORICAL
+        ]
+        conts = []
+        for c in CRITEO_CONTINUOUS:
+            x = logged(c).cast(pl.Float64) - stats[f"{c}_mean"]
+            std = stats[f"{c}_std"]
+            if std and std > 0:
+                x = x / std
+            conts.append(x.cast(pl.Float32).alias(c))
+        query = lf.select([*ids, *conts, pl.col(CRITEO_LABEL)])
+        os.makedirs(out, exist_ok=True)
+        for old in glob.glob(os.path.join(out, "*.parquet")):
+            os.remove(old)
+        target = os.path.join(out, "part_0.parquet")
+        if mode == "eager":
+            frame = query.collect()
+            frame.write_parquet(target, compression="snappy")
+            rows = frame.height
+        else:
+            query.sink_parquet(target, compression="snappy", engine="streaming")
+            rows = pl.scan_parquet(target).select(pl.len()).collect().item()
+    return {"wall": ph.wall, "cpu": ph.cpu, "rows": rows, "files": 1, "mode": mode}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    files = data_files(args.data_dir, args.rows, args.format)
+    if args._case == "tabstream":
+        res = case_tabstream(args.format, files, args.out, args.profile)
+    else:
+        res = case_polars(args.format, files, args.out, args.polars_mode)
+    emit_result(res)
+
+
+# ---------------------------------------------------------------------------
+# agreement
+# ---------------------------------------------------------------------------
+def compare_outputs(ts_dir: str, pl_dir: str) -> dict[str, Any]:
+    """Same rows (as a multiset), same ids, continuous values equal to float32
+    precision. tabstream's shuffle=None keeps row order inside each file but deals
+    partitions to files in turn, so both sides are sorted by every column (integer
+    columns first) before they are compared row by row."""
+    import numpy as np
+    import polars as pl
+
+    from tabstream.datasets.synthetic import CRITEO_CATEGORICAL, CRITEO_CONTINUOUS, CRITEO_LABEL
+
+    a = pl.read_parquet(sorted(glob.glob(os.path.join(ts_dir, "part_*.parquet"))))
+    b = pl.read_parquet(sorted(glob.glob(os.path.join(pl_dir, "*.parquet"))))
+    problems: list[str] = []
+    if a.columns != b.columns:
+        problems.append(f"columns differ: {a.columns} vs {b.columns}")
+    if a.schema != b.schema:
+        problems.append(f"dtypes differ: {dict(a.schema)} vs {dict(b.schema)}")
+    if a.height != b.height:
+        problems.append(f"row counts differ: {a.height} vs {b.height}")
+    max_abs = max_rel = float("nan")
+    mismatched_ids = 0
+    if not problems:
+        keys = [CRITEO_LABEL, *CRITEO_CATEGORICAL, *CRITEO_CONTINUOUS]
+        a = a.sort(keys)
+        b = b.sort(keys)
+        for c in [CRITEO_LABEL, *CRITEO_CATEGORICAL]:
+            diff = int((a.get_column(c) != b.get_column(c)).sum())
+            if diff:
+                mismatched_ids += diff
+                problems.append(f"{c}: {diff} rows differ")
+        max_abs = max_rel = 0.0
+        for c in CRITEO_CONTINUOUS:
+            x = a.get_column(c).to_numpy().astype(np.float64)
+            y = b.get_column(c).to_numpy().astype(np.float64)
+            if not np.array_equal(np.isnan(x), np.isnan(y)):
+                problems.append(f"{c}: NaN in different rows")
+                continue
+            ok = ~np.isnan(x)
+            d = np.abs(x[ok] - y[ok])
+            if d.size:
+                max_abs = max(max_abs, float(d.max()))
+                max_rel = max(max_rel, float((d / np.maximum(np.abs(x[ok]), 1.0)).max()))
+            # float32 precision: a few ulps of values of order 1..10
+            if not np.allclose(x[ok], y[ok], rtol=1e-5, atol=1e-5):
+                problems.append(f"{c}: max abs difference {float(d.max()):.3g} beyond float32 tolerance")
+    return {"pass": not problems, "problems": problems, "rows": a.height,
+            "max_abs_diff": max_abs, "max_rel_diff": max_rel, "mismatched_ids": mismatched_ids}
+
+
+# ---------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------
+def wait_for_quiet(max_wait: float, threshold: float) -> float:
+    """Wait (at most ``max_wait`` s) until whole-machine CPU use drops below
+    ``threshold`` percent; return the last reading (the background load)."""
+    import psutil
+
+    load = psutil.cpu_percent(interval=1.0)
+    deadline = time.monotonic() + max_wait
+    while load >= threshold and time.monotonic() < deadline:
+        load = psutil.cpu_percent(interval=2.0)
+    return load
+
+
+def run_case(args: argparse.Namespace, engine: str, fmt: str, out: str) -> dict[str, Any]:
+    argv = [sys.executable, os.path.abspath(__file__), "--_case", engine, "--format", fmt,
+            "--rows", str(args.rows), "--data-dir", args.data_dir, "--out", out,
+            "--polars-mode", args.polars_mode]
+    if args.profile and engine == "tabstream":
+        argv += ["--profile", args.profile]
+    background = wait_for_quiet(args.idle_wait, args.idle_threshold) if args.idle_wait > 0 else float("nan")
+    child = run_child(argv)
+    if not child.ok:
+        sys.stderr.write(child.output[-5000:])
+        raise SystemExit(f"{engine}/{fmt} failed with exit status {child.returncode}")
+    if args.profile and engine == "tabstream":
+        print(child.output)
+    res = child.result
+    fit, export = res["wall"]["fit"], res["wall"]["export"]
+    total = fit + export
+    rec = {
+        "engine": engine, "format": fmt, "rows": res["rows"],
+        "import_s": res["wall"]["import"], "fit_s": fit, "export_s": export, "total_s": total,
+        "cpu_s": res["cpu"]["fit"] + res["cpu"]["export"], "rows_per_s": args.rows / total,
+        "peak_rss_mb": child.peak_rss_mb, "process_wall_s": child.wall_s,
+        "background_cpu_pct": background,
+    }
+    if res["rows"] != args.rows:
+        raise SystemExit(f"{engine}/{fmt} wrote {res['rows']} rows, expected {args.rows}")
+    print(f"  {engine:9s} {fmt:7s} fit {fit:7.2f} s  export {export:7.2f} s  total {total:7.2f} s  "
+          f"cpu {rec['cpu_s']:7.2f} s  peak RSS {child.peak_rss_mb:7.0f} MB  "
+          f"(background CPU {background:.0f}%)", flush=True)
+    return rec
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for engine in ENGINES:
+        for fmt in FORMATS:
+            mine = [r for r in runs if r["engine"] == engine and r["format"] == fmt]
+            if not mine:
+                continue
+            med = {k: median([r[k] for r in mine])
+                   for k in ("fit_s", "export_s", "total_s", "cpu_s", "rows_per_s", "import_s")}
+            med["peak_rss_mb"] = median([r["peak_rss_mb"] for r in mine])
+            med["max_peak_rss_mb"] = max(r["peak_rss_mb"] for r in mine)
+            med["n"] = len(mine)
+            out[(engine, fmt)] = med
+    return out
+
+
+def evaluate_targets(args: argparse.Namespace, med: dict, baseline: dict | None) -> list[dict[str, Any]]:
+    targets = []
+    for fmt, limit, text in (("parquet", PARQUET_RATIO_TARGET, "within 1.25x of polars"),
+                             ("tsv", TSV_RATIO_TARGET, "no slower than polars")):
+        ts, po = med.get(("tabstream", fmt)), med.get(("polars", fmt))
+        if ts and po:
+            ratio = ts["total_s"] / po["total_s"]
+            cpu_ratio = ts["cpu_s"] / po["cpu_s"]
+            targets.append({"target": f"{fmt}: tabstream total {text} (<= {limit:g}x)",
+                            "measured": f"{ratio:.2f}x wall ({cpu_ratio:.2f}x CPU)",
+                            "met": ratio <= limit})
+    ts_rss = [v["max_peak_rss_mb"] for (e, _), v in med.items() if e == "tabstream"]
+    if ts_rss and args.rows <= 2_000_000:
+        worst = max(ts_rss)
+        targets.append({"target": f"tabstream peak RSS < {RSS_TARGET_MB} MB at {args.rows:,} rows",
+                        "measured": f"{worst:.0f} MB (worst run)", "met": worst < RSS_TARGET_MB})
+    if ts_rss and baseline is not None:
+        base = [r["max_peak_rss_mb"] for r in baseline.get("medians", []) if r["engine"] == "tabstream"]
+        if base:
+            worst, ref = max(ts_rss), max(base)
+            targets.append({
+                "target": (f"tabstream peak RSS at {args.rows:,} rows no higher than at "
+                           f"{baseline['rows']:,} rows (5% noise allowed)"),
+                "measured": f"{worst:.0f} MB vs {ref:.0f} MB",
+                "met": worst <= ref * RSS_GROWTH_TOLERANCE,
+            })
+    return targets
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-dir", default="bench_data", help="synthetic logs and outputs (reused)")
+    p.add_argument("--formats", default="parquet,tsv")
+    p.add_argument("--only", choices=ENGINES, help="run one engine only (no agreement check)")
+    p.add_argument("--skip-polars", action="store_true", help="same as --only tabstream")
+    p.add_argument("--polars-mode", choices=("eager", "streaming"), default="eager")
+    p.add_argument("--json", help="write all runs, medians and targets here")
+    p.add_argument("--baseline-json", help="a --json of a smaller run: check that peak RSS did not grow")
+    p.add_argument("--profile", help="profile the tabstream case (cProfile, synchronous scheduler) into this file")
+    p.add_argument("--idle-wait", type=float, default=30.0,
+                   help="before each run wait up to this many s for machine CPU use < --idle-threshold")
+    p.add_argument("--idle-threshold", type=float, default=50.0)
+    p.add_argument("--_case", choices=ENGINES, help=argparse.SUPPRESS)
+    p.add_argument("--format", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args._case:
+        child_main(args)
+        return
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        p.error(f"unknown formats {bad}; choose from {FORMATS}")
+    engines = list(ENGINES)
+    if args.skip_polars:
+        args.only = "tabstream"
+    if args.only:
+        engines = [args.only]
+    if args.profile:
+        args.repeats = 1
+    baseline = None
+    if args.baseline_json:
+        with open(args.baseline_json) as f:
+            baseline = json.load(f)
+
+    for fmt in formats:
+        data_files(args.data_dir, args.rows, fmt)
+    out_root = os.path.join(args.data_dir, "out")
+    print(f"machine: {machine_note()}")
+    print(f"rows {args.rows:,}, formats {formats}, engines {engines}, repeats {args.repeats}")
+
+    runs: list[dict[str, Any]] = []
+    for r in range(args.repeats):
+        print(f"repeat {r + 1}/{args.repeats}", flush=True)
+        for fmt in formats:
+            for engine in engines:
+                out = os.path.join(out_root, f"{engine}-{args.rows}-{fmt}")
+                runs.append(run_case(args, engine, fmt, out) | {"repeat": r})
+
+    checks: dict[str, Any] = {}
+    if set(engines) == set(ENGINES):
+        for fmt in formats:
+            res = compare_outputs(os.path.join(out_root, f"tabstream-{args.rows}-{fmt}"),
+                                  os.path.join(out_root, f"polars-{args.rows}-{fmt}"))
+            checks[fmt] = res
+            status = "PASS" if res["pass"] else "FAIL"
+            print(f"agreement {fmt}: {status} ({res['rows']:,} rows; ids exact, "
+                  f"max |diff| of normalized values {res['max_abs_diff']:.2g})"
+                  + ("" if res["pass"] else ": " + "; ".join(res["problems"][:5])))
+
+    med = summarize(runs)
+    headers = ["engine", "format", "fit s", "export s", "total s", "CPU s", "rows/s", "peak RSS MB"]
+    rows = [[e, f, f"{v['fit_s']:.2f}", f"{v['export_s']:.2f}", f"{v['total_s']:.2f}",
+             f"{v['cpu_s']:.2f}", f"{v['rows_per_s']:,.0f}", f"{v['peak_rss_mb']:.0f}"]
+            for (e, f), v in med.items()]
+    print(f"\nmedians of {args.repeats} runs, {args.rows:,} rows "
+          f"(total = fit + export, wall; CPU = user+sys of all threads; import not included)")
+    print(format_table(headers, rows))
+    for fmt in formats:
+        ts, po = med.get(("tabstream", fmt)), med.get(("polars", fmt))
+        if ts and po:
+            print(f"tabstream/polars {fmt}: total {ts['total_s'] / po['total_s']:.2f}x, "
+                  f"fit {ts['fit_s'] / po['fit_s']:.2f}x, export {ts['export_s'] / po['export_s']:.2f}x, "
+                  f"CPU {ts['cpu_s'] / po['cpu_s']:.2f}x, peak RSS {ts['peak_rss_mb'] / po['peak_rss_mb']:.2f}x")
+    targets = evaluate_targets(args, med, baseline)
+    if targets:
+        print()
+        print(format_table(["target", "measured", "status"],
+                           [[t["target"], t["measured"], "met" if t["met"] else "MISSED"] for t in targets]))
+    if args.json:
+        doc = {
+            "rows": args.rows, "repeats": args.repeats, "formats": formats, "engines": engines,
+            "polars_mode": args.polars_mode, "machine": machine_note(), "command": " ".join(sys.argv),
+            "runs": runs,
+            "medians": [{"engine": e, "format": f, **v} for (e, f), v in med.items()],
+            "agreement": checks, "targets": targets,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    if checks and not all(c["pass"] for c in checks.values()):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

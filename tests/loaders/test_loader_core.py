@@ -1,0 +1,241 @@
+"""The numpy loader: exactly-once sharding, reproducible shuffles, values and dtypes
+checked against plain pyarrow reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import tabstream
+from tabstream.loaders import Loader, pad_lists
+from tabstream.pipeline.schema import Tags
+
+
+def epoch_ids(loader: Loader) -> list[np.ndarray]:
+    return [features["row_id"] for features, _ in loader]
+
+
+def check_exactly_once(shared_export: Path, n: int, w: int, batch_size: int, seed: int,
+                       shuffle: bool = True) -> None:
+    per_rank = []
+    for r in range(w):
+        loader = Loader(shared_export, batch_size, shuffle=shuffle, seed=seed, global_size=w,
+                        global_rank=r)
+        batches = epoch_ids(loader)
+        assert len(batches) == len(loader)
+        assert all(1 <= len(b) <= batch_size for b in batches)
+        per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1, "ranks yield different batch counts"
+    ids = np.concatenate([np.concatenate(b) for b in per_rank])
+    assert len(ids) == n
+    assert np.array_equal(np.sort(ids), np.arange(n))
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [0, 11, 2024])
+@pytest.mark.parametrize("batch_size", [64, 333])
+def test_every_row_exactly_once_across_ranks(shared_export: Path, testdata: Any, w: int,
+                                             seed: int, batch_size: int) -> None:
+    check_exactly_once(shared_export, testdata.N, w, batch_size, seed)
+
+
+@pytest.mark.parametrize("w", [1, 3, 5])
+def test_every_row_exactly_once_without_shuffle(shared_export: Path, testdata: Any,
+                                                w: int) -> None:
+    check_exactly_once(shared_export, testdata.N, w, 100, seed=0, shuffle=False)
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [0, 5])
+def test_drop_last_gives_full_equal_batches(shared_export: Path, testdata: Any, w: int,
+                                            seed: int) -> None:
+    batch_size, N = 128, testdata.N
+    per_rank = [epoch_ids(Loader(shared_export, batch_size, seed=seed, global_size=w,
+                                 global_rank=r, drop_last=True)) for r in range(w)]
+    expected = N // (w * batch_size)
+    assert [len(b) for b in per_rank] == [expected] * w
+    assert all(len(b) == batch_size for rank in per_rank for b in rank)
+    ids = np.concatenate([b for rank in per_rank for b in rank])
+    assert len(np.unique(ids)) == len(ids) == expected * w * batch_size
+
+
+def test_same_seed_and_epoch_same_order_next_epoch_differs(shared_export: Path) -> None:
+    a, b = Loader(shared_export, 200, seed=3), Loader(shared_export, 200, seed=3)
+    first = np.concatenate(epoch_ids(a))
+    assert np.array_equal(first, np.concatenate(epoch_ids(b)))
+    assert a.epoch == 1
+    second = np.concatenate(epoch_ids(a))
+    assert not np.array_equal(first, second)
+    assert np.array_equal(np.sort(first), np.sort(second))
+    other_seed = np.concatenate(epoch_ids(Loader(shared_export, 200, seed=4)))
+    assert not np.array_equal(first, other_seed)
+
+
+def test_set_epoch_replays_an_epoch(shared_export: Path) -> None:
+    loader = Loader(shared_export, 200, seed=1)
+    epochs = [np.concatenate(epoch_ids(loader)) for _ in range(3)]
+    loader.set_epoch(1)
+    assert loader.epoch == 1
+    assert np.array_equal(np.concatenate(epoch_ids(loader)), epochs[1])
+    assert np.array_equal(np.concatenate(epoch_ids(loader)), epochs[2])
+    assert np.array_equal(np.concatenate(list(
+        b["row_id"] for b, _ in loader.iter_epoch(0))), epochs[0])
+    assert loader.epoch == 3, "iter_epoch leaves the counter alone"
+
+
+def test_shuffle_mixes_row_groups_within_batches(shared_export: Path) -> None:
+    loader = Loader(shared_export, 256, seed=0, parts_per_chunk=2)
+    features, _ = next(iter(loader))
+    ids = np.sort(features["row_id"])
+    assert not np.array_equal(ids, np.arange(ids[0], ids[0] + len(ids))), "not a plain slice"
+
+
+def test_without_shuffle_rows_come_in_file_order(shared_export: Path, testdata: Any) -> None:
+    N = testdata.N
+    loader = Loader(shared_export, 128, shuffle=False)
+    assert np.array_equal(np.concatenate(epoch_ids(loader)), np.arange(N))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("w,rank", [(1, 0), (3, 2)])
+def test_values_and_dtypes_match_pyarrow(shared_export: Path, testdata: Any, shuffle: bool,
+                                         w: int, rank: int) -> None:
+    expected = testdata.read_all(shared_export)
+    loader = Loader(shared_export, 97, shuffle=shuffle, global_size=w, global_rank=rank)
+    assert loader.feature_names == ["row_id", "C1", "I1", "tags", "weights"]
+    assert loader.label_names == ["label"]
+    for features, labels in loader:
+        ids = features["row_id"]
+        want = expected.take(ids)
+        assert features["row_id"].dtype == np.int64
+        assert features["C1"].dtype == np.int64 and features["I1"].dtype == np.float32
+        assert labels.dtype == np.int64
+        assert np.array_equal(features["C1"], want["C1"].to_numpy())
+        assert np.array_equal(features["I1"], want["I1"].to_numpy())
+        assert np.array_equal(labels, want["label"].to_numpy())
+        for name, dtype in (("tags", np.int64), ("weights", np.float32)):
+            values, offsets = features[name]
+            assert values.dtype == dtype and offsets.dtype == np.int64
+            assert offsets[0] == 0 and len(offsets) == len(ids) + 1
+            rows = want[name].to_pylist()
+            assert [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(ids))] == rows
+
+
+def test_padded_lists_match_pyarrow(shared_export: Path, testdata: Any) -> None:
+    expected, MAX_TAGS = testdata.read_all(shared_export), testdata.MAX_TAGS
+    loader = Loader(shared_export, 300, pad=True)
+    for features, _ in loader:
+        want = expected.take(features["row_id"])
+        for name in ("tags", "weights"):
+            padded, mask = features[name]
+            assert padded.shape == mask.shape == (len(want), MAX_TAGS)
+            assert mask.dtype == np.bool_
+            for row, lst in enumerate(want[name].to_pylist()):
+                assert padded[row][mask[row]].tolist() == lst
+                assert not padded[row][~mask[row]].any()
+
+
+def test_pad_lengths_given_truncate(shared_export: Path, testdata: Any) -> None:
+    expected, MAX_TAGS = testdata.read_all(shared_export), testdata.MAX_TAGS
+    features, _ = next(iter(Loader(shared_export, 300, pad={"tags": 2})))
+    want = expected.take(features["row_id"])["tags"].to_pylist()
+    padded, mask = features["tags"]
+    assert padded.shape == (300, 2)
+    assert [p[m].tolist() for p, m in zip(padded, mask, strict=True)] == [w[:2] for w in want]
+    assert features["weights"][0].shape == (300, MAX_TAGS)
+
+
+def test_pad_lists_example() -> None:
+    padded, mask = pad_lists(np.array([4, 5, 6, 7]), np.array([0, 3, 3, 4]), 2)
+    assert padded.tolist() == [[4, 5], [0, 0], [7, 0]]
+    assert mask.tolist() == [[True, True], [False, False], [True, False]]
+
+
+def test_columns_by_tag_and_name(shared_export: Path) -> None:
+    loader = Loader(shared_export, 50, features=[Tags.CONTINUOUS, "C1"], labels="row_id")
+    assert loader.feature_names == ["I1", "weights", "C1"]
+    assert loader.label_names == ["row_id"]
+    features, labels = next(iter(loader))
+    assert set(features) == {"I1", "weights", "C1"} and labels.shape == (50,)
+
+
+def test_several_labels_and_no_labels(shared_export: Path) -> None:
+    _, labels = next(iter(Loader(shared_export, 10, labels=["label", "C1"])))
+    assert set(labels) == {"label", "C1"}
+    features, labels = next(iter(Loader(shared_export, 10, labels=[])))
+    assert labels is None and "label" in features
+
+
+def test_selector_objects(shared_export: Path) -> None:
+    selector = tabstream.ColumnSelector(["C1"], tags=[Tags.CONTINUOUS])
+    loader = Loader(shared_export, 10, features=selector)
+    assert set(loader.feature_names) == {"C1", "I1", "weights"}
+
+
+@pytest.mark.parametrize("how", ["dataset", "glob", "list", "file"])
+def test_inputs(shared_export: Path, testdata: Any, how: str) -> None:
+    N = testdata.N
+    files = sorted(str(p) for p in shared_export.glob("part_*.parquet"))
+    data = {
+        "dataset": lambda: tabstream.Dataset(str(shared_export)),
+        "glob": lambda: str(shared_export / "part_*.parquet"),
+        "list": lambda: files,
+        "file": lambda: files[2],
+    }[how]()
+    loader = Loader(data, 128, seed=9)
+    ids = np.sort(np.concatenate(epoch_ids(loader)))
+    want = pq.read_table(files[2])["row_id"].to_numpy() if how == "file" else np.arange(N)
+    assert np.array_equal(ids, want)
+    assert loader.label_names == ["label"], "schema.json is found beside the files"
+
+
+def test_any_fsspec_filesystem(shared_export: Path, testdata: Any) -> None:
+    N = testdata.N
+    fs = fsspec.filesystem("memory")
+    for p in shared_export.iterdir():
+        fs.pipe(f"/loader-test/{p.name}", p.read_bytes())
+    try:
+        loader = Loader("memory://loader-test", 256, global_size=2, global_rank=1)
+        other = Loader(tabstream.Dataset("memory://loader-test"), 256, global_size=2,
+                       global_rank=0)
+        ids = np.concatenate(epoch_ids(loader) + epoch_ids(other))
+        assert np.array_equal(np.sort(ids), np.arange(N))
+    finally:
+        fs.rm("/loader-test", recursive=True)
+
+
+def test_schema_inferred_without_schema_json(tmp_path: Path, testdata: Any) -> None:
+    path = testdata.write_export(tmp_path / "bare", schema=False)
+    loader = Loader(path, 100)
+    assert loader.label_names == [], "no tags without schema.json"
+    assert loader.schema["tags"].is_list
+    features, labels = next(iter(loader))
+    assert labels is None and features["I1"].dtype == np.float32
+
+
+def _loader_threads() -> int:
+    return sum(t.name.startswith("tabstream") for t in threading.enumerate())
+
+
+def test_abandoned_iteration_stops_its_thread(shared_export: Path) -> None:
+    before = _loader_threads()
+    loader = Loader(shared_export, 10)
+    for _ in loader:
+        break
+    deadline = time.monotonic() + 10
+    while _loader_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _loader_threads() == before
+
+
+def test_len_and_repr(shared_export: Path, testdata: Any) -> None:
+    loader = Loader(shared_export, 1000, global_size=2, global_rank=0)
+    assert len(loader) == 2 and loader.num_rows == testdata.N
+    assert "2 batches" in repr(loader)

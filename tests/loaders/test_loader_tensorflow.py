@@ -1,0 +1,132 @@
+"""The TensorFlow / Keras 3 adapter: a tf.data.Dataset that Keras fits on directly."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from tabstream.loaders.tensorflow import Loader  # noqa: E402
+
+pytestmark = pytest.mark.tensorflow
+
+
+class Tiny(keras.Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = keras.layers.Embedding(100, 4)
+        self.out = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, features: dict[str, Any]) -> Any:
+        x = keras.ops.concatenate(
+            [self.embedding(features["C1"]), keras.ops.expand_dims(features["I1"], -1)], axis=-1)
+        return self.out(x)[:, 0]
+
+
+def test_element_spec_and_dtypes(shared_export: Path, testdata: Any) -> None:
+    loader = Loader(shared_export, 100)
+    features, labels = loader.element_spec
+    assert features["C1"] == tf.TensorSpec([None], tf.int64, name="C1")
+    assert features["I1"].dtype == tf.float32
+    assert features["tags"][0].dtype == tf.int64 and features["tags"][1].dtype == tf.int64
+    assert features["weights"][0].dtype == tf.float32
+    assert labels.dtype == tf.int64
+    assert len(loader) == -(-testdata.N // 100) == int(loader.cardinality())
+    padded = Loader(shared_export, 100, pad=True).element_spec[0]["tags"]
+    assert padded[0].shape.as_list() == [None, testdata.MAX_TAGS]
+    assert padded[1].dtype == tf.bool
+
+
+def test_eager_iteration_matches_pyarrow(shared_export: Path, testdata: Any) -> None:
+    expected = testdata.read_all(shared_export)
+    ids = []
+    for rank in range(2):
+        for features, labels in Loader(shared_export, 256, global_size=2, global_rank=rank):
+            row_ids = features["row_id"].numpy()
+            want = expected.take(row_ids)
+            np.testing.assert_array_equal(features["I1"].numpy(), want["I1"].to_numpy())
+            np.testing.assert_array_equal(labels.numpy(), want["label"].to_numpy())
+            values, offsets = features["tags"]
+            offsets = offsets.numpy()
+            assert [values.numpy()[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:],
+                                                                  strict=True)] == \
+                want["tags"].to_pylist()
+            ids.append(row_ids)
+    assert np.array_equal(np.sort(np.concatenate(ids)), np.arange(testdata.N))
+
+
+def test_keras_fit_with_validation_data(shared_export: Path) -> None:
+    train = Loader(shared_export, 256, features=["C1", "I1"])
+    valid = Loader(shared_export, 512, shuffle=False, features=["C1", "I1"])
+    model = Tiny()
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    history = model.fit(train, validation_data=valid, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2 and len(history.history["val_loss"]) == 2
+    assert all(np.isfinite(history.history["val_loss"]))
+    assert train.epoch == 2, "each Keras epoch is a new loader epoch"
+    assert valid.epoch == 2
+    assert np.isfinite(model.evaluate(valid, verbose=0))
+
+
+def test_keras_fit_with_its_defaults(shared_export: Path) -> None:
+    # fit's default shuffle=True draws Keras' "ignored for tf.data" warning; the
+    # loader shuffles by itself, and training runs.
+    train = Loader(shared_export, 512, features=["C1", "I1"])
+    model = Tiny()
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`shuffle=True` was passed")
+        history = model.fit(train, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_custom_tf_function_loop(shared_export: Path, testdata: Any) -> None:
+    loader = Loader(shared_export, 300, features=["C1", "I1"])
+    model = Tiny()
+    optimizer = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.BinaryCrossentropy()
+
+    @tf.function
+    def train_epoch(dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
+        total = tf.constant(0, tf.int64)
+        rows = tf.constant(0, tf.int64)
+        for features, labels in dataset:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(tf.cast(labels, tf.float32), model(features))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            total += tf.reduce_sum(labels)
+            rows += tf.shape(labels, out_type=tf.int64)[0]
+        return total, rows
+
+    total, rows = train_epoch(loader)
+    expected = testdata.read_all(shared_export)["label"].to_numpy()
+    assert int(rows) == testdata.N and int(total) == int(expected.sum())
+    total2, _ = train_epoch(loader)
+    assert loader.epoch == 2 and int(total2) == int(expected.sum())
+
+
+def test_no_labels_yields_features_only(shared_export: Path) -> None:
+    loader = Loader(shared_export, 100, labels=[])
+    assert isinstance(loader.element_spec, dict)
+    assert set(next(iter(loader))) == {"row_id", "C1", "I1", "tags", "weights", "label"}
+
+
+def test_set_epoch_replays(shared_export: Path) -> None:
+    loader = Loader(shared_export, 500, features=["row_id"])
+    first = np.concatenate([f["row_id"].numpy() for f, _ in loader])
+    loader.set_epoch(0)
+    again = np.concatenate([f["row_id"].numpy() for f, _ in loader])
+    np.testing.assert_array_equal(first, again)
+
+
+def test_single_worker_strategy_keeps_size_one(shared_export: Path) -> None:
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        loader = Loader(shared_export, 100)
+    assert (loader.core.global_size, loader.core.global_rank) == (1, 0)

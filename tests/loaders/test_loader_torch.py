@@ -1,0 +1,130 @@
+"""The PyTorch adapter: tensors, DataLoader wrapping, process-group defaults."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from tabstream.loaders.torch import Loader  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_yields_tensor_dicts_with_preserved_dtypes(shared_export: Path, testdata: Any) -> None:
+    expected = testdata.read_all(shared_export)
+    loader = Loader(shared_export, 128, seed=2)
+    n = 0
+    for features, labels in loader:
+        assert features["row_id"].dtype == torch.int64
+        assert features["C1"].dtype == torch.int64
+        assert features["I1"].dtype == torch.float32
+        assert labels.dtype == torch.int64
+        values, offsets = features["tags"]
+        assert values.dtype == torch.int64 and offsets.dtype == torch.int64
+        assert features["weights"][0].dtype == torch.float32
+        want = expected.take(features["row_id"].numpy())
+        assert torch.equal(features["I1"], torch.tensor(want["I1"].to_numpy()))
+        assert torch.equal(labels, torch.tensor(want["label"].to_numpy()))
+        n += len(labels)
+    assert n == testdata.N
+
+
+def test_exactly_once_across_ranks(shared_export: Path, testdata: Any) -> None:
+    loaders = [Loader(shared_export, 100, global_size=3, global_rank=r) for r in range(3)]
+    batches = [[f["row_id"] for f, _ in loader] for loader in loaders]
+    assert len({len(b) for b in batches}) == 1 and len(batches[0]) == len(loaders[0])
+    ids = torch.cat([t for b in batches for t in b]).sort().values
+    assert torch.equal(ids, torch.arange(testdata.N))
+
+
+def test_dataloader_batch_size_none(shared_export: Path) -> None:
+    loader = Loader(shared_export, 256, seed=5)
+    wrapped = torch.utils.data.DataLoader(loader, batch_size=None)
+    assert len(wrapped) == len(loader)
+    first = [f["row_id"] for f, _ in wrapped]
+    second = [f["row_id"] for f, _ in wrapped]
+    assert loader.epoch == 2
+    loader.set_epoch(0)
+    direct = [f["row_id"] for f, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(first, direct, strict=True))
+    assert not torch.equal(torch.cat(first), torch.cat(second)), "each pass is a new epoch"
+
+
+def test_dataloader_with_worker_processes_is_refused(shared_export: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a DataLoader worker process sees (forking real workers here is slow and
+    # deadlock-prone with the threads other tests leave behind).
+    info = torch.utils.data._utils.worker.WorkerInfo(id=0, num_workers=2, seed=0, dataset=None)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        iter(Loader(shared_export, 256))
+
+
+def test_padded_lists_are_tensors(shared_export: Path, testdata: Any) -> None:
+    features, _ = next(iter(Loader(shared_export, 64, pad=True)))
+    padded, mask = features["tags"]
+    assert padded.shape == (64, testdata.MAX_TAGS) and mask.dtype == torch.bool
+    # An EmbeddingBag takes (values, offsets) as they come.
+    values, offsets = next(iter(Loader(shared_export, 64)))[0]["tags"]
+    bag = torch.nn.EmbeddingBag(10_000, 4, mode="sum")
+    assert bag(values, offsets[:-1]).shape == (64, 4)
+
+
+def test_device_argument(shared_export: Path) -> None:
+    loader = Loader(shared_export, 64, device="cpu")
+    features, labels = next(iter(loader))
+    assert features["C1"].device.type == "cpu" and labels.device.type == "cpu"
+
+
+def test_tensors_share_memory_with_numpy(shared_export: Path) -> None:
+    loader = Loader(shared_export, 64)
+    batches = loader.core.iter_epoch(0, loader._to_tensors)
+    features, _ = next(batches)
+    batches.close()
+    # from_numpy keeps the numpy buffer: the tensor is writable and owns no copy
+    assert features["C1"].is_contiguous()
+    assert features["C1"].numpy().base is not None or features["C1"].numpy().flags.owndata
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_defaults_come_from_the_process_group(shared_export: Path) -> None:
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        loader = Loader(shared_export, 64)
+        assert (loader.global_size, loader.global_rank) == (1, 0)
+        assert Loader(shared_export, 64, global_size=3, global_rank=2).global_rank == 2
+    finally:
+        dist.destroy_process_group()
+
+
+def test_size_without_rank_is_refused(shared_export: Path) -> None:
+    with pytest.raises(ValueError, match="global_size=2 needs global_rank"):
+        Loader(shared_export, 64, global_size=2)
+
+
+def test_training_step(shared_export: Path) -> None:
+    model = torch.nn.Linear(2, 1)  # plain SGD by hand: torch.optim takes seconds to import
+    for features, labels in Loader(shared_export, 512, features=["I1", "C1"]):
+        x = torch.stack([features["I1"], features["C1"].float() / 100], dim=1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x)[:, 0],
+                                                                     labels.float())
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+    assert np.isfinite(loss.item())

@@ -1,0 +1,207 @@
+import math
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
+from tabstream.train.tables import TableConfig  # noqa: E402
+from tabstream.train.tensorflow import (  # noqa: E402
+    EmbeddingTable,
+    EmbeddingTables,
+    embedding_tables_from_schema,
+    split_embeddings_on_size,
+)
+from tf_synthetic import categorical  # noqa: E402
+
+
+def expected_dim(cardinality: int, multiplier: float = 2.0) -> int:
+    raw = math.floor(cardinality**0.25 * multiplier)
+    dim = 8
+    while dim < raw:
+        dim += 8
+    return dim
+
+
+CARDINALITIES = [1, 2, 15, 255, 4096, 50_000]
+
+
+@pytest.mark.parametrize("multiplier", [2.0, 3.5])
+def test_inferred_dims_follow_the_formula(multiplier):
+    schema = Schema([categorical(f"c{c}", c) for c in CARDINALITIES])
+    tables = embedding_tables_from_schema(schema, multiplier=multiplier, initializer="zeros")
+    for c in CARDINALITIES:
+        table = tables.tables[f"c{c}"]
+        assert table.dim == expected_dim(c, multiplier)
+        assert tuple(table.embeddings.shape) == (c, expected_dim(c, multiplier))
+    # Spot-check the formula itself where tables would be too big to allocate here.
+    assert [expected_dim(c) for c in (10**6, 10**7, 10**8)] == [64, 112, 200]
+
+
+def test_schema_dimension_is_used_when_sizes_are_not_inferred():
+    col = categorical("c", 1000).with_properties(
+        embedding_sizes={"cardinality": 1000, "dimension": 24}
+    )
+    schema = Schema([col])
+    assert embedding_tables_from_schema(schema, infer_sizes=False).tables["c"].dim == 24
+    assert embedding_tables_from_schema(schema).tables["c"].dim == expected_dim(1000)
+    assert embedding_tables_from_schema(schema, dim=4).tables["c"].dim == 4
+
+
+def test_one_table_per_categorical_feature_and_shared_vocabularies():
+    shared = {"name": "item"}
+    schema = Schema(
+        [
+            categorical("user", 1000),
+            ColumnSchema("item", "int64", tags=[Tags.CATEGORICAL],
+                         properties={"domain": {"min": 0, "max": 499, **shared}}),
+            ColumnSchema("prev_item", "int64", tags=[Tags.CATEGORICAL],
+                         properties={"domain": {"min": 0, "max": 399, **shared}}),
+            ColumnSchema("price", "float32", tags=[Tags.CONTINUOUS]),
+            categorical("label", 2, tags=[Tags.TARGET]),
+        ]
+    )
+    tables = embedding_tables_from_schema(schema, dim=8)
+    assert sorted(tables.tables) == ["item", "user"]
+    assert tables.tables["item"].cardinality == 500
+    assert sorted(tables.feature_names) == ["item", "prev_item", "user"]
+    out = tables({"user": tf.constant([1, 2]), "item": tf.constant([3, 4]),
+                  "prev_item": tf.constant([4, 3])})
+    np.testing.assert_array_equal(out["item"].numpy()[::-1], out["prev_item"].numpy())
+    assert sorted(v.path for v in tables.trainable_variables) == ["item/embeddings", "user/embeddings"]
+
+
+def test_schema_without_categorical_features_is_rejected():
+    schema = Schema([ColumnSchema("x", "float32", tags=[Tags.CONTINUOUS])])
+    with pytest.raises(ValueError, match="no categorical feature columns"):
+        embedding_tables_from_schema(schema)
+
+
+def test_single_hot_lookup_is_a_row_gather():
+    table = EmbeddingTable(TableConfig("c", 20, 8, ("c",)))
+    weights = table.embeddings.numpy()
+    ids = np.array([3, 0, 19, 3])
+    np.testing.assert_array_equal(table(tf.constant(ids)).numpy(), weights[ids])
+    np.testing.assert_array_equal(table(tf.constant(ids[:, None])).numpy(), weights[ids])
+
+
+def _list_tables(combiner):
+    return EmbeddingTables(
+        [TableConfig("tags", 30, 8, ("tags",), is_list=True, combiner=combiner)]
+    )
+
+
+def _manual_pool(weights, rows, combiner):
+    out = np.zeros((len(rows), weights.shape[1]), dtype=np.float64)
+    for i, row in enumerate(rows):
+        for j in row:
+            out[i] += weights[j]
+        if combiner == "mean" and row:
+            out[i] /= len(row)
+    return out
+
+
+ROWS = [[5, 7, 5], [1], [], [29, 2, 3, 4]]
+
+
+def _layouts(rows):
+    width = max(len(r) for r in rows)
+    padded = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=bool)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = r
+        mask[i, : len(r)] = True
+    values = np.array([j for r in rows for j in r], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    ragged = tf.ragged.constant(rows, dtype=tf.int64)
+    return {
+        "ragged": {"tags": ragged},
+        "padded_default_mask": {"tags": tf.constant(padded)},
+        "padded_with_mask": {"tags": tf.constant(padded), "tags__mask": tf.constant(mask)},
+        "values_offsets_tuple": {"tags": (tf.constant(values), tf.constant(offsets))},
+        "values_offsets_keys": {"tags__values": tf.constant(values),
+                                "tags__offsets": tf.constant(offsets)},
+        "sparse": {"tags": ragged.to_sparse()},
+    }
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("layout", list(_layouts(ROWS)))
+def test_pooled_multi_hot_equals_manual_sum(combiner, layout):
+    tables = _list_tables(combiner)
+    weights = tables.tables["tags"].embeddings.numpy().astype(np.float64)
+    out = tables(_layouts(ROWS)[layout])["tags"].numpy()
+    np.testing.assert_allclose(out, _manual_pool(weights, ROWS, combiner), rtol=1e-6, atol=1e-7)
+
+
+def test_explicit_mask_keeps_id_zero_when_it_is_a_real_id():
+    tables = _list_tables("sum")
+    weights = tables.tables["tags"].embeddings.numpy().astype(np.float64)
+    ids = tf.constant([[0, 3], [4, 0]])
+    mask = tf.constant([[True, True], [True, False]])
+    out = tables({"tags": ids, "tags__mask": mask})["tags"].numpy()
+    np.testing.assert_allclose(out, _manual_pool(weights, [[0, 3], [4]], "sum"), rtol=1e-6)
+
+
+def test_gradient_is_sparse_and_covers_only_the_batch_ids():
+    tables = EmbeddingTables(
+        [TableConfig("c", 50, 8, ("c",)), TableConfig("tags", 30, 8, ("tags",), is_list=True)]
+    )
+    features = {"c": tf.constant([4, 9, 4]), "tags": tf.constant([[3, 0, 0], [7, 8, 0], [0, 0, 0]])}
+    with tf.GradientTape() as tape:
+        out = tables(features)
+        loss = tf.reduce_sum(out["c"]) + 2.0 * tf.reduce_sum(out["tags"])
+    grads = tape.gradient(loss, tables.trainable_variables)
+    by_path = dict(zip([v.path for v in tables.trainable_variables], grads, strict=True))
+    for path, ids in (("c/embeddings", [4, 9, 4]), ("tags/embeddings", [3, 7, 8])):
+        grad = by_path[path]
+        assert isinstance(grad, tf.IndexedSlices)
+        assert sorted(grad.indices.numpy().tolist()) == sorted(ids)  # padding id 0 absent
+
+
+def test_missing_feature_is_named():
+    tables = EmbeddingTables([TableConfig("c", 5, 8, ("c",)), TableConfig("d", 5, 8, ("d",))])
+    with pytest.raises(KeyError, match=r"features \['d'\] are missing"):
+        tables({"c": tf.constant([1])})
+
+
+def test_bad_list_inputs_are_explained():
+    tables = _list_tables("sum")
+    with pytest.raises(ValueError, match="must be \\(values, offsets\\)"):
+        tables({"tags": (tf.constant([1]), tf.constant([0, 1]), tf.constant([0]))})
+    with pytest.raises(KeyError, match="no 'tags__offsets'"):
+        tables({"tags__values": tf.constant([1, 2])})
+
+
+def test_split_embeddings_on_size_by_cardinality():
+    configs = [TableConfig(f"t{c}", c, 8, (f"t{c}",)) for c in (10, 99, 100, 101, 5000)]
+    large, small = split_embeddings_on_size(configs, threshold=100)
+    assert [t.cardinality for t in large] == [100, 101, 5000]
+    assert [t.cardinality for t in small] == [10, 99]
+
+    tables = EmbeddingTables(configs)
+    large_layers, small_layers = split_embeddings_on_size(tables, 100)
+    assert all(isinstance(t, EmbeddingTable) for t in large_layers + small_layers)
+    assert [t.name for t in large_layers] == ["t100", "t101", "t5000"]
+    assert [t.name for t in small_layers] == ["t10", "t99"]
+
+    with pytest.raises(TypeError, match="takes EmbeddingTables"):
+        split_embeddings_on_size(["t10"], 100)
+    with pytest.raises(ValueError, match="threshold must be a positive int"):
+        split_embeddings_on_size(configs, 0)
+
+
+def test_tables_are_in_tf_checkpoints(tmp_path):
+    configs = [TableConfig(f"t{i}", 10 + i, 8, (f"t{i}",)) for i in range(3)]
+    tables = EmbeddingTables(configs)
+    path = tf.train.Checkpoint(tables=tables).write(str(tmp_path / "ckpt"))
+    saved = {name for name, _ in tf.train.list_variables(path) if name.endswith("VARIABLE_VALUE")}
+    assert len(saved) == 3
+
+    restored = EmbeddingTables(configs)
+    tf.train.Checkpoint(tables=restored).read(path).assert_consumed()
+    for name in tables.tables:
+        np.testing.assert_array_equal(
+            restored.tables[name].embeddings.numpy(), tables.tables[name].embeddings.numpy()
+        )
