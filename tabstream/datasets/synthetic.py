@@ -164,7 +164,7 @@ def _hash_normal(key: int, ids: np.ndarray, dims: int = 1) -> np.ndarray:
     for d in range(dims):
         h = _mix64(base + np.uint64(_key(key, d)))
         total = (h & 0xFFFF) + ((h >> 16) & 0xFFFF) + ((h >> 32) & 0xFFFF) + (h >> 48)
-        # each quarter is uniform on {0..65535}: sum has mean 4 * 32767.5, var 4 * (65536**2 - 1) / 12
+        # quarters are uniform on 0..65535: the sum has mean 131070, std ~65536 / sqrt(3)
         out[:, d] = (total.astype(np.float64) - 131070.0) * (math.sqrt(3.0) / 65536.0)
     return out
 
@@ -308,7 +308,7 @@ class _CatSpec:
 
 @dataclass(frozen=True)
 class _ContSpec:
-    mu: float  # a count is floor(exp(mu + sigma * z)), z ~ N(0, 1): heavy tailed
+    mu: float  # a count is floor(exp(mu + sigma * z)), z logistic with std ~1: heavy tailed
     sigma: float
     missing: float
     negative: float  # fraction of rows replaced by -1, -2 or -3 (as in Criteo's I2)
@@ -553,7 +553,7 @@ def _items(seed: int, ranks: np.ndarray) -> _Items:
         2.5 + _hash_normal(_key(seed, "category price"), np.arange(_NUM_CATEGORIES))[category, 0]
     )
     noise = _hash_normal(_key(seed, "price"), ids)[:, 0]
-    price = np.round(np.exp(category_price + 0.5 * noise), 2)
+    price = np.maximum(np.round(np.exp(category_price + 0.5 * noise), 2), 0.01)  # log-safe
     return _Items(ids, category, brand, price)
 
 

@@ -104,6 +104,12 @@ def _resolve_groups(op: Any, available: Sequence[str], exclude: Sequence[str]) -
     return groups
 
 
+def _check_scalar_categories(op: Any, input_schema: Schema, groups: list[list[str]]) -> None:
+    lists = [c for g in groups for c in g if input_schema[c].is_list]
+    if lists:
+        raise TypeError(f"{type(op).__name__} needs scalar category columns, but {lists} hold lists")
+
+
 def _require(names: Sequence[str], schema_names: Sequence[str], op: str, role: str) -> None:
     missing = [n for n in names if n not in schema_names]
     if missing:
@@ -192,8 +198,10 @@ class TargetEncoding(StatOperator):
         _require(self._value_cols(), names, "TargetEncoding", "target/fold columns")
         for t in self.targets:
             check_numeric(self, input_schema[t])
+        groups = self._groups_of(names)
+        _check_scalar_categories(self, input_schema, groups)
         cols = [ColumnSchema(f"TE_{'_'.join(g)}_{t}", self.out_dtype, frozenset({Tags.CONTINUOUS}))
-                for g in self._groups_of(names) for t in self.targets]
+                for g in groups for t in self.targets]
         if self.kfold > 1 and not self.drop_folds:
             cols.append(ColumnSchema(FOLD, "int64"))
         return Schema(cols)
@@ -373,9 +381,11 @@ class JoinGroupby(StatOperator):
         _require(self.cont_cols, names, "JoinGroupby", "cont_cols")
         for c in self.cont_cols:
             check_numeric(self, input_schema[c])
+        groups = self._groups_of(names)
+        _check_scalar_categories(self, input_schema, groups)
         return Schema(ColumnSchema(name, "int64" if stat == "count" else "float64",
                                    frozenset({Tags.CONTINUOUS}))
-                      for g in self._groups_of(names) for name, _, stat in self._outputs(self.name_sep.join(g)))
+                      for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
         xs = {c: to_float64(table.column(c)) for c in self.cont_cols}
@@ -482,8 +492,10 @@ class JoinExternal(StatOperator):
     file or folder. The side table is op state: ``Workflow.save`` writes it as
     parquet and ``Workflow.load`` reads it back from there (a workflow saved with
     an in-memory side table stores ``df_ext=None`` in its parameters), so a saved
-    workflow never needs the original file, and nothing is pickled. There is
-    nothing to fit: the op is usable as soon as it has its side table.
+    workflow never needs the original file, and nothing is pickled. Like every
+    statistics op it must be fitted (``Workflow.fit``, or ``fit_table`` on any
+    table) before transform; fitting reads the side table (a parquet path is read
+    then, not at construction) and nothing of the data.
 
     * ``on``: key column(s) of the selection; ``on_ext`` the side's (default: ``on``).
     * ``columns_ext``: side columns to add (default: all but the keys).
@@ -530,14 +542,8 @@ class JoinExternal(StatOperator):
         self.columns_ext = None if columns_ext is None else list(columns_ext)
         self.drop_duplicates_ext = bool(drop_duplicates_ext)
         self._side_cache: tuple[pa.Table, pa.Table, np.ndarray] | None = None
-        self.fitted = self._table is not None or self.df_ext is not None
         if self._table is not None:
             self._side()  # validate the given table now
-
-    def check_fitted(self) -> None:
-        if self._table is None and self.df_ext is None:
-            raise NotFittedError("JoinExternal has no side table: pass df_ext, or load the "
-                                 "workflow it was saved with (Workflow.load)")
 
     @property
     def keys(self) -> list[str]:
@@ -553,7 +559,9 @@ class JoinExternal(StatOperator):
         if self._side_cache is not None:
             return self._side_cache
         if self._table is None:
-            self.check_fitted()
+            if self.df_ext is None:
+                raise NotFittedError("JoinExternal has no side table: pass df_ext, or load the "
+                                     "workflow it was saved with (Workflow.load)")
             import fsspec
             import pyarrow.parquet as pq
 

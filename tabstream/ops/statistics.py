@@ -58,7 +58,7 @@ def to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _finite(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     x = to_float64(column)
-    return x[~np.isnan(x)]
+    return x[np.isfinite(x)]
 
 
 def _lo(a: Any, b: Any) -> Any:
@@ -107,8 +107,9 @@ class NormalizeMinMax(StatOperator):
         for part in partials:
             for name, mm in part.items():
                 prev = out.get(name)
-                both = prev is not None and mm is not None
-                out[name] = (min(prev[0], mm[0]), max(prev[1], mm[1])) if both else prev or mm
+                if prev is not None and mm is not None:
+                    mm = (min(prev[0], mm[0]), max(prev[1], mm[1]))
+                out[name] = mm if mm is not None else prev
         return out
 
     def finalize(self, partial: dict[str, Any]) -> None:
@@ -343,8 +344,9 @@ _INT_DTYPES = ("int8", "int16", "int32", "int64")
 
 class ReduceDtypeSize(StatOperator):
     """Cast integer columns to the smallest signed dtype holding their fitted
-    [min, max] (int8 ... int64; uint64 above the int64 range; int8 when all null)
-    and float columns to ``float_dtype``; list columns likewise by element type;
+    [min, max] (int8 ... int64; int8 when all null) when that is narrower than
+    their dtype (a column is never widened: uint8 stays uint8, uint64 above the
+    int64 range stays uint64), and float columns to ``float_dtype``; list columns likewise by element type;
     other columns pass unchanged. Before fit, integer columns keep their dtype in
     the declared schema. A transformed value outside the fitted range raises
     :class:`~tabstream.errors.DataError` instead of wrapping around.
@@ -367,8 +369,9 @@ class ReduceDtypeSize(StatOperator):
             for name in _INT_DTYPES:
                 info = np.iinfo(name)
                 if info.min <= lo and hi <= info.max:
-                    return name
-            return "uint64"
+                    # never widen: uint8 holding 0..200 stays uint8 rather than int16
+                    return name if np.dtype(name).itemsize < np.dtype(col.dtype).itemsize else col.dtype
+            return col.dtype
         return col.dtype
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:

@@ -27,7 +27,8 @@ Loading turns the name back into a function, in this order:
    reach ``os.system``, ``pandas.read_pickle`` or any other installed function,
    and no installed module is even imported for it); the result must be a plain
    Python function whose ``__module__``/``__qualname__`` is the saved name (no
-   aliases); no part of the name may be private (``_x``, ``__x__``); and the
+   aliases); no module in it may be private (``_x``) nor any attribute special
+   (``__x__``); and the
    modules in :data:`DENIED_MODULES` are refused outright.
 
 A function from an installed package (``pandas.to_numeric``) or a lambda
@@ -158,9 +159,9 @@ def provided_functions(functions: Mapping[str, Callable[..., Any]] | None) -> It
 
 def function_name(f: Callable[..., Any], op: str = "op") -> str:
     """The name ``f`` is saved under; raises if it cannot be loaded again by name."""
-    for name, g in _REGISTRY.items():
+    for registered, g in _REGISTRY.items():
         if g is f:
-            return name
+            return registered
     name = _importable_name(f)
     if name is None:
         raise FunctionResolutionError(

@@ -249,6 +249,13 @@ def _concat_schemas(schemas: list[Schema]) -> Schema:
 def _concat_tables(tables: list[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0]
+    if len({t.num_rows for t in tables}) > 1:
+        sizes = {", ".join(t.column_names): t.num_rows for t in tables}
+        raise SchemaError(
+            f"cannot put columns with different row counts side by side: {sizes}. An op that "
+            "drops rows (Filter, Dropna) keeps only the columns it is applied to; apply it to "
+            "every column you keep, e.g. (['a', 'b', 'label'] >> Filter(f)) >> ..."
+        )
     names: list[str] = []
     arrays: list[Any] = []
     for t in tables:

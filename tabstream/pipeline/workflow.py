@@ -182,9 +182,23 @@ class Workflow:
             json.dump(doc, f, indent=2)
 
     @classmethod
-    def load(cls, path: str, client: Any = None, storage_options: dict | None = None) -> Workflow:
+    def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
+             functions: dict[str, Any] | None = None) -> Workflow:
         """Rebuild a saved workflow. Ops are rebuilt from their JSON parameters by
-        registered class name; nothing is unpickled or evaluated."""
+        registered class name; nothing is unpickled or evaluated.
+
+        ``functions`` passes user functions (LambdaOp, Filter, Rename(f=...)) again,
+        keyed by the name they were saved under (``"module:function"``) or by the bare
+        function name; it is needed for functions that cannot be imported by name
+        (see :mod:`tabstream.ops.structural`).
+        """
+        from tabstream.ops.structural import provided_functions
+
+        with provided_functions(functions):
+            return cls._load(path, client, storage_options)
+
+    @classmethod
+    def _load(cls, path: str, client: Any, storage_options: dict | None) -> Workflow:
         fs, root = _fs_root(path, storage_options)
         doc_path = posixpath.join(root, "workflow.json")
         try:

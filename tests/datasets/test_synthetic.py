@@ -323,6 +323,15 @@ def test_probability_files_align_with_data(tmp_path):
     np.testing.assert_array_equal(written, prob)
 
 
+def test_huge_vocabularies_skip_the_parquet_dictionary(tmp_path):
+    (path,) = write_data("criteo", tmp_path, 2000, seed=0)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(40)}
+    for column, spec in synthetic._CRITEO_CAT_SPECS.items():
+        dictionary = any("DICTIONARY" in e for e in encodings[column])
+        assert dictionary == (spec.vocab <= synthetic._TABLE_MAX_VOCAB), column
+
+
 def test_no_probability_folder_unless_asked(tmp_path):
     write_data("criteo", tmp_path, 100, seed=0)
     assert sorted(os.listdir(tmp_path)) == ["part_00000.parquet"]

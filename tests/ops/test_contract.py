@@ -42,6 +42,15 @@ def contract_frame(n=600, seed=0):
     })
 
 
+# user functions must be module-level to be saved by name (see tabstream.ops.structural)
+def contract_keep_positive(df):
+    return df["cont"] > 0
+
+
+def contract_double(s):
+    return s * 2
+
+
 # op name -> (factory, selected columns)
 EXAMPLES = {
     "Categorify": (lambda: ops.Categorify(freq_threshold=2), ["cat", "cat2", "lst"]),
@@ -53,6 +62,17 @@ EXAMPLES = {
     "Normalize": (lambda: ops.Normalize(), ["cont", "count"]),
     "AddTags": (lambda: ops.AddTags(["user_id", "categorical"]), ["user_id"]),
     "AddMetadata": (lambda: ops.AddMetadata(tags=["item"], properties={"source": "test"}), ["cat2"]),
+    "SplitList": (lambda: ops.SplitList("|", dtype="int64"), ["text"]),
+    "ListSlice": (lambda: ops.ListSlice(0, 2, pad=True, pad_value=-1), ["lst"]),
+    "ValueCount": (lambda: ops.ValueCount(), ["lst"]),
+    "Rename": (lambda: ops.Rename(postfix="_renamed"), ["cat", "cont"]),
+    "Filter": (lambda: ops.Filter(contract_keep_positive), ["cont", "cat"]),
+    "Dropna": (lambda: ops.Dropna(), ["cat", "cont", "lst"]),
+    "LambdaOp": (lambda: ops.LambdaOp(contract_double, dtype="float64"), ["cont", "count"]),
+    "TagAsUserID": (lambda: ops.TagAsUserID(), ["user_id"]),
+    "TagAsItemID": (lambda: ops.TagAsItemID(), ["cat2"]),
+    "TagAsUserFeatures": (lambda: ops.TagAsUserFeatures(), ["count"]),
+    "TagAsItemFeatures": (lambda: ops.TagAsItemFeatures(tags=["categorical"]), ["cat"]),
 }
 
 

@@ -173,6 +173,9 @@ def test_target_encoding_selection_errors():
         ts.Workflow(["user", "label"] >> TargetEncoding("label", cat_groups=["label"])).fit_schema(schema)
     with pytest.raises(TypeError, match="TargetEncoding needs numeric columns, but column 'user' is string"):
         ts.Workflow(["item", "user"] >> TargetEncoding("user")).fit_schema(schema)
+    lists = ts.Dataset(pa.table({"tags": [["a"], ["b"]], "label": [1, 0]})).schema
+    with pytest.raises(TypeError, match=r"needs scalar category columns, but \['tags'\] hold lists"):
+        ts.Workflow(["tags", "label"] >> TargetEncoding("label")).fit_schema(lists)
 
 
 # -- JoinGroupby -------------------------------------------------------------------------------------
@@ -291,7 +294,7 @@ def test_join_external_sources_save_load_without_the_file(tmp_path):
 def test_join_external_key_dtype_and_null_keys():
     t = pa.table({"k": pa.array([1, None, 3, 2], type=pa.int32())})
     side = pa.table({"k": pa.array([None, 1, 2], type=pa.int64()), "v": ["null-key", "one", "two"]})
-    out = JoinExternal(side, on="k").transform(t)
+    out = JoinExternal(side, on="k").fit_table(t).transform(t)
     assert out.to_pydict() == {"k": [1, None, 3, 2], "v": ["one", None, None, "two"]}
 
 
@@ -310,7 +313,7 @@ def test_join_external_errors():
         ts.Workflow(["user"] >> JoinExternal(side, on="item", columns_ext=["v"])).fit_schema(schema)
     rebuilt = Operator.from_config(JoinExternal(side, on="item").to_config())  # no side table yet
     with pytest.raises(NotFittedError, match="JoinExternal has no side table"):
-        rebuilt.transform(events(0).select(["item"]))
+        rebuilt.fit_table(events(0).select(["item"]))
 
 
 # -- DifferenceLag --------------------------------------------------------------------------------------
@@ -384,7 +387,7 @@ def cases():
     }
 
 
-@pytest.mark.parametrize("name", ["TargetEncoding", "JoinGroupby"])
+@pytest.mark.parametrize("name", ["TargetEncoding", "JoinGroupby", "JoinExternal"])
 def test_transform_before_fit_raises(name):
     op = cases()[name].op
     with pytest.raises(NotFittedError, match=f"{name} has not been fitted"):

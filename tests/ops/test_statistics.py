@@ -240,6 +240,14 @@ def test_reduce_dtype_size_matches_reference(seed):
     np.testing.assert_allclose(out["f"].to_numpy(), t["f"].to_numpy(), rtol=1e-6)
 
 
+def test_reduce_dtype_size_never_widens():
+    t = pa.table({"u8": pa.array([0, 200], type=pa.uint8()), "u32": pa.array([0, 2**32 - 1], type=pa.uint32()),
+                  "i16": pa.array([-3, 3], type=pa.int16())})
+    out = ReduceDtypeSize().fit_table(t).transform(t)
+    assert [f.type for f in out.schema] == [pa.uint8(), pa.uint32(), pa.int8()]
+    assert out["u32"].to_pylist() == t["u32"].to_pylist()
+
+
 def test_reduce_dtype_size_out_of_range_and_bad_param():
     op = ReduceDtypeSize().fit_table(pa.table({"a": [1, 2, 3]}))
     with pytest.raises(DataError, match=r"column 'a' holds values outside the range fitted \[1, 3\]"):

@@ -28,7 +28,7 @@ from tabstream.pipeline.hashing import (
     murmur3_32_with_nulls,
 )
 
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=50, deadline=None)
 MASK32 = 0xFFFFFFFF
 CANONICAL_NAN_BYTES = (0x7FF8000000000000).to_bytes(8, "little")
 
