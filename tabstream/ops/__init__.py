@@ -4,6 +4,7 @@ from tabstream.ops.base import ColumnOperator, Operator, StatOperator, registere
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
 from tabstream.ops.hashing import HashBucket, HashedCross
+from tabstream.ops.joins import DifferenceLag, JoinExternal, JoinGroupby, TargetEncoding
 from tabstream.ops.lists import ListSlice, SplitList, ValueCount
 from tabstream.ops.structural import (
     Dropna,
@@ -16,24 +17,41 @@ from tabstream.ops.structural import (
     TagAsUserID,
     register_function,
 )
+from tabstream.ops.statistics import (
+    Bucketize,
+    DataStats,
+    DropLowCardinality,
+    FillMedian,
+    NormalizeMinMax,
+    ReduceDtypeSize,
+)
 from tabstream.ops.tags import AddMetadata, AddTags
 
 __all__ = [
     "AddMetadata",
     "AddTags",
+    "Bucketize",
     "Categorify",
     "Clip",
     "ColumnOperator",
+    "DataStats",
+    "DifferenceLag",
+    "DropLowCardinality",
     "Dropna",
+    "FillMedian",
     "FillMissing",
     "Filter",
     "HashBucket",
     "HashedCross",
+    "JoinExternal",
+    "JoinGroupby",
     "LambdaOp",
     "ListSlice",
     "LogOp",
     "Normalize",
+    "NormalizeMinMax",
     "Operator",
+    "ReduceDtypeSize",
     "Rename",
     "SplitList",
     "StatOperator",
@@ -41,6 +59,7 @@ __all__ = [
     "TagAsItemID",
     "TagAsUserFeatures",
     "TagAsUserID",
+    "TargetEncoding",
     "ValueCount",
     "register_function",
     "registered_ops",

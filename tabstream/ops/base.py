@@ -97,7 +97,7 @@ class Operator(metaclass=_OpMeta):
 
     @abc.abstractmethod
     def transform(self, table: pa.Table) -> pa.Table:
-        """Implemented by each op."""
+        """The op applied to one partition; a pure function of ``table``."""
 
     # -- graph building -----------------------------------------------------
     def __rrshift__(self, other: Any):
@@ -111,7 +111,7 @@ class ColumnOperator(Operator):
 
     @abc.abstractmethod
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
-        """Implemented by each op."""
+        """The op applied to one column of a partition."""
 
     def transform(self, table: pa.Table) -> pa.Table:
         return pa.table({name: self.transform_column(name, table.column(name)) for name in table.column_names})
@@ -127,24 +127,23 @@ class StatOperator(Operator):
 
     @abc.abstractmethod
     def fit_partition(self, table: pa.Table) -> Any:
-        """Implemented by each op."""
+        """Small partial statistics of one partition."""
 
     @abc.abstractmethod
     def combine(self, partials: Sequence[Any]) -> Any:
-        """Implemented by each op."""
+        """Merge partials (associative: used in a tree reduction)."""
 
     @abc.abstractmethod
     def finalize(self, partial: Any) -> None:
-        """Implemented by each op."""
+        """Store the combined statistics as state and set ``fitted``."""
 
     @abc.abstractmethod
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-        """Fitted state as (JSON values, named Arrow tables)."""
-        """Implemented by each op."""
+        """Fitted state as (JSON values, named Arrow tables); saved as JSON + parquet."""
 
     @abc.abstractmethod
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
-        """Implemented by each op."""
+        """Restore what :meth:`get_state` returned."""
 
     def check_fitted(self) -> None:
         if not getattr(self, "fitted", False):

@@ -336,17 +336,21 @@ class JoinGroupby(StatOperator):
     Select the categories and ``cont_cols``: ``["user", "price"] >> JoinGroupby(
     cont_cols=["price"], stats=["count", "mean"])`` outputs ``user_count`` (rows of
     the category, int64) and ``user_price_mean`` (float64); in general
-    ``<group><sep><cont><sep><stat>`` for ``stats`` among sum, mean, std, var (sample,
-    ddof=1), min, max, as ``pandas`` ``groupby(dropna=False)`` computes them: nulls
+    ``<group><sep><cont><sep><stat>`` (``out_dtype``, float32 by default) for ``stats``
+    among sum, mean, std, var (sample, ddof=1), min, max, as ``pandas``
+    ``groupby(dropna=False)`` computes them: nulls
     and NaN of a continuous column are skipped, ±inf counts as a value, null is a
     category. A category unseen at fit gets null in every output (``FillMissing``
     after the op turns that into 0 or any value); so do mean/min/max of a category
     without values and std/var of one with fewer than two. The fitted statistics
-    (one row per category) are saved as parquet.
+    (one row per category, float64) are saved as parquet. Counts, min and max are
+    identical for any partitioning; float64 sums and moments can differ in the last
+    bits (addition order), far below float32 resolution.
     """
 
     def __init__(self, cont_cols: list[str] | None = None, stats: Sequence[str] = ("count",),
-                 cat_groups: list[str | list[str]] | None = None, name_sep: str = "_") -> None:
+                 cat_groups: list[str | list[str]] | None = None, name_sep: str = "_",
+                 out_dtype: str = "float32") -> None:
         super().__init__()
         op = "JoinGroupby"
         cont = [] if cont_cols is None else _names(cont_cols, "cont_cols", op)
@@ -358,10 +362,13 @@ class JoinGroupby(StatOperator):
             raise ValueError(f"{op}: stats {[s for s in stats_list if s != 'count']} need cont_cols")
         if not isinstance(name_sep, str):
             raise TypeError(f"{op}: name_sep must be a string, got {name_sep!r}")
+        if out_dtype not in ("float32", "float64"):
+            raise ValueError(f"{op}: out_dtype must be 'float32' or 'float64', got {out_dtype!r}")
         self.cont_cols = cont
         self.stats = stats_list
         self.cat_groups = _groups(cat_groups, op)
         self.name_sep = name_sep
+        self.out_dtype = out_dtype
         self.tables: dict[str, pa.Table] = {}
 
     def _outputs(self, group: str) -> list[tuple[str, str | None, str]]:
@@ -383,7 +390,7 @@ class JoinGroupby(StatOperator):
             check_numeric(self, input_schema[c])
         groups = self._groups_of(names)
         _check_scalar_categories(self, input_schema, groups)
-        return Schema(ColumnSchema(name, "int64" if stat == "count" else "float64",
+        return Schema(ColumnSchema(name, "int64" if stat == "count" else self.out_dtype,
                                    frozenset({Tags.CONTINUOUS}))
                       for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
 
@@ -472,8 +479,9 @@ class JoinGroupby(StatOperator):
             stats = self.tables[name]
             idx = lookup(stats.select(g), table.select(g), "JoinGroupby")
             take = pa.array(idx, mask=idx < 0)
-            for out, _, _ in self._outputs(name):
-                data[out] = stats.column(out).take(take)
+            for out, _, stat in self._outputs(name):
+                column = stats.column(out).take(take)
+                data[out] = column if stat == "count" else column.cast(self.out_dtype)
         return pa.table(data)
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
@@ -492,10 +500,10 @@ class JoinExternal(StatOperator):
     file or folder. The side table is op state: ``Workflow.save`` writes it as
     parquet and ``Workflow.load`` reads it back from there (a workflow saved with
     an in-memory side table stores ``df_ext=None`` in its parameters), so a saved
-    workflow never needs the original file, and nothing is pickled. Like every
-    statistics op it must be fitted (``Workflow.fit``, or ``fit_table`` on any
-    table) before transform; fitting reads the side table (a parquet path is read
-    then, not at construction) and nothing of the data.
+    workflow never needs the original file, and nothing is pickled. A parquet path
+    is read on first use (schema computation or fit), not at construction. Like
+    every statistics op it must be fitted (``Workflow.fit``, or ``fit_table`` on
+    any table) before transform, though fitting uses nothing of the data.
 
     * ``on``: key column(s) of the selection; ``on_ext`` the side's (default: ``on``).
     * ``columns_ext``: side columns to add (default: all but the keys).

@@ -73,6 +73,20 @@ EXAMPLES = {
     "TagAsItemID": (lambda: ops.TagAsItemID(), ["cat2"]),
     "TagAsUserFeatures": (lambda: ops.TagAsUserFeatures(), ["count"]),
     "TagAsItemFeatures": (lambda: ops.TagAsItemFeatures(tags=["categorical"]), ["cat"]),
+    "NormalizeMinMax": (lambda: ops.NormalizeMinMax(), ["cont", "count"]),
+    "FillMedian": (lambda: ops.FillMedian(add_binary_cols=True), ["cont", "count"]),
+    "Bucketize": (lambda: ops.Bucketize([-1.0, 0.0, 1.0]), ["cont", "count"]),
+    "DropLowCardinality": (lambda: ops.DropLowCardinality(3), ["cat", "cat2", "label", "lst"]),
+    "ReduceDtypeSize": (lambda: ops.ReduceDtypeSize(), ["cont", "count", "cat2", "lst"]),
+    "DataStats": (lambda: ops.DataStats(), ["cat", "cont", "count", "lst", "text"]),
+    "TargetEncoding": (lambda: ops.TargetEncoding("label", fold_col="ts", cat_groups=["cat", ["cat", "cat2"]]),
+                       ["cat", "cat2", "ts", "label"]),
+    "JoinGroupby": (lambda: ops.JoinGroupby(cont_cols=["cont", "count"],
+                                            stats=["count", "sum", "mean", "std", "var", "min", "max"]),
+                    ["cat", "cat2", "cont", "count"]),
+    "JoinExternal": (lambda: ops.JoinExternal(pa.table({"cat2": np.arange(0, 30, 2), "weight": np.arange(15) / 10}),
+                                              on="cat2"), ["cat2", "cat"]),
+    "DifferenceLag": (lambda: ops.DifferenceLag("user_id", shift=[1, -1]), ["ts", "cont", "user_id"]),
 }
 
 

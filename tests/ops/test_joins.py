@@ -193,7 +193,8 @@ def groupby_reference(train: pa.Table, apply: pa.Table, cat: str, cont: str) -> 
 @pytest.mark.parametrize("part_size", [None, SMALL_PART])
 def test_join_groupby_matches_pandas(seed, part_size):
     t = events(seed)
-    wf, _ = fit(["user", "item", "price"] >> JoinGroupby(cont_cols=["price"], stats=ALL_STATS), t, part_size)
+    op = JoinGroupby(cont_cols=["price"], stats=ALL_STATS, out_dtype="float64")
+    wf, _ = fit(["user", "item", "price"] >> op, t, part_size)
     new = pa.table({"user": ["u1", "never", None], "item": pa.array([1, 42, None]), "price": [1.0, 2.0, 3.0]})
     for data in (t, new):
         out = wf.transform(data)
@@ -222,13 +223,18 @@ def test_join_groupby_statistics_equal_on_partitions_and_combination_groups():
                                rtol=1e-12)
     sizes = Counter(keys_of(t, ["user", "item"]))
     expected = [sizes[key] for key in keys_of(t, ["user", "item"])]
-    assert parts.transform(t)["user-item-count"].to_pylist() == expected
+    out = parts.transform(t)
+    assert out["user-item-count"].to_pylist() == expected
+    assert out["user-item-price-mean"].type == pa.float32()                 # default out_dtype
+    np.testing.assert_array_equal(out["user-item-price-mean"].to_numpy(zero_copy_only=False),
+                                  whole.transform(t)["user-item-price-mean"].to_numpy(zero_copy_only=False))
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"stats": ["median"]}, ValueError, r"unknown stats \['median'\]"),
     ({"stats": ["mean"]}, ValueError, r"stats \['mean'\] need cont_cols"),
     ({"cont_cols": [1]}, TypeError, "cont_cols must be a column name or a non-empty list"),
+    ({"cont_cols": ["x"], "out_dtype": "int8"}, ValueError, "out_dtype must be 'float32' or 'float64'"),
 ])
 def test_join_groupby_bad_params(kwargs, error, match):
     with pytest.raises(error, match=match):
