@@ -14,7 +14,13 @@ table. Fitting and exporting run one dask task per piece, so memory is bounded b
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
+import os
+import shutil
+import tempfile
+import threading
+import weakref
 import json
 import posixpath
 import re
@@ -97,6 +103,11 @@ class Dataset:
     cpu:
         ``None`` or ``True``: the CPU backend (pyarrow kernels in dask tasks).
         ``False`` asks for the GPU backend, which this release does not have yet.
+    cache:
+        ``"disk"`` keeps each partition, as read, in an Arrow IPC file under
+        ``cache_dir`` (a temporary folder removed with the Dataset), so the second
+        pass (fit, then export) maps it instead of parsing the raw files again.
+        Costs disk space about the size of the data in memory.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
         ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
@@ -111,8 +122,14 @@ class Dataset:
         storage_options: dict | None = None,
         cpu: bool | None = None,
         schema: Schema | None = None,
+        cache: str | None = None,
+        cache_dir: str | None = None,
         **read_kwargs: Any,
     ) -> None:
+        if cache not in (None, "disk"):
+            raise ValueError(f"cache must be None or 'disk', got {cache!r}")
+        self.cache = cache
+        self._cache_dir = cache_dir
         self.part_size = parse_bytes(part_size)
         self.storage_options = dict(storage_options or {})
         self.cpu = _resolve_cpu(cpu)
@@ -140,6 +157,7 @@ class Dataset:
             self._stored_schema = _read_schema_json(self.fs, self.files)
 
         self._arrow_schema = self._plan()
+        self._piece_index = {p: i for i, p in enumerate(self._pieces)}
         self.schema = self._merge_schema(schema)
 
     # -- planning -----------------------------------------------------------
@@ -251,12 +269,32 @@ class Dataset:
     def read_piece(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
         """Read one partition as an Arrow table (only ``columns`` when given)."""
         row_filter = getattr(self, "_row_filter", None)
+        read = self._read_cached if self.cache else self._read_piece_raw
         if row_filter is None:
-            return self._read_piece_raw(piece, columns)
+            return read(piece, columns)
         needed = None if columns is None else list(dict.fromkeys([*columns, *row_filter.columns]))
-        table = self._read_piece_raw(piece, needed)
+        table = read(piece, needed)
         table = table.filter(row_filter.mask(table, self._piece_index[piece]))
         return table if columns is None else table.select(list(columns))
+
+    def _read_cached(self, piece: Any, columns: Sequence[str] | None) -> pa.Table:
+        """Partitions as read, kept in uncompressed Arrow IPC files: the second pass
+        over the data (fit, then export) memory-maps them instead of parsing again."""
+        if self._cache_dir is None:
+            self._cache_dir = tempfile.mkdtemp(prefix="tabstream-cache-")
+            weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
+        names = list(columns) if columns is not None else self._arrow_schema.names
+        key = hashlib.sha1("\x1f".join(names).encode()).hexdigest()[:12]
+        path = os.path.join(self._cache_dir, f"piece{self._piece_index[piece]:06d}-{key}.arrow")
+        if os.path.exists(path):
+            with pa.memory_map(path) as source:
+                return pa.ipc.open_file(source).read_all()
+        table = self._read_piece_raw(piece, columns)
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+        return table
 
     def _read_piece_raw(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
         if columns is not None:

@@ -117,6 +117,9 @@ class DotInteraction(nn.Module):
     """Pairwise dot products of ``F`` vectors, upper triangle without the diagonal:
     ``(B, F, D) -> (B, F * (F - 1) / 2)``, the DLRM interaction."""
 
+    rows: torch.Tensor
+    cols: torch.Tensor
+
     def __init__(self, num_features: int) -> None:
         super().__init__()
         rows, cols = torch.triu_indices(num_features, num_features, offset=1)

@@ -21,7 +21,7 @@ and come out pooled, one ``(B, dim)`` tensor per feature::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +45,15 @@ __all__ = [
 DEFAULT_SPARSE_THRESHOLD = 100_000
 
 Features = Mapping[str, Any]
-T = TypeVar("T")
 
 
 class EmbeddingTables(nn.ModuleDict):
     """A ``ModuleDict`` of ``nn.EmbeddingBag`` keyed by table name.
+
+    ``tables["user_id"]`` is that table's ``EmbeddingBag``. A table whose name is
+    an attribute of ``ModuleDict`` (``"items"``, ``"values"``, ``"type"``) is stored
+    under the name plus ``"_"`` (so its state-dict key is ``"items_.weight"``);
+    ``tables["items"]`` still finds it.
 
     ``forward(features)`` returns ``{feature_name: (B, dim) tensor}`` for every
     feature of every table (several features may share one table). The configs
@@ -74,16 +78,23 @@ class EmbeddingTables(nn.ModuleDict):
         super().__init__()
         self.configs: tuple[TableConfig, ...] = tuple(configs)
         self.feature_to_table: dict[str, str] = {}
+        # table name -> module key; differs only for names that are ModuleDict
+        # attributes ("items", "values", "type", ...), which get a trailing "_"
+        self._keys: dict[str, str] = {}
         for cfg in self.configs:
-            if "." in cfg.name or cfg.name in ("", "_"):
+            if "." in cfg.name or not cfg.name:
                 raise ValueError(
                     f"embedding table name {cfg.name!r} is not usable as a module name "
                     "(no '.', not empty); rename the column or its domain"
                 )
+            key = cfg.name
+            while hasattr(self, key) and key not in self._modules:
+                key += "_"
+            self._keys[cfg.name] = key
             is_sparse = cfg.cardinality >= sparse_threshold if sparse is None else bool(sparse)
             bag = nn.EmbeddingBag(cfg.cardinality, cfg.dim, mode=cfg.combiner, sparse=is_sparse)
             nn.init.uniform_(bag.weight, -init_scale, init_scale)
-            self[cfg.name] = bag
+            self.add_module(key, bag)
             for feature in cfg.feature_names:
                 if feature in self.feature_to_table:
                     raise ValueError(
@@ -92,6 +103,16 @@ class EmbeddingTables(nn.ModuleDict):
                     )
                 self.feature_to_table[feature] = cfg.name
         self._config_by_name = {cfg.name: cfg for cfg in self.configs}
+
+    def __getitem__(self, name: str) -> nn.EmbeddingBag:  # by table name
+        return cast(nn.EmbeddingBag, super().__getitem__(self._keys.get(name, name)))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._keys or super().__contains__(name)
+
+    @property
+    def table_names(self) -> list[str]:
+        return list(self._keys)
 
     @property
     def feature_names(self) -> list[str]:
@@ -156,9 +177,10 @@ def _pool_ragged(
             f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
             f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
         )
+    # embedding_bag wants ids and offsets of one integer type; loaders may hand int32
     return F.embedding_bag(
-        values, bag.weight, offsets.to(torch.long), mode=bag.mode, sparse=bag.sparse,
-        include_last_offset=True,
+        values.to(torch.long), bag.weight, offsets.to(torch.long), mode=bag.mode,
+        sparse=bag.sparse, include_last_offset=True,
     )
 
 
@@ -228,7 +250,8 @@ def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], li
         ]
     else:
         items = list(tables)
-    large, small = [], []
+    large: list[Any] = []
+    small: list[Any] = []
     for item in items:
         size = _cardinality(item)
         (large if size > threshold else small).append(item)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +84,17 @@ def _batch_size(features: Mapping[str, Any], labels: Any) -> int:
     for value in features.values():
         if isinstance(value, torch.Tensor):
             return int(value.shape[0])
-        if isinstance(value, (tuple, list)):  # (values, offsets): B + 1 offsets
-            return int(value[1].shape[0]) - 1
+        if isinstance(value, tuple):  # (padded, mask): B rows; (values, offsets): B + 1 offsets
+            return int(value[0].shape[0]) if value[0].dim() == 2 else int(value[1].shape[0]) - 1
     raise ValueError("cannot tell the batch size: no labels and no tensor features")
 
 
 def _loss(model: nn.Module, features: Mapping[str, Any], labels: Any,
           loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The training objective, and the logits when computing it produced them."""
-    if loss_fn is None and hasattr(model, "compute_loss"):
-        return model.compute_loss(features, labels), None
+    compute_loss = getattr(model, "compute_loss", None)
+    if loss_fn is None and callable(compute_loss):
+        return compute_loss(features, labels), None
     logits = model(features)
     if loss_fn is not None:
         return loss_fn(logits, labels), logits
@@ -239,10 +240,11 @@ def fit(
         if hasattr(train_loader, "set_epoch"):
             train_loader.set_epoch(epoch)
         model.train()
-        total = len(train_loader) if hasattr(train_loader, "__len__") else None
+        total = len(train_loader) if isinstance(train_loader, Sized) else None
         bar = tqdm(total=total, initial=skip, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
                    disable=not progress, dynamic_ncols=True)
-        run_samples, started, shown = 0, time.perf_counter(), 0.0
+        run_samples, started = 0, time.perf_counter()
+        shown = started
         try:
             for step, batch in enumerate(train_loader):
                 if step < skip:  # trained before the checkpoint we resumed from
@@ -270,11 +272,12 @@ def fit(
                 now = time.perf_counter()
                 if progress and now - shown > 0.5:
                     shown = now
-                    rate = run_samples / max(now - started, 1e-9)
-                    bar.set_postfix({"loss": f"{loss_sum / samples:.4f}",
-                                     "samples/s": f"{rate:,.0f}"}, refresh=False)
+                    _postfix(bar, loss_sum / samples, run_samples / (now - started))
                 if checkpoint_every and (step + 1) % checkpoint_every == 0:
                     checkpoint(epoch, step + 1)
+            if progress and run_samples:
+                now = time.perf_counter()
+                _postfix(bar, loss_sum / samples, run_samples / (now - started))
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
@@ -284,7 +287,7 @@ def fit(
         history["samples"].append(samples)
         history["samples_per_sec"].append(run_samples / elapsed if elapsed > 0 else float("nan"))
         history["time_s"].append(elapsed)
-        line = (f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}")
+        line = f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}"
         if valid_loader is not None:
             metrics = evaluate(model, valid_loader, loss_fn=loss_fn, device=device)
             history["val_loss"].append(metrics["loss"])
@@ -296,6 +299,10 @@ def fit(
         loss_sum, samples = 0.0, 0
         checkpoint(epoch + 1, 0)
     return history
+
+
+def _postfix(bar: Any, loss: float, rate: float) -> None:
+    bar.set_postfix({"loss": f"{loss:.4f}", "samples/s": f"{rate:,.0f}"}, refresh=False)
 
 
 def _step(optimizer: Any) -> None:

@@ -222,13 +222,17 @@ class TwoTower(nn.Module):
             raise ValueError(f"TwoTower: temperature must be > 0, got {temperature}")
         self.temperature = float(temperature)
         self.l2_normalize = l2_normalize
-        kwargs = {"embedding_dim": embedding_dim, "multiplier": multiplier, "sparse": sparse,
-                  "sparse_threshold": sparse_threshold, "combiner": combiner}
-        self.query_tower = _Tower(FeatureInputs(user, **kwargs), query_tower, output_dim)
-        self.item_tower = _Tower(FeatureInputs(item, **kwargs), item_tower, output_dim)
+
+        def inputs(part: Schema) -> FeatureInputs:
+            return FeatureInputs(part, embedding_dim=embedding_dim, multiplier=multiplier,
+                                 sparse=sparse, sparse_threshold=sparse_threshold,
+                                 combiner=combiner)
+
+        self.query_tower = _Tower(inputs(user), query_tower, output_dim)
+        self.item_tower = _Tower(inputs(item), item_tower, output_dim)
         ids = [c.name for c in item.select_by_tag([Tags.ITEM, Tags.ID]) if not c.is_list]
         cats = [c.name for c in item.select_by_tag(Tags.CATEGORICAL) if not c.is_list]
-        self.item_id_column: str | None = (ids or cats or [None])[0]
+        self.item_id_column: str | None = next(iter(ids + cats), None)
 
     def query_embeddings(self, features: Features) -> torch.Tensor:
         q = self.query_tower(features)
@@ -279,7 +283,7 @@ def recall_at_k(model: TwoTower, loader: Iterable[Any], k: int = 10, device: Any
     ``loader`` yields ``(features, labels)`` (rows with ``label > 0.5`` are the
     positives; ``labels=None`` means all rows are).
     """
-    from tabstream.train.torch.fit import move_to_device
+    from tabstream.train.torch.fit import _unpack, move_to_device
 
     if k < 1:
         raise ValueError(f"recall_at_k: k must be >= 1, got {k}")
@@ -288,7 +292,8 @@ def recall_at_k(model: TwoTower, loader: Iterable[Any], k: int = 10, device: Any
     model.eval()
     queries, items, ids = [], [], []
     try:
-        for features, labels in loader:
+        for batch in loader:
+            features, labels = _unpack(batch, "recall_at_k")
             features = move_to_device(features, device)
             q, i = model.query_embeddings(features), model.item_embeddings(features)
             row_ids = model.item_ids(features)

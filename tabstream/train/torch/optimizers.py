@@ -161,8 +161,8 @@ class MultiOptimizer:
             factory (called with the claimed parameters) or a built optimizer (then
             ``tables_or_modules`` may be ``None``; if given it must name exactly
             the optimizer's parameters). ``tables_or_modules`` is a module, a
-            parameter, a :class:`TableConfig` or table name (every embedding table
-            of that name in ``model``), a module or parameter name in ``model``, or
+            parameter, a :class:`TableConfig`, a name (of a parameter or module of
+            ``model``, else of its embedding tables: every table of that name), or
             a list of these (e.g. the ``large`` list of
             :func:`split_embeddings_on_size`).
         model: names parameters (state is keyed by parameter name) and supplies

@@ -3,7 +3,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_data import categorical, continuous, target  # noqa: E402
+from torch_data import categorical, continuous  # noqa: E402
 
 from tabstream.errors import SchemaError  # noqa: E402
 from tabstream.pipeline.schema import Schema, Tags  # noqa: E402
@@ -155,3 +155,14 @@ def test_split_embeddings_on_size():
         split_embeddings_on_size(configs, threshold=1e3)
     with pytest.raises(TypeError, match="got Linear"):
         split_embeddings_on_size([torch.nn.Linear(2, 2)], threshold=10)
+
+
+def test_table_names_that_clash_with_module_attributes():
+    schema = Schema([categorical("items", 10), categorical("type", 12), categorical("user", 5)])
+    tables = embedding_tables_from_schema(schema, dim=8)
+    assert tables.table_names == ["items", "type", "user"]
+    assert [tables[n].num_embeddings for n in tables.table_names] == [10, 12, 5]
+    assert "items" in tables and "nope" not in tables
+    assert sorted(tables.state_dict()) == ["items_.weight", "type_.weight", "user.weight"]
+    out = tables({"items": torch.tensor([1]), "type": torch.tensor([2]), "user": torch.tensor([3])})
+    assert torch.equal(out["items"][0], tables["items"].weight[1])

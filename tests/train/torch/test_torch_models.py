@@ -158,3 +158,14 @@ def test_continuous_inputs_are_used(ranking_data):
     assert not torch.allclose(model(features), model(shifted))
     assert set(model.inputs.continuous_names) == {"x1", "x2"}
     assert "click" not in model.inputs.embeddings.feature_names
+
+
+def test_two_tower_trains_without_labels(retrieval_data):
+    """A loader of positive interactions only may yield (features, None)."""
+    unlabeled = [(features, None) for features, _ in retrieval_data.train[:10]]
+    torch.manual_seed(0)
+    model = TwoTower(retrieval_data.schema, output_dim=8)
+    history = fit(model, unlabeled, LazyAdam(model.parameters(), lr=1e-2), progress=False)
+    assert history["samples"] == [sum(len(f["user_id"]) for f, _ in unlabeled)]
+    labeled = [(f, torch.ones(len(f["user_id"]))) for f, _ in unlabeled]
+    assert recall_at_k(model, unlabeled, k=5) == recall_at_k(model, labeled, k=5)

@@ -236,3 +236,20 @@ def test_built_optimizers_without_a_model_and_shared_param_groups():
         group["lr"] = 0.5
     assert opt.optimizers["default"].param_groups[0]["lr"] == 0.5
     assert opt.optimizers["0"].param_groups[0]["lr"] == 0.5
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")  # torch Adagrad, sparse
+def test_the_documented_setup_runs():
+    """The example of the optimizers module: all tables sparse, LazyAdam for the
+    large ones, Adagrad for the small ones, Adam for the dense layers."""
+    torch.manual_seed(0)
+    model = DLRM(SCHEMA, embedding_dim=8, sparse=True)
+    large, small = split_embeddings_on_size(model, threshold=1000)
+    opt = MultiOptimizer(partial(torch.optim.Adam, lr=1e-3),
+                         [(partial(LazyAdam, lr=1e-2), large),
+                          (partial(torch.optim.Adagrad, lr=0.05), small)], model=model)
+    assert [type(o).__name__ for o in opt.optimizers.values()] == ["Adam", "LazyAdam", "Adagrad"]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_steps(model, opt, [batch(np.random.default_rng(1))])
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == set(before)  # every optimizer stepped its parameters

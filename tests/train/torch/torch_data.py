@@ -67,14 +67,22 @@ def batches(columns, labels, batch_size, lists=None):
     return out
 
 
-def make_ranking_data(seed=0, n_train=16_000, n_valid=4_000, batch_size=256):
-    """Clicks from a hidden logistic model: per-id effects of c_small, c_mid and the
-    multi-hot tags, a c_small x c_mid interaction, two continuous effects; c_big is
-    noise. The oracle (true probability) AUC is about 0.8."""
+RANKING_CARDS = {"c_small": 20, "c_mid": 300, "c_big": 3000}
+
+
+def ranking_schema():
+    return Schema([
+        *(categorical(name, card) for name, card in RANKING_CARDS.items()),
+        categorical("tags", 40, is_list=True),
+        continuous("x1"), continuous("x2"), target(),
+    ])
+
+
+def ranking_rows(seed, n):
+    """``n`` rows of the ranking data as numpy: (columns, (tag values, tag lengths),
+    labels, true probabilities)."""
     rng = np.random.default_rng(seed)
-    n = n_train + n_valid
-    cards = {"c_small": 20, "c_mid": 300, "c_big": 3000}
-    ids = {name: rng.integers(0, card, n) for name, card in cards.items()}
+    ids = {name: rng.integers(0, card, n) for name, card in RANKING_CARDS.items()}
     lengths = rng.integers(0, 4, n)
     tag_values = rng.integers(1, 40, lengths.sum())
     x = rng.normal(size=(2, n))
@@ -88,6 +96,15 @@ def make_ranking_data(seed=0, n_train=16_000, n_valid=4_000, batch_size=256):
     p = _sigmoid(logit)
     y = (rng.random(n) < p).astype(np.float32)
     columns = {**ids, "x1": x[0].astype(np.float32), "x2": x[1].astype(np.float32)}
+    return columns, (tag_values, lengths), y, p
+
+
+def make_ranking_data(seed=0, n_train=16_000, n_valid=4_000, batch_size=256):
+    """Clicks from a hidden logistic model: per-id effects of c_small, c_mid and the
+    multi-hot tags, a c_small x c_mid interaction, two continuous effects; c_big is
+    noise. The oracle (true probability) AUC is about 0.83."""
+    n = n_train + n_valid
+    columns, (tag_values, lengths), y, p = ranking_rows(seed, n)
     offsets = np.r_[0, np.cumsum(lengths)]
 
     def part(lo, hi):
@@ -95,12 +112,8 @@ def make_ranking_data(seed=0, n_train=16_000, n_valid=4_000, batch_size=256):
         lists = {"tags": (tag_values[offsets[lo]:offsets[hi]], lengths[lo:hi])}
         return batches(cols, y[lo:hi], batch_size, lists)
 
-    schema = Schema([
-        *(categorical(name, card) for name, card in cards.items()),
-        categorical("tags", 40, is_list=True),
-        continuous("x1"), continuous("x2"), target(),
-    ])
-    return Synthetic(schema, part(0, n_train), part(n_train, n), _auc(y[n_train:], p[n_train:]))
+    return Synthetic(ranking_schema(), part(0, n_train), part(n_train, n),
+                     _auc(y[n_train:], p[n_train:]))
 
 
 def make_retrieval_data(seed=0, n_train=12_000, n_valid=2_000, batch_size=256,
