@@ -20,7 +20,11 @@ from tabstream.train.tensorflow.embeddings import (
     embedding_tables_from_schema,
     split_embeddings_on_size,
 )
-from tabstream.train.tensorflow.fit import ThroughputCallback, binary_classification_metrics
+from tabstream.train.tensorflow.fit import (
+    LogLoss,
+    ThroughputCallback,
+    binary_classification_metrics,
+)
 from tabstream.train.tensorflow.models import DCN, DLRM, TwoTower, WideAndDeep
 from tabstream.train.tensorflow.optimizers import LazyAdam, MultiOptimizer
 
@@ -33,6 +37,7 @@ __all__ = [
     "EmbeddingTable",
     "EmbeddingTables",
     "LazyAdam",
+    "LogLoss",
     "MultiOptimizer",
     "TableConfig",
     "ThroughputCallback",

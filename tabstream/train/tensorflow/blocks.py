@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
+
 __all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "DotInteraction"]
 
 

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
 from tabstream.train.tables import TableConfig, table_configs_from_schema
+from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
 __all__ = [
     "EmbeddingTable",
@@ -275,6 +276,11 @@ class EmbeddingTables(keras.layers.Layer):
             return table.pool(*flat)
         ids = tf.convert_to_tensor(features[name])
         if name not in self.list_features:
+            if ids.shape.rank is not None and ids.shape.rank > 1 and ids.shape[-1] != 1:
+                raise ValueError(
+                    f"feature {name!r} is not a list feature but got ids of shape {ids.shape}; "
+                    "mark the column is_list=True in the schema (or pass list_features=)"
+                )
             return table(ids)
         if ids.shape.rank != 2:
             raise ValueError(

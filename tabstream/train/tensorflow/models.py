@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (
     MLP,
     ContinuousFeatures,
@@ -82,8 +83,29 @@ class _SchemaModel(keras.Model):
         looked_up = tables(features)
         return [looked_up[name] for name in tables.feature_names]
 
+    def example_batch(self, batch_size: int = 2) -> dict[str, tf.Tensor]:
+        """Zeros shaped like this model's inputs (list columns as padded ``[B, 1]``)."""
+        batch = {}
+        targets = {c.name for c in self.schema.select_by_tag(Tags.TARGET)}
+        for col in self.schema:
+            if col.name in targets:
+                continue
+            if Tags.CATEGORICAL in col.tags:
+                shape = [batch_size, 1] if col.is_list else [batch_size]
+                batch[col.name] = tf.zeros(shape, tf.int64)
+            elif Tags.CONTINUOUS in col.tags:
+                batch[col.name] = tf.zeros([batch_size], tf.float32)
+        return batch
+
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "schema": self.schema.to_dict(), "seed": self.seed}
+
+    # Keras rebuilds a loaded model from this (its default needs one input shape).
+    def get_build_config(self) -> dict[str, Any]:
+        return {"example_batch_from_schema": True}
+
+    def build_from_config(self, config: dict[str, Any]) -> None:
+        self(self.example_batch())
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> _SchemaModel:

@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tabstream.train.tables import TableConfig
+from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
 __all__ = ["LazyAdam", "MultiOptimizer"]
 
@@ -36,9 +37,10 @@ class LazyAdam(keras.optimizers.Optimizer):
         v[r] = beta_2 * v[r] + (1 - beta_2) * g[r] ** 2
         w[r] -= alpha * m[r] / (sqrt(v[r]) + epsilon)
 
-    Rows outside ``r`` keep their weights and moments. ``weight_decay`` is rejected
-    (it would touch every row); ``clipnorm`` clips the sparse gradient as a whole,
-    while ``clipvalue``/``global_clipnorm`` make Keras densify it.
+    Rows outside ``r`` keep their weights and moments. ``clipnorm``, ``clipvalue`` and
+    ``global_clipnorm`` apply to the summed rows ``g[r]``, i.e. exactly as to the dense
+    gradient, without densifying it. ``weight_decay`` is rejected (it would touch every
+    row).
     """
 
     def __init__(
@@ -71,6 +73,22 @@ class LazyAdam(keras.optimizers.Optimizer):
             self._velocities.append(self.add_variable_from_reference(var, name="velocity"))
 
     @_no_autograph
+    def _clip_gradients(self, grads: list[Any]) -> list[Any]:
+        if not (self.clipnorm or self.clipvalue or self.global_clipnorm):
+            return grads
+        # Clip what the dense gradient would hold: one summed row per id.
+        grads = [_sum_duplicates(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if self.clipvalue:
+            return [_map_values(g, lambda x: tf.clip_by_value(x, -self.clipvalue, self.clipvalue))
+                    for g in grads]
+        if self.clipnorm:
+            return [g if g is None else tf.clip_by_norm(g, self.clipnorm) for g in grads]
+        squares = [tf.reduce_sum(tf.square(_values(g))) for g in grads if g is not None]
+        norm = tf.sqrt(tf.add_n(squares))
+        scale = self.global_clipnorm / tf.maximum(norm, self.global_clipnorm)
+        return [_map_values(g, lambda x: x * tf.cast(scale, x.dtype)) for g in grads]
+
+    @_no_autograph
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         index = self._get_variable_index(variable)
         m = self._momentums[index]
@@ -90,10 +108,9 @@ class LazyAdam(keras.optimizers.Optimizer):
             return
 
         # Sum the gradient rows of repeated ids so each row gets one Adam step.
-        rows, position = tf.unique(gradient.indices)
-        g = tf.math.unsorted_segment_sum(
-            tf.cast(gradient.values, dtype), position, tf.shape(rows)[0]
-        )
+        summed = _sum_duplicates(gradient)
+        rows = summed.indices
+        g = tf.cast(summed.values, dtype)
         m_var = _tf_variable(m)
         v_var = _tf_variable(v)
         m_rows = beta_1 * tf.gather(m_var, rows) + (1.0 - beta_1) * g
@@ -108,6 +125,25 @@ class LazyAdam(keras.optimizers.Optimizer):
         config = super().get_config()
         config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
         return config
+
+
+def _sum_duplicates(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """One row per distinct index, holding the sum of that index's rows."""
+    rows, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
+    return tf.IndexedSlices(values, rows, grad.dense_shape)
+
+
+def _values(grad: Any) -> tf.Tensor:
+    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _map_values(grad: Any, fn: Any) -> Any:
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
+    return fn(grad)
 
 
 def _tf_variable(variable: Any) -> tf.Variable:
@@ -162,7 +198,7 @@ class MultiOptimizer(keras.optimizers.Optimizer):
         name: str = "multi_optimizer",
         **kwargs: Any,
     ) -> None:
-        unsupported = sorted(k for k, v in kwargs.items() if v is not None and k != "learning_rate")
+        unsupported = sorted(k for k, v in kwargs.items() if v is not None)
         if unsupported:
             raise ValueError(
                 f"MultiOptimizer does not take {unsupported}: set them on the sub-optimizers"
@@ -356,10 +392,6 @@ class MultiOptimizer(keras.optimizers.Optimizer):
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
-        # The base constructor sets a learning rate before the sub-optimizers exist.
-        if "_optimizers" not in self.__dict__:
-            self._learning_rate = value
-            return
         self._optimizers[0].learning_rate = value
 
     def get_config(self) -> dict[str, Any]:

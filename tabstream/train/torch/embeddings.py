@@ -231,7 +231,7 @@ def embedding_tables_from_schema(
 
 
 def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], list[Any]]:
-    """Split tables into ``(large, small)``: large have more than ``threshold`` rows.
+    """Split tables into ``(large, small)``: large have at least ``threshold`` rows.
 
     ``tables`` may be an :class:`EmbeddingTables`, any module (all its
     ``nn.Embedding``/``nn.EmbeddingBag`` submodules are split, e.g. a whole
@@ -254,7 +254,7 @@ def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], li
     small: list[Any] = []
     for item in items:
         size = _cardinality(item)
-        (large if size > threshold else small).append(item)
+        (large if size >= threshold else small).append(item)
     return large, small
 
 

@@ -5,6 +5,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from tf_synthetic import categorical  # noqa: E402
+
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.train.tables import TableConfig  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
@@ -13,7 +15,6 @@ from tabstream.train.tensorflow import (  # noqa: E402
     embedding_tables_from_schema,
     split_embeddings_on_size,
 )
-from tf_synthetic import categorical  # noqa: E402
 
 
 def expected_dim(cardinality: int, multiplier: float = 2.0) -> int:
@@ -205,3 +206,21 @@ def test_tables_are_in_tf_checkpoints(tmp_path):
         np.testing.assert_array_equal(
             restored.tables[name].embeddings.numpy(), tables.tables[name].embeddings.numpy()
         )
+
+
+def test_embedding_tables_config_round_trip():
+    configs = [TableConfig("c", 12, 8, ("c", "d")), TableConfig("tags", 9, 8, ("tags",), is_list=True)]
+    tables = EmbeddingTables(configs, seed=4)
+    clone = EmbeddingTables.from_config(tables.get_config())
+    assert clone.configs == tables.configs
+    assert clone.list_features == tables.list_features
+    for name in tables.tables:  # same seed, same initial values
+        np.testing.assert_array_equal(
+            clone.tables[name].embeddings.numpy(), tables.tables[name].embeddings.numpy()
+        )
+
+
+def test_list_shaped_input_for_a_scalar_feature_is_explained():
+    tables = EmbeddingTables([TableConfig("c", 12, 8, ("c",))])
+    with pytest.raises(ValueError, match="feature 'c' is not a list feature"):
+        tables({"c": tf.constant([[1, 2], [3, 4]])})

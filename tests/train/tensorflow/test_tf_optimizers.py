@@ -4,6 +4,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from tf_synthetic import ranking_data  # noqa: E402
+
 from tabstream.train.tables import TableConfig  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
@@ -12,7 +14,6 @@ from tabstream.train.tensorflow import (  # noqa: E402
     MultiOptimizer,
     split_embeddings_on_size,
 )
-from tf_synthetic import ranking_data  # noqa: E402
 
 # The optimizer computes in float32; the references use the same float32-rounded
 # hyperparameters (1 - 0.999 differs by 1e-5 relative between float32 and float64).
@@ -132,6 +133,31 @@ def test_dense_gradients_get_plain_adam():
     np.testing.assert_allclose(lazy_var.numpy(), keras_var.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "clip", [{"clipvalue": 0.7}, {"clipnorm": 1.5}, {"global_clipnorm": 2.0}]
+)
+def test_clipping_applies_to_summed_rows_like_a_dense_gradient(clip):
+    rng = np.random.default_rng(2)
+    init = rng.normal(size=(20, 3)).astype(np.float32)
+    steps = [(np.array([1, 1, 4, 9]), rng.normal(size=(4, 3)).astype(np.float32)) for _ in range(3)]
+    var = keras.Variable(init)
+    opt = LazyAdam(LR, **clip)
+    clipped_steps = []
+    for ids, rows in steps:
+        opt.apply([tf.IndexedSlices(tf.constant(rows), tf.constant(ids), tf.constant([20, 3]))], [var])
+        dense = np.zeros((20, 3), np.float64)
+        np.add.at(dense, ids, rows)
+        if "clipvalue" in clip:
+            dense = np.clip(dense, -0.7, 0.7)
+        else:
+            limit = clip.get("clipnorm", clip.get("global_clipnorm"))
+            dense *= limit / max(np.linalg.norm(dense), limit)
+        touched = np.unique(ids)
+        clipped_steps.append((touched, dense[touched]))
+    expected, _, _ = lazy_adam_reference(init, clipped_steps)
+    np.testing.assert_allclose(var.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_lazy_adam_config_round_trip():
     opt = LazyAdam(0.01, beta_1=0.8, beta_2=0.99, epsilon=1e-6, clipnorm=1.0)
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
@@ -160,16 +186,21 @@ def multi_for(model, lr=LR):
     return MultiOptimizer(keras.optimizers.Adam(lr), [(LazyAdam(lr), large)])
 
 
-def make_step(model, opt):
+def make_step(model, opt, traced=False):
+    """A custom training step; eager by default (tracing costs more than these few
+    steps on a busy 2-core machine; the traced path has its own test)."""
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
 
-    @tf.function
     def step(features, labels):
         with tf.GradientTape() as tape:
             loss = loss_fn(labels[:, None], model(features, training=True))
         opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
 
-    return step
+    return tf.function(step) if traced else step
+
+
+def tiny_dlrm(schema, seed):
+    return DLRM(schema, embedding_dim=8, bottom_mlp=(8,), top_mlp=(16,), seed=seed)
 
 
 def weights(model):
@@ -178,7 +209,7 @@ def weights(model):
 
 def test_multi_optimizer_routes_each_variable():
     schema, batches = small_setup()
-    model = DLRM(schema, embedding_dim=8, seed=0)
+    model = tiny_dlrm(schema, seed=0)
     model(batches[0][0])
     opt = multi_for(model)
     opt.build(model.trainable_variables)
@@ -193,8 +224,9 @@ def test_multi_optimizer_routes_each_variable():
 
 def test_multi_optimizer_equals_separate_optimizers():
     schema, batches = small_setup()
-    multi_model = DLRM(schema, embedding_dim=8, seed=0)
-    split_model = DLRM(schema, embedding_dim=8, seed=0)
+    multi_model = tiny_dlrm(schema, seed=0)
+    split_model = tiny_dlrm(schema, seed=0)
+    split_model(batches[0][0])  # build, so that trainable_variables lists every weight
     multi_step = make_step(multi_model, multi_for(multi_model))
     large, _ = split_embeddings_on_size(split_model.embeddings, threshold=100)
     large_vars = [t.embeddings for t in large]
@@ -203,7 +235,6 @@ def test_multi_optimizer_equals_separate_optimizers():
     lazy, adam = LazyAdam(LR), keras.optimizers.Adam(LR)
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
 
-    @tf.function
     def split_step(features, labels):
         with tf.GradientTape() as tape:
             loss = loss_fn(labels[:, None], split_model(features, training=True))
@@ -221,8 +252,38 @@ def test_multi_optimizer_equals_separate_optimizers():
     seen = np.unique(np.concatenate([f["cat_2"].numpy() for f, _ in batches]))
     unseen = np.setdiff1d(np.arange(300), seen)
     assert len(unseen) > 0
-    fresh = DLRM(schema, embedding_dim=8, seed=0).embeddings.tables["cat_2"].embeddings.numpy()
+    fresh = tiny_dlrm(schema, seed=0).embeddings.tables["cat_2"].embeddings.numpy()
     np.testing.assert_array_equal(weights(multi_model)["cat_2/embeddings"][unseen], fresh[unseen])
+
+
+def test_multi_optimizer_in_a_tf_function_builds_on_first_trace():
+    tables = EmbeddingTables(
+        [TableConfig("big", 1000, 4, ("big",)), TableConfig("small", 10, 4, ("small",))], seed=0
+    )
+    init = {n: t.embeddings.numpy() for n, t in tables.tables.items()}
+    large, _ = split_embeddings_on_size(tables, 100)
+    opt = MultiOptimizer(keras.optimizers.SGD(1.0), [(LazyAdam(LR), large)])
+
+    @tf.function
+    def step(big, small):
+        with tf.GradientTape() as tape:
+            out = tables({"big": big, "small": small})
+            loss = tf.reduce_sum(out["big"]) + tf.reduce_sum(out["small"])
+        opt.apply(tape.gradient(loss, tables.trainable_variables), tables.trainable_variables)
+
+    big_steps = [np.array([5, 5, 7]), np.array([7, 9, 9])]
+    for big in big_steps:
+        step(tf.constant(big), tf.constant([1, 1, 2]))
+    assert int(opt.iterations) == 2
+    # SGD with lr 1 on a sum: each row drops by its id's count per step
+    expected_small = init["small"].copy()
+    expected_small[1] -= 4.0
+    expected_small[2] -= 2.0
+    np.testing.assert_allclose(tables.tables["small"].embeddings.numpy(), expected_small, rtol=1e-6)
+    expected_big, _, _ = lazy_adam_reference(
+        init["big"], [(ids, np.ones((3, 4), np.float32)) for ids in big_steps]
+    )
+    np.testing.assert_allclose(tables.tables["big"].embeddings.numpy(), expected_big, rtol=1e-5, atol=1e-6)
 
 
 def test_a_variable_claimed_twice_is_rejected():
@@ -270,7 +331,7 @@ def test_table_config_claims_route_the_table():
 
 def test_multi_optimizer_config_round_trip_routes_by_path():
     schema, batches = small_setup()
-    model = DLRM(schema, embedding_dim=8, seed=0)
+    model = tiny_dlrm(schema, seed=0)
     model(batches[0][0])
     opt = multi_for(model, lr=0.02)
     opt.build(model.trainable_variables)
@@ -287,20 +348,20 @@ def test_checkpoint_restore_continues_like_uninterrupted_training(tmp_path):
     schema, batches = small_setup()
     half = len(batches) // 2
 
-    straight = DLRM(schema, embedding_dim=8, seed=0)
+    straight = tiny_dlrm(schema, seed=0)
     straight_opt = multi_for(straight)
     step = make_step(straight, straight_opt)
     for features, labels in batches:
         step(features, labels)
 
-    first = DLRM(schema, embedding_dim=8, seed=0)
+    first = tiny_dlrm(schema, seed=0)
     first_opt = multi_for(first)
     step = make_step(first, first_opt)
     for features, labels in batches[:half]:
         step(features, labels)
     path = tf.train.Checkpoint(model=first, optimizer=first_opt).write(str(tmp_path / "ckpt"))
 
-    resumed = DLRM(schema, embedding_dim=8, seed=1)  # different initial weights
+    resumed = tiny_dlrm(schema, seed=1)  # different initial weights
     resumed(batches[0][0])
     resumed_opt = multi_for(resumed)
     resumed_opt.build(resumed.trainable_variables)
@@ -319,11 +380,12 @@ def test_checkpoint_restore_continues_like_uninterrupted_training(tmp_path):
 
 
 def compiled_dlrm(schema, seed):
-    model = DLRM(schema, embedding_dim=8, seed=seed)
+    model = tiny_dlrm(schema, seed=seed)
     model.compile(optimizer=multi_for(model), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
 
 
+@pytest.mark.slow
 def test_fit_with_save_weights_resumes_like_uninterrupted_training(tmp_path):
     schema, batches = small_setup()
     data = tf.data.Dataset.from_tensor_slices(

@@ -142,15 +142,15 @@ def test_split_embeddings_on_size():
     schema = Schema([categorical(n, c) for n, c in cards.items()])
     configs = table_configs_from_schema(schema, dim=8)
     large, small = split_embeddings_on_size(configs, threshold=1000)
-    assert [c.name for c in large] == [n for n, c in cards.items() if c > 1000]
-    assert [c.name for c in small] == [n for n, c in cards.items() if c <= 1000]
+    assert [c.name for c in large] == [n for n, c in cards.items() if c >= 1000]
+    assert [c.name for c in small] == [n for n, c in cards.items() if c < 1000]
 
     tables = EmbeddingTables(configs)
     model = torch.nn.Sequential(tables, torch.nn.Linear(3, 1))
     for container in (tables, model, list(tables.values())):
         large_m, small_m = split_embeddings_on_size(container, threshold=1000)
-        assert large_m == [tables["c"], tables["d"]]
-        assert small_m == [tables["a"], tables["b"]]
+        assert large_m == [tables["b"], tables["c"], tables["d"]]
+        assert small_m == [tables["a"]]
     with pytest.raises(TypeError, match="threshold must be an int"):
         split_embeddings_on_size(configs, threshold=1e3)
     with pytest.raises(TypeError, match="got Linear"):
