@@ -64,6 +64,8 @@ def table_configs_from_schema(
     """
     groups: dict[str, list] = {}
     for col in schema.select_by_tag(Tags.CATEGORICAL):
+        if Tags.TARGET in col.tags:
+            continue  # a categorical target is predicted, not embedded
         if col.cardinality is None:
             raise ValueError(
                 f"categorical column {col.name!r} has no domain in its schema; "
