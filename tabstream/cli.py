@@ -4,6 +4,7 @@
     tabstream fit raw/ --recipe criteo --workflow-dir wf/ --output out/train
     tabstream transform wf/ raw_new/ out/new
     tabstream inspect out/train
+    tabstream train out/train --valid out/valid --model dlrm
     tabstream demo
 """
 
@@ -153,6 +154,20 @@ def cmd_inspect(args: argparse.Namespace) -> None:
               f"{100 * col['null_rate']:>6.2f}% {col['distinct']:>10,} {card:>11}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from tabstream.train.runner import train_on_export
+
+    history = train_on_export(args.train, args.valid, model=args.model, epochs=args.epochs,
+                              batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                              progress=not args.quiet, checkpoint_dir=args.checkpoint_dir)
+    for i in range(len(history["loss"])):
+        line = (f"epoch {i + 1}: loss {history['loss'][i]:.4f}  "
+                f"{history['samples_per_sec'][i]:,.0f} samples/s")
+        if "val_auc" in history:
+            line += f"  val AUC {history['val_auc'][i]:.4f}  val log-loss {history['val_log_loss'][i]:.4f}"
+        print(line)
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from tabstream.demo import run_demo
 
@@ -218,8 +233,20 @@ def build_parser() -> argparse.ArgumentParser:
     data_opts(p)
     p.set_defaults(func=cmd_inspect)
 
+    p = sub.add_parser("train", help="train a bundled PyTorch model (DLRM, DCN, Wide&Deep) on an export")
+    p.add_argument("train", help="export folder to train on (tabstream fit/transform output)")
+    p.add_argument("--valid", help="export folder to validate on (AUC, log-loss)")
+    p.add_argument("--model", choices=["dlrm", "dcn", "wide_and_deep"], default="dlrm")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", help="save (and resume from) checkpoints here")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
+
     p = sub.add_parser("demo", help="synthetic raw TSV logs -> fit -> train/valid export (-> training)")
-    p.add_argument("--rows", type=int, default=500_000)
+    p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--days", type=int, default=4, help="raw files; the last one is the validation day")
     p.add_argument("--output", default="demo_out")
     p.add_argument("--seed", type=int, default=0)

@@ -13,7 +13,7 @@ def run(*args, expect=0):
     return code
 
 
-@pytest.mark.parametrize("command", ["synth", "fit", "transform", "inspect", "demo"])
+@pytest.mark.parametrize("command", ["synth", "fit", "transform", "inspect", "train", "demo"])
 def test_help_for_every_command(command, capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args([command, "--help"])
@@ -74,3 +74,28 @@ def test_demo_runs_without_training(tmp_path, capsys):
     assert "fit" in out and "export train" in out and "C26" in out
     assert (tmp_path / "demo" / "train" / "schema.json").exists()
     assert (tmp_path / "demo" / "valid" / "_manifest.json").exists()
+
+
+def test_train_command_reports_auc(tmp_path, capsys):
+    pytest.importorskip("torch")
+    raw = tmp_path / "raw"
+    run("synth", "criteo", str(raw), "--rows", "6000", "--files", "2", "--format", "parquet")
+    run("fit", str(raw / "part_00000.parquet"), "--workflow-dir", str(tmp_path / "wf"),
+        "--output", str(tmp_path / "train"), "--quiet", "--freq-threshold", "2")
+    run("transform", str(tmp_path / "wf"), str(raw / "part_00001.parquet"), str(tmp_path / "valid"), "--quiet")
+    capsys.readouterr()
+    run("train", str(tmp_path / "train"), "--valid", str(tmp_path / "valid"), "--quiet", "--batch-size", "512")
+    out = capsys.readouterr().out
+    assert "epoch 1:" in out and "val AUC" in out
+    auc = float(out.split("val AUC")[1].split()[0])
+    assert 0.0 <= auc <= 1.0
+
+
+@pytest.mark.slow
+def test_demo_trains_close_to_the_oracle(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from tabstream.demo import run_demo
+
+    result = run_demo(rows=400_000, output=str(tmp_path / "demo"), progress=False)
+    assert result["oracle_auc"] - result["val_auc"] < 0.04
+    assert result["val_auc"] > 0.7
