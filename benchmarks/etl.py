@@ -15,12 +15,13 @@ shows medians over ``--repeats`` runs. After the runs the two outputs of each
 format are compared (integer ids exactly, normalized values to float32 precision).
 
     python benchmarks/etl.py                           # 2M rows, parquet and TSV, 3 repeats
+    python benchmarks/etl.py --ts-cache none,disk --json bench_data/etl-2M.json   # + Dataset(cache="disk")
     python benchmarks/etl.py --rows 10000000 --only tabstream --baseline-json bench_data/etl-2M.json
     python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
 
 ``--profile`` runs the tabstream case once on dask's synchronous scheduler under
-cProfile (the threaded scheduler runs tasks on threads cProfile does not see) and
-prints the top functions.
+cProfile (the threaded scheduler runs tasks on threads cProfile does not see),
+timing process CPU seconds rather than wall seconds, and prints the top functions.
 """
 
 from __future__ import annotations
@@ -80,11 +81,33 @@ def _cpu_seconds() -> float:
 
 
 class _Phases:
-    """Wall and CPU (all threads) seconds per phase."""
+    """Wall and CPU (all threads) seconds per phase, and the highest RSS seen in each
+    phase (a sampling thread, every 10 ms; the process's true peak comes from the
+    parent's ``wait4``)."""
 
     def __init__(self) -> None:
         self.wall: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self.rss_mb: dict[str, float] = {}
+        self._current: str | None = None
+        try:
+            import threading
+
+            import psutil
+
+            self._proc = psutil.Process()
+            threading.Thread(target=self._sample, daemon=True).start()
+        except ImportError:
+            self._proc = None
+
+    def _sample(self) -> None:
+        while True:
+            name = self._current
+            if name is not None:
+                rss = self._proc.memory_info().rss / 2**20
+                if rss > self.rss_mb.get(name, 0.0):
+                    self.rss_mb[name] = rss
+            time.sleep(0.01)
 
     def __call__(self, name: str):
         phases = self
@@ -92,15 +115,18 @@ class _Phases:
         class _Ctx:
             def __enter__(self) -> None:
                 self.t, self.c = time.perf_counter(), _cpu_seconds()
+                phases._current = name
 
             def __exit__(self, *exc: Any) -> None:
+                phases._current = None
                 phases.wall[name] = time.perf_counter() - self.t
                 phases.cpu[name] = _cpu_seconds() - self.c
 
         return _Ctx()
 
 
-def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None) -> dict[str, Any]:
+def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None,
+                   cache: str | None = None) -> dict[str, Any]:
     ph = _Phases()
     with ph("import"):
         import tabstream
@@ -112,13 +138,18 @@ def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None) ->
         _run_tasks_synchronously()
         import cProfile
 
-        prof = cProfile.Profile()
+        # CPU time of the whole process (all threads), not wall time: on a shared
+        # machine wall time mostly measures the neighbours.
+        prof = cProfile.Profile(time.process_time)
         prof.enable()
     with ph("fit"):
+        # cache="disk" (if this tabstream has it) keeps each partition as read in an
+        # Arrow IPC file, so the export pass maps it instead of reading/parsing again.
+        extra = {"cache": cache} if cache else {}
         if fmt == "tsv":
-            ds = tabstream.Dataset(files, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t")
+            ds = tabstream.Dataset(files, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t", **extra)
         else:
-            ds = tabstream.Dataset(files)
+            ds = tabstream.Dataset(files, **extra)
         wf = criteo_workflow(freq_threshold=FREQ_THRESHOLD)
         wf.fit(ds, progress=False)
     with ph("export"):
@@ -130,10 +161,10 @@ def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None) ->
         import pstats
 
         for key in ("tottime", "cumulative"):
-            print(f"\n--- cProfile, top 30 by {key} (synchronous scheduler) ---")
-            pstats.Stats(prof).sort_stats(key).print_stats(30)
-    return {"wall": ph.wall, "cpu": ph.cpu, "rows": result.num_rows, "files": len(result.files),
-            "npartitions": ds.npartitions}
+            print(f"\n--- cProfile (process CPU seconds), top 40 by {key}, synchronous scheduler ---")
+            pstats.Stats(prof).sort_stats(key).print_stats(40)
+    return {"wall": ph.wall, "cpu": ph.cpu, "rss_mb": ph.rss_mb, "rows": result.num_rows,
+            "files": len(result.files), "npartitions": ds.npartitions}
 
 
 def _run_tasks_synchronously() -> None:
@@ -189,7 +220,9 @@ def case_polars(fmt: str, files: list[str], out: str, mode: str) -> dict[str, An
     with ph("fit"):
         lf = scan().collect().lazy() if mode == "eager" else scan()
         vocab_queries = [
-            lf.group_by(c).len().filter(pl.col("len") >= FREQ_THRESHOLD).drop_nulls(c)
+            # lazy group_by (projection pushdown: one column) with agg(pl.len()); an
+            # eager df.group_by(c) on the wide frame is ~10x slower in polars 2.1
+            lf.group_by(c).agg(pl.len()).filter(pl.col("len") >= FREQ_THRESHOLD).drop_nulls(c)
             .sort(["len", c], descending=[True, False]).select(c)
             for c in CRITEO_CATEGORICAL
         ]
@@ -228,13 +261,14 @@ def case_polars(fmt: str, files: list[str], out: str, mode: str) -> dict[str, An
         else:
             query.sink_parquet(target, compression="snappy", engine="streaming")
             rows = pl.scan_parquet(target).select(pl.len()).collect().item()
-    return {"wall": ph.wall, "cpu": ph.cpu, "rows": rows, "files": 1, "mode": mode}
+    return {"wall": ph.wall, "cpu": ph.cpu, "rss_mb": ph.rss_mb, "rows": rows, "files": 1, "mode": mode}
 
 
 def child_main(args: argparse.Namespace) -> None:
     files = data_files(args.data_dir, args.rows, args.format)
     if args._case == "tabstream":
-        res = case_tabstream(args.format, files, args.out, args.profile)
+        res = case_tabstream(args.format, files, args.out, args.profile,
+                             None if args.ts_cache == "none" else args.ts_cache)
     else:
         res = case_polars(args.format, files, args.out, args.polars_mode)
     emit_result(res)
@@ -307,79 +341,118 @@ def wait_for_quiet(max_wait: float, threshold: float) -> float:
     return load
 
 
-def run_case(args: argparse.Namespace, engine: str, fmt: str, out: str) -> dict[str, Any]:
-    argv = [sys.executable, os.path.abspath(__file__), "--_case", engine, "--format", fmt,
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(label, case, tabstream cache) of every engine configuration to run."""
+    out = []
+    if args.only != "polars":
+        for cache in args.ts_cache.split(","):
+            cache = cache.strip()
+            if cache not in ("none", "disk"):
+                raise SystemExit(f"--ts-cache: unknown value {cache!r} (none, disk)")
+            out.append(("tabstream" if cache == "none" else f"tabstream+cache={cache}", "tabstream", cache))
+    if args.only != "tabstream":
+        out.append(("polars", "polars", "none"))
+    return out
+
+
+def run_case(args: argparse.Namespace, label: str, case: str, cache: str, fmt: str,
+             out: str) -> dict[str, Any]:
+    argv = [sys.executable, os.path.abspath(__file__), "--_case", case, "--format", fmt,
             "--rows", str(args.rows), "--data-dir", args.data_dir, "--out", out,
-            "--polars-mode", args.polars_mode]
-    if args.profile and engine == "tabstream":
+            "--polars-mode", args.polars_mode, "--ts-cache", cache]
+    profiling = bool(args.profile) and case == "tabstream"
+    if profiling:
         argv += ["--profile", args.profile]
     background = wait_for_quiet(args.idle_wait, args.idle_threshold) if args.idle_wait > 0 else float("nan")
     child = run_child(argv)
     if not child.ok:
         sys.stderr.write(child.output[-5000:])
-        raise SystemExit(f"{engine}/{fmt} failed with exit status {child.returncode}")
-    if args.profile and engine == "tabstream":
+        raise SystemExit(f"{label}/{fmt} failed with exit status {child.returncode}")
+    if profiling:
         print(child.output)
     res = child.result
     fit, export = res["wall"]["fit"], res["wall"]["export"]
     total = fit + export
     rec = {
-        "engine": engine, "format": fmt, "rows": res["rows"],
+        "engine": label, "format": fmt, "rows": res["rows"],
         "import_s": res["wall"]["import"], "fit_s": fit, "export_s": export, "total_s": total,
+        "fit_cpu_s": res["cpu"]["fit"], "export_cpu_s": res["cpu"]["export"],
         "cpu_s": res["cpu"]["fit"] + res["cpu"]["export"], "rows_per_s": args.rows / total,
         "peak_rss_mb": child.peak_rss_mb, "process_wall_s": child.wall_s,
+        "fit_rss_mb": res.get("rss_mb", {}).get("fit"), "export_rss_mb": res.get("rss_mb", {}).get("export"),
+        "import_rss_mb": res.get("rss_mb", {}).get("import"),
         "background_cpu_pct": background,
     }
     if res["rows"] != args.rows:
-        raise SystemExit(f"{engine}/{fmt} wrote {res['rows']} rows, expected {args.rows}")
-    print(f"  {engine:9s} {fmt:7s} fit {fit:7.2f} s  export {export:7.2f} s  total {total:7.2f} s  "
-          f"cpu {rec['cpu_s']:7.2f} s  peak RSS {child.peak_rss_mb:7.0f} MB  "
-          f"(background CPU {background:.0f}%)", flush=True)
+        raise SystemExit(f"{label}/{fmt} wrote {res['rows']} rows, expected {args.rows}")
+    print(f"  {label:22s} {fmt:7s} fit {fit:7.2f} s  export {export:7.2f} s  total {total:7.2f} s  "
+          f"cpu {rec['cpu_s']:7.2f} s  peak RSS {child.peak_rss_mb:6.0f} MB "
+          f"(fit {rec['fit_rss_mb'] or 0:.0f}, export {rec['export_rss_mb'] or 0:.0f})  "
+          f"(background CPU before start {background:.0f}%)", flush=True)
     return rec
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+def git_commit() -> str:
+    """HEAD of the checkout the benchmark runs in, with ``+dirty`` when tabstream/
+    has uncommitted changes (read-only git calls)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "tabstream"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def summarize(runs: list[dict[str, Any]], labels: list[str],
+              formats: list[str]) -> dict[tuple[str, str], dict[str, float]]:
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for engine in ENGINES:
-        for fmt in FORMATS:
-            mine = [r for r in runs if r["engine"] == engine and r["format"] == fmt]
+    for label in labels:
+        for fmt in formats:
+            mine = [r for r in runs if r["engine"] == label and r["format"] == fmt]
             if not mine:
                 continue
-            med = {k: median([r[k] for r in mine])
-                   for k in ("fit_s", "export_s", "total_s", "cpu_s", "rows_per_s", "import_s")}
+            med = {k: median([r[k] for r in mine]) for k in (
+                "fit_s", "export_s", "total_s", "cpu_s", "fit_cpu_s", "export_cpu_s", "rows_per_s", "import_s")}
             med["peak_rss_mb"] = median([r["peak_rss_mb"] for r in mine])
             med["max_peak_rss_mb"] = max(r["peak_rss_mb"] for r in mine)
             med["n"] = len(mine)
-            out[(engine, fmt)] = med
+            out[(label, fmt)] = med
     return out
 
 
 def evaluate_targets(args: argparse.Namespace, med: dict, baseline: dict | None) -> list[dict[str, Any]]:
     targets = []
-    for fmt, limit, text in (("parquet", PARQUET_RATIO_TARGET, "within 1.25x of polars"),
-                             ("tsv", TSV_RATIO_TARGET, "no slower than polars")):
-        ts, po = med.get(("tabstream", fmt)), med.get(("polars", fmt))
-        if ts and po:
-            ratio = ts["total_s"] / po["total_s"]
-            cpu_ratio = ts["cpu_s"] / po["cpu_s"]
-            targets.append({"target": f"{fmt}: tabstream total {text} (<= {limit:g}x)",
-                            "measured": f"{ratio:.2f}x wall ({cpu_ratio:.2f}x CPU)",
-                            "met": ratio <= limit})
-    ts_rss = [v["max_peak_rss_mb"] for (e, _), v in med.items() if e == "tabstream"]
-    if ts_rss and args.rows <= 2_000_000:
-        worst = max(ts_rss)
-        targets.append({"target": f"tabstream peak RSS < {RSS_TARGET_MB} MB at {args.rows:,} rows",
-                        "measured": f"{worst:.0f} MB (worst run)", "met": worst < RSS_TARGET_MB})
-    if ts_rss and baseline is not None:
-        base = [r["max_peak_rss_mb"] for r in baseline.get("medians", []) if r["engine"] == "tabstream"]
-        if base:
-            worst, ref = max(ts_rss), max(base)
-            targets.append({
-                "target": (f"tabstream peak RSS at {args.rows:,} rows no higher than at "
-                           f"{baseline['rows']:,} rows (5% noise allowed)"),
-                "measured": f"{worst:.0f} MB vs {ref:.0f} MB",
-                "met": worst <= ref * RSS_GROWTH_TOLERANCE,
-            })
+    ts_labels = list(dict.fromkeys(e for e, _ in med if e.startswith("tabstream")))
+    for label in ts_labels:
+        for fmt, limit, text in (("parquet", PARQUET_RATIO_TARGET, "within 1.25x of polars"),
+                                 ("tsv", TSV_RATIO_TARGET, "no slower than polars")):
+            ts, po = med.get((label, fmt)), med.get(("polars", fmt))
+            if ts and po:
+                ratio = ts["total_s"] / po["total_s"]
+                cpu_ratio = ts["cpu_s"] / po["cpu_s"]
+                targets.append({"target": f"{fmt}: {label} total {text} (<= {limit:g}x)",
+                                "measured": f"{ratio:.2f}x wall ({cpu_ratio:.2f}x CPU)",
+                                "met": ratio <= limit})
+        rss = [v["max_peak_rss_mb"] for (e, _), v in med.items() if e == label]
+        if rss and args.rows <= 2_000_000:
+            worst = max(rss)
+            targets.append({"target": f"{label} peak RSS < {RSS_TARGET_MB} MB at {args.rows:,} rows",
+                            "measured": f"{worst:.0f} MB (worst run)", "met": worst < RSS_TARGET_MB})
+        if rss and baseline is not None:
+            base = [r["max_peak_rss_mb"] for r in baseline.get("medians", []) if r["engine"] == label]
+            if base:
+                worst, ref = max(rss), max(base)
+                targets.append({
+                    "target": (f"{label} peak RSS at {args.rows:,} rows no higher than at "
+                               f"{baseline['rows']:,} rows (5% noise allowed)"),
+                    "measured": f"{worst:.0f} MB vs {ref:.0f} MB",
+                    "met": worst <= ref * RSS_GROWTH_TOLERANCE,
+                })
     return targets
 
 
@@ -393,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", choices=ENGINES, help="run one engine only (no agreement check)")
     p.add_argument("--skip-polars", action="store_true", help="same as --only tabstream")
     p.add_argument("--polars-mode", choices=("eager", "streaming"), default="eager")
+    p.add_argument("--ts-cache", default="none",
+                   help="tabstream Dataset(cache=...), comma separated to run several: 'none', 'disk' "
+                        "(keeps partitions read in the fit pass for the export pass)")
     p.add_argument("--json", help="write all runs, medians and targets here")
     p.add_argument("--baseline-json", help="a --json of a smaller run: check that peak RSS did not grow")
     p.add_argument("--profile", help="profile the tabstream case (cProfile, synchronous scheduler) into this file")
@@ -412,13 +488,12 @@ def main(argv: list[str] | None = None) -> None:
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         p.error(f"unknown formats {bad}; choose from {FORMATS}")
-    engines = list(ENGINES)
     if args.skip_polars:
         args.only = "tabstream"
-    if args.only:
-        engines = [args.only]
     if args.profile:
         args.repeats = 1
+    variants = _variants(args)
+    labels = [v[0] for v in variants]
     baseline = None
     if args.baseline_json:
         with open(args.baseline_json) as f:
@@ -427,42 +502,51 @@ def main(argv: list[str] | None = None) -> None:
     for fmt in formats:
         data_files(args.data_dir, args.rows, fmt)
     out_root = os.path.join(args.data_dir, "out")
+    commit = git_commit()
     print(f"machine: {machine_note()}")
-    print(f"rows {args.rows:,}, formats {formats}, engines {engines}, repeats {args.repeats}")
+    print(f"tabstream {commit}; polars mode {args.polars_mode}")
+    print(f"rows {args.rows:,}, formats {formats}, engines {labels}, repeats {args.repeats}")
+
+    def out_dir(label: str, fmt: str) -> str:
+        return os.path.join(out_root, f"{label.replace('+', '-').replace('=', '-')}-{args.rows}-{fmt}")
 
     runs: list[dict[str, Any]] = []
     for r in range(args.repeats):
         print(f"repeat {r + 1}/{args.repeats}", flush=True)
         for fmt in formats:
-            for engine in engines:
-                out = os.path.join(out_root, f"{engine}-{args.rows}-{fmt}")
-                runs.append(run_case(args, engine, fmt, out) | {"repeat": r})
+            for label, case, cache in variants:
+                runs.append(run_case(args, label, case, cache, fmt, out_dir(label, fmt)) | {"repeat": r})
 
     checks: dict[str, Any] = {}
-    if set(engines) == set(ENGINES):
-        for fmt in formats:
-            res = compare_outputs(os.path.join(out_root, f"tabstream-{args.rows}-{fmt}"),
-                                  os.path.join(out_root, f"polars-{args.rows}-{fmt}"))
-            checks[fmt] = res
-            status = "PASS" if res["pass"] else "FAIL"
-            print(f"agreement {fmt}: {status} ({res['rows']:,} rows; ids exact, "
-                  f"max |diff| of normalized values {res['max_abs_diff']:.2g})"
-                  + ("" if res["pass"] else ": " + "; ".join(res["problems"][:5])))
+    if "polars" in labels:
+        for label in labels:
+            if label == "polars":
+                continue
+            for fmt in formats:
+                res = compare_outputs(out_dir(label, fmt), out_dir("polars", fmt))
+                checks[f"{label}/{fmt}"] = res
+                status = "PASS" if res["pass"] else "FAIL"
+                print(f"agreement {label} vs polars, {fmt}: {status} ({res['rows']:,} rows; ids exact, "
+                      f"max |diff| of normalized values {res['max_abs_diff']:.2g})"
+                      + ("" if res["pass"] else ": " + "; ".join(res["problems"][:5])))
 
-    med = summarize(runs)
+    med = summarize(runs, labels, formats)
     headers = ["engine", "format", "fit s", "export s", "total s", "CPU s", "rows/s", "peak RSS MB"]
     rows = [[e, f, f"{v['fit_s']:.2f}", f"{v['export_s']:.2f}", f"{v['total_s']:.2f}",
              f"{v['cpu_s']:.2f}", f"{v['rows_per_s']:,.0f}", f"{v['peak_rss_mb']:.0f}"]
             for (e, f), v in med.items()]
-    print(f"\nmedians of {args.repeats} runs, {args.rows:,} rows "
-          f"(total = fit + export, wall; CPU = user+sys of all threads; import not included)")
+    print(f"\nmedians of {args.repeats} runs, {args.rows:,} rows (total = fit + export, wall; "
+          f"CPU = user+sys of all threads; import not included; peak RSS of the whole process)")
     print(format_table(headers, rows))
-    for fmt in formats:
-        ts, po = med.get(("tabstream", fmt)), med.get(("polars", fmt))
-        if ts and po:
-            print(f"tabstream/polars {fmt}: total {ts['total_s'] / po['total_s']:.2f}x, "
-                  f"fit {ts['fit_s'] / po['fit_s']:.2f}x, export {ts['export_s'] / po['export_s']:.2f}x, "
-                  f"CPU {ts['cpu_s'] / po['cpu_s']:.2f}x, peak RSS {ts['peak_rss_mb'] / po['peak_rss_mb']:.2f}x")
+    for label in labels:
+        if label == "polars":
+            continue
+        for fmt in formats:
+            ts, po = med.get((label, fmt)), med.get(("polars", fmt))
+            if ts and po:
+                print(f"{label}/polars {fmt}: total {ts['total_s'] / po['total_s']:.2f}x, "
+                      f"fit {ts['fit_s'] / po['fit_s']:.2f}x, export {ts['export_s'] / po['export_s']:.2f}x, "
+                      f"CPU {ts['cpu_s'] / po['cpu_s']:.2f}x, peak RSS {ts['peak_rss_mb'] / po['peak_rss_mb']:.2f}x")
     targets = evaluate_targets(args, med, baseline)
     if targets:
         print()
@@ -470,9 +554,9 @@ def main(argv: list[str] | None = None) -> None:
                            [[t["target"], t["measured"], "met" if t["met"] else "MISSED"] for t in targets]))
     if args.json:
         doc = {
-            "rows": args.rows, "repeats": args.repeats, "formats": formats, "engines": engines,
+            "rows": args.rows, "repeats": args.repeats, "formats": formats, "engines": labels,
             "polars_mode": args.polars_mode, "machine": machine_note(), "command": " ".join(sys.argv),
-            "runs": runs,
+            "tabstream_commit": commit, "runs": runs,
             "medians": [{"engine": e, "format": f, **v} for (e, f), v in med.items()],
             "agreement": checks, "targets": targets,
         }

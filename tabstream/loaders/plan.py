@@ -156,7 +156,8 @@ def chunk_rng(seed: int, epoch: int, rank: int, chunk: int) -> np.random.Generat
     return _rng(seed, epoch, _CHUNK, rank, chunk)
 
 
-def rank_pieces(unit_rows: Sequence[int], order: Sequence[int], start: int, stop: int) -> list[Piece]:
+def rank_pieces(unit_rows: Sequence[int], order: Sequence[int] | np.ndarray, start: int,
+                stop: int) -> list[Piece]:
     """The pieces of units covering ``[start, stop)`` of the stream that lays the
     units out in ``order``.
 

@@ -6,6 +6,14 @@ from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
 from tabstream.ops.hashing import HashBucket, HashedCross
 from tabstream.ops.joins import DifferenceLag, JoinExternal, JoinGroupby, TargetEncoding
 from tabstream.ops.lists import ListSlice, SplitList, ValueCount
+from tabstream.ops.statistics import (
+    Bucketize,
+    DataStats,
+    DropLowCardinality,
+    FillMedian,
+    NormalizeMinMax,
+    ReduceDtypeSize,
+)
 from tabstream.ops.structural import (
     Dropna,
     Filter,
@@ -16,14 +24,6 @@ from tabstream.ops.structural import (
     TagAsUserFeatures,
     TagAsUserID,
     register_function,
-)
-from tabstream.ops.statistics import (
-    Bucketize,
-    DataStats,
-    DropLowCardinality,
-    FillMedian,
-    NormalizeMinMax,
-    ReduceDtypeSize,
 )
 from tabstream.ops.tags import AddMetadata, AddTags
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
+import json
 import os
+import posixpath
+import re
 import shutil
 import tempfile
 import threading
 import weakref
-import json
-import posixpath
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any

@@ -4,7 +4,6 @@ checked against plain pyarrow reads."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,8 @@ import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tabstream
 from tabstream.loaders import Loader, pad_lists
@@ -220,22 +221,51 @@ def test_schema_inferred_without_schema_json(tmp_path: Path, testdata: Any) -> N
     assert labels is None and features["I1"].dtype == np.float32
 
 
-def _loader_threads() -> int:
-    return sum(t.name.startswith("tabstream") for t in threading.enumerate())
-
-
-def test_abandoned_iteration_stops_its_thread(shared_export: Path) -> None:
-    before = _loader_threads()
+def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
+    before = set(threading.enumerate())
     loader = Loader(shared_export, 10)
     for _ in loader:
+        ours = [t for t in threading.enumerate()
+                if t not in before and t.name.startswith("tabstream")]
         break
-    deadline = time.monotonic() + 10
-    while _loader_threads() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _loader_threads() == before
+    assert len(ours) == 2, "the loader reads and batches in background threads"
+    for thread in ours:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), f"{thread.name} still runs after the loop stopped"
 
 
 def test_len_and_repr(shared_export: Path, testdata: Any) -> None:
     loader = Loader(shared_export, 1000, global_size=2, global_rank=0)
     assert len(loader) == 2 and loader.num_rows == testdata.N
     assert "2 batches" in repr(loader)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 50)), min_size=1, max_size=4),
+       w=st.integers(1, 5), batch_size=st.integers(2, 40), seed=st.integers(0, 2**31),
+       drop_last=st.booleans(), parts_per_chunk=st.integers(1, 3))
+def test_exactly_once_for_any_layout(tmp_path_factory: pytest.TempPathFactory, testdata: Any,
+                                     layout: list[tuple[int, int]], w: int, batch_size: int,
+                                     seed: int, drop_last: bool, parts_per_chunk: int) -> None:
+    path = testdata.write_export(tmp_path_factory.mktemp("layout"),
+                                 file_rows=[n for n, _ in layout],
+                                 row_groups=[g for _, g in layout], with_lists=False)
+    n = sum(rows for rows, _ in layout)
+    try:
+        loaders = [Loader(path, batch_size, seed=seed, global_size=w, global_rank=r,
+                          drop_last=drop_last, parts_per_chunk=parts_per_chunk)
+                   for r in range(w)]
+    except ValueError as exc:  # the documented infeasible cases
+        assert "rows" in str(exc) and (n < w or (drop_last and n < w * batch_size))
+        return
+    batches = [epoch_ids(loader) for loader in loaders]
+    assert len({len(b) for b in batches}) == 1
+    assert all(len(b) == len(loader) for b, loader in zip(batches, loaders, strict=True))
+    ids = np.concatenate([x for b in batches for x in b])
+    assert len(np.unique(ids)) == len(ids)
+    if drop_last:
+        assert all(len(x) == batch_size for b in batches for x in b)
+        assert len(ids) == n // (w * batch_size) * w * batch_size
+    else:
+        assert np.array_equal(np.sort(ids), np.arange(n))

@@ -1,0 +1,288 @@
+"""Loader throughput: one shuffled epoch of a Criteo-like export into tensors.
+
+    python benchmarks/loader.py                       # 10M rows, batch 8192 and 65536
+    python benchmarks/loader.py --rows 1000000 --repeats 1 --cases raw torch
+
+Writes (once, under --data-dir) a Criteo-like export: ``label`` int64, ``I1..I13``
+float32, ``C1..C26`` int64, in files of --rows-per-file rows with row groups of
+--row-group-size rows, plus ``schema.json`` and ``_manifest.json`` (the layout of
+``to_parquet``). Then, for each batch size, runs each case --repeats times, each run
+in a fresh process (so peak RSS is the case's own, from the kernel's ``ru_maxrss``):
+
+* ``raw``: ``pyarrow.parquet.ParquetFile.iter_batches`` to numpy, file by file, no
+  shuffle: the floor of the cost of reading the data.
+* ``torch``: ``tabstream.loaders.torch.Loader`` with shuffle, into torch tensors.
+* ``tf``: ``tabstream.loaders.tensorflow.Loader`` with shuffle, into TF tensors.
+* ``handwritten``: what users write by hand: ``pandas.read_parquet``, numpy arrays
+  per column, a map-style ``torch.utils.data.Dataset`` returning one row, and
+  ``DataLoader(batch_size=B, shuffle=True)``. It holds the whole frame in memory and
+  is slow, so it runs on the first --handwritten-rows rows; its rate is compared.
+
+Rates are rows per second over the whole epoch, reading included; time to first
+batch counts from building the loader (imports excluded). Medians are printed, with
+the tabstream loaders' ratios to ``raw`` and to ``handwritten``, and the peak RSS
+reached by the imports alone (torch and tabstream: about 300 MB of the total).
+Targets (2-core machine, torch at batch 65536): >= 0.8x raw, >= 20x handwritten,
+peak RSS < 500 MB, first batch < 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import emit_result, format_table, machine_note, median, run_child  # noqa: E402
+
+CONTINUOUS = [f"I{i}" for i in range(1, 14)]
+CATEGORICAL = [f"C{i}" for i in range(1, 27)]
+CASES = ("raw", "torch", "tf", "handwritten")
+
+
+def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed: int = 0) -> None:
+    """A Criteo-like export written directly (no workflow), atomically."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+
+    tmp = path + ".tmp"
+    os.makedirs(tmp, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    files = []
+    for i, start in enumerate(range(0, rows, rows_per_file)):
+        n = min(rows_per_file, rows - start)
+        cols: dict[str, pa.Array] = {"label": pa.array(rng.integers(0, 2, n))}
+        for c in CONTINUOUS:
+            cols[c] = pa.array(rng.standard_normal(n, dtype=np.float32))
+        for j, c in enumerate(CATEGORICAL):
+            # Zipf-like ids over vocabularies from 10 to 10M, as in Criteo
+            vocab = 10 ** (1 + j % 7)
+            cols[c] = pa.array(np.minimum(rng.zipf(1.2, n), vocab) - 1)
+        name = f"part_{i:05d}.parquet"
+        pq.write_table(pa.table(cols), os.path.join(tmp, name), row_group_size=row_group_size)
+        files.append({"path": name, "num_rows": n})
+    schema = Schema(
+        [ColumnSchema("label", "int64", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])]
+        + [ColumnSchema(c, "float32", tags=[Tags.CONTINUOUS]) for c in CONTINUOUS]
+        + [ColumnSchema(c, "int64", tags=[Tags.CATEGORICAL]) for c in CATEGORICAL]
+    )
+    schema.to_json(os.path.join(tmp, "schema.json"))
+    with open(os.path.join(tmp, "_manifest.json"), "w") as f:
+        json.dump({"num_rows": rows, "files": files}, f)
+    os.rename(tmp, path)
+
+
+# -- the cases, each run in a child process ------------------------------------------
+def _rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _vm_hwm_mb() -> float | None:
+    """This process's own peak RSS. (A child's ru_maxrss also counts its parent's
+    RSS at fork time; VmHWM belongs to the exec'd image alone.)"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _result(rows: int, start: float, first: float | None) -> dict:
+    return {"rows": rows, "seconds": time.perf_counter() - start, "first_batch_s": first,
+            "start_rss_mb": _START_RSS, "vm_hwm_mb": _vm_hwm_mb()}
+
+
+_START_RSS = 0.0  # peak RSS when the timed part starts: the imports' share
+
+
+def _start() -> float:
+    global _START_RSS
+    _START_RSS = _rss_mb()
+    return time.perf_counter()
+
+
+def _files(data: str) -> list[str]:
+    with open(os.path.join(data, "_manifest.json")) as f:
+        return [os.path.join(data, e["path"]) for e in json.load(f)["files"]]
+
+
+def case_raw(data: str, batch_size: int, limit: int) -> dict:
+    import pyarrow.parquet as pq
+
+    start = _start()
+    first = None
+    rows = 0
+    for path in _files(data):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+            arrays = {name: col.to_numpy() for name, col in zip(batch.schema.names, batch.columns,
+                                                                 strict=True)}
+            rows += len(arrays["label"])
+            if first is None:
+                first = time.perf_counter() - start
+    return _result(rows, start, first)
+
+
+def case_torch(data: str, batch_size: int, limit: int) -> dict:
+    import torch
+
+    from tabstream.loaders.torch import Loader
+
+    torch.set_num_threads(1)
+    start = _start()
+    first = None
+    rows = 0
+    for _features, labels in Loader(data, batch_size, shuffle=True, seed=0):
+        rows += len(labels)
+        if first is None:
+            first = time.perf_counter() - start
+    return _result(rows, start, first)
+
+
+def case_tf(data: str, batch_size: int, limit: int) -> dict:
+    from tabstream.loaders.tensorflow import Loader
+
+    start = _start()
+    first = None
+    rows = 0
+    for _features, labels in Loader(data, batch_size, shuffle=True, seed=0):
+        rows += int(labels.shape[0])
+        if first is None:
+            first = time.perf_counter() - start
+    return _result(rows, start, first)
+
+
+def case_handwritten(data: str, batch_size: int, limit: int) -> dict:
+    import numpy as np
+    import pandas as pd
+    import pyarrow.parquet as pq
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+
+    class Rows(Dataset):
+        def __init__(self, df: pd.DataFrame) -> None:
+            self.cont = df[CONTINUOUS].to_numpy(np.float32)
+            self.cat = df[CATEGORICAL].to_numpy(np.int64)
+            self.label = df["label"].to_numpy(np.int64)
+
+        def __len__(self) -> int:
+            return len(self.label)
+
+        def __getitem__(self, i: int) -> tuple[dict, np.int64]:
+            return {"cont": self.cont[i], "cat": self.cat[i]}, self.label[i]
+
+    start = _start()
+    frames, have = [], 0
+    for path in _files(data):  # the first `limit` rows
+        frames.append(pq.read_table(path).slice(0, limit - have).to_pandas())
+        have += len(frames[-1])
+        if have >= limit:
+            break
+    df = pd.concat(frames, ignore_index=True)
+    first = None
+    rows = 0
+    for _features, labels in DataLoader(Rows(df), batch_size=batch_size, shuffle=True):
+        rows += len(labels)
+        if first is None:
+            first = time.perf_counter() - start
+    return _result(rows, start, first)
+
+
+# -- driver ---------------------------------------------------------------------------
+def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
+    argv = [sys.executable, os.path.abspath(__file__), "--child", case, "--data-dir", data,
+            "--batch-sizes", str(batch_size), "--handwritten-rows", str(limit)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    child = run_child(argv, env=env)
+    if not child.ok:
+        raise SystemExit(f"case {case} at batch {batch_size} failed:\n{child.output[-3000:]}")
+    result = dict(child.result)
+    result["rate"] = result["rows"] / result["seconds"]
+    result["peak_rss_mb"] = result.get("vm_hwm_mb") or child.peak_rss_mb
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 65536])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--rows-per-file", type=int, default=1_000_000)
+    parser.add_argument("--row-group-size", type=int, default=100_000)
+    parser.add_argument("--handwritten-rows", type=int, default=200_000,
+                        help="rows the hand-written DataLoader reads (it holds them all)")
+    parser.add_argument("--data-dir", help="default: bench_data/loader-<rows>")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.generate:
+        generate(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)
+        return
+    if args.child:
+        fn = globals()[f"case_{args.child}"]
+        emit_result(fn(args.data_dir, args.batch_sizes[0], args.handwritten_rows))
+        return
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = args.data_dir or os.path.join(root, "bench_data", f"loader-{args.rows}")
+    if not os.path.exists(data):
+        # In a child process: a child's ru_maxrss starts from its parent's RSS at
+        # fork time, so this process must stay small for the cases' peaks to be theirs.
+        print(f"writing {args.rows:,} rows to {data} ...", flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--generate", "--rows",
+                        str(args.rows), "--rows-per-file", str(args.rows_per_file),
+                        "--row-group-size", str(args.row_group_size), "--data-dir", data],
+                       check=True)
+    print(machine_note())
+    print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} runs, each in a fresh "
+          "process", flush=True)
+
+    medians: dict[tuple[str, int], dict[str, float]] = {}
+    for batch_size in args.batch_sizes:
+        for case in args.cases:
+            runs = [run_case(case, data, batch_size, args.handwritten_rows)
+                    for _ in range(args.repeats)]
+            medians[case, batch_size] = {k: median([r[k] for r in runs])
+                                         for k in ("rows", "rate", "first_batch_s", "peak_rss_mb",
+                                                   "start_rss_mb")}
+            m = medians[case, batch_size]
+            rates = ", ".join(f"{r['rate'] / 1e6:.3f}" for r in runs)
+            print(f"  {case:<12} batch {batch_size:>6}: {m['rate'] / 1e6:6.3f} M rows/s "
+                  f"(runs: {rates}), first batch "
+                  f"{m['first_batch_s']:.3f} s, peak RSS {m['peak_rss_mb']:.0f} MB "
+                  f"({m['start_rss_mb']:.0f} MB after imports)", flush=True)
+
+    headers = ["case", "batch", "rows", "M rows/s", "vs raw", "vs handwritten", "first batch s",
+               "peak RSS MB", "of which imports"]
+    table = []
+    for (case, batch_size), m in medians.items():
+        raw = medians.get(("raw", batch_size))
+        hand = medians.get(("handwritten", batch_size))
+        table.append([
+            case, batch_size, f"{int(m['rows']):,}", f"{m['rate'] / 1e6:.3f}",
+            f"{m['rate'] / raw['rate']:.2f}x" if raw and case != "raw" else "",
+            f"{m['rate'] / hand['rate']:.1f}x" if hand and case != "handwritten" else "",
+            f"{m['first_batch_s']:.3f}", f"{m['peak_rss_mb']:.0f}", f"{m['start_rss_mb']:.0f}",
+        ])
+    print()
+    print(format_table(headers, table, markdown=args.markdown))
+
+
+if __name__ == "__main__":
+    main()
