@@ -1,21 +1,20 @@
 """tabstream: raw recommender logs to training-ready parquet, and shuffled, sharded
 batches into PyTorch and Keras 3.
 
-``import tabstream`` imports neither torch nor TensorFlow."""
+``import tabstream`` imports neither torch nor TensorFlow, and the pipeline names
+(which need pandas and dask) are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabstream.errors import DataError, ExportError, NotFittedError, SchemaError, TabstreamError
 
 __version__ = "0.1.0"
 
-from tabstream.errors import DataError, ExportError, NotFittedError, SchemaError, TabstreamError  # noqa: E402
-from tabstream.pipeline import (  # noqa: E402
-    ColumnSchema,
-    ColumnSelector,
-    Dataset,
-    Node,
-    Schema,
-    Tags,
-    TransformedDataset,
-    Workflow,
-)
+_PIPELINE = ("ColumnSchema", "ColumnSelector", "Dataset", "Node", "Schema", "Tags",
+             "TransformedDataset", "Workflow")
 
 __all__ = [
     "ColumnSchema",
@@ -33,3 +32,17 @@ __all__ = [
     "Workflow",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PIPELINE:
+        import tabstream.pipeline as pipeline
+
+        value = getattr(pipeline, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PIPELINE))

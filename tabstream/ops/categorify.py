@@ -134,7 +134,7 @@ class Categorify(StatOperator):
                  num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
                  encode_type: str = "joint", column_groups: list | None = None,
                  single_table: bool = False, dtype: str = "int64",
-                 spill_rows: int = 2_000_000, spill_buckets: int = 32, spill_dir: str | None = None) -> None:
+                 spill_rows: int = 250_000, spill_buckets: int = 32, spill_dir: str | None = None) -> None:
         super().__init__()
         for name, value in (("freq_threshold", freq_threshold), ("max_size", max_size)):
             values = value.values() if isinstance(value, dict) else [value]

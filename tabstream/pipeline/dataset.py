@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -183,6 +182,7 @@ class Dataset:
         pieces: list[_ParquetPiece] = []
         first_schema: pa.Schema | None = None
         self._file_schemas: dict[str, pa.Schema] = {}
+        row_bytes: float | None = None  # decoded bytes per row, sampled from the first file
         for path in self.files:
             md, arrow_schema = _parquet_footer(self.fs, path)
             self._file_schemas[path] = arrow_schema
@@ -190,15 +190,18 @@ class Dataset:
                 first_schema = arrow_schema
             else:
                 _check_compatible(first_schema, arrow_schema, self.files[0], path)
+            if row_bytes is None:
+                row_bytes = _parquet_row_bytes(self.fs, path, md)
             group: list[int] = []
             group_bytes = group_rows = 0
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
-                if group and group_bytes + rg.total_byte_size > self.part_size:
+                size = rg.num_rows * row_bytes if row_bytes else rg.total_byte_size
+                if group and group_bytes + size > self.part_size:
                     pieces.append(_ParquetPiece(path, tuple(group), group_rows))
                     group, group_bytes, group_rows = [], 0, 0
                 group.append(i)
-                group_bytes += rg.total_byte_size
+                group_bytes += size
                 group_rows += rg.num_rows
             if group:
                 pieces.append(_ParquetPiece(path, tuple(group), group_rows))
@@ -357,10 +360,10 @@ class Dataset:
                    invalid_row_handler: Any = None, as_strings: bool = False) -> pa.Table:
         types = {n: pa.string() for n in self._csv_names} if as_strings else self._csv_types
         names = self._csv_names
-        if not data.strip():
+        if not data or data.isspace():
             return pa.table({n: pa.array([], type=self._arrow_schema.field(n).type) for n in names})
         return pacsv.read_csv(
-            io.BytesIO(data),
+            pa.BufferReader(data),
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
                                            use_threads=False, block_size=1 << 26),
             parse_options=pacsv.ParseOptions(delimiter=self._csv_sep,
@@ -628,6 +631,25 @@ def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
             return pf.metadata, pf.schema_arrow
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+
+
+def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 8192) -> float:
+    """Decoded (in-memory) bytes per row, from the first rows of ``path``.
+
+    The footer's sizes are of encoded pages: dictionary-encoded strings take a few
+    bytes per value there and tens in memory, so ``part_size`` is planned on a sample
+    decoded once instead. 0 when the file has no rows.
+    """
+    if md.num_rows == 0:
+        return 0.0
+    try:
+        with fs.open(path, "rb") as f:
+            batch = next(pq.ParquetFile(f).iter_batches(batch_size=sample, use_threads=False), None)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+    if batch is None or batch.num_rows == 0:
+        return 0.0
+    return batch.nbytes / batch.num_rows
 
 
 def _check_compatible(first: pa.Schema, other: pa.Schema, first_path: str, path: str) -> None:
