@@ -89,7 +89,7 @@ class FillMissing(ColumnOperator):
 
 
 class Clip(ColumnOperator):
-    """Limit values to ``[min_value, max_value]``; nulls stay null."""
+    """Limit values to ``[min_value, max_value]``; nulls and NaN stay as they are."""
 
     def __init__(self, min_value: float | None = None, max_value: float | None = None) -> None:
         if min_value is None and max_value is None:
@@ -113,11 +113,16 @@ class Clip(ColumnOperator):
         fractional = any(b is not None and float(b) != int(b) for b in (self.min_value, self.max_value))
         if pa.types.is_integer(column.type) and fractional:
             column = column.cast(pa.float64())
+        # skip_nulls=False keeps nulls null; Arrow's min/max treat NaN as missing and
+        # would replace it with the bound, so NaN is put back (as pandas' clip keeps it).
+        out = column
         if self.min_value is not None:
-            column = pc.max_element_wise(column, pa.scalar(self.min_value).cast(column.type))
+            out = pc.max_element_wise(out, pa.scalar(self.min_value).cast(column.type), skip_nulls=False)
         if self.max_value is not None:
-            column = pc.min_element_wise(column, pa.scalar(self.max_value).cast(column.type))
-        return column
+            out = pc.min_element_wise(out, pa.scalar(self.max_value).cast(column.type), skip_nulls=False)
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            out = pc.if_else(pc.is_nan(column), column, out)
+        return out
 
 
 class LogOp(ColumnOperator):

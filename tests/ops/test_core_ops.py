@@ -132,6 +132,45 @@ def test_clip_both_bounds():
         ops.Clip(min_value=5, max_value=1)
 
 
+@pytest.mark.parametrize("bounds", [(0, None), (None, 5), (0, 5), (-1.5, 2.5)])
+def test_clip_keeps_nulls_and_nan_like_pandas(bounds):
+    lo, hi = bounds
+    values = [3.0, None, -2.0, float("nan"), float("inf"), float("-inf"), 7.5]
+    table = pa.table({"x": pa.array(values, pa.float64())})
+    wf = ts.Workflow(["x"] >> ops.Clip(min_value=lo, max_value=hi))
+    wf.fit(ts.Dataset(table))
+    got = wf.transform(ts.Dataset(table)).to_ddf().compute()["x"].to_numpy(dtype=float, na_value=np.nan)
+    # pandas: NaN stays NaN; nulls (None) are NaN in a float Series too
+    expected = pd.Series([np.nan if v is None else v for v in values]).clip(lower=lo, upper=hi).to_numpy()
+    np.testing.assert_array_equal(got, expected)
+    # and nulls stay nulls (not NaN, not the bound)
+    arrow_out = wf.transform(table)
+    col = arrow_out["x"] if isinstance(arrow_out, pa.Table) else pa.Table.from_pandas(arrow_out)["x"]
+    assert col.null_count == 1 and col.to_pylist()[1] is None
+
+
+def test_clip_integer_column_with_nulls():
+    df = pd.DataFrame({"n": pd.array([-4, None, 3, 12], dtype="Int64")})
+    _, out = fit_transform(["n"] >> ops.Clip(min_value=0, max_value=10), df)
+    expected = df["n"].clip(lower=0, upper=10)
+    assert out["n"].isna().tolist() == [False, True, False, False]
+    assert out["n"].dropna().tolist() == expected.dropna().tolist()
+
+
+def test_log_op_nulls_nan_and_infinities_like_numpy():
+    values = [0.0, None, 1e6, float("nan"), float("inf"), -1.0, -3.0, 2.5]
+    table = pa.table({"x": pa.array(values, pa.float64()), "i": pa.array([1, None, 0, 5, 2, 3, 4, 100], pa.int64())})
+    wf = ts.Workflow(["x", "i"] >> ops.LogOp())
+    wf.fit(ts.Dataset(table))
+    out = wf.transform(ts.Dataset(table)).to_ddf().compute()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref_x = np.log1p(np.array([np.nan if v is None else v for v in values])).astype(np.float32)
+        ref_i = np.log1p(np.array([1, np.nan, 0, 5, 2, 3, 4, 100], dtype=float)).astype(np.float32)
+    np.testing.assert_array_equal(out["x"].to_numpy(dtype=np.float32, na_value=np.nan), ref_x)
+    np.testing.assert_array_equal(out["i"].to_numpy(dtype=np.float32, na_value=np.nan), ref_i)
+    assert out["x"].isna().sum() >= 1 and out["i"].isna().tolist() == [False, True] + [False] * 6
+
+
 def test_hash_bucket_is_stable_and_matches_hash():
     from tabstream.pipeline.hashing import murmur3_32
 

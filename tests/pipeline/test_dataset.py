@@ -54,6 +54,33 @@ def test_csv_wrong_field_count_names_file_and_line(tmp_path):
         read_all(ds)
 
 
+def test_tsv_blank_line_is_an_error_not_a_dropped_row(tmp_path):
+    path = tmp_path / "blank.tsv"
+    lines = ["1\t5\tab"] * 50 + [""] + ["0\t7\tcd"] * 10
+    path.write_text("\n".join(lines) + "\n")
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t", part_size=200)
+    with pytest.raises(DataError, match=r"blank\.tsv, line 51: expected 3 fields .* got a blank line"):
+        read_all(ds)
+    # a blank line at the start of a later block is found too
+    path.write_text("\n".join(["1\t5\tab"] * 50 + ["", "0\t7\tcd"]) + "\n")
+    for part_size in (60, 80, 100, 10_000):
+        with pytest.raises(DataError, match=r"line 51: .* blank line"):
+            read_all(ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t", part_size=part_size))
+    # blank lines at the very end carry nothing and are dropped
+    path.write_text("1\t5\tab\n0\t7\tcd\n\n\n")
+    got = read_all(ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t"))
+    assert got["I1"].tolist() == [5, 7]
+
+
+def test_tsv_quote_characters_are_plain_data(tmp_path):
+    # raw logs are not quoted: a stray quote must not swallow the following lines
+    rows = [["1", "5", 'a"b'], ["0", "6", "cd"], ["1", "7", '"ef'], ["0", "8", "gh"]]
+    path = write_tsv(tmp_path / "quotes.tsv", rows)
+    got = read_all(ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t"))
+    assert got["I1"].tolist() == [5, 6, 7, 8]
+    assert got["C1"].tolist() == [r[2] for r in rows]
+
+
 def test_csv_unparseable_value_names_file_line_and_column(tmp_path):
     rows = [["1", "5", "ab"]] * 120 + [["0", "x7", "cd"]] + [["1", "5", "ab"]] * 3
     path = write_tsv(tmp_path / "bad.tsv", rows)
