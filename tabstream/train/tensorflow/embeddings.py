@@ -16,7 +16,11 @@ Accepted inputs for one feature, in ``features: dict[str, Tensor]``:
       0/1, ``[B, L]``); without a mask, id ``0`` (Categorify's padding id) is padding
     - ``features[name + "__values"]`` and ``features[name + "__offsets"]`` (row splits,
       ``B + 1`` entries starting at 0, as merlin-dataloader delivers), or the tuple
-      ``(values, offsets)`` under ``name``
+      ``(values, offsets)`` under ``name`` (as :class:`tabstream.loaders.tensorflow.Loader`
+      delivers)
+    - the tuple ``(padded, mask)`` under ``name``, both ``[B, L]`` (as the loader
+      delivers with ``pad=True``): a tuple whose first element has rank 2 is read
+      this way, one whose first element has rank 1 as ``(values, offsets)``
     - ``tf.SparseTensor`` ``[B, L]``
 
 >>> tables = EmbeddingTables([TableConfig("genre", 10, 8, ("genres",), is_list=True)])
@@ -150,6 +154,26 @@ class EmbeddingTable(keras.layers.Layer):
         return config
 
 
+def _masked_ids(
+    name: str, ids: tf.Tensor, mask: Any = None
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(values, row_ids, nrows) of padded ids ``[B, L]``: the entries where ``mask``
+    (bool or 0/1, ``[B, L]``) is set, or, without a mask, the non-zero ids."""
+    if mask is None:
+        mask = tf.not_equal(ids, 0)
+    else:
+        mask = tf.cast(mask, tf.bool)
+        if not mask.shape.is_compatible_with(ids.shape):
+            raise ValueError(
+                f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
+                f"have shape {ids.shape}; they must match"
+            )
+    # Pool only the real ids: padding rows then get no (zero) gradient entries,
+    # so a lazy optimizer leaves the padding row alone.
+    where = tf.where(mask)
+    return tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0]
+
+
 def _flat_list_ids(
     name: str, features: Mapping[str, Any]
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
@@ -169,10 +193,15 @@ def _flat_list_ids(
     if isinstance(x, (tuple, list)):
         if len(x) != 2:
             raise ValueError(
-                f"feature {name!r}: a tuple input must be (values, offsets), got {len(x)} items"
+                f"feature {name!r}: a tuple input must be (values, offsets) or "
+                f"(padded, mask), got {len(x)} items"
             )
-        values = tf.reshape(tf.convert_to_tensor(x[0]), [-1])
-        offsets = tf.reshape(tf.cast(x[1], tf.int64), [-1])
+        first, second = tf.convert_to_tensor(x[0]), tf.convert_to_tensor(x[1])
+        if first.shape.rank == 2 and second.shape.rank != 1:
+            # (padded [B, L], mask [B, L]), as the loaders deliver with pad=True
+            return _masked_ids(name, first, second)
+        values = tf.reshape(first, [-1])
+        offsets = tf.reshape(tf.cast(second, tf.int64), [-1])
         x = tf.RaggedTensor.from_row_splits(values, offsets, validate=False)
     if isinstance(x, tf.SparseTensor):
         x = tf.RaggedTensor.from_sparse(x)
@@ -287,12 +316,7 @@ class EmbeddingTables(keras.layers.Layer):
                 f"list feature {name!r}: expected padded ids [B, L], a RaggedTensor or "
                 f"(values, offsets), got a dense tensor of shape {ids.shape}"
             )
-        mask = features.get(name + MASK_SUFFIX)
-        mask = tf.not_equal(ids, 0) if mask is None else tf.cast(mask, tf.bool)
-        # Pool only the real ids: padding rows then get no (zero) gradient entries,
-        # so a lazy optimizer leaves the padding row alone.
-        where = tf.where(mask)
-        return table.pool(tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0])
+        return table.pool(*_masked_ids(name, ids, features.get(name + MASK_SUFFIX)))
 
     @_no_autograph
     def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:

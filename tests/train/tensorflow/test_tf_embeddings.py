@@ -120,7 +120,10 @@ def _layouts(rows):
         "ragged": {"tags": ragged},
         "padded_default_mask": {"tags": tf.constant(padded)},
         "padded_with_mask": {"tags": tf.constant(padded), "tags__mask": tf.constant(mask)},
+        "padded_mask_tuple": {"tags": (tf.constant(padded), tf.constant(mask))},
+        "padded_int_mask_tuple": {"tags": (tf.constant(padded), tf.constant(mask.astype(np.int32)))},
         "values_offsets_tuple": {"tags": (tf.constant(values), tf.constant(offsets))},
+        "column_values_offsets_tuple": {"tags": (tf.constant(values[:, None]), tf.constant(offsets))},
         "values_offsets_keys": {"tags__values": tf.constant(values),
                                 "tags__offsets": tf.constant(offsets)},
         "sparse": {"tags": ragged.to_sparse()},
@@ -143,6 +146,23 @@ def test_explicit_mask_keeps_id_zero_when_it_is_a_real_id():
     mask = tf.constant([[True, True], [True, False]])
     out = tables({"tags": ids, "tags__mask": mask})["tags"].numpy()
     np.testing.assert_allclose(out, _manual_pool(weights, [[0, 3], [4]], "sum"), rtol=1e-6)
+
+
+def test_padded_mask_tuple_keeps_id_zero_and_pools_in_a_tf_function():
+    # the layout of tabstream.loaders.tensorflow.Loader(pad=True): (padded, mask)
+    tables = _list_tables("mean")
+    weights = tables.tables["tags"].embeddings.numpy().astype(np.float64)
+    ids = tf.constant([[0, 3], [4, 0], [0, 0]], tf.int64)
+    mask = tf.constant([[True, True], [True, False], [False, False]])
+    want = _manual_pool(weights, [[0, 3], [4], []], "mean")
+    np.testing.assert_allclose(tables({"tags": (ids, mask)})["tags"].numpy(), want, rtol=1e-6)
+    spec = tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None, 2], tf.bool)
+
+    @tf.function(input_signature=[spec])
+    def pooled(tags):
+        return tables({"tags": tags})["tags"]
+
+    np.testing.assert_allclose(pooled((ids, mask)).numpy(), want, rtol=1e-6)
 
 
 def test_gradient_is_sparse_and_covers_only_the_batch_ids():
@@ -171,6 +191,8 @@ def test_bad_list_inputs_are_explained():
     tables = _list_tables("sum")
     with pytest.raises(ValueError, match="must be \\(values, offsets\\)"):
         tables({"tags": (tf.constant([1]), tf.constant([0, 1]), tf.constant([0]))})
+    with pytest.raises(ValueError, match="mask has shape"):
+        tables({"tags": (tf.constant([[1, 2]]), tf.constant([[True, True, False]]))})
     with pytest.raises(KeyError, match="no 'tags__offsets'"):
         tables({"tags__values": tf.constant([1, 2])})
 
