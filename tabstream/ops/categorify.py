@@ -3,12 +3,24 @@
 Encoding of every output column::
 
     0                     padding (never produced; reserved for padded lists)
-    1                     null / missing
+    1                     missing: null, and NaN in float columns
     [2, 2 + num_buckets)  out of vocabulary: values seen fewer than ``freq_threshold``
                           times, cut by ``max_size``, or unseen at fit time; with
                           ``num_buckets`` they are spread by the project hash
                           (``murmur3_32(value) % num_buckets``), else all map to 2
     2 + num_buckets ...   the vocabulary, most frequent first, ties by value
+
+Missing is missing: null and NaN are the same missing value (id 1) whatever the
+input (a pandas frame turns NaN into null, parquet keeps NaN: both give 1), and
+``-0.0`` is the value ``0.0`` (one vocabulary entry, one hash). An empty string
+and ``inf``/``-inf`` are ordinary values. See
+:func:`tabstream.pipeline.hashing.normalize_missing`.
+
+``max_size=N`` bounds the embedding table at ``N`` rows, NVTabular's meaning: the
+``2 + num_buckets`` reserved rows (``2 + 1`` without ``num_buckets``) plus the
+``N - 2 - num_buckets`` most frequent values; the schema's cardinality is then at
+most ``N``. ``Categorify(max_size=5)`` on ``["a", "a", "a", "b", "b", "c"]`` keeps
+``a`` (id 3) and ``b`` (id 4); ``c`` is out of vocabulary (id 2).
 
 >>> op = Categorify(freq_threshold=2).fit_table(pa.table({"c": ["a", "b", "a", None, "c", "b", "b"]}))
 >>> op.transform(pa.table({"c": ["b", "a", "z", None]}))["c"]
@@ -21,7 +33,8 @@ Column groups (nested lists in the selection, or ``column_groups=``):
   every selected column in one group.
 * ``encode_type="combo"``: the combination of the group's values is the category;
   the output is one column named ``a_b`` for group ``["a", "b"]``. A row whose
-  values are all null is null (id 1); otherwise nulls are part of the combination.
+  values are all missing (null or NaN) is missing (id 1); otherwise a missing part
+  is part of the combination (NaN and null alike).
 
 List (multi-hot) columns are encoded element by element and stay lists.
 
@@ -48,7 +61,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabstream.ops.base import StatOperator
-from tabstream.pipeline.hashing import murmur3_32
+from tabstream.pipeline.hashing import list_offsets_and_values, murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
 
@@ -66,9 +79,13 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
-    """Non-null distinct values and their counts as a table ``(values, counts)``."""
+    """Distinct non-missing values and their counts as a table ``(values, counts)``.
+
+    NaN is missing like null and ``-0.0`` counts as ``0.0``.
+    """
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
+    column = normalize_missing(column)
     if _is_list(column.type):
         column = pc.list_flatten(column)
     vc = pc.value_counts(column)
@@ -95,16 +112,15 @@ class _Counts:
 
 
 def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
-    parts = []
+    parts, all_null = [], None
     for name in group:
         col = table.column(name)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
+        col = normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
         parts.append(pc.fill_null(col.cast(pa.string()), _COMBO_NULL))
+        all_null = col.is_null() if all_null is None else pc.and_(all_null, col.is_null())
     key = pc.binary_join_element_wise(*parts, _COMBO_SEP)
-    all_null = table.column(group[0]).is_null()
-    for name in group[1:]:
-        all_null = pc.and_(all_null, table.column(name).is_null())
     return pc.if_else(all_null, pa.scalar(None, pa.string()), key)
 
 
@@ -116,7 +132,10 @@ class Categorify(StatOperator):
     freq_threshold:
         Values seen fewer times are out of vocabulary (an int, or a dict per column).
     max_size:
-        Keep at most this many vocabulary entries, the most frequent (0 = no limit).
+        Bound the embedding table at this many rows (an int, or a dict per
+        vocabulary; 0 = no limit): the ``max_size - 2 - num_buckets`` most frequent
+        values are kept (``max_size - 3`` without ``num_buckets``). It must leave
+        room for at least one value beyond the reserved rows.
     num_buckets:
         Spread out-of-vocabulary values over this many hashed ids instead of one.
     vocabs:
@@ -148,6 +167,16 @@ class Categorify(StatOperator):
             raise ValueError(f"Categorify: dtype must be 'int32' or 'int64', got {dtype!r}")
         if spill_rows < 1 or spill_buckets < 1:
             raise ValueError("Categorify: spill_rows and spill_buckets must be positive")
+        reserved = OOV_ID + (num_buckets or 1)
+        sizes = max_size.items() if isinstance(max_size, dict) else [(None, max_size)]
+        for where, size in sizes:
+            if size and size <= reserved:
+                col = f" for {where!r}" if where is not None else ""
+                raise ValueError(
+                    f"Categorify: max_size={size}{col} leaves no room for a vocabulary: the "
+                    f"table reserves {reserved} rows (0 padding, 1 null, "
+                    f"{OOV_ID}..{reserved - 1} out-of-vocabulary with num_buckets={num_buckets}); "
+                    f"use max_size > {reserved}, or 0 for no limit")
         self.freq_threshold = freq_threshold
         self.max_size = max_size
         self.num_buckets = num_buckets
@@ -202,6 +231,11 @@ class Categorify(StatOperator):
     def _setting(self, value: int | dict[str, int], name: str) -> int:
         return int(value.get(name, 0)) if isinstance(value, dict) else int(value)
 
+    def _vocab_limit(self, name: str) -> int | None:
+        """How many vocabulary values ``max_size`` keeps for ``name`` (None: all)."""
+        size = self._setting(self.max_size, name)
+        return size - self.start_index if size else None
+
     # -- schema -------------------------------------------------------------
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         cols = []
@@ -236,7 +270,7 @@ class Categorify(StatOperator):
     def _keys(self, table: pa.Table, group: Sequence[str]) -> list[pa.ChunkedArray | pa.Array]:
         if self.encode_type == "combo" and len(group) > 1:
             return [_combo_key(table, group)]
-        return [table.column(n) for n in group]
+        return [table.column(n) for n in group]  # value_counts normalizes missing values
 
     def fit_partition(self, table: pa.Table) -> dict[str, _Counts]:
         out = {}
@@ -308,16 +342,23 @@ class Categorify(StatOperator):
                 assert counts.table is not None
                 table = self._threshold(counts.table, name)
             table = table.sort_by([("counts", "descending"), ("values", "ascending")])
-            limit = self._setting(self.max_size, name)
-            if limit:
+            limit = self._vocab_limit(name)
+            if limit is not None:
                 table = table.slice(0, limit)
             tables[name] = table.combine_chunks()
         for name, values in (self.vocabs or {}).items():
-            arr = pa.array(values)
+            arr = normalize_missing(pa.array(values))
             if arr.null_count:
-                raise ValueError(f"Categorify: the vocabulary given for {name!r} contains nulls")
+                raise ValueError(f"Categorify: the vocabulary given for {name!r} contains a missing "
+                                 "value (None or NaN); missing values always get id 1")
             if len(pc.unique(arr)) != len(arr):
-                raise ValueError(f"Categorify: the vocabulary given for {name!r} has duplicate values")
+                raise ValueError(f"Categorify: the vocabulary given for {name!r} has duplicate values "
+                                 "(-0.0 and 0.0 are one value)")
+            limit = self._vocab_limit(name)
+            if limit is not None and len(arr) > limit:
+                raise ValueError(
+                    f"Categorify: the vocabulary given for {name!r} has {len(arr)} values, but "
+                    f"max_size={self._setting(self.max_size, name)} leaves room for {limit}")
             tables[name] = pa.table({"values": arr, "counts": pa.nulls(len(arr), pa.int64())})
         self.tables = tables
         self.fitted = True
@@ -342,9 +383,10 @@ class Categorify(StatOperator):
             column = column.combine_chunks()
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
+        column = normalize_missing(column)
         if _is_list(column.type):
-            ids = self._encode_flat(name, column.flatten())
-            offsets = pc.subtract(column.offsets, column.offsets[0])
+            offsets, child = list_offsets_and_values(column)
+            ids = self._encode_flat(name, child)
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return self._encode_flat(name, column)
 

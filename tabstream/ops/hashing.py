@@ -3,15 +3,25 @@
 ``HashBucket(num_buckets)`` maps each value to ``murmur3_32(value) % num_buckets``
 (see :mod:`tabstream.pipeline.hashing` for the exact byte encoding), so a value
 gets the same id in every row, partition, process and run, and on any backend
-that implements MurmurHash3 x86_32. Nulls map to id 0.
+that implements MurmurHash3 x86_32. A missing value (null, or NaN in a float
+column) gets its own id ``num_buckets``, which no value can hash to; the table
+therefore has ``num_buckets + 1`` rows (schema cardinality ``num_buckets + 1``,
+domain ``[0, num_buckets]``). Id ``0`` is an ordinary bucket here: padding of list
+columns is told apart by the loader's mask, not by an id.
 
 >>> HashBucket(10).transform(pa.table({"c": ["a", "b", "a", None]}))["c"]
-[h("a") % 10, h("b") % 10, h("a") % 10, 0]
+[h("a") % 10, h("b") % 10, h("a") % 10, 10]
 
 ``HashedCross(num_buckets)`` crosses the selected columns (or each nested group)
 into one new column ``a_X_b``: ``hash_combine(h(a), h(b)) % num_buckets``, folding
-left over more columns; a null part contributes hash 0. List columns cross element
-by element (all lists of a row must have the same length; scalars broadcast).
+left over more columns. A missing part (null or NaN) contributes hash 0 and the
+row keeps its cross of the other parts; a row whose parts are *all* missing gets
+the missing id ``num_buckets`` (as Categorify's combo encoding gives such a row
+the null id). Cardinality ``num_buckets + 1``. List columns cross element by
+element (all lists of a row must have the same length; scalars broadcast).
+
+Before hashing, ``-0.0`` becomes ``0.0`` and NaN becomes missing
+(:func:`~tabstream.pipeline.hashing.normalize_missing`); ``""`` and ``inf`` are values.
 """
 
 from __future__ import annotations
@@ -23,7 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.ops.base import ColumnOperator, Operator
-from tabstream.pipeline.hashing import hash_combine, murmur3_32
+from tabstream.pipeline.hashing import (
+    hash_combine,
+    list_offsets_and_values,
+    murmur3_32_with_nulls,
+    normalize_missing,
+)
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
 
@@ -31,7 +46,11 @@ __all__ = ["HashBucket", "HashedCross"]
 
 
 class HashBucket(ColumnOperator):
-    """Hash each value into ``num_buckets`` ids (an int, or a dict per column)."""
+    """Hash each value into ``num_buckets`` ids (an int, or a dict per column).
+
+    Values get ``murmur3_32(value) % num_buckets``; missing values (null, NaN) get
+    ``num_buckets``. Output cardinality: ``num_buckets + 1``.
+    """
 
     def __init__(self, num_buckets: int | dict[str, int]) -> None:
         values = num_buckets.values() if isinstance(num_buckets, dict) else [num_buckets]
@@ -48,12 +67,7 @@ class HashBucket(ColumnOperator):
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         n = self._buckets(col.name)
-        props: dict[str, Any] = {
-            **col.properties,
-            "num_buckets": n,
-            "domain": {"min": 0, "max": n - 1, "name": col.name},
-            "embedding_sizes": {"cardinality": n, "dimension": infer_embedding_dim(n)},
-        }
+        props: dict[str, Any] = {**col.properties, **_hashed_properties(n, col.name)}
         out = col.with_dtype("int64").with_tags(Tags.CATEGORICAL).without_tags(Tags.CONTINUOUS)
         return ColumnSchema(out.name, "int64", out.tags, props, is_list=col.is_list, is_ragged=col.is_ragged)
 
@@ -61,17 +75,32 @@ class HashBucket(ColumnOperator):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         n = self._buckets(name)
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            values = column.flatten()
-            ids = _bucket(values, n)
-            return type(column).from_arrays(column.offsets, pa.array(ids), mask=column.is_null())
+        column = normalize_missing(column)
+        if _is_list(column.type):
+            offsets, values = list_offsets_and_values(column)
+            ids = pa.array(_bucket(values, n))
+            return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return pa.array(_bucket(column, n))
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _hashed_properties(n: int, name: str) -> dict[str, Any]:
+    """Schema properties of a hashed column: ids ``[0, n)`` plus the missing id ``n``."""
+    return {
+        "num_buckets": n,
+        "domain": {"min": 0, "max": n, "name": name},
+        "embedding_sizes": {"cardinality": n + 1, "dimension": infer_embedding_dim(n + 1)},
+    }
+
+
 def _bucket(values: pa.Array, n: int) -> np.ndarray:
-    ids = (murmur3_32(values) % np.uint32(n)).astype(np.int64)
-    valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    ids[~valid] = 0
+    """``hash % n`` per value, ``n`` where missing (``values`` already normalized)."""
+    hashes, is_null = murmur3_32_with_nulls(values)
+    ids = (hashes % np.uint32(n)).astype(np.int64)
+    ids[is_null] = n
     return ids
 
 
@@ -80,6 +109,8 @@ class HashedCross(Operator):
 
     Nested selections cross each group: ``[["a", "b"], ["a", "c"]] >> HashedCross(100)``
     gives ``a_X_b`` and ``a_X_c``. ``num_buckets`` may be a dict keyed by output name.
+    Ids are ``[0, num_buckets)`` for crosses with at least one present part and
+    ``num_buckets`` when every part is missing (cardinality ``num_buckets + 1``).
     """
 
     def __init__(self, num_buckets: int | dict[str, int], column_groups: list | None = None) -> None:
@@ -116,40 +147,48 @@ class HashedCross(Operator):
             name = "_X_".join(group)
             n = self._buckets(name)
             is_list = any(input_schema[c].is_list for c in group)
-            cols.append(ColumnSchema(
-                name, "int64", [Tags.CATEGORICAL], is_list=is_list, is_ragged=is_list,
-                properties={"num_buckets": n, "domain": {"min": 0, "max": n - 1, "name": name},
-                            "embedding_sizes": {"cardinality": n, "dimension": infer_embedding_dim(n)}},
-            ))
+            cols.append(ColumnSchema(name, "int64", [Tags.CATEGORICAL], is_list=is_list, is_ragged=is_list,
+                                     properties=_hashed_properties(n, name)))
         return Schema(cols)
 
     def transform(self, table: pa.Table) -> pa.Table:
         out = {}
         for group in self._groups(table.column_names):
             name = "_X_".join(group)
-            columns = [table.column(c).combine_chunks() for c in group]
-            lists = [c for c in columns if pa.types.is_list(c.type) or pa.types.is_large_list(c.type)]
-            if not lists:
-                h = murmur3_32(columns[0])
-                for c in columns[1:]:
-                    h = hash_combine(h, murmur3_32(c))
-                out[name] = pa.array((h % np.uint32(self._buckets(name))).astype(np.int64))
+            n = self._buckets(name)
+            columns = [normalize_missing(table.column(c).combine_chunks()) for c in group]
+            list_names = [c for c, col in zip(group, columns) if _is_list(col.type)]
+            if not list_names:
+                out[name] = pa.array(_cross([murmur3_32_with_nulls(c) for c in columns], n))
                 continue
-            template = lists[0]
+            template = columns[group.index(list_names[0])]
             lengths = pc.list_value_length(template).fill_null(0).to_numpy(zero_copy_only=False)
-            for other, col in zip(lists[1:], [c for c in group if table.column(c).type == template.type][1:]):
+            for col in list_names[1:]:
+                other = columns[group.index(col)]
                 other_len = pc.list_value_length(other).fill_null(0).to_numpy(zero_copy_only=False)
                 if not np.array_equal(lengths, other_len):
                     raise ValueError(f"HashedCross {name!r}: list column {col!r} has rows whose length "
-                                     "differs from the first list column of the cross")
-            h = None
+                                     f"differs from the first list column {list_names[0]!r} of the cross")
+            parts = []
             for c in columns:
-                if pa.types.is_list(c.type) or pa.types.is_large_list(c.type):
-                    part = murmur3_32(pc.list_flatten(c))
+                if _is_list(c.type):
+                    # flatten() drops the slots of null lists, as the lengths above do
+                    parts.append(murmur3_32_with_nulls(pc.list_flatten(c)))
                 else:
-                    part = np.repeat(murmur3_32(c), lengths)
-                h = part if h is None else hash_combine(h, part)
-            ids = pa.array((h % np.uint32(self._buckets(name))).astype(np.int64))
+                    hashes, is_null = murmur3_32_with_nulls(c)
+                    parts.append((np.repeat(hashes, lengths), np.repeat(is_null, lengths)))
+            ids = pa.array(_cross(parts, n))
             offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
             out[name] = pa.ListArray.from_arrays(offsets, ids, mask=template.is_null() if template.null_count else None)
         return pa.table(out)
+
+
+def _cross(parts: list[tuple[np.ndarray, np.ndarray]], n: int) -> np.ndarray:
+    """Fold ``(hashes, is_null)`` parts into ids: ``combined % n``, ``n`` where all are missing."""
+    h, all_null = parts[0][0], parts[0][1]
+    for hashes, is_null in parts[1:]:
+        h = hash_combine(h, hashes)
+        all_null = all_null & is_null
+    ids = (h % np.uint32(n)).astype(np.int64)
+    ids[all_null] = n
+    return ids

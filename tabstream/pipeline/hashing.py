@@ -42,6 +42,12 @@ What counts as null follows the container: arrow nulls; pandas' missing values
 array or a pyarrow float array is a value, hashed as the canonical NaN; so is
 ``NaT`` in a numpy ``datetime64`` array (its stored integer, ``-2**63``).
 
+The ops do not rely on that: "missing is missing" is their rule, so
+``Categorify``, ``HashBucket`` and ``HashedCross`` first pass their columns
+through :func:`normalize_missing` (NaN -> null, ``-0.0`` -> ``0.0``, in flat
+float columns, float lists and float dictionaries) and hash what remains. The
+hash itself is unchanged, so the known answers above stay valid.
+
 Lists are hashed element-wise with :func:`murmur3_32_list`, which returns the
 hashes of the flattened values plus offsets to re-wrap them.
 
@@ -102,6 +108,8 @@ __all__ = [
     "murmur3_32",
     "murmur3_32_list",
     "murmur3_32_with_nulls",
+    "list_offsets_and_values",
+    "normalize_missing",
 ]
 
 DEFAULT_SEED = 0
@@ -263,6 +271,71 @@ def hash_combine(h1, h2) -> np.ndarray:
     words[..., 1] = b
     flat = words.reshape(-1, 2)
     return _hash_word_pairs(flat[:, 0], flat[:, 1], 0).reshape(a.shape)
+
+
+def normalize_missing(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The ops' one view of missing values: NaN becomes null, ``-0.0`` becomes ``0.0``.
+
+    Applies to floating columns, to the elements of list columns of floats and to
+    dictionaries of floats (decoded to their value type); any other column is
+    returned unchanged (an empty string, ``inf`` and ``-inf`` stay values).
+
+    >>> import pyarrow as pa
+    >>> normalize_missing(pa.array([1.5, float("nan"), -0.0, None])).to_pylist()
+    [1.5, None, 0.0, None]
+    >>> normalize_missing(pa.array([[float("nan"), 2.0], None])).to_pylist()
+    [[None, 2.0], None]
+    """
+    if isinstance(values, pa.ChunkedArray):
+        if not _has_floats(values.type):
+            return values
+        return pa.chunked_array([normalize_missing(c) for c in values.chunks], type=_normalized_type(values.type))
+    t = values.type
+    if pa.types.is_dictionary(t):
+        return normalize_missing(values.cast(t.value_type)) if _has_floats(t.value_type) else values
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        if not _has_floats(t.value_type):
+            return values
+        offsets, child = list_offsets_and_values(values)
+        mask = values.is_null() if values.null_count else None
+        return type(values).from_arrays(offsets, normalize_missing(child), mask=mask)
+    if pa.types.is_fixed_size_list(t):
+        if not _has_floats(t.value_type):
+            return values
+        mask = values.is_null() if values.null_count else None
+        flat = normalize_missing(values.values.slice(values.offset * t.list_size, len(values) * t.list_size))
+        return pa.FixedSizeListArray.from_arrays(flat, t.list_size, mask=mask)
+    if not pa.types.is_floating(t):
+        return values
+    if t == pa.float16():  # no compute kernels for half floats: widen exactly and back
+        return normalize_missing(values.cast(pa.float32())).cast(t)
+    zero = pa.scalar(0.0, t)
+    values = pc.if_else(pc.equal(values, zero), zero, values)  # -0.0 == 0.0: clears the sign
+    return pc.if_else(pc.is_nan(values), pa.scalar(None, t), values)
+
+
+def list_offsets_and_values(values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """``(offsets from 0, child values)`` of a (large) list array, slice-safe.
+
+    Unlike ``flatten()``, the child keeps the slots of null lists that cover a
+    range, so ``from_arrays(offsets, f(child), mask=...)`` re-wraps any
+    element-wise ``f`` of the child exactly.
+    """
+    offsets = values.offsets
+    start, stop = offsets[0].as_py(), offsets[-1].as_py()
+    return pc.subtract(offsets, offsets[0]), values.values.slice(start, stop - start)
+
+
+def _has_floats(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return _has_floats(t.value_type)
+    if _is_list_type(t):
+        return _has_floats(t.value_type)
+    return pa.types.is_floating(t)
+
+
+def _normalized_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) and _has_floats(t) else t
 
 
 # --------------------------------------------------------------------------

@@ -20,8 +20,8 @@ def categorify_reference(train: pd.Series, apply: pd.Series, freq_threshold=0, m
     counts = train.dropna().value_counts()
     vocab = counts[counts >= max(freq_threshold, 1)]
     order = sorted(vocab.items(), key=lambda kv: (-kv[1], kv[0]))
-    if max_size:
-        order = order[:max_size]
+    if max_size:  # max_size bounds the table: 0 padding, 1 null, 2 OOV, then values
+        order = order[:max_size - 3]
     mapping = {v: i + 3 for i, (v, _) in enumerate(order)}
     return np.array([1 if pd.isna(v) else mapping.get(v, 2) for v in apply], dtype=np.int64)
 
@@ -38,13 +38,13 @@ def test_categorify_matches_reference(small_raw, freq_threshold, part_size):
 
 
 def test_categorify_unseen_nulls_and_max_size(small_raw):
-    op = ops.Categorify(max_size=3)
+    op = ops.Categorify(max_size=6)
     wf, _ = fit_transform(["C1"] >> op, small_raw)
     new = pd.DataFrame({"C1": pd.array(["a", "zzz", None, "h", "b"], dtype="str")})
     got = wf.transform(new)["C1"].to_numpy()
-    np.testing.assert_array_equal(got, categorify_reference(small_raw["C1"], new["C1"], max_size=3))
+    np.testing.assert_array_equal(got, categorify_reference(small_raw["C1"], new["C1"], max_size=6))
     assert got[1] == 2 and got[2] == 1
-    assert wf.output_schema["C1"].cardinality == 3 + 3
+    assert wf.output_schema["C1"].cardinality == 6  # the table has max_size rows
 
 
 def test_categorify_ties_ordered_by_value():
@@ -181,11 +181,11 @@ def test_hash_bucket_is_stable_and_matches_hash():
     for col in ["c", "n"]:
         vals = pa.array(df[col])
         expected = (murmur3_32(vals) % 13).astype(np.int64)
-        expected[df[col].isna().to_numpy()] = 0
+        expected[df[col].isna().to_numpy()] = 13  # missing: the id past the buckets
         np.testing.assert_array_equal(out[col].to_numpy(), expected)
     # same value, same id on every row
     assert out.groupby(df["c"].fillna("<null>"))["c"].nunique().max() == 1
-    assert wf.output_schema["c"].cardinality == 13
+    assert wf.output_schema["c"].cardinality == 13 + 1
 
 
 def test_transform_before_fit_raises(small_raw):

@@ -28,7 +28,7 @@ def test_cross_matches_documented_formula():
         expected.append(int(h) % 97)
     assert out["a_X_b_X_c"].tolist() == expected
     assert out["a_X_b_X_c"].iloc[1] == out["a_X_b_X_c"].iloc[4]
-    assert wf.output_schema["a_X_b_X_c"].cardinality == 97
+    assert wf.output_schema["a_X_b_X_c"].cardinality == 97 + 1  # plus the all-missing id 97
 
 
 def test_groups_give_several_crosses():

@@ -176,7 +176,7 @@ def categorify_list_ref(rows_fit, rows_apply):
 
 def hash_list_ref(rows, n):
     def one(v):
-        return 0 if v is None else int(murmur3_32(pa.array([v]))[0] % n)
+        return n if v is None else int(murmur3_32(pa.array([v]))[0] % n)  # missing: id n
     return [None if r is None else [one(v) for v in r] for r in rows]
 
 
@@ -231,7 +231,7 @@ def test_parquet_lists_through_split_slice_categorify_hash(list_parquet, tmp_pat
     assert schema["raw"].properties["value_count"] == {"min": min(lengths), "max": max(lengths)}
     assert schema["raw"].is_list and ts.Tags.CATEGORICAL in schema["raw"].tags
     assert schema["ints"].properties["value_count"] == {"min": 3, "max": 3}
-    assert not schema["ints"].is_ragged and schema["ints"].cardinality == 7
+    assert not schema["ints"].is_ragged and schema["ints"].cardinality == 7 + 1
 
     wf.save(str(tmp_path / "wf"))
     loaded = ts.Workflow.load(str(tmp_path / "wf"))
