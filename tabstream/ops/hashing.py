@@ -53,9 +53,7 @@ class HashBucket(ColumnOperator):
     """
 
     def __init__(self, num_buckets: int | dict[str, int]) -> None:
-        values = num_buckets.values() if isinstance(num_buckets, dict) else [num_buckets]
-        if any(not isinstance(v, (int, np.integer)) or v < 1 for v in values):
-            raise ValueError(f"HashBucket: num_buckets must be a positive integer, got {num_buckets!r}")
+        _check_buckets("HashBucket", num_buckets)
         self.num_buckets = num_buckets
 
     def _buckets(self, name: str) -> int:
@@ -81,6 +79,16 @@ class HashBucket(ColumnOperator):
             ids = pa.array(_bucket(values, n))
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return pa.array(_bucket(column, n))
+
+
+def _check_buckets(op: str, num_buckets: Any) -> None:
+    items = num_buckets.items() if isinstance(num_buckets, dict) else [(None, num_buckets)]
+    for key, n in items:
+        where = f" for {key!r}" if key is not None else ""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"{op}: num_buckets{where} must be a positive integer, got {type(n).__name__} {n!r}")
+        if n < 1:
+            raise ValueError(f"{op}: num_buckets{where} must be a positive integer, got {n!r}")
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -114,9 +122,7 @@ class HashedCross(Operator):
     """
 
     def __init__(self, num_buckets: int | dict[str, int], column_groups: list | None = None) -> None:
-        values = num_buckets.values() if isinstance(num_buckets, dict) else [num_buckets]
-        if any(not isinstance(v, (int, np.integer)) or v < 1 for v in values):
-            raise ValueError(f"HashedCross: num_buckets must be a positive integer, got {num_buckets!r}")
+        _check_buckets("HashedCross", num_buckets)
         self.num_buckets = num_buckets
         self.column_groups = [list(g) for g in column_groups] if column_groups else None
 
