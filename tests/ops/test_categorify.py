@@ -141,3 +141,18 @@ def test_reverse_mapping_for_joint_group(pairs):
     rev = op.reverse_mapping("seller").to_pandas()
     back = dict(zip(rev["id"], rev["value"]))
     assert [back[i] for i in out["seller"]] == list(pairs["seller"])
+
+
+def test_max_size_of_a_joint_group_bounds_its_shared_table(pairs):
+    # max_size is keyed by the vocabulary's name; the table keeps max_size rows:
+    # 0 padding, 1 null, 2..4 hashed out-of-vocabulary ids, then 10 - 5 values
+    op = ops.Categorify(encode_type="joint", num_buckets=3, max_size={"buyer_seller": 10})
+    wf, out = fit_apply([["buyer", "seller"]] >> op, pairs)
+    both = pd.Series(list(pairs["buyer"]) + list(pairs["seller"])).value_counts()
+    kept = sorted(both.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    mapping = {v: 5 + i for i, (v, _) in enumerate(kept)}
+    for col in ["buyer", "seller"]:
+        expected = [mapping.get(v, 2 + int(murmur3_32(pa.array([v]))[0]) % 3) for v in pairs[col]]
+        assert out[col].tolist() == expected
+        assert wf.output_schema[col].cardinality == 10
+    assert out.max().max() == 9
