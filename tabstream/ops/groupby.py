@@ -175,13 +175,14 @@ class Groupby(Operator):
         return [(c, list(self.aggs)) for c in names if c not in self.groupby_cols]
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
+        plan = self._plan(input_schema)
         out = []
         for key in self.groupby_cols:
             col = input_schema[key]
             if col.is_list:
                 raise TypeError(f"Groupby: key column {key!r} is a list column; keys must be scalar columns")
             out.append(col)
-        for name, aggs in self._plan(input_schema):
+        for name, aggs in plan:
             col = input_schema[name]
             out += [self._agg_column(col, agg) for agg in aggs]
         return Schema(out)
