@@ -112,7 +112,6 @@ class _AfterScatter:
         self.workflow = workflow
         self.node = node
         self.raw_schema = raw_schema
-        self.client = workflow.client
 
     @property
     def output_schema(self):

@@ -194,6 +194,29 @@ def test_output_schema_names_and_dtypes():
     assert [arrow_type_to_dtype(t) for t in out.schema.types] == list(expected.values())
 
 
+def test_bool_float32_and_timestamp_columns_keep_declared_types():
+    stamps = pd.to_datetime(["2020-01-03", None, "2020-01-01", "2020-01-02", "2020-01-05"])
+    table = pa.table({"k": pa.array(["a", None, "a", "b", None]),
+                      "b": pa.array([True, False, None, True, True]),
+                      "f": pa.array([1.5, None, 2.5, float("nan"), 4.0], pa.float32()),
+                      "t": pa.array(stamps)})
+    aggs = {"b": ["sum", "mean", "count", "max"], "f": ["sum", "min", "list"], "t": ["min", "max", "last"]}
+    wf = ts.Workflow(["k", "b", "f", "t"] >> ops.Groupby("k", aggs=aggs))
+    wf.fit(ts.Dataset(table))
+    out = wf.transform(table)  # the executor checks produced types against the declared schema
+    assert out.schema.field("f-min").type == pa.float32() and out.schema.field("t-min").type == table["t"].type
+    df = table.to_pandas()
+    for row in out.to_pylist():
+        rows = df[df["k"].isna()] if row["k"] is None else df[df["k"] == row["k"]]
+        bools = [v for v in rows["b"] if v is not None]
+        assert row["b-sum"] == sum(bools) and row["b-count"] == len(bools)
+        floats = rows["f"].dropna()
+        assert row["f-sum"] == pytest.approx(floats.sum())
+        assert row["f-min"] == (floats.min() if len(floats) else None)
+        assert row["t-min"] == rows["t"].min() and row["t-last"] == (None if pd.isna(rows["t"].iloc[-1])
+                                                                     else rows["t"].iloc[-1])
+
+
 def test_empty_input_gives_empty_output_with_declared_columns():
     table = sessions().slice(0, 0)
     result = ops.Groupby("session", sort_cols="ts", aggs=AGGS).transform(table)
@@ -229,6 +252,9 @@ def test_keys_spanning_partitions_are_grouped_once(tmp_path):
     assert_matches(sort_by_keys(computed, ["session"]), expected)
     iterated = pa.concat_tables(pa.Table.from_pandas(df, preserve_index=False) for df in lazy.to_iter())
     assert_matches(sort_by_keys(iterated, ["session"]), expected)
+
+    via_dask = pa.Table.from_pandas(lazy.to_ddf().compute(), preserve_index=False)
+    assert_matches(sort_by_keys(via_dask, ["session"]), expected)
 
     result = lazy.to_parquet(str(tmp_path / "out"), out_files_per_proc=2)
     assert result.num_rows == len(expected)
