@@ -13,7 +13,9 @@ partition), with bounded memory.
    the Groupby and the ops after it.
 
 A task holds one input partition (pass 1) or one bucket (pass 2), never the
-dataset. The spill folder of ``to_parquet`` is a hidden sibling of the output
+dataset; a bucket is about one partition's size unless a single key owns a large
+share of the rows (all of a key's rows are always in one bucket). Pass 1 writes
+up to ``B`` small files per partition, as export's ``shuffle="full"`` does. The spill folder of ``to_parquet`` is a hidden sibling of the output
 folder on the output filesystem (so the workers of a distributed client share it),
 removed afterwards; ``to_iter``/``compute``/``to_ddf`` spill to a local temporary
 folder removed with the returned object.
