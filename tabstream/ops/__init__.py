@@ -3,6 +3,7 @@
 from tabstream.ops.base import ColumnOperator, Operator, StatOperator, registered_ops
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
+from tabstream.ops.groupby import Groupby
 from tabstream.ops.hashing import HashBucket, HashedCross
 from tabstream.ops.joins import DifferenceLag, JoinExternal, JoinGroupby, TargetEncoding
 from tabstream.ops.lists import ListSlice, SplitList, ValueCount
@@ -63,4 +64,5 @@ __all__ = [
     "ValueCount",
     "register_function",
     "registered_ops",
+    "Groupby",
 ]

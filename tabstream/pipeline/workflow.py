@@ -93,6 +93,9 @@ class Workflow:
     def fit(self, dataset: Dataset | Any, progress: bool | None = None) -> Workflow:
         """Compute every statistics op's state: one pass over the data per dependency
         level of statistics ops, each a tree reduction of per-partition partials."""
+        from tabstream.pipeline.regroup import check_graph
+
+        check_graph(self.output_node)
         ds = _as_dataset(dataset)
         self.fit_schema(ds.schema)
         columns = self.input_columns
@@ -136,6 +139,11 @@ class Workflow:
             return arrow_to_pandas(self.transform_table(table))
         if isinstance(data, pa.Table):
             return self.transform_table(data)
+        from tabstream.pipeline.regroup import GroupedTransformedDataset, find_groupby
+
+        groupby = find_groupby(self.output_node)  # its keys must be regrouped across partitions
+        if groupby is not None:
+            return GroupedTransformedDataset(self, _as_dataset(data), groupby)
         return TransformedDataset(self, _as_dataset(data))
 
     def fit_transform(self, dataset: Any) -> Any:

@@ -87,6 +87,7 @@ EXAMPLES = {
     "JoinExternal": (lambda: ops.JoinExternal(pa.table({"cat2": np.arange(0, 30, 2), "weight": np.arange(15) / 10}),
                                               on="cat2"), ["cat2", "cat"]),
     "DifferenceLag": (lambda: ops.DifferenceLag("user_id", shift=[1, -1]), ["ts", "cont", "user_id"]),
+    "Groupby": (lambda: ops.Groupby("user_id", sort_cols="ts", aggs={"cat": ["list", "first", "last", "count"], "cont": ["sum", "mean", "min", "max"], "lst": ["list", "count"]}), ["user_id", "ts", "cat", "cont", "lst"]),  # noqa: E501
 }
 
 
