@@ -61,7 +61,7 @@ import pyarrow.compute as pc
 from tabstream.errors import SchemaError
 from tabstream.ops.base import Operator
 from tabstream.pipeline.dtypes import dtype_to_arrow_type, is_list_type
-from tabstream.pipeline.hashing import hash_combine, murmur3_32
+from tabstream.pipeline.hashing import hash_combine, murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["AGGREGATIONS", "Groupby", "key_buckets"]
@@ -218,10 +218,10 @@ class Groupby(Operator):
                         for n, t in zip(table.column_names, table.schema.types))
         plan = self._plan(schema)
         declared = self.compute_output_schema(schema)
-        keys = {k: _normalize_missing(table.column(k)) for k in self.groupby_cols}
+        keys = {k: normalize_missing(table.column(k)) for k in self.groupby_cols}
         if self.sort_cols:
             order = "ascending" if self.ascending else "descending"
-            sort_table = pa.table({f"s{i}": _normalize_missing(table.column(c))
+            sort_table = pa.table({f"s{i}": normalize_missing(table.column(c))
                                    for i, c in enumerate(self.sort_cols)})
             # stable, missing last (pandas' na_position="last"; NaN counts as missing)
             idx = pc.sort_indices(sort_table, sort_keys=[(f"s{i}", order, "at_end")
@@ -236,7 +236,7 @@ class Groupby(Operator):
         for j, (name, aggs) in enumerate(plan):
             for agg in aggs:
                 if agg in ("count", "sum", "mean", "std", "var", "min", "max"):
-                    stat_inputs.setdefault(f"v{j}", _normalize_missing(table.column(name)))
+                    stat_inputs.setdefault(f"v{j}", normalize_missing(table.column(name)))
                     specs.append((f"v{j}", _ARROW_NAMES.get(agg, agg), _options(agg)))
         work.update(stat_inputs)
         grouped = pa.table(work).group_by([f"k{i}" for i in range(len(self.groupby_cols))],
@@ -286,14 +286,6 @@ def _arrow_type(col: ColumnSchema, produced: pa.DataType) -> pa.DataType:
     return base
 
 
-def _normalize_missing(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """NaN -> null and -0.0 -> 0.0 in float columns (one missing group, one zero)."""
-    if not pa.types.is_floating(column.type):
-        return column
-    zeroed = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 == +0.0
-    return pc.if_else(pc.is_nan(zeroed), pa.scalar(None, column.type), zeroed)
-
-
 def _gather_lists(source: pa.ChunkedArray, rows: pa.ListArray) -> pa.Array:
     """Per group, the source values at the group's row indices (in order); list
     values are concatenated."""
@@ -316,7 +308,7 @@ def key_buckets(table: pa.Table, groupby_cols: Sequence[str], buckets: int) -> n
     alike, ``-0.0`` and ``0.0`` alike) get the same bucket in every partition."""
     h = None
     for name in groupby_cols:
-        part = murmur3_32(_normalize_missing(table.column(name)))
+        part = murmur3_32(normalize_missing(table.column(name)))
         h = part if h is None else hash_combine(h, part)
     if h is None:
         return np.zeros(table.num_rows, dtype=np.int64)
