@@ -9,7 +9,8 @@ outputs only the columns it creates::
     te = ["user", "item", "label"] >> TargetEncoding(target="label")   # TE_user_label, TE_item_label
     feats = te + (["user", "item"] >> Categorify()) + ["label"]
 
-Category values are compared as values: null (and NaN) is a category of its own.
+Category values are compared as values: null and NaN are one category (the
+missing one), and ``-0.0`` is the category ``0.0``, for one or several key columns.
 """
 
 from __future__ import annotations
@@ -36,20 +37,40 @@ FOLD = "__fold__"
 
 
 # -- grouping helpers -------------------------------------------------------------
+def normalize_key(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A key column as one plain array whose equal values are equal bits: in float
+    columns NaN becomes null (one missing value) and ``-0.0`` becomes ``0.0``."""
+    column = plain(column)
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 == +0.0
+    return column
+
+
+def missing_key(keys: pa.Table) -> np.ndarray:
+    """True where any key of a row is missing (null, or NaN in a float column)."""
+    out = np.zeros(keys.num_rows, dtype=bool)
+    for name in keys.column_names:
+        out |= np.asarray(pc.is_null(normalize_key(keys.column(name))).to_numpy(zero_copy_only=False), dtype=bool)
+    return out
+
+
 def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """Distinct rows of ``keys`` and the index of each row's distinct row.
 
-    Nulls (and NaN) are values: all nulls of a column form one key.
+    Missing values are values: null and NaN of a column form one key (returned as
+    null), and ``-0.0`` is the key ``0.0``.
     """
+    cols = {name: normalize_key(keys.column(name)) for name in keys.column_names}
     codes = np.zeros(keys.num_rows, dtype=np.int64)
-    for name in keys.column_names:
-        enc = pc.dictionary_encode(plain(keys.column(name)), null_encoding="encode")
+    for column in cols.values():
+        enc = pc.dictionary_encode(column, null_encoding="encode")
         col_codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         # re-densify after each column so codes stay below the row count (no overflow)
         _, codes = np.unique(codes * max(1, len(enc.dictionary)) + col_codes, return_inverse=True)
         codes = codes.reshape(-1).astype(np.int64)
     _, first = np.unique(codes, return_index=True)
-    return keys.take(first), codes
+    return pa.table(cols).take(first), codes
 
 
 def lookup(table_keys: pa.Table, keys: pa.Table, op: str) -> np.ndarray:
@@ -131,12 +152,12 @@ class TargetEncoding(StatOperator):
     ``sum``/``count`` are over the category's rows with a finite target (null, NaN
     and ±inf targets are left out); ``global_mean`` is ``target_mean`` or the fitted
     mean of the finite targets. A category never seen at fit (count 0) gets
-    ``global_mean``; null is a category of its own.
+    ``global_mean``; null and NaN are one category of their own.
 
     Folds (``kfold > 1``): row ``r`` belongs to fold
     ``murmur3_32(key(r), seed=fold_seed) % kfold`` where ``key`` is the value of
-    ``fold_col`` when given (e.g. a row or event id; its nulls go to fold
-    ``0 % kfold``) and otherwise the row's 0-based position in its dataset
+    ``fold_col`` when given (e.g. a row or event id; its nulls and NaN go to
+    fold ``0``) and otherwise the row's 0-based position in its dataset
     partition. Fit records ``sum``/``count`` per (category, fold); transform
     encodes each row of fold ``f`` from the statistics of the other folds (train
     and validation rows alike, as NVTabular does), so a training row never sees its
@@ -209,7 +230,9 @@ class TargetEncoding(StatOperator):
     def _folds(self, table: pa.Table) -> np.ndarray:
         if self.kfold == 1:
             return np.zeros(table.num_rows, dtype=np.int64)
-        key: Any = table.column(self.fold_col) if self.fold_col else np.arange(table.num_rows, dtype=np.int64)
+        # a NaN fold key is missing like null (fold 0); -0.0 hashes as 0.0
+        key: Any = normalize_key(table.column(self.fold_col)) if self.fold_col \
+            else np.arange(table.num_rows, dtype=np.int64)
         return (murmur3_32(key, seed=self.fold_seed) % np.uint32(self.kfold)).astype(np.int64)
 
     # -- fit -----------------------------------------------------------------------
@@ -335,12 +358,13 @@ class JoinGroupby(StatOperator):
 
     Select the categories and ``cont_cols``: ``["user", "price"] >> JoinGroupby(
     cont_cols=["price"], stats=["count", "mean"])`` outputs ``user_count`` (rows of
-    the category, int64) and ``user_price_mean`` (float64); in general
+    the category, int64) and ``user_price_mean`` (float32); in general
     ``<group><sep><cont><sep><stat>`` (``out_dtype``, float32 by default) for ``stats``
     among sum, mean, std, var (sample, ddof=1), min, max, as ``pandas``
-    ``groupby(dropna=False)`` computes them: nulls
-    and NaN of a continuous column are skipped, ±inf counts as a value, null is a
-    category. A category unseen at fit gets null in every output (``FillMissing``
+    ``groupby(dropna=False)`` computes them after mapping NaN keys to null and
+    ``-0.0`` keys to ``0.0``: null and NaN keys are one category, nulls and NaN of a
+    continuous column are skipped, ±inf counts as a value. A category unseen at fit
+    gets null in every output (``FillMissing``
     after the op turns that into 0 or any value); so do mean/min/max of a category
     without values and std/var of one with fewer than two. The fitted statistics
     (one row per category, float64) are saved as parquet. Counts, min and max are
@@ -508,20 +532,30 @@ class JoinExternal(StatOperator):
     * ``on``: key column(s) of the selection; ``on_ext`` the side's (default: ``on``).
     * ``columns_ext``: side columns to add (default: all but the keys).
     * ``how="left"``: every row is kept; rows whose key has no match (and rows with
-      a null key: null never matches, as in SQL and unlike ``pandas.merge``) get
-      null side columns. ``how="inner"``: such rows are dropped.
-    * A key present several times in the side table repeats the row once per
-      match, unless ``drop_duplicates_ext=True`` keeps the first match only.
+      a missing key, null or NaN in any key column: a missing key never matches,
+      as in SQL and unlike ``pandas.merge``) get null side columns.
+      ``how="inner"``: such rows are dropped. ``-0.0`` matches ``0.0``.
+    * ``drop_duplicates_ext=True`` removes duplicate rows of the side table (its
+      keys and the added columns; null and NaN equal, ``-0.0`` equal to ``0.0``),
+      keeping the first, before the join, as NVTabular does. A key with several
+      different side rows still repeats the row once per match.
+    * ``first_match_only=True`` joins each row to the first side row of its key
+      only, so the row count never grows.
 
     Row order is kept (matches of one row in side-table order). ``how="inner"`` and
     duplicate side keys change the number of rows, so the op must then see every
     column the workflow outputs (apply it before branching), or the branches'
     row counts will differ.
+
+    >>> side = pa.table({"k": [1.0, 1.0, -0.0, None], "w": [5, 5, 6, 7]})
+    >>> t = pa.table({"k": [1.0, 0.0, float("nan")]})
+    >>> JoinExternal(side, on="k").fit_table(t).transform(t)["w"]      # [5, 5, 6, null]
+    >>> JoinExternal(side, on="k", drop_duplicates_ext=True)          # w: [5, 6, null]
     """
 
     def __init__(self, df_ext: Any, on: str | list[str], how: str = "left",
                  on_ext: str | list[str] | None = None, columns_ext: list[str] | None = None,
-                 drop_duplicates_ext: bool = False) -> None:
+                 drop_duplicates_ext: bool = False, first_match_only: bool = False) -> None:
         super().__init__()
         op = "JoinExternal"
         keys = _names(on, "on", op)
@@ -532,6 +566,9 @@ class JoinExternal(StatOperator):
             raise ValueError(f"{op}: how must be 'left' or 'inner', got {how!r}")
         if columns_ext is not None:
             _names(columns_ext, "columns_ext", op)
+        for name, flag in (("drop_duplicates_ext", drop_duplicates_ext), ("first_match_only", first_match_only)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
         self._table: pa.Table | None = None
         if isinstance(df_ext, pd.DataFrame):
             self._table = pa.Table.from_pandas(df_ext, preserve_index=False)
@@ -549,6 +586,7 @@ class JoinExternal(StatOperator):
         self.on_ext = on_ext if on_ext is None or isinstance(on_ext, str) else keys_ext
         self.columns_ext = None if columns_ext is None else list(columns_ext)
         self.drop_duplicates_ext = bool(drop_duplicates_ext)
+        self.first_match_only = bool(first_match_only)
         self._side_cache: tuple[pa.Table, pa.Table, np.ndarray] | None = None
         if self._table is not None:
             self._side()  # validate the given table now
@@ -580,12 +618,22 @@ class JoinExternal(StatOperator):
         if missing:
             raise SchemaError(f"JoinExternal: side table has no columns {missing}; it has {side.column_names}")
         payload = [c for c in (self.columns_ext or side.column_names) if c not in self.keys_ext]
-        uniq, codes = group_codes(side.select(self.keys_ext))
+        side = side.select(self.keys_ext + payload)
         if self.drop_duplicates_ext:
+            nested = [f.name for f in side.schema if pa.types.is_nested(f.type)]
+            if nested:
+                raise TypeError(f"JoinExternal: drop_duplicates_ext compares whole side rows, but side "
+                                f"columns {nested} hold lists or structs; leave them out with "
+                                "columns_ext or use first_match_only=True")
+            _, row_codes = group_codes(side)
+            _, first = np.unique(row_codes, return_index=True)
+            side = side.take(np.sort(first))
+        uniq, codes = group_codes(side.select(self.keys_ext))
+        if self.first_match_only:
             _, first = np.unique(codes, return_index=True)
             side = side.take(np.sort(first))
             uniq, codes = group_codes(side.select(self.keys_ext))
-        self._table = side.select(self.keys_ext + payload)
+        self._table = side
         self._side_cache = (side.select(payload), uniq, codes)
         return self._side_cache
 
@@ -617,8 +665,7 @@ class JoinExternal(StatOperator):
         payload, uniq, codes = self._side()
         keys = table.select(self.keys)
         group = lookup(uniq, keys, "JoinExternal")
-        for name in self.keys:  # null keys never match
-            group[np.asarray(pc.is_null(keys.column(name)).to_numpy(zero_copy_only=False), dtype=bool)] = -1
+        group[missing_key(keys)] = -1  # a missing key (null or NaN) never matches
         # side rows grouped by key: rows of key g are order[starts[g]:starts[g] + counts[g]]
         counts = np.bincount(codes, minlength=uniq.num_rows + 1)  # + 1: a dummy key for -1
         order = np.append(np.argsort(codes, kind="stable"), -1)
