@@ -24,10 +24,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import NotFittedError, SchemaError
+from tabstream.errors import DataError, NotFittedError, SchemaError
 from tabstream.ops.base import Operator, StatOperator
 from tabstream.ops.statistics import check_numeric, plain, to_float64
-from tabstream.pipeline.dtypes import arrow_type_to_dtype
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.pipeline.hashing import murmur3_32
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
@@ -73,17 +73,33 @@ def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return pa.table(cols).take(first), codes
 
 
-def lookup(table_keys: pa.Table, keys: pa.Table, op: str) -> np.ndarray:
+def _key_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Type both key columns are compared in: numbers as numbers, strings as strings."""
+    if a == b:
+        return a
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in (a, b)):
+        return pa.float64() if pa.types.is_floating(a) or pa.types.is_floating(b) else pa.int64()
+    if all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in (a, b)):
+        return pa.large_string()
+    return None
+
+
+def lookup(table_keys: pa.Table, keys: pa.Table, op: str,
+           against: str = "the fitted statistics' key") -> np.ndarray:
     """Row of ``table_keys`` (distinct rows) equal to each row of ``keys``; -1 where none."""
-    cast = {}
+    stored, given = {}, {}
     for field, name in zip(table_keys.schema, keys.column_names):
+        mine, theirs = plain(table_keys.column(field.name)), plain(keys.column(name))
+        common = _key_type(mine.type, theirs.type)
         try:
-            cast[field.name] = plain(keys.column(name)).cast(field.type)
+            if common is None:
+                raise pa.ArrowInvalid("not comparable")
+            stored[field.name], given[field.name] = mine.cast(common), theirs.cast(common)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise TypeError(f"{op}: column {name!r} is {keys.column(name).type}, but the op's "
-                            f"statistics are keyed by {field.type}") from exc
-    stored = pa.table({f.name: plain(table_keys.column(f.name)) for f in table_keys.schema})
-    _, codes = group_codes(pa.concat_tables([stored, pa.table(cast)]))
+            raise TypeError(f"{op}: key column {name!r} is {theirs.type}, but {against} {field.name!r} "
+                            f"is {mine.type}; make both numbers or both strings (e.g. with LambdaOp "
+                            "before the op)") from exc
+    _, codes = group_codes(pa.concat_tables([pa.table(stored), pa.table(given)]))
     m = table_keys.num_rows
     where = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
     where[codes[:m]] = np.arange(m)
@@ -612,7 +628,14 @@ class JoinExternal(StatOperator):
             import pyarrow.parquet as pq
 
             fs, path = fsspec.core.url_to_fs(self.df_ext)
-            self._table = pq.read_table(path, filesystem=fs)
+            try:
+                self._table = pq.read_table(path, filesystem=fs)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"JoinExternal: side table {self.df_ext!r} does not exist; "
+                                        "pass an existing parquet file or folder") from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DataError(f"JoinExternal: cannot read side table {self.df_ext!r} as parquet "
+                                f"({exc}); pass a parquet file or folder, or a DataFrame") from exc
         side = self._table
         missing = [c for c in self.keys_ext + (self.columns_ext or []) if c not in side.column_names]
         if missing:
@@ -640,6 +663,14 @@ class JoinExternal(StatOperator):
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         _require(self.keys, input_schema.column_names, "JoinExternal", "key columns")
         payload = self._side()[0]
+        assert self._table is not None
+        for key, key_ext in zip(self.keys, self.keys_ext):
+            col, side_type = input_schema[key], plain(self._table.column(key_ext)).type
+            if col.dtype != "unknown" and not col.is_list and \
+                    _key_type(dtype_to_arrow_type(col.dtype), side_type) is None:
+                raise TypeError(f"JoinExternal: key column {key!r} is {col.dtype}, but the side table's "
+                                f"key {key_ext!r} is {side_type}; make both numbers or both strings "
+                                "(e.g. with LambdaOp before the op)")
         clash = [c for c in payload.column_names if c in input_schema]
         if clash:
             raise SchemaError(f"JoinExternal: side columns {clash} are also selected columns; "
@@ -664,7 +695,7 @@ class JoinExternal(StatOperator):
         self.check_fitted()
         payload, uniq, codes = self._side()
         keys = table.select(self.keys)
-        group = lookup(uniq, keys, "JoinExternal")
+        group = lookup(uniq, keys, "JoinExternal", "the side table's key")
         group[missing_key(keys)] = -1  # a missing key (null or NaN) never matches
         # side rows grouped by key: rows of key g are order[starts[g]:starts[g] + counts[g]]
         counts = np.bincount(codes, minlength=uniq.num_rows + 1)  # + 1: a dummy key for -1
