@@ -11,6 +11,8 @@ outputs only the columns it creates::
 
 Category values are compared as values: null and NaN are one category (the
 missing one), and ``-0.0`` is the category ``0.0``, for one or several key columns.
+Keys meet as numbers (an int ``1`` is the float ``1.0``) or as strings; a number
+key never meets a string key (TypeError naming both columns).
 """
 
 from __future__ import annotations

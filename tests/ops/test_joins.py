@@ -326,6 +326,19 @@ def test_join_external_key_dtype_and_null_keys():
     assert out.to_pydict() == {"k": [1, None, 3, 2], "v": ["one", None, None, "two"]}
 
 
+def test_numeric_keys_compare_by_value_across_int_and_float():
+    """An int key and a float key meet as numbers: 1 matches 1.0, 1.5 matches nothing."""
+    side = pa.table({"k": [1.0, 2.5, -0.0], "w": ["one", "two.5", "zero"]})
+    t = pa.table({"k": pa.array([1, 2, 0, None], pa.int32())})
+    out = JoinExternal(side, on="k").fit_table(t).transform(t)
+    ref = {1: "one", 0: "zero"}                            # side keys that are whole numbers
+    assert out["w"].to_pylist() == [ref.get(k) for k in t["k"].to_pylist()]
+    op = JoinGroupby().fit_table(pa.table({"k": [1, 1, 2]}))
+    probe = [1.5, 1.0, -0.0, 2.0]
+    counts = Counter([1, 1, 2])
+    assert op.transform(pa.table({"k": probe}))["k_count"].to_pylist() == [counts.get(v) for v in probe]
+
+
 def test_join_external_errors():
     side = pd.DataFrame({"item": [0], "user": ["x"], "v": [1]})
     schema = ts.Dataset(events(0)).schema
