@@ -437,7 +437,8 @@ class JoinGroupby(StatOperator):
                       for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
-        xs = {c: to_float64(table.column(c)) for c in self.cont_cols}
+        # + 0.0 folds -0.0 into 0.0, so min/max never depend on which zero came first
+        xs = {c: to_float64(table.column(c)) + 0.0 for c in self.cont_cols}
         out = {}
         for g in self._groups_of(table.column_names):
             uniq, codes = group_codes(table.select(g))

@@ -160,6 +160,17 @@ def test_join_groupby_missing_keys_are_one_group(seed, kind, part_size):
     assert len(op.tables["fk"]) == norm(df, ["fk"]).groupby("fk", dropna=False).ngroups
 
 
+@pytest.mark.parametrize("values", [[-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0]])
+def test_join_groupby_min_max_of_zeros_is_plus_zero(values):
+    """-0.0 and 0.0 are one value: min, max and sum of zeros are +0.0, whatever the order."""
+    t = pa.table({"k": ["a"] * len(values), "v": pa.array(values, pa.float64())})
+    op = JoinGroupby(cont_cols=["v"], stats=["min", "max", "sum"], out_dtype="float64")
+    out = op.fit_table(t).transform(t)
+    for stat in ("min", "max", "sum"):
+        got = floats(out[f"k_v_{stat}"].to_pandas())
+        assert (got == 0.0).all() and not np.signbit(got).any(), stat
+
+
 # -- JoinExternal ----------------------------------------------------------------------------------------
 def side_table() -> pd.DataFrame:
     return pd.DataFrame({
