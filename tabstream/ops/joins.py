@@ -9,7 +9,10 @@ outputs only the columns it creates::
     te = ["user", "item", "label"] >> TargetEncoding(target="label")   # TE_user_label, TE_item_label
     feats = te + (["user", "item"] >> Categorify()) + ["label"]
 
-Category values are compared as values: null (and NaN) is a category of its own.
+Category values are compared as values: null and NaN are one category (the
+missing one), and ``-0.0`` is the category ``0.0``, for one or several key columns.
+Keys meet as numbers (an int ``1`` is the float ``1.0``) or as strings; a number
+key never meets a string key (TypeError naming both columns).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import NotFittedError, SchemaError
+from tabstream.errors import DataError, NotFittedError, SchemaError
 from tabstream.ops.base import Operator, StatOperator
 from tabstream.ops.statistics import check_numeric, plain, to_float64
-from tabstream.pipeline.dtypes import arrow_type_to_dtype
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.pipeline.hashing import murmur3_32
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
@@ -36,33 +39,69 @@ FOLD = "__fold__"
 
 
 # -- grouping helpers -------------------------------------------------------------
+def normalize_key(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A key column as one plain array whose equal values are equal bits: in float
+    columns NaN becomes null (one missing value) and ``-0.0`` becomes ``0.0``."""
+    column = plain(column)
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 == +0.0
+    return column
+
+
+def missing_key(keys: pa.Table) -> np.ndarray:
+    """True where any key of a row is missing (null, or NaN in a float column)."""
+    out = np.zeros(keys.num_rows, dtype=bool)
+    for name in keys.column_names:
+        out |= np.asarray(pc.is_null(normalize_key(keys.column(name))).to_numpy(zero_copy_only=False), dtype=bool)
+    return out
+
+
 def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """Distinct rows of ``keys`` and the index of each row's distinct row.
 
-    Nulls (and NaN) are values: all nulls of a column form one key.
+    Missing values are values: null and NaN of a column form one key (returned as
+    null), and ``-0.0`` is the key ``0.0``.
     """
+    cols = {name: normalize_key(keys.column(name)) for name in keys.column_names}
     codes = np.zeros(keys.num_rows, dtype=np.int64)
-    for name in keys.column_names:
-        enc = pc.dictionary_encode(plain(keys.column(name)), null_encoding="encode")
+    for column in cols.values():
+        enc = pc.dictionary_encode(column, null_encoding="encode")
         col_codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         # re-densify after each column so codes stay below the row count (no overflow)
         _, codes = np.unique(codes * max(1, len(enc.dictionary)) + col_codes, return_inverse=True)
         codes = codes.reshape(-1).astype(np.int64)
     _, first = np.unique(codes, return_index=True)
-    return keys.take(first), codes
+    return pa.table(cols).take(first), codes
 
 
-def lookup(table_keys: pa.Table, keys: pa.Table, op: str) -> np.ndarray:
+def _key_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Type both key columns are compared in: numbers as numbers, strings as strings."""
+    if a == b:
+        return a
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in (a, b)):
+        return pa.float64() if pa.types.is_floating(a) or pa.types.is_floating(b) else pa.int64()
+    if all(pa.types.is_string(t) or pa.types.is_large_string(t) for t in (a, b)):
+        return pa.large_string()
+    return None
+
+
+def lookup(table_keys: pa.Table, keys: pa.Table, op: str,
+           against: str = "the fitted statistics' key") -> np.ndarray:
     """Row of ``table_keys`` (distinct rows) equal to each row of ``keys``; -1 where none."""
-    cast = {}
+    stored, given = {}, {}
     for field, name in zip(table_keys.schema, keys.column_names):
+        mine, theirs = plain(table_keys.column(field.name)), plain(keys.column(name))
+        common = _key_type(mine.type, theirs.type)
         try:
-            cast[field.name] = plain(keys.column(name)).cast(field.type)
+            if common is None:
+                raise pa.ArrowInvalid("not comparable")
+            stored[field.name], given[field.name] = mine.cast(common), theirs.cast(common)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise TypeError(f"{op}: column {name!r} is {keys.column(name).type}, but the op's "
-                            f"statistics are keyed by {field.type}") from exc
-    stored = pa.table({f.name: plain(table_keys.column(f.name)) for f in table_keys.schema})
-    _, codes = group_codes(pa.concat_tables([stored, pa.table(cast)]))
+            raise TypeError(f"{op}: key column {name!r} is {theirs.type}, but {against} {field.name!r} "
+                            f"is {mine.type}; make both numbers or both strings (e.g. with LambdaOp "
+                            "before the op)") from exc
+    _, codes = group_codes(pa.concat_tables([pa.table(stored), pa.table(given)]))
     m = table_keys.num_rows
     where = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
     where[codes[:m]] = np.arange(m)
@@ -131,12 +170,12 @@ class TargetEncoding(StatOperator):
     ``sum``/``count`` are over the category's rows with a finite target (null, NaN
     and ±inf targets are left out); ``global_mean`` is ``target_mean`` or the fitted
     mean of the finite targets. A category never seen at fit (count 0) gets
-    ``global_mean``; null is a category of its own.
+    ``global_mean``; null and NaN are one category of their own.
 
     Folds (``kfold > 1``): row ``r`` belongs to fold
     ``murmur3_32(key(r), seed=fold_seed) % kfold`` where ``key`` is the value of
-    ``fold_col`` when given (e.g. a row or event id; its nulls go to fold
-    ``0 % kfold``) and otherwise the row's 0-based position in its dataset
+    ``fold_col`` when given (e.g. a row or event id; its nulls and NaN go to
+    fold ``0``) and otherwise the row's 0-based position in its dataset
     partition. Fit records ``sum``/``count`` per (category, fold); transform
     encodes each row of fold ``f`` from the statistics of the other folds (train
     and validation rows alike, as NVTabular does), so a training row never sees its
@@ -209,7 +248,9 @@ class TargetEncoding(StatOperator):
     def _folds(self, table: pa.Table) -> np.ndarray:
         if self.kfold == 1:
             return np.zeros(table.num_rows, dtype=np.int64)
-        key: Any = table.column(self.fold_col) if self.fold_col else np.arange(table.num_rows, dtype=np.int64)
+        # a NaN fold key is missing like null (fold 0); -0.0 hashes as 0.0
+        key: Any = normalize_key(table.column(self.fold_col)) if self.fold_col \
+            else np.arange(table.num_rows, dtype=np.int64)
         return (murmur3_32(key, seed=self.fold_seed) % np.uint32(self.kfold)).astype(np.int64)
 
     # -- fit -----------------------------------------------------------------------
@@ -335,12 +376,13 @@ class JoinGroupby(StatOperator):
 
     Select the categories and ``cont_cols``: ``["user", "price"] >> JoinGroupby(
     cont_cols=["price"], stats=["count", "mean"])`` outputs ``user_count`` (rows of
-    the category, int64) and ``user_price_mean`` (float64); in general
+    the category, int64) and ``user_price_mean`` (float32); in general
     ``<group><sep><cont><sep><stat>`` (``out_dtype``, float32 by default) for ``stats``
     among sum, mean, std, var (sample, ddof=1), min, max, as ``pandas``
-    ``groupby(dropna=False)`` computes them: nulls
-    and NaN of a continuous column are skipped, ±inf counts as a value, null is a
-    category. A category unseen at fit gets null in every output (``FillMissing``
+    ``groupby(dropna=False)`` computes them after mapping NaN keys to null and
+    ``-0.0`` keys to ``0.0``: null and NaN keys are one category, nulls and NaN of a
+    continuous column are skipped, ±inf counts as a value. A category unseen at fit
+    gets null in every output (``FillMissing``
     after the op turns that into 0 or any value); so do mean/min/max of a category
     without values and std/var of one with fewer than two. The fitted statistics
     (one row per category, float64) are saved as parquet. Counts, min and max are
@@ -395,7 +437,8 @@ class JoinGroupby(StatOperator):
                       for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
-        xs = {c: to_float64(table.column(c)) for c in self.cont_cols}
+        # + 0.0 folds -0.0 into 0.0, so min/max never depend on which zero came first
+        xs = {c: to_float64(table.column(c)) + 0.0 for c in self.cont_cols}
         out = {}
         for g in self._groups_of(table.column_names):
             uniq, codes = group_codes(table.select(g))
@@ -508,20 +551,30 @@ class JoinExternal(StatOperator):
     * ``on``: key column(s) of the selection; ``on_ext`` the side's (default: ``on``).
     * ``columns_ext``: side columns to add (default: all but the keys).
     * ``how="left"``: every row is kept; rows whose key has no match (and rows with
-      a null key: null never matches, as in SQL and unlike ``pandas.merge``) get
-      null side columns. ``how="inner"``: such rows are dropped.
-    * A key present several times in the side table repeats the row once per
-      match, unless ``drop_duplicates_ext=True`` keeps the first match only.
+      a missing key, null or NaN in any key column: a missing key never matches,
+      as in SQL and unlike ``pandas.merge``) get null side columns.
+      ``how="inner"``: such rows are dropped. ``-0.0`` matches ``0.0``.
+    * ``drop_duplicates_ext=True`` removes duplicate rows of the side table (its
+      keys and the added columns; null and NaN equal, ``-0.0`` equal to ``0.0``),
+      keeping the first, before the join, as NVTabular does. A key with several
+      different side rows still repeats the row once per match.
+    * ``first_match_only=True`` joins each row to the first side row of its key
+      only, so the row count never grows.
 
     Row order is kept (matches of one row in side-table order). ``how="inner"`` and
     duplicate side keys change the number of rows, so the op must then see every
     column the workflow outputs (apply it before branching), or the branches'
     row counts will differ.
+
+    >>> side = pa.table({"k": [1.0, 1.0, -0.0, None], "w": [5, 5, 6, 7]})
+    >>> t = pa.table({"k": [1.0, 0.0, float("nan")]})
+    >>> JoinExternal(side, on="k").fit_table(t).transform(t)["w"]      # [5, 5, 6, null]
+    >>> JoinExternal(side, on="k", drop_duplicates_ext=True)          # w: [5, 6, null]
     """
 
     def __init__(self, df_ext: Any, on: str | list[str], how: str = "left",
                  on_ext: str | list[str] | None = None, columns_ext: list[str] | None = None,
-                 drop_duplicates_ext: bool = False) -> None:
+                 drop_duplicates_ext: bool = False, first_match_only: bool = False) -> None:
         super().__init__()
         op = "JoinExternal"
         keys = _names(on, "on", op)
@@ -532,6 +585,9 @@ class JoinExternal(StatOperator):
             raise ValueError(f"{op}: how must be 'left' or 'inner', got {how!r}")
         if columns_ext is not None:
             _names(columns_ext, "columns_ext", op)
+        for name, flag in (("drop_duplicates_ext", drop_duplicates_ext), ("first_match_only", first_match_only)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
         self._table: pa.Table | None = None
         if isinstance(df_ext, pd.DataFrame):
             self._table = pa.Table.from_pandas(df_ext, preserve_index=False)
@@ -549,6 +605,7 @@ class JoinExternal(StatOperator):
         self.on_ext = on_ext if on_ext is None or isinstance(on_ext, str) else keys_ext
         self.columns_ext = None if columns_ext is None else list(columns_ext)
         self.drop_duplicates_ext = bool(drop_duplicates_ext)
+        self.first_match_only = bool(first_match_only)
         self._side_cache: tuple[pa.Table, pa.Table, np.ndarray] | None = None
         if self._table is not None:
             self._side()  # validate the given table now
@@ -574,24 +631,49 @@ class JoinExternal(StatOperator):
             import pyarrow.parquet as pq
 
             fs, path = fsspec.core.url_to_fs(self.df_ext)
-            self._table = pq.read_table(path, filesystem=fs)
+            try:
+                self._table = pq.read_table(path, filesystem=fs)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"JoinExternal: side table {self.df_ext!r} does not exist; "
+                                        "pass an existing parquet file or folder") from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DataError(f"JoinExternal: cannot read side table {self.df_ext!r} as parquet "
+                                f"({exc}); pass a parquet file or folder, or a DataFrame") from exc
         side = self._table
         missing = [c for c in self.keys_ext + (self.columns_ext or []) if c not in side.column_names]
         if missing:
             raise SchemaError(f"JoinExternal: side table has no columns {missing}; it has {side.column_names}")
         payload = [c for c in (self.columns_ext or side.column_names) if c not in self.keys_ext]
-        uniq, codes = group_codes(side.select(self.keys_ext))
+        side = side.select(self.keys_ext + payload)
         if self.drop_duplicates_ext:
+            nested = [f.name for f in side.schema if pa.types.is_nested(f.type)]
+            if nested:
+                raise TypeError(f"JoinExternal: drop_duplicates_ext compares whole side rows, but side "
+                                f"columns {nested} hold lists or structs; leave them out with "
+                                "columns_ext or use first_match_only=True")
+            _, row_codes = group_codes(side)
+            _, first = np.unique(row_codes, return_index=True)
+            side = side.take(np.sort(first))
+        uniq, codes = group_codes(side.select(self.keys_ext))
+        if self.first_match_only:
             _, first = np.unique(codes, return_index=True)
             side = side.take(np.sort(first))
             uniq, codes = group_codes(side.select(self.keys_ext))
-        self._table = side.select(self.keys_ext + payload)
+        self._table = side
         self._side_cache = (side.select(payload), uniq, codes)
         return self._side_cache
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         _require(self.keys, input_schema.column_names, "JoinExternal", "key columns")
         payload = self._side()[0]
+        assert self._table is not None
+        for key, key_ext in zip(self.keys, self.keys_ext):
+            col, side_type = input_schema[key], plain(self._table.column(key_ext)).type
+            if col.dtype != "unknown" and not col.is_list and \
+                    _key_type(dtype_to_arrow_type(col.dtype), side_type) is None:
+                raise TypeError(f"JoinExternal: key column {key!r} is {col.dtype}, but the side table's "
+                                f"key {key_ext!r} is {side_type}; make both numbers or both strings "
+                                "(e.g. with LambdaOp before the op)")
         clash = [c for c in payload.column_names if c in input_schema]
         if clash:
             raise SchemaError(f"JoinExternal: side columns {clash} are also selected columns; "
@@ -616,9 +698,8 @@ class JoinExternal(StatOperator):
         self.check_fitted()
         payload, uniq, codes = self._side()
         keys = table.select(self.keys)
-        group = lookup(uniq, keys, "JoinExternal")
-        for name in self.keys:  # null keys never match
-            group[np.asarray(pc.is_null(keys.column(name)).to_numpy(zero_copy_only=False), dtype=bool)] = -1
+        group = lookup(uniq, keys, "JoinExternal", "the side table's key")
+        group[missing_key(keys)] = -1  # a missing key (null or NaN) never matches
         # side rows grouped by key: rows of key g are order[starts[g]:starts[g] + counts[g]]
         counts = np.bincount(codes, minlength=uniq.num_rows + 1)  # + 1: a dummy key for -1
         order = np.append(np.argsort(codes, kind="stable"), -1)

@@ -265,16 +265,38 @@ def join_reference(left: pa.Table, side: pd.DataFrame, on, side_cols, how):
 
 
 @pytest.mark.parametrize("how", ["left", "inner"])
-@pytest.mark.parametrize("dedup", [False, True])
-def test_join_external_matches_reference(how, dedup):
+@pytest.mark.parametrize("mode", ["all", "drop_duplicates_ext", "first_match_only"])
+def test_join_external_matches_reference(how, mode):
     t = events(4).select(["item", "user"])
-    side = pd.DataFrame({"item": [0, 1, 1, 7], "bonus": [0.5, 1.5, 2.5, 9.0], "rank": [3, 1, 2, 0]})
-    wf, _ = fit(["item", "user"] >> JoinExternal(side, on="item", how=how, drop_duplicates_ext=dedup), t)
+    # rows 4 and 5 repeat rows 1 and 0 exactly; item 1 also has a different row 2
+    side = pd.DataFrame({"item": [0, 1, 1, 7, 1, 0], "bonus": [0.5, 1.5, 2.5, 9.0, 1.5, 0.5],
+                         "rank": [3, 1, 2, 0, 1, 3]})
+    flags = {} if mode == "all" else {mode: True}
+    wf, _ = fit(["item", "user"] >> JoinExternal(side, on="item", how=how, **flags), t)
     out = wf.transform(t)
-    ref_side = side.drop_duplicates("item") if dedup else side
+    ref_side = {"all": side, "drop_duplicates_ext": side.drop_duplicates(),
+                "first_match_only": side.drop_duplicates("item")}[mode].reset_index(drop=True)
     assert out.to_pydict() == join_reference(t, ref_side, ["item"], ["bonus", "rank"], how)
     assert wf.output_schema.column_names == ["item", "user", "bonus", "rank"]
-    assert (out.num_rows < t.num_rows) if how == "inner" else (out.num_rows > t.num_rows) != dedup
+    repeated = mode != "first_match_only"   # item 1 still has two different side rows
+    if how == "left":
+        assert (out.num_rows > t.num_rows) == repeated
+
+
+def test_join_external_drop_duplicates_compares_selected_columns_only():
+    """As NVTabular: duplicates are judged on the keys and the columns joined
+    (columns_ext), with null/NaN equal and -0.0 equal to 0.0."""
+    side = pa.table({"k": [1, 1, 1, 2, 2], "v": [-0.0, 0.0, None, float("nan"), None],
+                     "junk": ["a", "b", "c", "d", "e"]})
+    t = pa.table({"k": [2, 1]})
+    out = JoinExternal(side, on="k", columns_ext=["v"], drop_duplicates_ext=True).fit_table(t).transform(t)
+    ref = side.to_pandas()[["k", "v"]].replace(-0.0, 0.0).drop_duplicates()
+    expected = [v for k in [2, 1] for v in ref[ref.k == k].v]
+    assert out["k"].to_pylist() == [2] * (ref.k == 2).sum() + [1] * (ref.k == 1).sum()
+    got = np.asarray(out["v"].to_numpy(zero_copy_only=False), dtype=float)
+    np.testing.assert_array_equal(got, np.asarray(expected, dtype=float))   # NaN == NaN here
+    whole = JoinExternal(side, on="k", drop_duplicates_ext=True).fit_table(t).transform(t)
+    assert whole.num_rows == 5                          # every row differs in "junk": none dropped
 
 
 def test_join_external_sources_save_load_without_the_file(tmp_path):
@@ -302,6 +324,19 @@ def test_join_external_key_dtype_and_null_keys():
     side = pa.table({"k": pa.array([None, 1, 2], type=pa.int64()), "v": ["null-key", "one", "two"]})
     out = JoinExternal(side, on="k").fit_table(t).transform(t)
     assert out.to_pydict() == {"k": [1, None, 3, 2], "v": ["one", None, None, "two"]}
+
+
+def test_numeric_keys_compare_by_value_across_int_and_float():
+    """An int key and a float key meet as numbers: 1 matches 1.0, 1.5 matches nothing."""
+    side = pa.table({"k": [1.0, 2.5, -0.0], "w": ["one", "two.5", "zero"]})
+    t = pa.table({"k": pa.array([1, 2, 0, None], pa.int32())})
+    out = JoinExternal(side, on="k").fit_table(t).transform(t)
+    ref = {1: "one", 0: "zero"}                            # side keys that are whole numbers
+    assert out["w"].to_pylist() == [ref.get(k) for k in t["k"].to_pylist()]
+    op = JoinGroupby().fit_table(pa.table({"k": [1, 1, 2]}))
+    probe = [1.5, 1.0, -0.0, 2.0]
+    counts = Counter([1, 1, 2])
+    assert op.transform(pa.table({"k": probe}))["k_count"].to_pylist() == [counts.get(v) for v in probe]
 
 
 def test_join_external_errors():

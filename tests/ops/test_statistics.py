@@ -10,6 +10,7 @@ import pytest
 
 import tabstream as ts
 from tabstream.errors import DataError, NotFittedError, SchemaError
+from tabstream.ops import AddTags, Categorify
 from tabstream.ops.statistics import (
     Bucketize,
     DataStats,
@@ -171,38 +172,126 @@ def test_bucketize_missing_column_in_dict():
 
 # -- DropLowCardinality ---------------------------------------------------------------------------
 def low_card_table(seed: int, n: int = 300) -> pa.Table:
+    """Columns of 0 to 4 distinct non-missing values (null, NaN and -0.0 included)."""
     rng = np.random.default_rng(seed)
     return pa.table({
         "const": pa.array(np.full(n, 7.0), mask=rng.random(n) < 0.3),
         "nan_const": pa.array(np.where(rng.random(n) < 0.5, np.nan, 1.0)),   # NaN is missing
+        "zeros": pa.array(np.where(rng.random(n) < 0.5, -0.0, 0.0)),          # one value
         "two": pa.array(rng.integers(0, 2, n)),
+        "three": pa.array(np.array(["u", "", "w"])[rng.integers(0, 3, n)]),   # "" is a value
         "many": pa.array(rng.integers(0, 50, n)),
         "empty": pa.array([None] * n, type=pa.string()),
-        "strs": pa.array(np.array(["u", "v", "w"])[rng.integers(0, 3, n)]),
-        "list1": pa.array([[5] * int(k) for k in rng.integers(0, 3, n)], type=pa.list_(pa.int64())),
+        "list2": pa.array([[5, 6][: int(k)] for k in rng.integers(0, 3, n)], type=pa.list_(pa.int64())),
+        "price": pa.array(np.full(n, 1.5)),                                     # continuous, constant
+        "label": pa.array(np.where(rng.random(n) < 0.5, 0, 1)),                # target, 2 values
     })
 
 
+LOW_CARD_CATS = ["const", "nan_const", "zeros", "two", "three", "many", "empty", "list2"]
+
+
+def distinct_non_missing(df: pd.DataFrame, col: str) -> int:
+    """Distinct values with NaN/None missing and -0.0 == 0.0 (pandas' own rules)."""
+    values = df[col].explode() if col == "list2" else df[col]
+    return values.dropna().replace(-0.0, 0.0).nunique()
+
+
+def tagged(t: pa.Table):
+    """Categorical tags (no domain) on LOW_CARD_CATS, a target tag on label."""
+    return (LOW_CARD_CATS >> AddTags(["categorical"])) + ["price"] + (["label"] >> AddTags(["target", "categorical"]))
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("min_card", [1, 2, 3])
-def test_drop_low_cardinality_matches_pandas(seed, min_card):
-    t = low_card_table(seed)
-    cols = t.column_names
+@pytest.mark.parametrize("min_card", [2, 3, 4, 5, 6])
+def test_drop_low_cardinality_judges_categorify_domain(seed, min_card):
+    """NVTabular's rule: a categorical column goes when its largest id (domain max) is at
+    most min_cardinality; after Categorify (ids 0-2 reserved) that is k + 2 for k values."""
+    # NaN / -0.0 columns left out: how Categorify encodes them is Categorify's own test
+    cats = [c for c in LOW_CARD_CATS if c not in ("nan_const", "zeros")]
+    t = low_card_table(seed).drop_columns(["nan_const", "zeros"])
     df = t.to_pandas()
-    distinct = {c: df[c].explode().dropna().nunique() if c == "list1" else df[c].nunique() for c in cols}
-    expected = [c for c in cols if distinct[c] >= min_card]
-    wfs = [fit(cols >> DropLowCardinality(min_card), t, part) for part in (None, SMALL_PART)]
-    before = ts.Workflow(cols >> DropLowCardinality(min_card)).fit_schema(ts.Dataset(t).schema)
-    assert before.output_schema.column_names == cols             # unknown before fit: all columns
-    for wf in wfs:
+    expected = [c for c in cats if distinct_non_missing(df, c) + 2 > min_card] + ["price", "label"]
+    graph = (cats >> Categorify()) + ["price"] + (["label"] >> AddTags(["target", "categorical"]))
+    for part in (None, SMALL_PART):
+        op = DropLowCardinality(min_card)
+        wf = fit(graph >> op, t, part)
         assert wf.output_schema.column_names == expected
         assert wf.transform(t).column_names == expected
-        assert sorted(wf.output_node.op.dropped) == sorted(set(cols) - set(expected))
+        assert op.dropped == [c for c in cats if c not in expected]
+        assert op.distinct == {}                        # the domains decide: nothing counted
 
 
-def test_drop_low_cardinality_bad_param():
-    with pytest.raises(ValueError, match="min_cardinality must be an integer >= 1, got 0"):
-        DropLowCardinality(0)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("min_card", [1, 2, 3, 4, 5, 6])
+def test_drop_low_cardinality_counts_categoricals_without_domain(seed, min_card):
+    t = low_card_table(seed)
+    df = t.to_pandas()
+    expected = [c for c in LOW_CARD_CATS if distinct_non_missing(df, c) + 2 > min_card] + ["price", "label"]
+    before = ts.Workflow(tagged(t) >> DropLowCardinality(min_card)).fit_schema(ts.Dataset(t).schema)
+    assert before.output_schema.column_names == t.column_names[:8] + ["price", "label"]   # unknown yet
+    for part in (None, SMALL_PART):
+        op = DropLowCardinality(min_card)
+        wf = fit(tagged(t) >> op, t, part)
+        assert wf.output_schema.column_names == expected
+        assert wf.transform(t).column_names == expected
+        assert op.distinct == {c: min(distinct_non_missing(df, c), min_card) for c in LOW_CARD_CATS}
+
+
+def test_drop_low_cardinality_keeps_untagged_continuous_and_target():
+    t = pa.table({"a": [1, 1, 1], "b": [0.5, 0.5, 0.5], "y": [1, 1, 1]})
+    schema = ts.Schema([
+        ts.ColumnSchema("a", "int64"),
+        ts.ColumnSchema("b", "float64", frozenset({ts.Tags.CONTINUOUS})),
+        ts.ColumnSchema("y", "int64", frozenset({ts.Tags.CATEGORICAL, ts.Tags.TARGET}),
+                                        {"domain": {"min": 0, "max": 1}}),
+    ])
+    wf = ts.Workflow(["a", "b", "y"] >> DropLowCardinality(100)).fit(ts.Dataset(t, schema=schema))
+    assert wf.transform(t).column_names == ["a", "b", "y"]
+
+
+@pytest.mark.parametrize("props, kept", [
+    ({"domain": {"min": 0, "max": 4}}, False),                         # max 4 <= 4
+    ({"domain": {"min": 0, "max": 5}}, True),
+    ({"embedding_sizes": {"cardinality": 5, "dimension": 8}}, False),  # ids 0..4
+    ({"embedding_sizes": {"cardinality": 6, "dimension": 8}}, True),
+])
+def test_drop_low_cardinality_reads_domain_or_embedding_sizes(props, kept):
+    t = pa.table({"c": [3, 4, 3], "d": [9, 9, 9]})
+    schema = ts.Schema([ts.ColumnSchema("c", "int64", frozenset({ts.Tags.CATEGORICAL}), props),
+                     ts.ColumnSchema("d", "int64", frozenset({ts.Tags.CATEGORICAL}), {"domain": {"min": 0, "max": 99}})])
+    wf = ts.Workflow(["c", "d"] >> DropLowCardinality()).fit(ts.Dataset(t, schema=schema))
+    assert wf.transform(t).column_names == (["c", "d"] if kept else ["d"])
+
+
+def test_drop_low_cardinality_save_load_keeps_fitted_counts(tmp_path):
+    t = low_card_table(2)
+    wf = fit(tagged(t) >> DropLowCardinality(4), t, SMALL_PART)
+    wf.save(str(tmp_path / "wf"))
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    assert again.output_schema == wf.output_schema
+    assert_tables_equal(again.transform(t), wf.transform(t))
+    assert len(wf.transform(t).column_names) < t.num_columns
+
+
+def test_drop_low_cardinality_refuses_a_categorical_it_never_counted():
+    t = pa.table({"a": [1, 1, 2]})
+    op = DropLowCardinality()
+    fit(["a"] >> op, t)                                  # untagged at fit: nothing counted
+    later = ts.Schema([ts.ColumnSchema("a", "int64", frozenset({ts.Tags.CATEGORICAL}))])
+    with pytest.raises(SchemaError, match="categorical column 'a' has no domain in the schema and "
+                                          "its values were not counted at fit"):
+        op.compute_output_schema(later)
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (0, ValueError, "min_cardinality must be an integer >= 1, got 0"),
+    ("3", TypeError, "min_cardinality must be an integer, got '3'"),
+    (2.5, TypeError, "min_cardinality must be an integer, got 2.5"),
+])
+def test_drop_low_cardinality_bad_param(value, error, match):
+    with pytest.raises(error, match=match):
+        DropLowCardinality(value)
 
 
 # -- ReduceDtypeSize -----------------------------------------------------------------------------
