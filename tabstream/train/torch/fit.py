@@ -176,7 +176,8 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     except Exception as exc:  # a truncated file, or one holding more than tensors/values
         raise DataError(
             f"cannot read checkpoint {path}: {exc}. Only tabstream checkpoints (tensors and "
-            "plain values) are loaded; delete the file or train with resume=False to start over"
+            "plain values) are loaded; delete the file, or start over with resume=False "
+            "(tabstream train: --no-resume)"
         ) from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
         found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
@@ -206,7 +207,8 @@ def _check_same_model(path: Path, model: nn.Module, ckpt: dict[str, Any]) -> Non
     if saved_class is not None and saved_class != this_class:
         raise SchemaError(
             f"checkpoint {path} was written for a {saved_class} model, not {this_class}; "
-            "use another checkpoint_dir or resume=False to start over"
+            "use another checkpoint_dir, or start over with resume=False (tabstream train: "
+            "--no-resume)"
         )
     saved = {k: tuple(v.shape) for k, v in ckpt["model"].items()}
     here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -218,8 +220,8 @@ def _check_same_model(path: Path, model: nn.Module, ckpt: dict[str, Any]) -> Non
         more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
         raise SchemaError(
             f"checkpoint {path} does not match this {this_class} (another schema or model "
-            f"settings?): {'; '.join(diffs[:5])}{more}. Use another checkpoint_dir or "
-            "resume=False to start over"
+            f"settings?): {'; '.join(diffs[:5])}{more}. Use another checkpoint_dir, or start "
+            "over with resume=False (tabstream train: --no-resume)"
         )
 
 
@@ -297,7 +299,7 @@ def fit(
             raise SchemaError(
                 f"checkpoint {path}: its optimizer state does not fit this "
                 f"{type(optimizer).__name__} ({exc}); resume with the optimizer the "
-                "checkpoint was written with, or start over with resume=False"
+                "checkpoint was written with, or start over with resume=False (--no-resume)"
             ) from exc
         if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
             torch.random.set_rng_state(ckpt["rng"].cpu())
