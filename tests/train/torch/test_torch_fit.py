@@ -163,6 +163,35 @@ def test_resume_when_all_epochs_are_done_trains_nothing_and_says_so(small, tmp_p
     assert checkpoint_position(tmp_path / "none") is None
 
 
+class DropoutModel(torch.nn.Module):
+    """Logits from the continuous features through dropout: training draws from
+    torch's global RNG, so a resumed run equals a straight one only if it restores it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, features):
+        x = torch.stack([features["x1"], features["x2"]], dim=1)
+        return self.linear(torch.nn.functional.dropout(x, 0.5, self.training)).reshape(-1)
+
+
+def test_resume_restores_the_torch_rng(small, tmp_path):
+    torch.manual_seed(0)
+    straight = DropoutModel()
+    fit(straight, EpochLoader(small.train), torch.optim.SGD(straight.parameters(), lr=0.1),
+        epochs=2, progress=False)
+    torch.manual_seed(0)
+    first = DropoutModel()
+    fit(first, EpochLoader(small.train), torch.optim.SGD(first.parameters(), lr=0.1), epochs=1,
+        checkpoint_dir=tmp_path, progress=False)
+    torch.manual_seed(12345)  # another process, another global RNG state
+    resumed = DropoutModel()
+    fit(resumed, EpochLoader(small.train), torch.optim.SGD(resumed.parameters(), lr=0.1),
+        epochs=2, checkpoint_dir=tmp_path, resume=True, progress=False)
+    assert_same_parameters(straight, resumed)
+
+
 def test_resume_on_a_shorter_loader_says_nothing_was_trained(small, tmp_path):
     crashing, opt1 = make(small.schema)
     with pytest.raises(Interrupted):
