@@ -114,3 +114,25 @@ def test_models_train_on_padded_loader_batches(export, name):
     history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3}),
                   LazyAdam(model.parameters(), lr=5e-3), progress=False)
     assert history["samples"] == [8192] and np.isfinite(history["loss"][0])
+
+
+def test_two_tower_with_a_list_feature_on_padded_loader_batches(export):
+    from tabstream.pipeline.schema import Tags
+    from tabstream.train.torch import TwoTower
+
+    train, valid = export
+    base = ranking_schema()
+    schema = base
+    for name, tag in (("c_small", Tags.USER), ("tags", Tags.USER), ("c_mid", Tags.ITEM_ID)):
+        schema = schema.replace(base[name].with_tags([*base[name].tags, tag]))
+    torch.manual_seed(0)
+    model = TwoTower(schema, output_dim=8, embedding_dim=8)
+    ragged = loaders.Loader(str(valid), batch_size=1024, shuffle=False)
+    padded = loaders.Loader(str(valid), batch_size=1024, shuffle=False, pad={"tags": 3})
+    with torch.no_grad():
+        for (f_ragged, _), (f_padded, _) in zip(ragged, padded, strict=True):
+            torch.testing.assert_close(model.query_embeddings(f_ragged),
+                                       model.query_embeddings(f_padded))
+    history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3}),
+                  LazyAdam(model.parameters(), lr=5e-3), progress=False)
+    assert history["samples"] == [8192] and np.isfinite(history["loss"][0])
