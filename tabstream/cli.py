@@ -155,11 +155,25 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    import os
+
     from tabstream.train.runner import train_on_export
 
     history = train_on_export(args.train, args.valid, model=args.model, epochs=args.epochs,
                               batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                              progress=not args.quiet, checkpoint_dir=args.checkpoint_dir)
+                              progress=not args.quiet, checkpoint_dir=args.checkpoint_dir,
+                              resume=not args.no_resume)
+    resumed = history["resumed_from"]
+    if resumed is not None:
+        ckpt = os.path.join(args.checkpoint_dir, "checkpoint.pt")
+        done, step = resumed
+        where = f"{done} epoch(s) done" + (f", {step} batches into epoch {done + 1}" if step else "")
+        if done >= args.epochs:
+            print(f"{ckpt}: all {args.epochs} epoch(s) already trained ({where}); nothing to "
+                  f"train. Pass --epochs {done + 1} or more to train on, or --no-resume to "
+                  "start over")
+        else:
+            print(f"resumed from {ckpt}: {where}; training epochs {done + 1} to {args.epochs}")
     for i in range(len(history["loss"])):
         line = (f"epoch {i + 1}: loss {history['loss'][i]:.4f}  "
                 f"{history['samples_per_sec'][i]:,.0f} samples/s")
@@ -241,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-dir", help="save (and resume from) checkpoints here")
+    p.add_argument("--checkpoint-dir",
+                   help="save a checkpoint here after every epoch; a rerun resumes from it "
+                        "(model, optimizer, epoch, shuffle) and trains only the epochs left")
+    p.add_argument("--no-resume", action="store_true",
+                   help="with --checkpoint-dir: ignore the checkpoint there, train from scratch "
+                        "and overwrite it")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 

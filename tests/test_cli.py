@@ -99,3 +99,79 @@ def test_demo_trains_close_to_the_oracle(tmp_path, capsys):
     result = run_demo(rows=400_000, output=str(tmp_path / "demo"), progress=False)
     assert result["oracle_auc"] - result["val_auc"] < 0.04
     assert result["val_auc"] > 0.7
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    """A 600-row criteo-like export, from tabstream's synthetic generator and fit."""
+    root = tmp_path_factory.mktemp("tiny_export")
+    run("synth", "criteo", str(root / "raw"), "--rows", "600", "--format", "parquet")
+    run("fit", str(root / "raw"), "--workflow-dir", str(root / "wf"),
+        "--output", str(root / "train"), "--quiet", "--freq-threshold", "2")
+    return root / "train"
+
+
+def _checkpoint(folder):
+    import torch
+
+    return torch.load(folder / "checkpoint.pt", weights_only=True)
+
+
+def _assert_same_model(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].equal(b[key]), key
+
+
+def test_train_checkpoint_dir_resumes_instead_of_retraining(tiny_export, tmp_path, capsys):
+    pytest.importorskip("torch")
+    train = str(tiny_export)
+    common = ("--quiet", "--batch-size", "128", "--seed", "3")
+    # reference: two epochs in one go
+    run("train", train, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "straight"), *common)
+    straight = _checkpoint(tmp_path / "straight")
+    assert (straight["epoch"], straight["step"]) == (2, 0)
+
+    ck = tmp_path / "ck"
+    run("train", train, "--epochs", "1", "--checkpoint-dir", str(ck), *common)
+    assert _checkpoint(ck)["epoch"] == 1
+    capsys.readouterr()
+    run("train", train, "--epochs", "2", "--checkpoint-dir", str(ck), *common)
+    out = capsys.readouterr().out
+    assert f"resumed from {ck / 'checkpoint.pt'}: 1 epoch(s) done; training epochs 2 to 2" in out
+    assert "epoch 1:" in out and "epoch 2:" in out  # the resumed history is reported too
+    resumed = _checkpoint(ck)
+    assert resumed["epoch"] == 2
+    _assert_same_model(resumed["model"], straight["model"])  # as if it never stopped
+    assert resumed["history"]["loss"] == straight["history"]["loss"]
+
+    # all epochs done: nothing is trained, the checkpoint stays as it was, and it says so
+    before = (ck / "checkpoint.pt").read_bytes()
+    run("train", train, "--epochs", "2", "--checkpoint-dir", str(ck), *common)
+    out = capsys.readouterr().out
+    assert (f"{ck / 'checkpoint.pt'}: all 2 epoch(s) already trained (2 epoch(s) done); "
+            "nothing to train. Pass --epochs 3 or more") in out
+    assert (ck / "checkpoint.pt").read_bytes() == before
+
+    # --no-resume starts over: one fresh epoch, equal to the first one-epoch run
+    fresh = tmp_path / "fresh"
+    run("train", train, "--epochs", "1", "--checkpoint-dir", str(fresh), *common)
+    run("train", train, "--epochs", "1", "--checkpoint-dir", str(ck), "--no-resume", *common)
+    out = capsys.readouterr().out
+    assert "resumed" not in out and "nothing to train" not in out
+    again = _checkpoint(ck)
+    assert (again["epoch"], again["history"]["epoch"]) == (1, [1])
+    _assert_same_model(again["model"], _checkpoint(fresh)["model"])
+
+
+def test_train_refuses_a_checkpoint_of_another_model(tiny_export, tmp_path, capsys):
+    pytest.importorskip("torch")
+    ck = tmp_path / "ck"
+    run("train", str(tiny_export), "--checkpoint-dir", str(ck), "--quiet", "--batch-size", "256")
+    capsys.readouterr()
+    run("train", str(tiny_export), "--checkpoint-dir", str(ck), "--model", "dcn", "--quiet",
+        expect=1)
+    err = capsys.readouterr().err
+    assert (f"SchemaError: checkpoint {ck / 'checkpoint.pt'} was written for a DLRM model, "
+            "not DCN") in err
+    assert "hint:" in err and "Traceback" not in err

@@ -12,8 +12,7 @@ Accepted inputs for one feature, in ``features: dict[str, Tensor]``:
 * single-hot: int ``[B]`` or ``[B, 1]`` -> ``[B, dim]``
 * multi-hot (pooled with the table's ``combiner``, "sum" or "mean"), any of
     - ``tf.RaggedTensor`` ``[B, None]``
-    - padded int ``[B, L]`` plus an optional ``features[name + "__mask"]`` (bool or
-      0/1, ``[B, L]``); without a mask, id ``0`` (Categorify's padding id) is padding
+    - padded int ``[B, L]`` plus ``features[name + "__mask"]`` (bool or 0/1, ``[B, L]``)
     - ``features[name + "__values"]`` and ``features[name + "__offsets"]`` (row splits,
       ``B + 1`` entries starting at 0, as merlin-dataloader delivers), or the tuple
       ``(values, offsets)`` under ``name`` (as :class:`tabstream.loaders.tensorflow.Loader`
@@ -22,6 +21,12 @@ Accepted inputs for one feature, in ``features: dict[str, Tensor]``:
       delivers with ``pad=True``): a tuple whose first element has rank 2 is read
       this way, one whose first element has rank 1 as ``(values, offsets)``
     - ``tf.SparseTensor`` ``[B, L]``
+
+Every id is a real row of its table, ``0`` included: a list position is padding
+only where the mask is false (padded layouts) or where it does not exist (ragged
+layouts), never because of its id. Pooling counts real positions only; an empty
+list pools to zeros (``combiner="mean"`` too). A padded ``[B, L]`` list without a
+mask is refused, since its padding cannot be told from its ids.
 
 >>> tables = EmbeddingTables([TableConfig("genre", 10, 8, ("genres",), is_list=True)])
 >>> out = tables({"genres": tf.ragged.constant([[1, 2], [3], []])})
@@ -158,16 +163,20 @@ def _masked_ids(
     name: str, ids: tf.Tensor, mask: Any = None
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(values, row_ids, nrows) of padded ids ``[B, L]``: the entries where ``mask``
-    (bool or 0/1, ``[B, L]``) is set, or, without a mask, the non-zero ids."""
+    (bool or 0/1, ``[B, L]``) is set. Id 0 is a real id, so there is no default mask."""
     if mask is None:
-        mask = tf.not_equal(ids, 0)
-    else:
-        mask = tf.cast(mask, tf.bool)
-        if not mask.shape.is_compatible_with(ids.shape):
-            raise ValueError(
-                f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
-                f"have shape {ids.shape}; they must match"
-            )
+        raise ValueError(
+            f"list feature {name!r} arrived as padded ids of shape {ids.shape} without a "
+            f"mask; id 0 is a real id, so padding cannot be told from the ids. Pass "
+            f"(padded, mask) (the loader's pad=True layout), the key {name + MASK_SUFFIX!r}, "
+            "(values, offsets) or a RaggedTensor"
+        )
+    mask = tf.cast(mask, tf.bool)
+    if not mask.shape.is_compatible_with(ids.shape):
+        raise ValueError(
+            f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
+            f"have shape {ids.shape}; they must match"
+        )
     # Pool only the real ids: padding rows then get no (zero) gradient entries,
     # so a lazy optimizer leaves the padding row alone.
     where = tf.where(mask)
@@ -222,8 +231,9 @@ class EmbeddingTables(keras.layers.Layer):
 
     >>> configs = [TableConfig("C1", 100, 8, ("C1",)), TableConfig("tags", 50, 8, ("tags",), is_list=True)]
     >>> out = EmbeddingTables(configs)({"C1": tf.constant([3, 7]),
-    ...                                 "tags": tf.constant([[4, 9, 0], [2, 0, 0]])})
-    >>> {k: v.shape for k, v in out.items()}     # tags row 0 = E[4] + E[9]
+    ...                                 "tags": (tf.constant([[4, 9, 0], [2, 0, 0]]),
+    ...                                          tf.constant([[1, 1, 0], [1, 0, 0]]))})
+    >>> {k: v.shape for k, v in out.items()}     # tags row 0 = E[4] + E[9], row 1 = E[2]
     {'C1': TensorShape([2, 8]), 'tags': TensorShape([2, 8])}
     """
 

@@ -83,16 +83,20 @@ class _SchemaModel(keras.Model):
         looked_up = tables(features)
         return [looked_up[name] for name in tables.feature_names]
 
-    def example_batch(self, batch_size: int = 2) -> dict[str, tf.Tensor]:
-        """Zeros shaped like this model's inputs (list columns as padded ``[B, 1]``)."""
+    def example_batch(self, batch_size: int = 2) -> dict[str, Any]:
+        """Zeros shaped like this model's inputs (list columns as ``(padded, mask)``,
+        both ``[B, 1]``, every position real)."""
         batch = {}
         targets = {c.name for c in self.schema.select_by_tag(Tags.TARGET)}
         for col in self.schema:
             if col.name in targets:
                 continue
             if Tags.CATEGORICAL in col.tags:
-                shape = [batch_size, 1] if col.is_list else [batch_size]
-                batch[col.name] = tf.zeros(shape, tf.int64)
+                if col.is_list:
+                    batch[col.name] = (tf.zeros([batch_size, 1], tf.int64),
+                                       tf.ones([batch_size, 1], tf.bool))
+                else:
+                    batch[col.name] = tf.zeros([batch_size], tf.int64)
             elif Tags.CONTINUOUS in col.tags:
                 batch[col.name] = tf.zeros([batch_size], tf.float32)
         return batch

@@ -24,7 +24,13 @@ from tabstream.train.torch.embeddings import (
     embedding_tables_from_schema,
     split_embeddings_on_size,
 )
-from tabstream.train.torch.fit import NonFiniteLossError, evaluate, fit, move_to_device
+from tabstream.train.torch.fit import (
+    NonFiniteLossError,
+    NothingToTrainWarning,
+    evaluate,
+    fit,
+    move_to_device,
+)
 from tabstream.train.torch.metrics import log_loss, roc_auc
 from tabstream.train.torch.models import DCN, DLRM, TwoTower, WideAndDeep, recall_at_k
 from tabstream.train.torch.optimizers import LazyAdam, MultiOptimizer
@@ -41,6 +47,7 @@ __all__ = [
     "LazyAdam",
     "MultiOptimizer",
     "NonFiniteLossError",
+    "NothingToTrainWarning",
     "TableConfig",
     "TwoTower",
     "WideAndDeep",

@@ -13,12 +13,15 @@
     [0.7803, 0.7861]
 
 Checkpoints (``checkpoint_dir/checkpoint.pt``) hold only tensors and plain values
-(model and optimizer ``state_dict``, position, history) and load with
-``torch.load(..., weights_only=True)``. With ``resume=True`` training continues
-from the last checkpoint, mid-epoch ones included (the batches already trained are
-skipped), and ends with the same parameters as a run that never stopped, given a
-loader that yields the same batches for the same epoch (``set_epoch`` is called
-when the loader has it).
+(model class name, model and optimizer ``state_dict``, torch's RNG state, position,
+history) and load with ``torch.load(..., weights_only=True)``. With ``resume=True``
+training continues from the last checkpoint, mid-epoch ones included (the batches
+already trained are skipped), and ends with the same parameters as a run that never
+stopped, given a loader that yields the same batches for the same epoch
+(``set_epoch`` is called when the loader has it). A checkpoint written for another
+model or schema is refused (:class:`~tabstream.errors.SchemaError` naming the file
+and the first differences); a resume that leaves nothing to train says so with a
+:class:`NothingToTrainWarning`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
@@ -35,10 +39,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from tabstream.errors import TabstreamError
+from tabstream.errors import DataError, SchemaError, TabstreamError
 from tabstream.train.torch.metrics import log_loss, roc_auc
 
-__all__ = ["CHECKPOINT_FILE", "NonFiniteLossError", "evaluate", "fit", "move_to_device"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "NonFiniteLossError",
+    "NothingToTrainWarning",
+    "checkpoint_position",
+    "evaluate",
+    "fit",
+    "move_to_device",
+]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 _FORMAT = "tabstream.train.torch.checkpoint/1"
@@ -48,6 +60,11 @@ LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
 class NonFiniteLossError(TabstreamError, FloatingPointError):
     """The training loss became NaN or infinite; the step was not applied."""
+
+
+class NothingToTrainWarning(UserWarning):
+    """``fit(resume=True)`` found a checkpoint that leaves no batch to train: all the
+    requested epochs are done, or the loader is shorter than the checkpoint's position."""
 
 
 def move_to_device(batch: Any, device: torch.device | str) -> Any:
@@ -153,6 +170,61 @@ def evaluate(
     return out
 
 
+def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # a truncated file, or one holding more than tensors/values
+        raise DataError(
+            f"cannot read checkpoint {path}: {exc}. Only tabstream checkpoints (tensors and "
+            "plain values) are loaded; delete the file, or start over with resume=False "
+            "(tabstream train: --no-resume)"
+        ) from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise DataError(f"fit: {path} is not a tabstream checkpoint (format {found!r}, "
+                        f"expected {_FORMAT!r})")
+    return ckpt
+
+
+def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(epochs completed, batches done in the next epoch)`` of the checkpoint in
+    ``checkpoint_dir``, or ``None`` when there is none.
+
+    >>> checkpoint_position("ck/")     # 2 epochs done, then 40 batches of the third
+    (2, 40)
+    """
+    path = Path(checkpoint_dir) / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    ckpt = _load_checkpoint(path, torch.device("cpu"))
+    return int(ckpt["epoch"]), int(ckpt["step"])
+
+
+def _check_same_model(path: Path, model: nn.Module, ckpt: dict[str, Any]) -> None:
+    """Refuse a checkpoint written for another model class or schema, naming the file
+    and the first differences (before anything is loaded)."""
+    saved_class, this_class = ckpt.get("model_class"), type(model).__qualname__
+    if saved_class is not None and saved_class != this_class:
+        raise SchemaError(
+            f"checkpoint {path} was written for a {saved_class} model, not {this_class}; "
+            "use another checkpoint_dir, or start over with resume=False (tabstream train: "
+            "--no-resume)"
+        )
+    saved = {k: tuple(v.shape) for k, v in ckpt["model"].items()}
+    here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    diffs = [f"{k!r} only in the checkpoint" for k in saved if k not in here]
+    diffs += [f"{k!r} missing from the checkpoint" for k in here if k not in saved]
+    diffs += [f"{k!r} has shape {saved[k]} in the checkpoint, {here[k]} in the model"
+              for k in here if k in saved and saved[k] != here[k]]
+    if diffs:
+        more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+        raise SchemaError(
+            f"checkpoint {path} does not match this {this_class} (another schema or model "
+            f"settings?): {'; '.join(diffs[:5])}{more}. Use another checkpoint_dir, or start "
+            "over with resume=False (tabstream train: --no-resume)"
+        )
+
+
 def _save(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -218,20 +290,38 @@ def fit(
     start_epoch, skip, global_step = 0, 0, 0
     loss_sum, samples = 0.0, 0
     if resume and path is not None and path.exists():
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        if ckpt.get("format") != _FORMAT:
-            raise ValueError(f"fit: {path} is not a tabstream checkpoint ({ckpt.get('format')!r})")
+        ckpt = _load_checkpoint(path, device)
+        _check_same_model(path, model, ckpt)
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise SchemaError(
+                f"checkpoint {path}: its optimizer state does not fit this "
+                f"{type(optimizer).__name__} ({exc}); resume with the optimizer the "
+                "checkpoint was written with, or start over with resume=False (--no-resume)"
+            ) from exc
+        if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
+            torch.random.set_rng_state(ckpt["rng"].cpu())
         start_epoch, skip, global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         loss_sum, samples = ckpt["loss_sum"], ckpt["samples"]
         history = {k: list(ckpt["history"].get(k, [])) for k in keys}
+        if start_epoch >= epochs:
+            warnings.warn(
+                f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) and "
+                f"epochs={epochs} were asked for: nothing to train. Pass epochs > "
+                f"{start_epoch} to train on (e.g. over new data), or resume=False (or another "
+                "checkpoint_dir) to start over",
+                NothingToTrainWarning, stacklevel=2,
+            )
 
     def checkpoint(epoch: int, step: int) -> None:
         if path is None:
             return
         _save(path, {
-            "format": _FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "format": _FORMAT, "model_class": type(model).__qualname__,
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": torch.random.get_rng_state(),
             "epoch": epoch, "step": step, "global_step": global_step,
             "loss_sum": loss_sum, "samples": samples, "history": history,
         })
@@ -245,6 +335,7 @@ def fit(
                    disable=not progress, dynamic_ncols=True)
         run_samples, started = 0, time.perf_counter()
         shown = started
+        step = -1
         try:
             for step, batch in enumerate(train_loader):
                 if step < skip:  # trained before the checkpoint we resumed from
@@ -280,6 +371,13 @@ def fit(
                 _postfix(bar, loss_sum / samples, run_samples / (now - started))
         finally:
             bar.close()
+        if skip and step + 1 < skip:
+            warnings.warn(
+                f"fit: checkpoint {path} stopped after {skip} batches of epoch {epoch + 1}, "
+                f"but the loader yields only {step + 1}: nothing was trained in that epoch. "
+                "Is this the loader (files, batch size) the checkpoint was written with?",
+                NothingToTrainWarning, stacklevel=2,
+            )
         elapsed = time.perf_counter() - started
         skip = 0
         history["epoch"].append(epoch + 1)

@@ -103,7 +103,8 @@ def _manual_pool(weights, rows, combiner):
     return out
 
 
-ROWS = [[5, 7, 5], [1], [], [29, 2, 3, 4]]
+# id 0 is a real id here, inside lists and alone; the padding is the mask's business
+ROWS = [[5, 0, 5], [0], [], [29, 2, 0, 4]]
 
 
 def _layouts(rows):
@@ -118,7 +119,6 @@ def _layouts(rows):
     ragged = tf.ragged.constant(rows, dtype=tf.int64)
     return {
         "ragged": {"tags": ragged},
-        "padded_default_mask": {"tags": tf.constant(padded)},
         "padded_with_mask": {"tags": tf.constant(padded), "tags__mask": tf.constant(mask)},
         "padded_mask_tuple": {"tags": (tf.constant(padded), tf.constant(mask))},
         "padded_int_mask_tuple": {"tags": (tf.constant(padded), tf.constant(mask.astype(np.int32)))},
@@ -169,16 +169,20 @@ def test_gradient_is_sparse_and_covers_only_the_batch_ids():
     tables = EmbeddingTables(
         [TableConfig("c", 50, 8, ("c",)), TableConfig("tags", 30, 8, ("tags",), is_list=True)]
     )
-    features = {"c": tf.constant([4, 9, 4]), "tags": tf.constant([[3, 0, 0], [7, 8, 0], [0, 0, 0]])}
+    # row 1 holds the real id 0; every other 0 is padding (mask false)
+    padded = tf.constant([[3, 0, 0], [7, 0, 8], [0, 0, 0]])
+    mask = tf.constant([[True, False, False], [True, True, True], [False, False, False]])
+    features = {"c": tf.constant([4, 0, 4]), "tags": (padded, mask)}
     with tf.GradientTape() as tape:
         out = tables(features)
         loss = tf.reduce_sum(out["c"]) + 2.0 * tf.reduce_sum(out["tags"])
     grads = tape.gradient(loss, tables.trainable_variables)
     by_path = dict(zip([v.path for v in tables.trainable_variables], grads, strict=True))
-    for path, ids in (("c/embeddings", [4, 9, 4]), ("tags/embeddings", [3, 7, 8])):
+    for path, ids in (("c/embeddings", [4, 0, 4]), ("tags/embeddings", [3, 7, 0, 8])):
         grad = by_path[path]
         assert isinstance(grad, tf.IndexedSlices)
-        assert sorted(grad.indices.numpy().tolist()) == sorted(ids)  # padding id 0 absent
+        # the real id 0 is there once; the padded positions are absent
+        assert sorted(grad.indices.numpy().tolist()) == sorted(ids)
 
 
 def test_missing_feature_is_named():
@@ -193,6 +197,9 @@ def test_bad_list_inputs_are_explained():
         tables({"tags": (tf.constant([1]), tf.constant([0, 1]), tf.constant([0]))})
     with pytest.raises(ValueError, match="mask has shape"):
         tables({"tags": (tf.constant([[1, 2]]), tf.constant([[True, True, False]]))})
+    with pytest.raises(ValueError, match=r"list feature 'tags' arrived as padded ids of shape "
+                       r"\(2, 2\) without a mask; id 0 is a real id.*'tags__mask'"):
+        tables({"tags": tf.constant([[1, 0], [0, 0]])})
     with pytest.raises(KeyError, match="no 'tags__offsets'"):
         tables({"tags__values": tf.constant([1, 2])})
 

@@ -74,9 +74,12 @@ def test_list_feature_layouts_give_the_same_logits(model_cls):
     model = model_cls(schema, seed=0, **SMALL[model_cls])
     padded = {k: tf.constant(v) for k, v in features.items()}
     ragged = dict(padded, tags=tf.RaggedTensor.from_tensor(padded["tags"], padding=0))
+    tuple_mask = {k: v for k, v in padded.items() if k != "tags__mask"}
+    tuple_mask["tags"] = (padded["tags"], padded["tags__mask"])
     out_padded = model(padded).numpy()
     assert out_padded.shape == (64, 1)
     np.testing.assert_allclose(model(ragged).numpy(), out_padded, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model(tuple_mask).numpy(), out_padded, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("model_cls", [DLRM, DCN, WideAndDeep])

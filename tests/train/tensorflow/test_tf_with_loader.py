@@ -45,13 +45,15 @@ def schema() -> Schema:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     """A 3,000-row export (two parquet files) with a categorical, a continuous and a
-    list column whose rows hold 0 to MAX_TAGS ids (empty lists included); returns
+    list column whose rows hold 0 to MAX_TAGS ids (empty lists included; id 0 is a real
+    id in both categorical columns, never padding); returns
     the export and each row's list of ids."""
     rng = np.random.default_rng(0)
     cat = rng.integers(0, 25, ROWS)
     x = rng.normal(0.0, 1.0, ROWS).astype(np.float32)
     lengths = rng.integers(0, MAX_TAGS + 1, ROWS)
-    values = rng.integers(1, TAG_CARD, int(lengths.sum()))
+    values = rng.integers(0, TAG_CARD, int(lengths.sum()))  # 0 is a real id too
+    assert (values == 0).any() and (cat == 0).any()
     offsets = np.r_[0, np.cumsum(lengths)]
     lists = [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
     weights = rng.normal(0.0, 1.0, TAG_CARD)

@@ -33,7 +33,7 @@ def ranking_data(
     ``logit = sum_c w_c[id_c] + sum_k b_k x_k + 0.5 * sum_{i in list} u[i]``.
 
     The list column ``tags`` is padded with id 0 (Categorify's padding id) to
-    ``max_list_len``; real ids are >= 1.
+    ``max_list_len``; real ids are >= 1; ``tags__mask`` marks the real positions.
     """
     rng = np.random.default_rng(seed)
     cols = []
@@ -59,6 +59,7 @@ def ranking_data(
         weights[0] = 0.0
         logit += 0.5 * weights[padded].sum(axis=1)
         features["tags"] = padded.astype(np.int64)
+        features["tags__mask"] = np.arange(max_list_len)[None, :] < lengths[:, None]
         cols.append(categorical("tags", list_cardinality, is_list=True))
     logit -= logit.mean()
     prob = sigmoid(logit)

@@ -56,7 +56,8 @@ def test_sparse_threshold_and_overrides():
 def _ragged(rng, batch, card, max_len):
     lengths = rng.integers(0, max_len + 1, batch)
     lengths[0] = 0  # always one empty row
-    values = rng.integers(1, card, lengths.sum())
+    values = rng.integers(0, card, lengths.sum())
+    values[:2] = 0  # id 0 is a real id: it must be looked up wherever it occurs
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     return values, offsets
 
@@ -82,16 +83,21 @@ def test_pooled_multi_hot_equals_numpy(combiner, seed):
     np.testing.assert_allclose(out["tags"].detach().numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(out["item"].detach().numpy(), tables["item"].weight.detach().numpy()[items])
 
-    # the same lists padded with 0, with an explicit mask, and as name__values/name__offsets
-    width = int(np.diff(offsets).max())
+    # the same lists padded with 0 plus their mask (as a tuple, as the key tags__mask,
+    # as 0/1), and as name__values/name__offsets
+    width = int(np.diff(offsets).max()) + 1
     padded = np.zeros((16, width), dtype=np.int64)
+    mask = np.zeros((16, width), dtype=bool)
     for row in range(16):
         seg = values[offsets[row]:offsets[row + 1]]
         padded[row, :len(seg)] = seg
-    mask = torch.as_tensor(padded != 0)
+        mask[row, :len(seg)] = True
+    assert (padded[mask] == 0).any() and (padded[~mask] == 0).all()
+    padded_t, mask_t = torch.as_tensor(padded), torch.as_tensor(mask)
     for form in (
-        {"tags": torch.as_tensor(padded)},
-        {"tags": (torch.as_tensor(padded), mask)},
+        {"tags": (padded_t, mask_t)},
+        {"tags": (padded_t, mask_t.to(torch.int32))},
+        {"tags": padded_t, "tags__mask": mask_t},
         {"tags__values": torch.as_tensor(values), "tags__offsets": torch.as_tensor(offsets)},
     ):
         got = tables({**form, "item": torch.as_tensor(items)})["tags"]
@@ -117,6 +123,39 @@ def test_gradients_count_occurrences(sparse):
         np.testing.assert_array_equal(dense.numpy(), expected)
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_padded_positions_get_no_gradient_and_real_zero_ids_do(combiner):
+    # A sparse gradient with (zero-valued) entries for the padded slots would still move
+    # row 0 under a lazy Adam (momentum); only the real positions may appear in it.
+    schema = Schema([categorical("tags", 10, is_list=True)])
+    tables = embedding_tables_from_schema(schema, dim=4, sparse=True, combiner=combiner)
+    # the masked-out slots hold 7, which must not show up anywhere (value or gradient)
+    padded = torch.tensor([[3, 7, 7], [0, 5, 7], [7, 7, 7]])
+    mask = torch.tensor([[True, False, False], [True, True, False], [False, False, False]])
+    out = tables({"tags": (padded, mask)})["tags"]
+    weights = tables["tags"].weight.detach().numpy()
+    per_row = [[3], [0, 5], []]
+    expected = np.zeros((3, 4))
+    for i, ids in enumerate(per_row):
+        if ids:
+            expected[i] = weights[ids].sum(0) if combiner == "sum" else weights[ids].mean(0)
+    np.testing.assert_allclose(out.detach().numpy(), expected, rtol=1e-6)  # empty row: zeros
+    out.sum().backward()
+    grad = tables["tags"].weight.grad.coalesce()
+    assert sorted(grad.indices()[0].tolist()) == [0, 3, 5]
+    scale = {"sum": [1.0, 1.0, 1.0], "mean": [0.5, 1.0, 0.5]}[combiner]  # rows 0, 3, 5
+    np.testing.assert_allclose(grad.values().numpy(), np.repeat(np.array(scale)[:, None], 4, 1))
+
+
+def test_scalar_id_zero_is_a_real_row():
+    tables = embedding_tables_from_schema(Schema([categorical("item", 6)]), dim=4)
+    ids = np.array([0, 2, 0, 5])
+    for x in (torch.as_tensor(ids), torch.as_tensor(ids).reshape(-1, 1)):
+        out = tables({"item": x})["item"].detach().numpy()
+        np.testing.assert_array_equal(out, tables["item"].weight.detach().numpy()[ids])
+        assert np.abs(out[0]).sum() > 0
+
+
 def test_shared_vocabulary_is_one_table():
     a = categorical("src", 10).with_properties(domain={"min": 0, "max": 9, "name": "station"})
     b = categorical("dst", 12).with_properties(domain={"min": 0, "max": 11, "name": "station"})
@@ -133,6 +172,12 @@ def test_missing_and_misshapen_features_raise():
         tables({"a": torch.tensor([1])})
     with pytest.raises(ValueError, match=r"'b' is not a list column .* shape \(2, 3\)"):
         tables({"a": torch.tensor([1, 2]), "b": torch.ones(2, 3, dtype=torch.long)})
+    lists = embedding_tables_from_schema(Schema([categorical("tags", 10, is_list=True)]), dim=8)
+    with pytest.raises(ValueError, match=r"list feature 'tags' arrived as padded ids of shape "
+                       r"\(2, 3\) without a mask; id 0 is a real id.*'tags__mask'"):
+        lists({"tags": torch.tensor([[1, 0, 0], [2, 3, 0]])})
+    with pytest.raises(ValueError, match=r"'tags': padded ids \(2, 3\) and mask \(2, 2\) differ"):
+        lists({"tags": (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 2, dtype=torch.bool))})
     with pytest.raises(TypeError, match="expected an int64 tensor"):
         tables({"a": torch.tensor([1]), "b": [1]})
 

@@ -7,19 +7,22 @@ torch = pytest.importorskip("torch")
 
 from torch_data import categorical, continuous, make_ranking_data, target  # noqa: E402
 
+from tabstream.errors import DataError, SchemaError  # noqa: E402
 from tabstream.pipeline.schema import Schema  # noqa: E402
 from tabstream.train.torch import (  # noqa: E402
+    DCN,
     DLRM,
     LazyAdam,
     MultiOptimizer,
     NonFiniteLossError,
+    NothingToTrainWarning,
     evaluate,
     fit,
     log_loss,
     roc_auc,
     split_embeddings_on_size,
 )
-from tabstream.train.torch.fit import CHECKPOINT_FILE  # noqa: E402
+from tabstream.train.torch.fit import CHECKPOINT_FILE, checkpoint_position  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,107 @@ def test_resume_without_checkpoint_starts_afresh(small, tmp_path):
     assert (tmp_path / "new" / CHECKPOINT_FILE).exists()
     with pytest.raises(ValueError, match="resume and checkpoint_every need a checkpoint_dir"):
         fit(a, small.train, opt_a, resume=True, progress=False)
+
+
+def test_resume_when_all_epochs_are_done_trains_nothing_and_says_so(small, tmp_path):
+    done, opt = make(small.schema)
+    expected = fit(done, EpochLoader(small.train), opt, epochs=2, checkpoint_dir=tmp_path,
+                   progress=False)
+    assert checkpoint_position(tmp_path) == (2, 0)
+    again, opt2 = make(small.schema, seed=3)
+    loader = EpochLoader(small.train)
+    with pytest.warns(NothingToTrainWarning, match=r"checkpoint .*checkpoint.pt already holds 2 "
+                      r"trained epoch\(s\) and epochs=2 were asked for: nothing to train"):
+        got = fit(again, loader, opt2, epochs=2, checkpoint_dir=tmp_path, resume=True,
+                  progress=False)
+    assert loader.epochs_seen == []  # not one batch read
+    assert_same_parameters(done, again)  # the checkpoint's model, loaded
+    assert got["loss"] == expected["loss"] and got["epoch"] == [1, 2]
+    # asking for more epochs trains just those, as one 3-epoch run would
+    straight, opt3 = make(small.schema)
+    fit(straight, EpochLoader(small.train), opt3, epochs=3, progress=False)
+    more = fit(again, loader, opt2, epochs=3, checkpoint_dir=tmp_path, resume=True,
+               progress=False)
+    assert loader.epochs_seen == [2] and more["epoch"] == [1, 2, 3]
+    assert_same_parameters(straight, again)
+    assert checkpoint_position(tmp_path) == (3, 0)
+    assert checkpoint_position(tmp_path / "none") is None
+
+
+class DropoutModel(torch.nn.Module):
+    """Logits from the continuous features through dropout: training draws from
+    torch's global RNG, so a resumed run equals a straight one only if it restores it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, features):
+        x = torch.stack([features["x1"], features["x2"]], dim=1)
+        return self.linear(torch.nn.functional.dropout(x, 0.5, self.training)).reshape(-1)
+
+
+def test_resume_restores_the_torch_rng(small, tmp_path):
+    torch.manual_seed(0)
+    straight = DropoutModel()
+    fit(straight, EpochLoader(small.train), torch.optim.SGD(straight.parameters(), lr=0.1),
+        epochs=2, progress=False)
+    torch.manual_seed(0)
+    first = DropoutModel()
+    fit(first, EpochLoader(small.train), torch.optim.SGD(first.parameters(), lr=0.1), epochs=1,
+        checkpoint_dir=tmp_path, progress=False)
+    torch.manual_seed(12345)  # another process, another global RNG state
+    resumed = DropoutModel()
+    fit(resumed, EpochLoader(small.train), torch.optim.SGD(resumed.parameters(), lr=0.1),
+        epochs=2, checkpoint_dir=tmp_path, resume=True, progress=False)
+    assert_same_parameters(straight, resumed)
+
+
+def test_resume_on_a_shorter_loader_says_nothing_was_trained(small, tmp_path):
+    crashing, opt1 = make(small.schema)
+    with pytest.raises(Interrupted):
+        fit(crashing, EpochLoader(small.train, fail_at=(0, 12)), opt1, epochs=1,
+            checkpoint_dir=tmp_path, checkpoint_every=10, progress=False)
+    assert checkpoint_position(tmp_path) == (0, 10)
+    resumed, opt2 = make(small.schema)
+    with pytest.warns(NothingToTrainWarning, match=r"stopped after 10 batches of epoch 1, but "
+                      r"the loader yields only 4: nothing was trained"):
+        fit(resumed, EpochLoader(small.train[:4]), opt2, epochs=1, checkpoint_dir=tmp_path,
+            resume=True, progress=False)
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(small, tmp_path):
+    model, opt = make(small.schema)
+    fit(model, small.train, opt, epochs=1, checkpoint_dir=tmp_path, progress=False)
+    path = str(tmp_path / CHECKPOINT_FILE)
+    other = DCN(small.schema, embedding_dim=8)
+    with pytest.raises(SchemaError, match=rf"checkpoint {path} was written for a DLRM model, "
+                       "not DCN"):
+        fit(other, small.train, torch.optim.Adam(other.parameters()), checkpoint_dir=tmp_path,
+            resume=True, progress=False)
+    wider = DLRM(small.schema, embedding_dim=16, bottom_mlp=(16,), top_mlp=(16,))
+    # the wider model's tables, computed a second way from its own parameters
+    changed = [k for k, v in wider.state_dict().items() if v.shape != model.state_dict()[k].shape]
+    assert changed
+    with pytest.raises(SchemaError, match=rf"checkpoint {path} does not match this DLRM .*"
+                       rf"'{changed[0]}' has shape .* in the checkpoint, .* in the model"):
+        fit(wider, small.train, torch.optim.Adam(wider.parameters()), checkpoint_dir=tmp_path,
+            resume=True, progress=False)
+    same, _ = make(small.schema)
+    plain = torch.optim.SGD(same.parameters(), lr=0.1)
+    with pytest.raises(SchemaError, match=rf"checkpoint {path}: its optimizer state does not "
+                       "fit this SGD"):
+        fit(same, small.train, plain, checkpoint_dir=tmp_path, resume=True, progress=False)
+
+
+def test_resume_refuses_an_unreadable_or_foreign_checkpoint(small, tmp_path):
+    model, opt = make(small.schema)
+    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(DataError, match=r"cannot read checkpoint .*checkpoint.pt"):
+        fit(model, small.train, opt, checkpoint_dir=tmp_path, resume=True, progress=False)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(DataError, match=r"checkpoint.pt is not a tabstream checkpoint \(format None"):
+        fit(model, small.train, opt, checkpoint_dir=tmp_path, resume=True, progress=False)
 
 
 class PoisonedLoader:

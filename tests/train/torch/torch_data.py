@@ -84,7 +84,7 @@ def ranking_rows(seed, n):
     rng = np.random.default_rng(seed)
     ids = {name: rng.integers(0, card, n) for name, card in RANKING_CARDS.items()}
     lengths = rng.integers(0, 4, n)
-    tag_values = rng.integers(1, 40, lengths.sum())
+    tag_values = rng.integers(0, 40, lengths.sum())  # 0 is a real tag id, not padding
     x = rng.normal(size=(2, n))
     w_small, w_mid, w_tag = rng.normal(0, 0.8, 20), rng.normal(0, 0.6, 300), rng.normal(0, 0.5, 40)
     u, v = rng.normal(size=(20, 2)), rng.normal(size=(300, 2))
