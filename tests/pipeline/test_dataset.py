@@ -153,11 +153,27 @@ def test_corrupt_parquet_names_file(tmp_path):
         ts.Dataset(str(tmp_path / "d"))
 
 
-def test_parquet_file_missing_a_column(tmp_path):
-    _write_parquet_files(tmp_path / "d", n_files=1)
-    pq.write_table(pa.table({"id": [1]}), tmp_path / "d" / "part_5.parquet")
-    with pytest.raises(SchemaError, match=r"part_5\.parquet: columns \['x'\] are missing"):
-        ts.Dataset(str(tmp_path / "d"))
+@pytest.mark.parametrize("missing_in", [0, 1])
+def test_parquet_schemas_are_unified_across_files(tmp_path, missing_in):
+    # A column missing from one file is null there, never dropped from the others
+    # (before: a column absent from the first file vanished from every file).
+    (tmp_path / "d").mkdir()
+    full = pd.DataFrame({"id": np.arange(5, 9), "x": [0.5, 1.5, 2.5, 3.5], "extra": [1, 2, 3, 4]})
+    narrow = pd.DataFrame({"id": np.arange(0, 5, dtype="int32")})
+    frames = [narrow, full] if missing_in == 0 else [full, narrow]
+    for i, df in enumerate(frames):
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp_path / "d" / f"part_{i}.parquet")
+    ds = ts.Dataset(str(tmp_path / "d"))
+    expected = pd.concat(frames, ignore_index=True)  # pandas fills the missing cells
+    assert sorted(ds.schema.column_names) == ["extra", "id", "x"]
+    assert ds.arrow_schema.field("id").type == pa.int64()  # int32 and int64 widen to int64
+    got = read_all(ds)[expected.columns]
+    assert got["id"].tolist() == expected["id"].tolist()
+    assert got["x"].isna().tolist() == expected["x"].isna().tolist()
+    assert got["x"].dropna().tolist() == expected["x"].dropna().tolist()
+    assert [None if pd.isna(v) else int(v) for v in got["extra"]] == \
+        [None if pd.isna(v) else int(v) for v in expected["extra"]]
+    assert ds.num_rows == len(expected)
 
 
 def test_parquet_incompatible_types(tmp_path):
