@@ -645,8 +645,9 @@ class _ExprFilter:
         try:
             self._evaluate(empty)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            reason = " ".join(str(exc).split())
             raise SchemaError(
-                f"filters {expr} do not apply to this dataset: {exc}; columns: {schema.names}"
+                f"filters {expr} do not apply to this dataset: {reason}; columns: {schema.names}"
             ) from exc
         # The columns the expression reads: those it cannot do without.
         needed = []
