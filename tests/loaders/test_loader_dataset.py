@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
+from tabstream.errors import DataError
 from tabstream.loaders import Loader
 
 
@@ -146,3 +147,29 @@ def test_filters_apply_to_fit_and_export(tmp_path: Path, shared_export: Path) ->
     card = wf.output_schema["C1"].properties["embedding_sizes"]["cardinality"]
     # padding, null, one out-of-vocabulary index, then the filtered rows' distinct values
     assert card == 3 + df.loc[df["label"] == 0, "C1"].nunique()
+
+
+@pytest.mark.parametrize("how", ["deleted", "smaller", "extra"])
+@pytest.mark.parametrize("form", ["folder", "dataset", "glob"])
+def test_loader_refuses_an_export_that_disagrees_with_its_manifest(tmp_path: Path, testdata: Any,
+                                                                   how: str, form: str) -> None:
+    # Before: the loader silently delivered fewer (or more) rows than exported.
+    export = testdata.write_export(tmp_path / "e")
+    rows = dict(zip([f"part_{i:05d}.parquet" for i in range(5)], testdata.FILE_ROWS, strict=True))
+    if how == "deleted":
+        (export / "part_00002.parquet").unlink()
+        msg = rf"part_00002.parquet: listed in .*with {rows['part_00002.parquet']} rows, but the file is missing"
+    elif how == "smaller":
+        pq.write_table(pq.read_table(export / "part_00000.parquet").slice(0, 10), export / "part_00000.parquet")
+        msg = rf"part_00000.parquet: .*_manifest.json lists {rows['part_00000.parquet']} rows, found 10 rows"
+    else:
+        pq.write_table(pq.read_table(export / "part_00000.parquet").slice(0, 4), export / "part_00042.parquet")
+        msg = r"part_00042.parquet: not listed in .*_manifest.json \(found 4 rows"
+    if form == "glob" and how == "deleted":
+        # A glob picks the files it matches; each one is checked against its entry.
+        assert len(all_ids(str(export / "part_*.parquet"))) == testdata.N - rows["part_00002.parquet"]
+        return
+    data = {"folder": lambda: export, "dataset": lambda: ts.Dataset(str(export)),
+            "glob": lambda: str(export / "part_*.parquet")}[form]
+    with pytest.raises(DataError, match=msg):
+        Loader(data(), 100)
