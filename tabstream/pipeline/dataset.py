@@ -643,12 +643,15 @@ class _ExprFilter:
         self.expr = expr
         empty = schema.empty_table()
         try:
-            self._evaluate(empty)
+            result = self._evaluate(empty)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             reason = " ".join(str(exc).split())
             raise SchemaError(
                 f"filters {expr} do not apply to this dataset: {reason}; columns: {schema.names}"
             ) from exc
+        if not pa.types.is_boolean(result.type):
+            raise TypeError(f"filters {expr} give {result.type} values; a filter must give "
+                            "true/false per row, e.g. pc.field('day') < 7")
         # The columns the expression reads: those it cannot do without.
         needed = []
         for name in schema.names:
@@ -656,15 +659,15 @@ class _ExprFilter:
                 self._evaluate(empty.drop_columns([name]))
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
                 needed.append(name)
+        if not needed:
+            raise ValueError(f"filters {expr} read no column, so they keep all rows or none; "
+                             f"name a column, e.g. [('day', '<', 7)]; columns: {schema.names}")
         self.columns = tuple(needed)
 
     def _evaluate(self, table: pa.Table) -> pa.ChunkedArray:
         import pyarrow.dataset as pds
 
-        out = pds.dataset(table).to_table(columns={"keep": self.expr}).column("keep")
-        if not pa.types.is_boolean(out.type):
-            raise pa.ArrowTypeError(f"the filter gives {out.type} values, not booleans")
-        return out
+        return pds.dataset(table).to_table(columns={"keep": self.expr}).column("keep")
 
     def mask(self, table: pa.Table | None, num_rows: int, piece_index: int) -> np.ndarray:
         assert table is not None

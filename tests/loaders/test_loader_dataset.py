@@ -105,6 +105,14 @@ def test_filtered_dataset_yields_only_its_rows(shared_export: Path, form: str, w
     assert np.array_equal(all_ids(ds, w=w), want)
 
 
+def test_a_filter_that_keeps_nothing(shared_export: Path) -> None:
+    ds = ts.Dataset(str(shared_export), filters=[("row_id", "<", 0)])
+    assert ds.num_rows == 0
+    with pytest.raises(DataError, match=r"the dataset is empty: its 5 file\(s\) hold no rows that "
+                                        "this split or filter keeps"):
+        Loader(ds, 10)
+
+
 def test_split_of_a_filtered_dataset(shared_export: Path) -> None:
     df = frame(shared_export)
     ds = ts.Dataset(str(shared_export), filters=[("C1", ">=", 50)], part_size=20_000)

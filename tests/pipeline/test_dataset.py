@@ -366,3 +366,7 @@ def test_bad_filters(tmp_path):
         ts.Dataset(str(out), filters=[("x", "~", 1)])
     with pytest.raises(SchemaError, match=r"filters .*nope.* do not apply to this dataset.*columns: \['row_id', 'x'\]"):
         ts.Dataset(str(out), filters=[("nope", "==", 1)])
+    with pytest.raises(TypeError, match=r"filters add_checked\(x, 1\) give double values; a filter must give true/false"):
+        ts.Dataset(str(out), filters=pc.field("x") + 1)
+    with pytest.raises(ValueError, match=r"filters true read no column"):
+        ts.Dataset(str(out), filters=pc.scalar(True))
