@@ -390,7 +390,7 @@ class Dataset:
             if _is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.
                 # Threads off: dask already runs one partition per core.
-                pf = pq.ParquetFile(piece.path, metadata=self._file_metadata.get(piece.path))
+                pf = pq.ParquetFile(piece.path)
                 table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
             else:
                 with self.fs.open(piece.path, "rb") as f:

@@ -370,3 +370,12 @@ def test_bad_filters(tmp_path):
         ts.Dataset(str(out), filters=pc.field("x") + 1)
     with pytest.raises(ValueError, match=r"filters true read no column"):
         ts.Dataset(str(out), filters=pc.scalar(True))
+
+
+def test_file_replaced_after_planning_is_named(tmp_path):
+    _write_parquet_files(tmp_path / "d", n_files=2, rows=100, row_group_size=100)
+    ds = ts.Dataset(str(tmp_path / "d"))
+    pq.write_table(pq.read_table(tmp_path / "d" / "part_1.parquet").slice(0, 40), tmp_path / "d" / "part_1.parquet")
+    with pytest.raises(DataError, match=r"part_1\.parquet: row groups \[0\] hold 40 rows, the footer read "
+                                        r"when planning said 100"):
+        read_all(ds)
