@@ -5,6 +5,12 @@ CSV file, a slice of a DataFrame) and a function that reads one piece into an Ar
 table. Fitting and exporting run one dask task per piece, so memory is bounded by
 ``part_size``, never by the dataset.
 
+A Dataset is one set of rows everywhere (fit, export, ``num_rows``, loaders): its
+``filters=`` and splits are row masks over each piece's stored rows. Parquet files
+whose schemas differ are unified (a column a file lacks is null there). Files of a
+tabstream export are checked against its ``_manifest.json``: a deleted, truncated,
+replaced or extra file is an error naming it, never a silently different dataset.
+
 >>> ds = Dataset("logs/day_*.tsv", sep="\\t", names=["label", "I1", "C1"],
 ...              dtypes={"label": "int64", "I1": "int64", "C1": "string"})
 >>> ds.npartitions, ds.schema.column_names
@@ -210,16 +216,15 @@ class Dataset:
             if row_bytes is None:
                 row_bytes = _parquet_row_bytes(self.fs, path, md)
             group: list[int] = []
-            group_bytes = group_rows = 0
+            group_bytes = 0
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
                 size = rg.num_rows * row_bytes if row_bytes else rg.total_byte_size
                 if group and group_bytes + size > self.part_size:
                     pieces.append(self._parquet_piece(path, md, group))
-                    group, group_bytes, group_rows = [], 0, 0
+                    group, group_bytes = [], 0
                 group.append(i)
                 group_bytes += size
-                group_rows += rg.num_rows
             if group:
                 pieces.append(self._parquet_piece(path, md, group))
         assert unified is not None
@@ -530,7 +535,11 @@ class Dataset:
 
         Row ``i`` of partition ``p`` goes to the split chosen by a uniform draw from
         ``numpy.random.default_rng([seed, p])``: every row lands in exactly one split,
-        and the same files, ``part_size`` and ``seed`` give the same split.
+        and the same files, ``part_size`` and ``seed`` give the same split. The draws
+        are over the rows as stored, so a split of a Dataset with ``filters`` keeps
+        the rows that both pass the filter and draw this split; counting a split's
+        rows reads nothing. Each split is its own Dataset everywhere: a loader given
+        ``train`` yields only ``train``'s rows.
         """
         fractions = [float(f) for f in fractions]
         if not fractions or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
