@@ -119,8 +119,12 @@ class ParquetSource:
                               filesystem=_arrow_filesystem(self.fs))
 
     def file_types(self, file: int) -> dict[str, pa.DataType]:
-        """The arrow types of the columns one file holds."""
-        return {f.name: f.type for f in self.metadata[file].schema.to_arrow_schema()}
+        """The arrow types of the columns one file holds (from its footer, once)."""
+        cache = self.__dict__.setdefault("_file_types", {})
+        types = cache.get(file)
+        if types is None:
+            types = cache[file] = {f.name: f.type for f in self.metadata[file].schema.to_arrow_schema()}
+        return types
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Record the (unified) arrow type of each column in ``columns`` and check it
