@@ -204,9 +204,10 @@ class Loader:
     """Shuffled, sharded numpy batches from exported parquet.
 
     Args:
-        data: a ``tabstream.Dataset`` (anything with ``.files``, ``.fs``, ``.schema``),
-            an export directory, a glob, a parquet file or a list of files (any fsspec
-            URL; ``schema.json`` beside the files is used when present).
+        data: a parquet ``tabstream.Dataset``, split or filtered or not (the loader
+            yields exactly its rows), or an export directory, a glob, a parquet file or
+            a list of files (any fsspec URL), read as ``Dataset(data, engine="parquet")``:
+            the export's manifest is checked and its schema file used.
         batch_size: rows per batch (see :mod:`tabstream.loaders.plan` for the last ones).
         shuffle: shuffle row groups and rows within chunks, differently each epoch.
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
@@ -279,6 +280,16 @@ class Loader:
         self.columns = self.feature_names + self.label_names
         self.schema = full.select_by_name(self.columns)
         self.source.check_columns(self.columns)
+        self._target = pa.schema([pa.field(n, self.source.arrow_types[n]) for n in self.columns])
+        # Per file, the selected columns it holds (the same list object when all).
+        self._present: list[list[str]] = []
+        self._conforms: list[bool] = []  # whether a file's row groups need _conform
+        for i in range(len(self.source.files)):
+            held = self.source.file_types(i)
+            cols = [n for n in self.columns if n in held]
+            self._present.append(self.columns if len(cols) == len(self.columns) else cols)
+            self._conforms.append(len(cols) < len(self.columns) or any(
+                held[n] != self.source.arrow_types[n] for n in cols))
         self._value_types = {n: list_value_type(self.source.arrow_types[n]) for n in self.columns}
         self._check_types()
         self.pad_lengths = self._pad_lengths(pad)
@@ -370,16 +381,22 @@ class Loader:
     def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
         unit = self.source.units[piece.unit]
         path = self.source.files[unit.file]
+        present = self._present[unit.file]
         try:
             table = self.source.open(unit.file).read_row_group(
-                unit.row_group, columns=self.columns, use_threads=True)
+                unit.row_group, columns=present, use_threads=True)
         except FileNotFoundError:
             raise FileNotFoundError(f"parquet file not found: {path!r}") from None
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
-        if table.num_rows != unit.num_rows:
+        if table.num_rows != unit.stored_rows and present:
             raise DataError(f"row group {unit.row_group} of {path!r} has {table.num_rows} rows, "
-                             f"its footer says {unit.num_rows}: the file is corrupt")
+                             f"its footer says {unit.stored_rows}: the file is corrupt")
+        if self._conforms[unit.file]:
+            table = self._conform(table, unit, path)
+        keep = unit.keep()
+        if keep is not None:  # a split or filtered Dataset: only its own rows
+            table = table.filter(pa.array(keep))
         rows: np.ndarray | slice | None = None
         if piece.num_rows != unit.num_rows:
             if self.shuffle:
@@ -408,6 +425,17 @@ class Loader:
                     arr = arr[rows]
             out[name] = arr
         return out
+
+    def _conform(self, table: pa.Table, unit: Any, path: str) -> pa.Table:
+        """One file's row group in the Dataset's unified types; a column the file
+        lacks is null (NaN for floats; an error below for other types)."""
+        arrays = [table.column(f.name) if f.name in table.column_names
+                  else pa.nulls(unit.stored_rows, f.type) for f in self._target]
+        try:
+            return pa.Table.from_arrays(arrays, schema=None, names=self._target.names).cast(self._target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DataError(f"row group {unit.row_group} of {path!r}: cannot convert to the "
+                            f"dataset's types {self._target}: {exc}") from exc
 
     @staticmethod
     def _check_nulls(name: str, arr: Any, path: str, row_group: int) -> None:

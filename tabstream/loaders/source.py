@@ -1,24 +1,25 @@
-"""Finding and checking the parquet files a loader reads.
+"""The rows a loader reads: a ``tabstream.Dataset``'s own fragments.
 
-:func:`open_source` accepts a ``tabstream.Dataset`` (anything with ``.files``,
-``.fs`` and ``.schema``), a directory written by ``to_parquet``, a glob, one file,
-or a list of files, on any fsspec filesystem. It reads every file's footer once,
-up front, so that a missing or corrupt file, a column missing from one file, or
-files that disagree on a column's type fail before the first batch, with the
-file and column named.
+:func:`open_source` takes a ``tabstream.Dataset`` or anything a Dataset accepts (an
+export folder, a glob, one file, a list of files, on any fsspec filesystem; turned
+into ``Dataset(..., engine="parquet")``) and lists the Dataset's row groups with the
+rows of each that belong to it. A split or filtered Dataset thus gives only its own
+rows: ``Loader(train)`` after ``train, valid = ds.split([0.8, 0.2])`` never sees a
+validation row. File discovery, the ``_manifest.json`` check and the unification of
+the files' schemas are the Dataset's; nothing is resolved twice.
+
+Counting the rows a split keeps costs no I/O for a random split (the draws come
+from the split's generator alone); a value split or ``filters=`` reads just the
+columns it tests, for all partitions concurrently, once, when the loader is built.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import posixpath
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -29,87 +30,34 @@ from tabstream.errors import DataError, SchemaError
 from tabstream.pipeline.dtypes import arrow_type_to_dtype, is_list_type
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
-__all__ = ["ParquetSource", "Unit", "open_source"]
-
-SCHEMA_FILE = "schema.json"
-MANIFEST_FILE = "_manifest.json"
+__all__ = ["ParquetSource", "Unit", "as_dataset", "open_source"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Unit:
-    """One row group: the unit of reading and of the epoch permutation."""
+    """One row group: the unit of reading and of the epoch permutation.
+
+    ``num_rows`` are the rows delivered from it, ``stored_rows`` the rows the file
+    holds; ``mask`` (bits packed with ``numpy.packbits``) says which, when the
+    Dataset keeps only some."""
 
     file: int
     row_group: int
     num_rows: int
+    stored_rows: int = -1
+    mask: np.ndarray | None = None
 
-
-def _is_glob(path: str) -> bool:
-    return any(ch in path for ch in "*?[")
-
-
-def _data_file(path: str) -> bool:
-    name = posixpath.basename(path)
-    return name.endswith(".parquet") and not name.startswith(("_", "."))
-
-
-def _resolve_paths(data: Any, storage_options: dict | None) -> tuple[list[str], Any, str | None]:
-    """Files, filesystem and the folder that may hold schema.json."""
-    opts = storage_options or {}
-    if isinstance(data, (str, os.PathLike)):
-        url = os.fspath(data)
-        fs, path = fsspec.core.url_to_fs(url, **opts)
-        if _is_glob(path):
-            files = sorted(p for p in fs.glob(path) if fs.isfile(p))
-            if not files:
-                raise FileNotFoundError(f"no files match {url!r}")
-            return files, fs, posixpath.dirname(files[0])
-        if fs.isdir(path):
-            return _files_in_dir(fs, path, url), fs, path
-        if not fs.exists(path):
-            raise FileNotFoundError(f"no such file or directory: {url!r}")
-        return [path], fs, posixpath.dirname(path)
-    if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
-        if len(data) == 0:
-            raise DataError("the dataset is empty: an empty list of files was given")
-        urls = [os.fspath(p) for p in data]
-        fs, _ = fsspec.core.url_to_fs(urls[0], **opts)
-        files = [fsspec.core.url_to_fs(u, **opts)[1] for u in urls]
-        folders = {posixpath.dirname(f) for f in files}
-        return files, fs, folders.pop() if len(folders) == 1 else None
-    raise TypeError(
-        "a loader reads a tabstream.Dataset, a directory, a glob, a parquet file or a list "
-        f"of files; got {type(data).__name__}"
-    )
-
-
-def _files_in_dir(fs: Any, path: str, url: str) -> list[str]:
-    manifest = posixpath.join(path, MANIFEST_FILE)
-    if fs.exists(manifest):
-        with fs.open(manifest, "r") as f:
-            entries = json.load(f)["files"]
-        return [posixpath.join(path, e["path"]) for e in entries]
-    files = sorted(p for p in fs.find(path) if _data_file(p))
-    if not files:
-        raise DataError(f"the dataset is empty: no .parquet files in {url!r}")
-    return files
+    def keep(self) -> np.ndarray | None:
+        """The boolean mask over the stored rows, ``None`` when all are kept."""
+        if self.mask is None:
+            return None
+        return np.unpackbits(self.mask, count=self.stored_rows).view(bool)
 
 
 def _arrow_filesystem(fs: Any) -> pafs.FileSystem | None:
     if isinstance(fs, LocalFileSystem):
         return None  # plain paths: pyarrow's own local reader is the fastest
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-
-
-def _read_footer(path: str, arrow_fs: pafs.FileSystem | None) -> pq.FileMetaData:
-    try:
-        return pq.ParquetFile(path, filesystem=arrow_fs).metadata
-    except FileNotFoundError:
-        raise FileNotFoundError(f"parquet file not found: {path!r}") from None
-    except (pa.ArrowException, OSError) as exc:
-        if isinstance(exc, FileNotFoundError) or "No such file" in str(exc):
-            raise FileNotFoundError(f"parquet file not found: {path!r}") from exc
-        raise DataError(f"{path!r} is not a readable parquet file: {exc}") from exc
 
 
 def _numpy_dtype(t: pa.DataType) -> np.dtype | None:
@@ -129,9 +77,29 @@ def column_from_arrow(field: pa.Field) -> ColumnSchema:
     return ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
 
 
+def as_dataset(data: Any, storage_options: dict | None = None) -> Any:
+    """``data`` as a ``tabstream.Dataset``: itself if it is one, else a parquet
+    Dataset over the path, glob, folder or list of files."""
+    from tabstream.pipeline.dataset import Dataset
+
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        return Dataset(os.fspath(data), engine="parquet", storage_options=storage_options)
+    if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
+        if len(data) == 0:
+            raise DataError("the dataset is empty: an empty list of files was given")
+        return Dataset([os.fspath(p) for p in data], engine="parquet",
+                       storage_options=storage_options)
+    raise TypeError(
+        "a loader reads a tabstream.Dataset, a directory, a glob, a parquet file or a list "
+        f"of files; got {type(data).__name__}"
+    )
+
+
 @dataclass
 class ParquetSource:
-    """Checked parquet files: their row groups, arrow types and tabstream schema."""
+    """A parquet Dataset's row groups, each with the rows of it the Dataset keeps."""
 
     files: list[str]
     fs: Any
@@ -139,104 +107,90 @@ class ParquetSource:
     metadata: list[pq.FileMetaData]
     arrow_types: dict[str, pa.DataType]
     units: list[Unit]
+    dataset: Any = None
 
     @property
     def num_rows(self) -> int:
         return sum(u.num_rows for u in self.units)
 
     def open(self, file: int) -> pq.ParquetFile:
-        """Open one file, reusing the footer read during the checks."""
+        """Open one file, reusing the footer read when planning."""
         return pq.ParquetFile(self.files[file], metadata=self.metadata[file],
                               filesystem=_arrow_filesystem(self.fs))
 
-    def check_columns(self, columns: Sequence[str]) -> None:
-        """Every file has every column in ``columns``, with the same type."""
-        first = self.files[0]
-        reference = {f.name: f.type for f in self.metadata[0].schema.to_arrow_schema()}
-        for name in columns:
-            if name not in reference:
-                raise SchemaError(
-                    f"column {name!r} is missing from {first!r}; its columns: {list(reference)}"
-                )
-        for path, md in zip(self.files[1:], self.metadata[1:], strict=True):
-            types = {f.name: f.type for f in md.schema.to_arrow_schema()}
-            for name in columns:
-                if name not in types:
-                    raise SchemaError(
-                        f"column {name!r} is missing from {path!r} (present in {first!r}); "
-                        f"its columns: {list(types)}"
-                    )
-                if types[name] != reference[name]:
-                    raise SchemaError(
-                        f"schema mismatch: column {name!r} is {types[name]} in {path!r} but "
-                        f"{reference[name]} in {first!r}; re-export the files with one schema"
-                    )
-        for name in columns:
-            self._check_against_schema(name, reference[name], first)
-        self.arrow_types = {name: reference[name] for name in columns}
+    def file_types(self, file: int) -> dict[str, pa.DataType]:
+        """The arrow types of the columns one file holds (from its footer, once)."""
+        cache = self.__dict__.setdefault("_file_types", {})
+        types = cache.get(file)
+        if types is None:
+            types = cache[file] = {f.name: f.type for f in self.metadata[file].schema.to_arrow_schema()}
+        return types
 
-    def _check_against_schema(self, name: str, t: pa.DataType, path: str) -> None:
-        if name not in self.schema:
-            return
-        col = self.schema[name]
-        value_type = list_value_type(t)
-        if col.is_list != (value_type is not None):
-            kind = "a list" if value_type is not None else "not a list"
-            raise SchemaError(
-                f"schema mismatch: column {name!r} is {kind} ({t}) in {path!r} but the "
-                f"schema says is_list={col.is_list}"
-            )
-        file_dtype = _numpy_dtype(value_type if value_type is not None else t)
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Record the (unified) arrow type of each column in ``columns`` and check it
+        against the stored schema (``schema.json``) when there is one."""
+        arrow = self.dataset.arrow_schema if self.dataset is not None else None
+        types = ({f.name: f.type for f in arrow} if arrow is not None
+                 else self.file_types(0))
+        for name in columns:
+            if name not in types:
+                raise SchemaError(f"column {name!r} is not in the files; columns: {list(types)}")
+        stored = getattr(self.dataset, "_stored_schema", None)
+        for name in columns:
+            if stored is not None and name in stored:
+                self._check_against_schema(name, stored[name])
+        self.arrow_types = {name: types[name] for name in columns}
+
+    def _check_against_schema(self, name: str, col: ColumnSchema) -> None:
         try:
             schema_dtype = np.dtype(col.dtype)
         except TypeError:
-            return  # "unknown", "string", ...: nothing numeric to compare
-        if file_dtype is not None and file_dtype != schema_dtype:
-            raise SchemaError(
-                f"schema mismatch: column {name!r} is {file_dtype} in {path!r} but the schema "
-                f"says {col.dtype}"
-            )
+            schema_dtype = None  # "unknown", "string", ...: nothing numeric to compare
+        for i, path in enumerate(self.files):
+            t = self.file_types(i).get(name)
+            if t is None:
+                continue  # null in this file (schemas unified)
+            value_type = list_value_type(t)
+            if col.is_list != (value_type is not None):
+                kind = "a list" if value_type is not None else "not a list"
+                raise SchemaError(
+                    f"schema mismatch: column {name!r} is {kind} ({t}) in {path!r} but the "
+                    f"schema says is_list={col.is_list}"
+                )
+            file_dtype = _numpy_dtype(value_type if value_type is not None else t)
+            if schema_dtype is not None and file_dtype is not None and file_dtype != schema_dtype:
+                raise SchemaError(
+                    f"schema mismatch: column {name!r} is {file_dtype} in {path!r} but the "
+                    f"schema says {col.dtype}"
+                )
 
 
 def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource:
-    """Resolve ``data`` to parquet files and read every footer (see module doc)."""
-    if hasattr(data, "files") and hasattr(data, "fs") and hasattr(data, "schema"):
-        engine = getattr(data, "engine", "parquet")
-        if engine != "parquet":
-            raise DataError(
-                f"loaders read exported parquet, and this Dataset's engine is {engine!r}: "
-                "write it with to_parquet(...) first and load that folder"
-            )
-        fs, schema, folder = data.fs, data.schema, None
-        files = [fs._strip_protocol(str(f)) for f in data.files]  # Datasets keep URLs
-        if not files:
-            raise DataError("the dataset is empty: it has no files")
-    else:
-        files, fs, folder = _resolve_paths(data, storage_options)
-        schema = None
-    arrow_fs = _arrow_filesystem(fs)
-    if isinstance(fs, LocalFileSystem) or len(files) == 1:
-        metadata = [_read_footer(f, arrow_fs) for f in files]
-    else:  # remote footers: fetch them concurrently
-        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-            metadata = list(pool.map(lambda f: _read_footer(f, arrow_fs), files))
-
-    if schema is None:
-        schema_path = posixpath.join(folder, SCHEMA_FILE) if folder is not None else None
-        if schema_path is not None and fs.exists(schema_path):
-            with fs.open(schema_path, "r") as f:
-                schema = Schema.from_json(f.read())
-        else:
-            schema = Schema(column_from_arrow(field)
-                            for field in metadata[0].schema.to_arrow_schema())
-
-    units = [
-        Unit(i, g, md.row_group(g).num_rows)
-        for i, md in enumerate(metadata)
-        for g in range(md.num_row_groups)
-        if md.row_group(g).num_rows > 0
-    ]
+    """The row groups of ``data`` (a Dataset or what :func:`as_dataset` takes) and,
+    for a split or filtered Dataset, the rows of each it keeps (see module doc)."""
+    ds = as_dataset(data, storage_options)
+    if ds.engine != "parquet":
+        raise DataError(
+            f"loaders read exported parquet, and this Dataset's engine is {ds.engine!r}: "
+            "write it with to_parquet(...) first and load that folder"
+        )
+    fs = ds.fs
+    index = {path: i for i, path in enumerate(ds.files)}
+    files = [fs._strip_protocol(str(f)) for f in ds.files]  # Datasets keep URLs
+    metadata = [ds._file_metadata[f] for f in ds.files]
+    units: list[Unit] = []
+    for piece, mask in zip(ds.pieces, ds.piece_masks(), strict=True):
+        offset = 0
+        for group, stored in zip(piece.row_groups, piece.group_rows, strict=True):
+            keep = None if mask is None else mask[offset:offset + stored]
+            offset += stored
+            kept = stored if keep is None else int(np.count_nonzero(keep))
+            if kept == 0:
+                continue
+            packed = None if keep is None or kept == stored else np.packbits(keep)
+            units.append(Unit(index[piece.path], group, kept, stored, packed))
     if not units:
-        raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows "
-                         f"(first: {files[0]!r})")
-    return ParquetSource(files, fs, schema, metadata, {}, units)
+        what = " that this split or filter keeps" if ds._active_filters() else ""
+        raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows{what} "
+                        f"(first: {files[0]!r})")
+    return ParquetSource(files, fs, ds.schema, metadata, {}, units, ds)

@@ -5,6 +5,12 @@ CSV file, a slice of a DataFrame) and a function that reads one piece into an Ar
 table. Fitting and exporting run one dask task per piece, so memory is bounded by
 ``part_size``, never by the dataset.
 
+A Dataset is one set of rows everywhere (fit, export, ``num_rows``, loaders): its
+``filters=`` and splits are row masks over each piece's stored rows. Parquet files
+whose schemas differ are unified (a column a file lacks is null there). Files of a
+tabstream export are checked against its ``_manifest.json``: a deleted, truncated,
+replaced or extra file is an error naming it, never a silently different dataset.
+
 >>> ds = Dataset("logs/day_*.tsv", sep="\\t", names=["label", "I1", "C1"],
 ...              dtypes={"label": "int64", "I1": "int64", "C1": "string"})
 >>> ds.npartitions, ds.schema.column_names
@@ -72,6 +78,7 @@ class _ParquetPiece:
     path: str
     row_groups: tuple[int, ...]
     num_rows: int
+    group_rows: tuple[int, ...] = ()  # rows of each row group, in order
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,11 @@ class Dataset:
         ``cache_dir`` (a temporary folder removed with the Dataset), so the second
         pass (fit, then export) maps it instead of parsing the raw files again.
         Costs disk space about the size of the data in memory.
+    filters:
+        Keep only the rows that pass, everywhere the Dataset is used (fit, export,
+        ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
+        ``[("day", "<", 7)]`` (a list of lists is an OR of ANDs), or a
+        ``pyarrow.compute.Expression``. A row where the filter is null is dropped.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
         ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
@@ -123,6 +135,7 @@ class Dataset:
         schema: Schema | None = None,
         cache: str | None = None,
         cache_dir: str | None = None,
+        filters: Any = None,
         **read_kwargs: Any,
     ) -> None:
         if cache not in (None, "disk"):
@@ -138,6 +151,9 @@ class Dataset:
         self._table: pa.Table | None = None
         self._ddf = None
         self._stored_schema: Schema | None = None
+        self._folders: list[str] = []
+        self._row_filter: Any = None  # a split's rows (see split / split_by_value)
+        self._filter: _ExprFilter | None = None
 
         if isinstance(path_or_df, pd.DataFrame):
             self.engine = "dataframe"
@@ -149,7 +165,10 @@ class Dataset:
             self.engine = "dask"
             self._ddf = path_or_df
         else:
-            self.fs, self.files = _expand_paths(path_or_df, self.storage_options, engine)
+            self.fs, self.files, self._folders = _expand_paths(path_or_df, self.storage_options, engine)
+            if not self.files:  # an export folder whose files are all gone
+                _check_manifests(self.fs, [], self._folders, {})
+                raise FileNotFoundError(f"{path_or_df!r} holds no data files")
             self.engine = engine or _infer_engine(self.files)
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
@@ -158,6 +177,8 @@ class Dataset:
         self._arrow_schema = self._plan()
         self._piece_index = {p: i for i, p in enumerate(self._pieces)}
         self.schema = self._merge_schema(schema)
+        if filters is not None:
+            self._filter = _ExprFilter(filters, self._arrow_schema)
 
     # -- planning -----------------------------------------------------------
     def _plan(self) -> pa.Schema:
@@ -180,34 +201,40 @@ class Dataset:
 
     def _plan_parquet(self) -> pa.Schema:
         pieces: list[_ParquetPiece] = []
-        first_schema: pa.Schema | None = None
+        unified: pa.Schema | None = None
+        owners: dict[str, str] = {}  # column -> the first file that has it
         self._file_schemas: dict[str, pa.Schema] = {}
+        self._file_metadata: dict[str, pq.FileMetaData] = {}
         row_bytes: float | None = None  # decoded bytes per row, sampled from the first file
-        for path in self.files:
-            md, arrow_schema = _parquet_footer(self.fs, path)
+        footers = _parquet_footers(self.fs, self.files)
+        _check_manifests(self.fs, self.files, self._folders,
+                         {path: md.num_rows for path, (md, _) in zip(self.files, footers, strict=True)})
+        for path, (md, arrow_schema) in zip(self.files, footers, strict=True):
             self._file_schemas[path] = arrow_schema
-            if first_schema is None:
-                first_schema = arrow_schema
-            else:
-                _check_compatible(first_schema, arrow_schema, self.files[0], path)
+            self._file_metadata[path] = md
+            unified = _unify_schemas(unified, arrow_schema, owners, path)
             if row_bytes is None:
                 row_bytes = _parquet_row_bytes(self.fs, path, md)
             group: list[int] = []
-            group_bytes = group_rows = 0
+            group_bytes = 0
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
                 size = rg.num_rows * row_bytes if row_bytes else rg.total_byte_size
                 if group and group_bytes + size > self.part_size:
-                    pieces.append(_ParquetPiece(path, tuple(group), group_rows))
-                    group, group_bytes, group_rows = [], 0, 0
+                    pieces.append(self._parquet_piece(path, md, group))
+                    group, group_bytes = [], 0
                 group.append(i)
                 group_bytes += size
-                group_rows += rg.num_rows
             if group:
-                pieces.append(_ParquetPiece(path, tuple(group), group_rows))
-        assert first_schema is not None
+                pieces.append(self._parquet_piece(path, md, group))
+        assert unified is not None
         self._pieces = pieces
-        return first_schema
+        return unified
+
+    @staticmethod
+    def _parquet_piece(path: str, md: pq.FileMetaData, groups: list[int]) -> _ParquetPiece:
+        rows = tuple(md.row_group(i).num_rows for i in groups)
+        return _ParquetPiece(path, tuple(groups), sum(rows), rows)
 
     def _plan_csv(self) -> pa.Schema:
         names = self.read_kwargs.get("names")
@@ -274,15 +301,51 @@ class Dataset:
         return self._arrow_schema
 
     def read_piece(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
-        """Read one partition as an Arrow table (only ``columns`` when given)."""
-        row_filter = getattr(self, "_row_filter", None)
+        """Read one partition as an Arrow table (only ``columns`` when given), keeping
+        only the rows of this Dataset (its ``filters`` and split)."""
         read = self._read_cached if self.cache else self._read_piece_raw
-        if row_filter is None:
+        active = self._active_filters()
+        if not active:
             return read(piece, columns)
-        needed = None if columns is None else list(dict.fromkeys([*columns, *row_filter.columns]))
+        needed = None if columns is None else list(dict.fromkeys(
+            [*columns, *(c for f in active for c in f.columns)]))
         table = read(piece, needed)
-        table = table.filter(row_filter.mask(table, self._piece_index[piece]))
+        table = table.filter(pa.array(self._mask(table, table.num_rows, piece)))
         return table if columns is None else table.select(list(columns))
+
+    def _active_filters(self) -> list[Any]:
+        return [f for f in (self._filter, self._row_filter) if f is not None]
+
+    def _mask(self, table: pa.Table | None, num_rows: int, piece: Any) -> np.ndarray:
+        """Which of the partition's ``num_rows`` rows (as stored) belong to this Dataset."""
+        mask = np.ones(num_rows, dtype=bool)
+        for f in self._active_filters():
+            mask &= f.mask(table, num_rows, self._piece_index[piece])
+        return mask
+
+    def piece_mask(self, piece: Any) -> np.ndarray | None:
+        """The rows of ``piece`` (as stored) this Dataset keeps, as a boolean array;
+        ``None`` when it keeps them all. Reads only the filter's columns, and nothing
+        at all for a random split of parquet or in-memory data."""
+        active = self._active_filters()
+        if not active:
+            return None
+        cols = list(dict.fromkeys(c for f in active for c in f.columns))
+        if not cols and isinstance(piece, (_ParquetPiece, _TablePiece)):
+            n = piece.num_rows if isinstance(piece, _ParquetPiece) else piece.stop - piece.start
+            return self._mask(None, n, piece)
+        read = self._read_cached if self.cache else self._read_piece_raw
+        table = read(piece, cols or None)
+        return self._mask(table, table.num_rows, piece)
+
+    def piece_masks(self) -> list[np.ndarray | None]:
+        """:meth:`piece_mask` of every partition, computed concurrently."""
+        if not self._active_filters():
+            return [None] * len(self._pieces)
+        import dask
+
+        tasks = [dask.delayed(self.piece_mask, pure=False)(p) for p in self._pieces]
+        return list(dask.compute(*tasks, scheduler="threads"))
 
     def _read_cached(self, piece: Any, columns: Sequence[str] | None) -> pa.Table:
         """Partitions as read, kept in uncompressed Arrow IPC files: the second pass
@@ -324,7 +387,10 @@ class Dataset:
         return t.select(list(columns)) if columns is not None else t
 
     def _read_parquet_piece(self, piece: _ParquetPiece, columns: Sequence[str] | None) -> pa.Table:
-        cols = list(columns) if columns is not None else None
+        target = self._arrow_schema if columns is None else pa.schema(
+            [self._arrow_schema.field(c) for c in columns])
+        present = self._file_schemas[piece.path].names
+        cols = [c for c in target.names if c in present]
         try:
             if _is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.
@@ -337,8 +403,15 @@ class Dataset:
                     table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise DataError(f"{piece.path}: cannot read row groups {list(piece.row_groups)}: {exc}") from exc
-        target = self._arrow_schema if columns is None else pa.schema(
-            [self._arrow_schema.field(c) for c in columns])
+        if table.num_rows != piece.num_rows and cols:
+            raise DataError(f"{piece.path}: row groups {list(piece.row_groups)} hold {table.num_rows} "
+                            f"rows, the footer read when planning said {piece.num_rows}; was the "
+                            "file replaced while in use?")
+        if len(cols) < len(target.names):
+            # Columns other files have and this one lacks: null here (schemas unified).
+            arrays = {name: table.column(name) if name in cols else pa.nulls(piece.num_rows, target.field(name).type)
+                      for name in target.names}
+            table = pa.table(arrays)
         if not table.schema.equals(target):
             try:
                 table = table.select(target.names).cast(target)
@@ -462,7 +535,11 @@ class Dataset:
 
         Row ``i`` of partition ``p`` goes to the split chosen by a uniform draw from
         ``numpy.random.default_rng([seed, p])``: every row lands in exactly one split,
-        and the same files, ``part_size`` and ``seed`` give the same split.
+        and the same files, ``part_size`` and ``seed`` give the same split. The draws
+        are over the rows as stored, so a split of a Dataset with ``filters`` keeps
+        the rows that both pass the filter and draw this split; counting a split's
+        rows reads nothing. Each split is its own Dataset everywhere: a loader given
+        ``train`` yields only ``train``'s rows.
         """
         fractions = [float(f) for f in fractions]
         if not fractions or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
@@ -479,20 +556,17 @@ class Dataset:
         return [self._view(_ValueSplit(column, list(values))) for values in groups]
 
     def _view(self, row_filter: Any) -> Dataset:
-        view = copy.copy(self)
-        if getattr(self, "_row_filter", None) is not None:
+        if self._row_filter is not None:
             raise ValueError("splitting an already split dataset is not supported; split once into all parts")
+        view = copy.copy(self)
         view._row_filter = row_filter
         view._piece_index = {p: i for i, p in enumerate(self._pieces)}
         return view
 
     @property
     def num_rows(self) -> int:
-        if getattr(self, "_row_filter", None) is not None:
-            import dask
-
-            tasks = [dask.delayed(_count_rows)(self, p) for p in self._pieces]
-            return int(sum(dask.compute(*tasks, scheduler="threads")))
+        if self._active_filters():
+            return int(sum(int(np.count_nonzero(m)) for m in self.piece_masks()))
         if self.engine == "parquet":
             return sum(p.num_rows for p in self._pieces)
         if self.engine == "dataframe":
@@ -537,9 +611,11 @@ class _RandomSplit:
     def __init__(self, seed: int, bounds: np.ndarray, k: int) -> None:
         self.seed, self.bounds, self.k = seed, bounds, k
 
-    def mask(self, table: pa.Table, piece_index: int) -> pa.Array:
-        u = np.random.default_rng([self.seed, piece_index]).random(table.num_rows)
-        return pa.array(np.searchsorted(self.bounds, u, side="right") == self.k)
+    def mask(self, table: pa.Table | None, num_rows: int, piece_index: int) -> np.ndarray:
+        # One draw per stored row of the partition: the same with or without filters,
+        # and countable without reading anything.
+        u = np.random.default_rng([self.seed, piece_index]).random(num_rows)
+        return np.searchsorted(self.bounds, u, side="right") == self.k
 
 
 class _ValueSplit:
@@ -547,9 +623,65 @@ class _ValueSplit:
         self.column, self.values = column, values
         self.columns = (column,)
 
-    def mask(self, table: pa.Table, piece_index: int) -> pa.Array:
+    def mask(self, table: pa.Table | None, num_rows: int, piece_index: int) -> np.ndarray:
+        assert table is not None
         col = table.column(self.column)
-        return pc.fill_null(pc.is_in(col, value_set=pa.array(self.values, type=col.type)), False)
+        keep = pc.fill_null(pc.is_in(col, value_set=pa.array(self.values, type=col.type)), False)
+        return keep.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
+class _ExprFilter:
+    """``Dataset(..., filters=...)``: DNF tuples or a ``pyarrow.compute.Expression``."""
+
+    def __init__(self, filters: Any, schema: pa.Schema) -> None:
+        if isinstance(filters, pc.Expression):
+            expr = filters
+        elif isinstance(filters, (list, tuple)):
+            try:
+                expr = pq.filters_to_expression(list(filters))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"cannot read filters={filters!r}: {exc}; expected e.g. [('day', '<', 7)] or "
+                    "a pyarrow.compute.Expression"
+                ) from exc
+        else:
+            raise TypeError(
+                f"filters must be a list of (column, op, value) tuples or a "
+                f"pyarrow.compute.Expression, got {type(filters).__name__} {filters!r}"
+            )
+        self.expr = expr
+        empty = schema.empty_table()
+        try:
+            result = self._evaluate(empty)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SchemaError(
+                f"filters {expr} do not apply to this dataset: {reason}; columns: {schema.names}"
+            ) from exc
+        if not pa.types.is_boolean(result.type):
+            raise TypeError(f"filters {expr} give {result.type} values; a filter must give "
+                            "true/false per row, e.g. pc.field('day') < 7")
+        # The columns the expression reads: those it cannot do without.
+        needed = []
+        for name in schema.names:
+            try:
+                self._evaluate(empty.drop_columns([name]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                needed.append(name)
+        if not needed:
+            raise ValueError(f"filters {expr} read no column, so they keep all rows or none; "
+                             f"name a column, e.g. [('day', '<', 7)]; columns: {schema.names}")
+        self.columns = tuple(needed)
+
+    def _evaluate(self, table: pa.Table) -> pa.ChunkedArray:
+        import pyarrow.dataset as pds
+
+        return pds.dataset(table).to_table(columns={"keep": self.expr}).column("keep")
+
+    def mask(self, table: pa.Table | None, num_rows: int, piece_index: int) -> np.ndarray:
+        assert table is not None
+        keep = pc.fill_null(self._evaluate(table.select(list(self.columns))), False)
+        return keep.to_numpy().astype(bool, copy=False) if num_rows else np.zeros(0, dtype=bool)
 
 
 class _ReadPandas:
@@ -603,13 +735,17 @@ def _resolve_cpu(cpu: bool | None) -> bool:
     )
 
 
-def _expand_paths(path: Any, storage_options: dict, engine: str | None) -> tuple[Any, list[str]]:
+def _expand_paths(path: Any, storage_options: dict,
+                  engine: str | None) -> tuple[Any, list[str], list[str]]:
+    """The filesystem, the files, and the folders given as such (whose file set an
+    export's ``_manifest.json`` fixes)."""
     paths = [path] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else list(path)
     if not paths:
         raise FileNotFoundError("Dataset got an empty list of paths")
     paths = [str(p) for p in paths]
     fs, _, _ = get_fs_token_paths(paths[0], storage_options=storage_options)
     files: list[str] = []
+    folders: list[str] = []
     for p in paths:
         stripped = fs._strip_protocol(p)
         if any(ch in p for ch in "*?["):
@@ -623,9 +759,10 @@ def _expand_paths(path: Any, storage_options: dict, engine: str | None) -> tuple
                 if not any(part.startswith(("_", ".")) for part in posixpath.relpath(f, stripped).split("/"))
                 and _wanted(f, engine)
             )
-            if not found:
+            if not found and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
                 raise FileNotFoundError(f"folder {p!r} holds no data files")
             files.extend(found)
+            folders.append(stripped.rstrip("/") or "/")
         elif fs.exists(stripped):
             files.append(stripped)
         else:
@@ -633,7 +770,7 @@ def _expand_paths(path: Any, storage_options: dict, engine: str | None) -> tuple
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol not in ("file", "local"):
         files = [f if "://" in f else f"{protocol}://{f}" for f in files]
-    return fs, files
+    return fs, files, folders
 
 
 def _wanted(path: str, engine: str | None) -> bool:
@@ -664,6 +801,71 @@ def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
         raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
 
 
+def _parquet_footers(fs: Any, files: list[str]) -> list[tuple[pq.FileMetaData, pa.Schema]]:
+    """Every file's footer; fetched concurrently from remote filesystems."""
+    if _is_local(fs) or len(files) == 1:
+        return [_parquet_footer(fs, f) for f in files]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(pool.map(lambda f: _parquet_footer(fs, f), files))
+
+
+MANIFEST_FILE = "_manifest.json"
+
+
+def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
+    """``{file path: rows}`` from ``folder/_manifest.json``; ``None`` without one."""
+    path = posixpath.join(folder, MANIFEST_FILE)
+    if not fs.exists(path):
+        return None
+    try:
+        with fs.open(path, "r") as f:
+            entries = json.load(f)["files"]
+        return {posixpath.join(folder, e["path"]): int(e["num_rows"]) for e in entries}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not a valid export manifest ({exc!r}); expected "
+                        '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
+
+
+def _check_manifests(fs: Any, files: list[str], folders: list[str], rows: dict[str, int]) -> None:
+    """An export's files must be the ones its ``_manifest.json`` lists, with the rows it
+    lists: a deleted, truncated, replaced or extra file fails here instead of silently
+    changing the data. A folder given as such must hold exactly the manifest's files;
+    files picked by a glob or a list are each checked against their folder's manifest."""
+    stripped = {fs._strip_protocol(f): f for f in files}
+    manifests: dict[str, dict[str, int] | None] = {}
+    for folder in folders:
+        manifest = manifests[folder] = _read_manifest(fs, folder)
+        if manifest is None:
+            continue
+        for path, expected in manifest.items():
+            if path not in stripped:
+                raise DataError(
+                    f"{path}: listed in {posixpath.join(folder, MANIFEST_FILE)} with {expected} rows, "
+                    "but the file is missing (found 0 rows); the export is incomplete: "
+                    "restore the file or export again"
+                )
+    for path, url in stripped.items():
+        folder = next((f for f in folders if path.startswith(f + "/")), posixpath.dirname(path))
+        if folder not in manifests:
+            manifests[folder] = _read_manifest(fs, folder)
+        manifest = manifests[folder]
+        if manifest is None:
+            continue
+        where = posixpath.join(folder, MANIFEST_FILE)
+        if path not in manifest:
+            raise DataError(
+                f"{url}: not listed in {where} (found {rows[url]} rows, expected no such file); "
+                "remove the extra file or export again"
+            )
+        if manifest[path] != rows[url]:
+            raise DataError(
+                f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
+                "was replaced or truncated after the export: export again"
+            )
+
+
 def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 8192) -> float:
     """Decoded (in-memory) bytes per row, from the first rows of ``path``.
 
@@ -683,19 +885,46 @@ def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 81
     return batch.nbytes / batch.num_rows
 
 
-def _check_compatible(first: pa.Schema, other: pa.Schema, first_path: str, path: str) -> None:
-    missing = [n for n in first.names if n not in other.names]
-    if missing:
-        raise SchemaError(
-            f"{path}: columns {missing} are missing (they are in {first_path}); "
-            f"this file has {other.names}"
-        )
-    for field in first:
-        theirs = other.field(field.name).type
-        if theirs != field.type and not _safely_castable(theirs, field.type):
+def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str, str],
+                   path: str) -> pa.Schema:
+    """Add ``other``'s columns to ``unified``: a column missing from some files is
+    null there; ints of different widths (floats, strings) widen to the wider type;
+    any other disagreement names both files and the column. ``owners`` maps each
+    column to the first file that has it."""
+    if unified is None:
+        owners.update({name: path for name in other.names})
+        return other
+    fields = list(unified)
+    index = {f.name: i for i, f in enumerate(fields)}
+    for field in other:
+        if field.name not in index:
+            owners[field.name] = path
+            index[field.name] = len(fields)
+            fields.append(field.with_nullable(True))
+            continue
+        ours = fields[index[field.name]].type
+        theirs = field.type
+        if theirs == ours:
+            continue
+        wider = None
+        if _safely_castable(theirs, _plain(ours)) or _safely_castable(ours, _plain(theirs)):
+            try:
+                wider = pa.unify_schemas([pa.schema([pa.field("x", _plain(ours))]),
+                                          pa.schema([pa.field("x", _plain(theirs))])],
+                                         promote_options="permissive").field(0).type
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                wider = None
+        if wider is None:
             raise SchemaError(
-                f"{path}: column {field.name!r} is {theirs}, but {first_path} has {field.type}"
+                f"{path}: column {field.name!r} is {theirs}, but {owners[field.name]} has {ours}; "
+                "the files cannot be read as one dataset: convert one of them"
             )
+        fields[index[field.name]] = fields[index[field.name]].with_type(wider)
+    return pa.schema(fields, metadata=unified.metadata)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:

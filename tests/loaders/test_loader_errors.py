@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -30,7 +31,8 @@ def test_missing_file(export: Path) -> None:
 
 def test_missing_file_listed_in_the_manifest(export: Path) -> None:
     (export / "part_00002.parquet").unlink()
-    with pytest.raises(FileNotFoundError, match="part_00002.parquet"):
+    with pytest.raises(DataError, match=r"part_00002.parquet: listed in .*_manifest.json with 1500 "
+                                        r"rows, but the file is missing \(found 0 rows\)"):
         Loader(export, 100)
 
 
@@ -48,37 +50,72 @@ def test_corrupt_footer(export: Path) -> None:
 
 
 def test_corrupt_data_pages_fail_at_the_first_batch(tmp_path: Path, testdata: Any) -> None:
-    # A single row group with an intact footer and garbage pages: only reading the
-    # data finds it, in the background thread; the error must reach the consumer.
+    # A file with an intact footer and garbage pages: only reading the data finds it,
+    # in the background thread; the error must reach the consumer. (The first file
+    # is good: the Dataset samples it when planning.)
     path = tmp_path / "bad"
     path.mkdir()
-    pq.write_table(testdata.make_table(np.arange(5000), with_lists=False), path / "part_0.parquet",
-                   compression="snappy")
-    raw = bytearray((path / "part_0.parquet").read_bytes())
-    md = pq.read_metadata(path / "part_0.parquet")
+    pq.write_table(testdata.make_table(np.arange(100), with_lists=False), path / "part_0.parquet")
+    pq.write_table(testdata.make_table(np.arange(100, 5100), with_lists=False),
+                   path / "part_1.parquet", compression="snappy")
+    raw = bytearray((path / "part_1.parquet").read_bytes())
+    md = pq.read_metadata(path / "part_1.parquet")
     col = md.row_group(0).column(1)
     start = col.data_page_offset
     raw[start + 20:start + 400] = b"\xff" * 380
-    (path / "part_0.parquet").write_bytes(bytes(raw))
-    loader = Loader(path, 100, labels=[])
-    with pytest.raises(DataError, match="cannot read row group 0 of .*part_0.parquet"):
+    (path / "part_1.parquet").write_bytes(bytes(raw))
+    loader = Loader(path, 100, labels=[], shuffle=False)
+    with pytest.raises(DataError, match="cannot read row group 0 of .*part_1.parquet"):
         for _ in loader:
             pass
 
 
-def test_column_missing_in_one_file(export: Path, testdata: Any) -> None:
-    table = testdata.make_table(np.arange(5000, 5100)).drop_columns(["I1"])
+def _all_rows(loader: Loader) -> dict[str, np.ndarray]:
+    batches = [features for features, _ in loader]
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def test_column_missing_in_one_file_is_null_there(export: Path, testdata: Any) -> None:
+    # Files whose columns differ are read as one Dataset (missing cells are null):
+    # a float column delivers NaN there, an integer column refuses with the file named.
+    (export / "_manifest.json").unlink()
+    table = testdata.make_table(np.arange(5000, 5100), with_lists=False).drop_columns(["I1"])
     pq.write_table(table, export / "part_00001.parquet")
-    with pytest.raises(SchemaError, match="column 'I1' is missing from .*part_00001.parquet"):
-        Loader(export, 100)
+    got = _all_rows(Loader(export, 100, shuffle=False, features=["row_id", "I1"], labels=[]))
+    expected = pd.concat([pd.read_parquet(p, columns=["row_id", "I1"]) if "I1" in pq.read_schema(p).names
+                          else pd.read_parquet(p, columns=["row_id"]).assign(I1=np.nan)
+                          for p in sorted(export.glob("part_*.parquet"))])
+    assert np.array_equal(got["row_id"], expected["row_id"].to_numpy())
+    np.testing.assert_array_equal(got["I1"], expected["I1"].to_numpy(dtype=np.float32))
+    assert np.isnan(got["I1"][np.isin(got["row_id"], np.arange(5000, 5100))]).all()
+
+    table = testdata.make_table(np.arange(5000, 5100), with_lists=False).drop_columns(["C1"])
+    pq.write_table(table, export / "part_00001.parquet")
+    with pytest.raises(DataError, match="column 'C1' has 100 nulls in row group 0 of .*part_00001"):
+        _all_rows(Loader(export, 100, shuffle=False, features=["C1"], labels=[]))
 
 
-def test_schema_mismatch_between_files(export: Path, testdata: Any) -> None:
+def test_column_types_differing_between_files(export: Path, testdata: Any) -> None:
+    (export / "_manifest.json").unlink()
     table = testdata.make_table(np.arange(5000, 5100))
     table = table.set_column(2, "I1", table["I1"].cast(pa.float64()))
     pq.write_table(table, export / "part_00004.parquet")
-    with pytest.raises(SchemaError, match="column 'I1' is double in .*part_00004.parquet' but "
-                                          "float in .*part_00000.parquet'"):
+    # The schema file says float32, and part_00004 disagrees: refused, file named.
+    with pytest.raises(SchemaError, match="column 'I1' is float64 in .*part_00004.parquet' but the "
+                                          "schema says float32"):
+        Loader(export, 100)
+    # Without one, float32 and float64 widen to float64 in every batch.
+    (export / "schema.json").unlink()
+    got = _all_rows(Loader(export, 100, shuffle=False, features=["row_id", "I1"], labels=[]))
+    expected = pd.concat([pd.read_parquet(p, columns=["row_id", "I1"]).astype({"I1": "float64"})
+                          for p in sorted(export.glob("part_*.parquet"))])
+    assert got["I1"].dtype == np.float64
+    np.testing.assert_array_equal(got["I1"], expected["I1"].to_numpy())
+    # Types that do not widen into one another are refused, both files named.
+    table = table.set_column(2, "I1", pa.array([str(i) for i in range(100)]))
+    pq.write_table(table, export / "part_00004.parquet")
+    with pytest.raises(SchemaError, match="part_00004.parquet: column 'I1' is string, but "
+                                          ".*part_00000.parquet has float"):
         Loader(export, 100)
 
 
@@ -102,7 +139,7 @@ def test_selected_column_not_in_schema(export: Path) -> None:
 
 def test_empty_dataset(tmp_path: Path, testdata: Any) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="the dataset is empty: no .parquet files"):
+    with pytest.raises(FileNotFoundError, match="folder .*empty' holds no data files"):
         Loader(tmp_path / "empty", 100)
     (tmp_path / "zero").mkdir()
     pq.write_table(testdata.make_table(np.arange(0), with_lists=False),

@@ -1,7 +1,10 @@
+import json
+
 import fsspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -153,11 +156,27 @@ def test_corrupt_parquet_names_file(tmp_path):
         ts.Dataset(str(tmp_path / "d"))
 
 
-def test_parquet_file_missing_a_column(tmp_path):
-    _write_parquet_files(tmp_path / "d", n_files=1)
-    pq.write_table(pa.table({"id": [1]}), tmp_path / "d" / "part_5.parquet")
-    with pytest.raises(SchemaError, match=r"part_5\.parquet: columns \['x'\] are missing"):
-        ts.Dataset(str(tmp_path / "d"))
+@pytest.mark.parametrize("missing_in", [0, 1])
+def test_parquet_schemas_are_unified_across_files(tmp_path, missing_in):
+    # A column missing from one file is null there, never dropped from the others
+    # (before: a column absent from the first file vanished from every file).
+    (tmp_path / "d").mkdir()
+    full = pd.DataFrame({"id": np.arange(5, 9), "x": [0.5, 1.5, 2.5, 3.5], "extra": [1, 2, 3, 4]})
+    narrow = pd.DataFrame({"id": np.arange(0, 5, dtype="int32")})
+    frames = [narrow, full] if missing_in == 0 else [full, narrow]
+    for i, df in enumerate(frames):
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp_path / "d" / f"part_{i}.parquet")
+    ds = ts.Dataset(str(tmp_path / "d"))
+    expected = pd.concat(frames, ignore_index=True)  # pandas fills the missing cells
+    assert sorted(ds.schema.column_names) == ["extra", "id", "x"]
+    assert ds.arrow_schema.field("id").type == pa.int64()  # int32 and int64 widen to int64
+    got = read_all(ds)[expected.columns]
+    assert got["id"].tolist() == expected["id"].tolist()
+    assert got["x"].isna().tolist() == expected["x"].isna().tolist()
+    assert got["x"].dropna().tolist() == expected["x"].dropna().tolist()
+    assert [None if pd.isna(v) else int(v) for v in got["extra"]] == \
+        [None if pd.isna(v) else int(v) for v in expected["extra"]]
+    assert ds.num_rows == len(expected)
 
 
 def test_parquet_incompatible_types(tmp_path):
@@ -243,3 +262,120 @@ def test_split_errors(small_raw):
         ds.split([0.5, 0.6])
     with pytest.raises(SchemaError, match="cannot split on 'nope'"):
         ds.split_by_value("nope", [[1]])
+
+
+# -- the export manifest --------------------------------------------------------
+def _export(tmp_path, rows=1000, files=4):
+    df = pd.DataFrame({"row_id": np.arange(rows), "x": np.random.default_rng(0).random(rows)})
+    out = tmp_path / "export"
+    ts.Dataset(df, part_size=2000).to_parquet(str(out), num_files=files)
+    counts = {e["path"]: e["num_rows"] for e in json.loads((out / "_manifest.json").read_text())["files"]}
+    return out, counts
+
+
+def _tamper(out, how):
+    """Returns the file tampered with and its row count found on disk."""
+    if how == "deleted":
+        (out / "part_00001.parquet").unlink()
+        return "part_00001.parquet", 0
+    if how == "smaller":
+        small = pq.read_table(out / "part_00002.parquet").slice(0, 30)
+        pq.write_table(small, out / "part_00002.parquet")
+        return "part_00002.parquet", 30
+    extra = pq.read_table(out / "part_00000.parquet").slice(0, 7)
+    pq.write_table(extra, out / "part_00009.parquet")
+    return "part_00009.parquet", 7
+
+
+@pytest.mark.parametrize("how", ["deleted", "smaller", "extra"])
+def test_export_folder_must_match_its_manifest(tmp_path, how):
+    # Before: each of these read silently, with fewer (or more) rows than exported.
+    out, counts = _export(tmp_path)
+    assert ts.Dataset(str(out)).num_rows == sum(counts.values())
+    name, found = _tamper(out, how)
+    if how == "deleted":
+        msg = rf"{name}: listed in .*_manifest.json with {counts[name]} rows, but the file is missing \(found 0 rows\)"
+    elif how == "smaller":
+        msg = rf"{name}: .*_manifest.json lists {counts[name]} rows, found {found} rows"
+    else:
+        msg = rf"{name}: not listed in .*_manifest.json \(found {found} rows, expected no such file\)"
+    with pytest.raises(DataError, match=msg):
+        ts.Dataset(str(out))
+
+
+@pytest.mark.parametrize("form", ["glob", "list", "file"])
+def test_files_picked_inside_an_export_are_checked_against_its_manifest(tmp_path, form):
+    out, counts = _export(tmp_path)
+    pick = {"glob": str(out / "part_0000[23].parquet"),
+            "list": [str(out / "part_00002.parquet"), str(out / "part_00003.parquet")],
+            "file": str(out / "part_00002.parquet")}[form]
+    expected = pd.concat([pd.read_parquet(out / f) for f in ["part_00002.parquet", "part_00003.parquet"]][
+        : 1 if form == "file" else 2], ignore_index=True)
+    pd.testing.assert_frame_equal(read_all(ts.Dataset(pick)), expected)  # untouched: fine
+    _, found = _tamper(out, "smaller")
+    with pytest.raises(DataError, match=rf"part_00002.parquet: .*_manifest.json lists "
+                                        rf"{counts['part_00002.parquet']} rows, found {found} rows"):
+        ts.Dataset(pick)
+    # a file the manifest does not list, picked by a glob
+    _tamper(out, "extra")
+    with pytest.raises(DataError, match=r"part_00009.parquet: not listed in .*_manifest.json"):
+        ts.Dataset(str(out / "part_0000[9].parquet"))
+
+
+def test_export_folder_with_every_file_deleted(tmp_path):
+    out, counts = _export(tmp_path, files=2)
+    for p in out.glob("part_*.parquet"):
+        p.unlink()
+    with pytest.raises(DataError, match=rf"part_00000.parquet: listed in .*with {counts['part_00000.parquet']} rows"):
+        ts.Dataset(str(out))
+
+
+def test_unreadable_manifest_is_named(tmp_path):
+    out, _ = _export(tmp_path)
+    (out / "_manifest.json").write_text('{"files": [{"name": "part_00000.parquet"}]}')
+    with pytest.raises(DataError, match=r"_manifest.json: not a valid export manifest"):
+        ts.Dataset(str(out))
+
+
+# -- filters ---------------------------------------------------------------------
+def test_filters_select_rows_everywhere(tmp_path):
+    out, _ = _export(tmp_path)
+    df = pd.concat([pd.read_parquet(p) for p in sorted(out.glob("part_*.parquet"))], ignore_index=True)
+    ds = ts.Dataset(str(out), filters=[("x", ">", 0.25), ("row_id", "<", 800)])
+    want = df[(df["x"] > 0.25) & (df["row_id"] < 800)].reset_index(drop=True)
+    assert ds.num_rows == len(want)
+    pd.testing.assert_frame_equal(read_all(ds), want)
+    pd.testing.assert_frame_equal(pd.concat(list(ds.to_iter()), ignore_index=True), want, check_dtype=False)
+    got = ts.Dataset(str(out), filters=pc.field("x") > 0.5).to_ddf().compute().reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, df[df["x"] > 0.5].reset_index(drop=True), check_dtype=False)
+
+
+def test_filters_on_a_dataframe_and_null_rows(tmp_path):
+    df = pd.DataFrame({"a": pd.array([1, None, 3, 4], dtype="Int64"), "b": ["w", "x", "y", "z"]})
+    ds = ts.Dataset(df, filters=[("a", "!=", 3)])
+    # a null compares to null: the row is dropped, as in pyarrow and pandas filters
+    assert read_all(ds)["b"].tolist() == ["w", "z"]
+    assert ds.num_rows == 2
+
+
+def test_bad_filters(tmp_path):
+    out, _ = _export(tmp_path)
+    with pytest.raises(TypeError, match=r"filters must be a list of \(column, op, value\) tuples .*got str"):
+        ts.Dataset(str(out), filters="x > 1")
+    with pytest.raises(ValueError, match=r"cannot read filters=\[\('x', '~', 1\)\]"):
+        ts.Dataset(str(out), filters=[("x", "~", 1)])
+    with pytest.raises(SchemaError, match=r"filters .*nope.* do not apply to this dataset.*columns: \['row_id', 'x'\]"):
+        ts.Dataset(str(out), filters=[("nope", "==", 1)])
+    with pytest.raises(TypeError, match=r"filters add_checked\(x, 1\) give double values; a filter must give true/false"):
+        ts.Dataset(str(out), filters=pc.field("x") + 1)
+    with pytest.raises(ValueError, match=r"filters true read no column"):
+        ts.Dataset(str(out), filters=pc.scalar(True))
+
+
+def test_file_replaced_after_planning_is_named(tmp_path):
+    _write_parquet_files(tmp_path / "d", n_files=2, rows=100, row_group_size=100)
+    ds = ts.Dataset(str(tmp_path / "d"))
+    pq.write_table(pq.read_table(tmp_path / "d" / "part_1.parquet").slice(0, 40), tmp_path / "d" / "part_1.parquet")
+    with pytest.raises(DataError, match=r"part_1\.parquet: row groups \[0\] hold 40 rows, the footer read "
+                                        r"when planning said 100"):
+        read_all(ds)
