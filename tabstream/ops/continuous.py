@@ -193,6 +193,8 @@ class LogOp(ColumnOperator):
         chunks = []
         with np.errstate(divide="ignore", invalid="ignore"):
             for chunk in column.chunks:
+                if pa.types.is_boolean(chunk.type):
+                    chunk = chunk.cast(pa.int8())  # so that nulls can be filled with 0 below
                 mask = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
                 values = pc.fill_null(chunk, 0) if mask is not None else chunk
                 x = values.to_numpy(zero_copy_only=False)

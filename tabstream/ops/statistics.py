@@ -187,7 +187,8 @@ class FillMedian(StatOperator):
     def fit_partition(self, table: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         out = {}
         for name in table.column_names:
-            values, counts = np.unique(_finite(table.column(name)), return_counts=True)
+            # + 0.0 folds -0.0 into 0.0: one value, counted once, never a -0.0 median
+            values, counts = np.unique(_finite(table.column(name)) + 0.0, return_counts=True)
             out[name] = (values, counts.astype(np.int64))
         return out
 

@@ -405,3 +405,47 @@ def test_fill_missing_int_columns_like_pandas(fill):
     expected = pd.Series(values(t["i"])).fillna(fill)
     assert_same_floats(values(out["i"]), expected)
     assert out["i"].type == (pa.int8() if float(fill).is_integer() else pa.float64())
+
+
+def float32_and_bool_table(seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"f": pa.array(nasty_floats(seed), pa.float32()),
+                     "b": pa.array([None if rng.random() < 0.2 else bool(v) for v in rng.integers(0, 2, 60)],
+                                   pa.bool_())})
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_log_op_on_float32_and_nullable_bool_columns(seed):
+    t = float32_and_bool_table(seed)
+    _, out = fit_transform(["f", "b"] >> ops.LogOp(), t)
+    for name in ("f", "b"):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            expected = np.log1p(values(t[name])).astype(np.float32)
+        assert out[name].type == pa.float32()
+        assert_same_floats(values(out[name]), expected)
+        assert out[name].is_null().to_pylist() == t[name].is_null().to_pylist()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_statistics_ops_on_float32_and_bool_columns(seed):
+    t = float32_and_bool_table(seed)
+    _, norm = fit_transform(["f", "b"] >> ops.Normalize(), t)
+    _, minmax = fit_transform(["f", "b"] >> ops.NormalizeMinMax(), t)
+    _, median = fit_transform(["f", "b"] >> ops.FillMedian(), t)
+    for name in ("f", "b"):
+        x = values(t[name])
+        mean, std = finite_stats(x)
+        assert_same_floats(values(norm[name]), ((x - mean) / std).astype(np.float32), rtol=1e-6)
+        finite = x[np.isfinite(x)]
+        expected = ((x - finite.min()) / (finite.max() - finite.min())).astype(np.float32)
+        assert_same_floats(values(minmax[name]), expected, rtol=1e-6)
+        assert_same_floats(values(median[name]), pd.Series(x).fillna(np.median(finite)))
+    assert median["f"].type == pa.float32() and median["b"].type == pa.float64()
+
+
+def test_fill_median_of_zeros_fills_positive_zero():
+    # -0.0 and 0.0 are one value: the median of signed zeros is written as 0.0
+    t = pa.table({"x": pa.array([-0.0, None, -0.0, float("nan"), 0.0, -0.0])})
+    _, out = fit_transform(["x"] >> ops.FillMedian(), t, parts=3)
+    filled = values(out["x"])[pd.Series(as_pandas_float(t["x"])).isna().to_numpy()]
+    assert len(filled) == 2 and (filled == 0).all() and not np.signbit(filled).any()
