@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["assert_tables_equal", "map_float_values", "nan_to_null", "negative_zero_to_zero"]
+__all__ = ["assert_tables_equal", "map_float_values", "nan_to_null", "nasty_floats", "negative_zero_to_zero"]
 
 
 def _same(a: Any, b: Any, rtol: float) -> bool:
@@ -77,3 +77,18 @@ def negative_zero_to_zero(table: pa.Table) -> pa.Table:
     """Every ``-0.0`` (in float and list-of-float columns) replaced by ``0.0``."""
     # IEEE 754: -0.0 + 0.0 is +0.0, every other value is unchanged
     return map_float_values(table, lambda a: pc.add(a, pa.scalar(0.0, a.type)))
+
+
+def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6) -> Any:
+    """A Hypothesis strategy: lists of floats in ``[-bound, bound]`` mixed with the
+    values that break ops (NaN, None for null, -0.0, 0.0, +inf, -inf), each special
+    value drawn often. Needs Hypothesis (a test dependency), imported on call.
+
+    >>> @given(nasty_floats())
+    ... def test_x(values): pa.array(values, pa.float64())
+    """
+    from hypothesis import strategies as st
+
+    special = st.sampled_from([math.nan, None, -0.0, 0.0, math.inf, -math.inf])
+    ordinary = st.floats(-bound, bound, allow_nan=False, allow_infinity=False)
+    return st.lists(st.one_of(special, ordinary), min_size=min_size, max_size=max_size)

@@ -20,16 +20,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.testing import assert_tables_equal, nan_to_null
+from tabstream.testing import assert_tables_equal, nan_to_null, nasty_floats
 
 SEEDS = [0, 1, 2]
 SPECIAL = [np.nan, None, -0.0, 0.0, np.inf, -np.inf]
 
 
-def nasty_floats(seed: int, n: int = 60) -> list:
+def mixed_floats(seed: int, n: int = 60) -> list:
     """Every special value several times, mixed with ordinary ones, shuffled."""
     rng = np.random.default_rng(seed)
     values = SPECIAL * 4 + [float(v) for v in rng.normal(0, 3, n - 4 * len(SPECIAL)).round(2)]
@@ -42,7 +44,7 @@ def nasty_ints(seed: int, n: int = 60) -> list:
 
 
 def nasty_table(seed: int) -> pa.Table:
-    return pa.table({"x": pa.array(nasty_floats(seed), pa.float64()),
+    return pa.table({"x": pa.array(mixed_floats(seed), pa.float64()),
                      "i": pa.array(nasty_ints(seed), pa.int64())})
 
 
@@ -63,10 +65,10 @@ def values(column) -> np.ndarray:
     return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def assert_same_floats(got, expected, rtol=0.0):
+def assert_same_floats(got, expected, rtol=0.0, atol=0.0):
     """Equal with NaN == NaN (null counts as NaN), -0.0 == 0.0, ±inf exact."""
     got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
-    np.testing.assert_allclose(got, expected, rtol=rtol, atol=0, equal_nan=True)
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)
 
 
 # -- continuous.py ---------------------------------------------------------------
@@ -221,7 +223,7 @@ def test_data_stats_against_pandas(seed):
     rng = np.random.default_rng(seed)
     t = nasty_table(seed)
     strings = [["", None, "a", "b", " ", "0"][k] for k in rng.integers(0, 6, t.num_rows)]
-    lists = [None if rng.random() < 0.1 else [nasty_floats(seed)[k] for k in rng.integers(0, 60, rng.integers(0, 4))]
+    lists = [None if rng.random() < 0.1 else [mixed_floats(seed)[k] for k in rng.integers(0, 60, rng.integers(0, 4))]
              for _ in range(t.num_rows)]
     t = t.append_column("s", pa.array(strings, pa.string())).append_column("l", pa.array(lists, pa.list_(pa.float64())))
     wf, out = fit_transform(["x", "i", "s", "l"] >> ops.DataStats(), t)
@@ -345,7 +347,7 @@ def test_split_list_floats_parse_nan_inf_and_negative_zero():
 
 def nasty_lists(seed: int, n: int = 60) -> list:
     rng = np.random.default_rng(seed)
-    elements = nasty_floats(seed)
+    elements = mixed_floats(seed)
     return [None if rng.random() < 0.1 else [elements[k] for k in rng.integers(0, 60, rng.integers(0, 6))]
             for _ in range(n)]
 
@@ -409,7 +411,7 @@ def test_fill_missing_int_columns_like_pandas(fill):
 
 def float32_and_bool_table(seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
-    return pa.table({"f": pa.array(nasty_floats(seed), pa.float32()),
+    return pa.table({"f": pa.array(mixed_floats(seed), pa.float32()),
                      "b": pa.array([None if rng.random() < 0.2 else bool(v) for v in rng.integers(0, 2, 60)],
                                    pa.bool_())})
 
@@ -449,3 +451,42 @@ def test_fill_median_of_zeros_fills_positive_zero():
     _, out = fit_transform(["x"] >> ops.FillMedian(), t, parts=3)
     filled = values(out["x"])[pd.Series(as_pandas_float(t["x"])).isna().to_numpy()]
     assert len(filled) == 2 and (filled == 0).all() and not np.signbit(filled).any()
+
+
+# -- properties over any mix of special values and any partitioning --------------
+def _workflow_output(op, values_, parts):
+    t = pa.table({"x": pa.array(values_, pa.float64())})
+    ds = ts.Dataset(t, part_size=max(1, t.nbytes // parts))
+    wf = ts.Workflow(["x"] >> op).fit(ds)
+    return wf.transform(t)["x"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nasty_floats(min_size=1), st.integers(1, 5))
+def test_continuous_ops_match_references_on_any_special_values(values_, parts):
+    x = pd.Series(values_, dtype="float64").to_numpy()  # pandas: null and NaN are NaN
+    finite = x[np.isfinite(x)]
+    missing = np.isnan(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # FillMissing / Clip / LogOp / Bucketize: element-wise, as pandas and numpy
+        assert_same_floats(values(_workflow_output(ops.FillMissing(-7), values_, parts)), np.where(missing, -7, x))
+        assert_same_floats(values(_workflow_output(ops.Clip(-1, 2), values_, parts)), np.clip(x, -1, 2))
+        assert_same_floats(values(_workflow_output(ops.LogOp(), values_, parts)),
+                           np.log1p(x).astype(np.float32))
+        got = _workflow_output(ops.Bucketize([-1.0, 0.0, 5.0]), values_, parts).to_pylist()
+        assert got == [None if m else int(b) for m, b in zip(missing, np.digitize(x, [-1.0, 0.0, 5.0]))]
+        # Normalize / NormalizeMinMax / FillMedian: statistics over the finite values
+        mean = finite.mean() if len(finite) else 0.0
+        std = finite.std(ddof=1) if len(finite) > 1 else 0.0
+        expected = ((x - mean) / (std if std > 0 else 1.0)).astype(np.float32)
+        assert_same_floats(values(_workflow_output(ops.Normalize(), values_, parts)), expected,
+                           rtol=1e-5, atol=1e-5)
+        lo, hi = (finite.min(), finite.max()) if len(finite) else (0.0, 0.0)
+        expected = ((x - lo) / (hi - lo if hi > lo else 1.0)).astype(np.float32)
+        assert_same_floats(values(_workflow_output(ops.NormalizeMinMax(), values_, parts)), expected,
+                           rtol=1e-6, atol=1e-6)
+        expected = np.where(missing, np.median(finite), x) if len(finite) else x
+        assert_same_floats(values(_workflow_output(ops.FillMedian(), values_, parts)), expected)
+    # Dropna keeps exactly what pandas' dropna keeps (±inf, -0.0 included)
+    kept = _workflow_output(ops.Dropna(), values_, parts)
+    assert_same_floats(values(kept), pd.Series(x).dropna().to_numpy())
