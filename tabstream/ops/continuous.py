@@ -60,6 +60,12 @@ def _to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 class FillMissing(ColumnOperator):
     """Replace nulls (and NaN in float columns) with ``fill_val``.
 
+    Null and NaN are both missing and both filled; ±inf is a value and is kept (as
+    ``pandas.Series.fillna``). An integer column keeps its dtype when ``fill_val``
+    is a whole number in its range (out of range is a ``ValueError``) and becomes
+    float64 for a fractional or infinite ``fill_val``. ``fill_val=NaN`` is refused:
+    it would leave every missing value missing.
+
     With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
     """
 
@@ -114,7 +120,15 @@ class FillMissing(ColumnOperator):
 
 
 class Clip(ColumnOperator):
-    """Limit values to ``[min_value, max_value]``; nulls and NaN stay as they are."""
+    """Limit values to ``[min_value, max_value]``; nulls and NaN stay as they are.
+
+    As ``pandas.Series.clip``: ±inf is a value and is bounded like any other, -0.0
+    is 0.0. Integer columns keep their dtype when the bounds are whole numbers; a
+    bound no value of the dtype can cross (``max_value=inf``, ``min_value=-1`` on
+    uint8) changes nothing, a fractional bound makes the column float64, and a bound
+    every value would be set to but the dtype cannot hold is a ``ValueError``. NaN
+    bounds are refused (NaN is a missing value, not a limit); bool columns too.
+    """
 
     def __init__(self, min_value: float | None = None, max_value: float | None = None) -> None:
         if min_value is None and max_value is None:
