@@ -9,6 +9,7 @@ import pyarrow as pa
 import tabstream as ts
 from tabstream import ops
 from tabstream.errors import DataError, SchemaError
+from tabstream.testing import assert_tables_equal
 
 TABLE = pa.table({
     "x": pa.array([1.5, None, float("nan"), -0.0, float("inf")]),
@@ -40,6 +41,12 @@ def _fill_int_with_inf(tmp):
     out = _fit(["i8"], ops.FillMissing(math.inf))
     expected = [math.inf if v is None else float(v) for v in TABLE["i8"].to_pylist()]
     assert out["i8"].type == pa.float64() and out["i8"].to_pylist() == expected
+
+
+def _reduce_to_float64_keeps_large_values(tmp):
+    table = pa.table({"x": [1.0, math.nan, None, -1e300, math.inf]})
+    out = ts.Workflow(["x"] >> ops.ReduceDtypeSize(float_dtype="float64")).fit_transform(table)
+    assert_tables_equal(out, table)
 
 
 CASES = [
@@ -90,6 +97,10 @@ CASES = [
     # ReduceDtypeSize / DataStats
     ("ReduceDtypeSize float16", lambda tmp: ops.ReduceDtypeSize(float_dtype="float16"), ValueError,
      "float_dtype must be 'float32' or 'float64', got 'float16'"),
+    ("ReduceDtypeSize float beyond float32", lambda tmp: ts.Workflow(["x"] >> ops.ReduceDtypeSize()).fit_transform(
+        pa.table({"x": [1.0, math.nan, None, -1e300, math.inf]})), DataError,
+     r"column 'x' holds -1e\+300, beyond float32's range .*float_dtype='float64'"),
+    ("ReduceDtypeSize float64 keeps it", _reduce_to_float64_keeps_large_values, None, None),
     ("DataStats negative max_exact_distinct", lambda tmp: ops.DataStats(max_exact_distinct=-1), ValueError,
      "max_exact_distinct must be an integer >= 0, got -1"),
     # lists
