@@ -15,6 +15,7 @@ import tabstream as ts
 from tabstream import ops
 from tabstream.errors import NotFittedError
 from tabstream.ops.base import registered_ops
+from tabstream.pipeline.dataset import arrow_to_pandas
 from tabstream.pipeline.dtypes import arrow_type_to_dtype
 from tabstream.testing import assert_tables_equal, nan_to_null, negative_zero_to_zero
 
@@ -339,5 +340,8 @@ def test_pandas_input_equals_arrow_input(nasty_example):
     assert isinstance(got, pd.DataFrame)
     assert wf_pd.output_schema == wf.output_schema
     assert_same_state(wf, wf_pd, rtol=1e-12)
+    # pandas holds strings as large_string once back in Arrow: compare values, and the
+    # pandas dtypes with those of the Arrow output converted the same way
     assert_tables_equal(nan_to_null(pa.Table.from_pandas(got, preserve_index=False)), nan_to_null(out),
                         check_dtype=False, rtol=1e-12)
+    assert dict(got.dtypes) == dict(arrow_to_pandas(out).dtypes)
