@@ -70,6 +70,9 @@ def nasty_frame(n=80, seed=1):
         # a float key: -0.0 and 0.0 one category/group/hash, NaN and null one missing key
         "fkey": pa.array([[np.nan, None, -0.0, 0.0, np.inf, -np.inf, 2.5][k] for k in rng.integers(0, 7, n)],
                          pa.float64()),
+        # string lists: empty strings and null elements, empty lists and null rows
+        "slst": pa.array([None if i % 7 == 3 else [strings[(i + j) % len(strings)] for j in range(i % 3)]
+                          for i in range(n)], pa.list_(pa.string())),
     })
 
 
@@ -132,17 +135,22 @@ EXAMPLES = {
 
 
 # ops whose output depends on a key's identity, once more with the float key "fkey"
-# of nasty_frame (run by the NaN/null and -0.0 tests below)
-FLOAT_KEY_EXAMPLES = {
-    "Categorify": (lambda: ops.Categorify(), ["fkey"]),
-    "HashBucket": (lambda: ops.HashBucket(17), ["fkey"]),
-    "HashedCross": (lambda: ops.HashedCross(31), ["fkey", "cat"]),
-    "TargetEncoding": (lambda: ops.TargetEncoding("label", fold_col="ts"), ["fkey", "ts", "label"]),
-    "JoinGroupby": (lambda: ops.JoinGroupby(cont_cols=["cont"], stats=["count", "sum"]), ["fkey", "cont"]),
-    "DifferenceLag": (lambda: ops.DifferenceLag("fkey"), ["ts", "fkey"]),
-    "DropLowCardinality": (lambda: ops.DropLowCardinality(6), ["fkey"]),
-    "DataStats": (lambda: ops.DataStats(), ["fkey"]),
-    "Bucketize": (lambda: ops.Bucketize([0.0]), ["fkey"]),
+# and the string-list column "slst" of nasty_frame (run only by the nasty-value tests)
+NASTY_EXAMPLES = {
+    "Categorify[fkey]": (lambda: ops.Categorify(), ["fkey"]),
+    "HashBucket[fkey]": (lambda: ops.HashBucket(17), ["fkey"]),
+    "HashedCross[fkey]": (lambda: ops.HashedCross(31), ["fkey", "cat"]),
+    "TargetEncoding[fkey]": (lambda: ops.TargetEncoding("label", fold_col="ts"), ["fkey", "ts", "label"]),
+    "JoinGroupby[fkey]": (lambda: ops.JoinGroupby(cont_cols=["cont"], stats=["count", "sum"]), ["fkey", "cont"]),
+    "DifferenceLag[fkey]": (lambda: ops.DifferenceLag("fkey"), ["ts", "fkey"]),
+    "DropLowCardinality[fkey]": (lambda: ops.DropLowCardinality(6), ["fkey"]),
+    "DataStats[fkey]": (lambda: ops.DataStats(), ["fkey", "slst"]),
+    "Bucketize[fkey]": (lambda: ops.Bucketize([0.0]), ["fkey"]),
+    "Categorify[slst]": (lambda: ops.Categorify(), ["slst"]),
+    "HashBucket[slst]": (lambda: ops.HashBucket(17), ["slst"]),
+    "ListSlice[slst]": (lambda: ops.ListSlice(-2, pad=True, pad_value=""), ["slst"]),
+    "ValueCount[slst]": (lambda: ops.ValueCount(), ["slst"]),
+    "Dropna[slst]": (lambda: ops.Dropna(), ["slst", "fkey"]),
 }
 
 
@@ -164,12 +172,10 @@ def example(request):
     return request.param, *EXAMPLES[request.param]
 
 
-@pytest.fixture(params=[*sorted(EXAMPLES), *(f"{name}[fkey]" for name in sorted(FLOAT_KEY_EXAMPLES))])
+@pytest.fixture(params=[*sorted(EXAMPLES), *sorted(NASTY_EXAMPLES)])
 def nasty_example(request):
     name = request.param
-    if name.endswith("[fkey]"):
-        return name, *FLOAT_KEY_EXAMPLES[name[: -len("[fkey]")]]
-    return name, *EXAMPLES[name]
+    return name, *(NASTY_EXAMPLES[name] if name in NASTY_EXAMPLES else EXAMPLES[name])
 
 
 def test_params_round_trip_through_json(example):
