@@ -79,10 +79,12 @@ def negative_zero_to_zero(table: pa.Table) -> pa.Table:
     return map_float_values(table, lambda a: pc.add(a, pa.scalar(0.0, a.type)))
 
 
-def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6) -> Any:
+def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6, step: float | None = None) -> Any:
     """A Hypothesis strategy: lists of floats in ``[-bound, bound]`` mixed with the
     values that break ops (NaN, None for null, -0.0, 0.0, +inf, -inf), each special
-    value drawn often. Needs Hypothesis (a test dependency), imported on call.
+    value drawn often. With ``step`` the ordinary values are multiples of it (sums
+    and means stay exact enough to compare statistics with a reference at a tight
+    tolerance). Needs Hypothesis (a test dependency), imported on call.
 
     >>> @given(nasty_floats())
     ... def test_x(values): pa.array(values, pa.float64())
@@ -90,5 +92,9 @@ def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6) -> A
     from hypothesis import strategies as st
 
     special = st.sampled_from([math.nan, None, -0.0, 0.0, math.inf, -math.inf])
-    ordinary = st.floats(-bound, bound, allow_nan=False, allow_infinity=False)
+    if step is None:
+        ordinary = st.floats(-bound, bound, allow_nan=False, allow_infinity=False)
+    else:
+        n = int(bound // step)
+        ordinary = st.integers(-n, n).map(lambda k: k * step)
     return st.lists(st.one_of(special, ordinary), min_size=min_size, max_size=max_size)
