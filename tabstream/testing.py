@@ -10,13 +10,16 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-__all__ = ["assert_tables_equal"]
+__all__ = ["assert_tables_equal", "map_float_values", "nan_to_null", "nasty_floats", "negative_zero_to_zero"]
 
 
 def _same(a: Any, b: Any, rtol: float) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y, rtol) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rtol) for k in a)
     if isinstance(a, float) and isinstance(b, float):
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
@@ -42,3 +45,56 @@ def assert_tables_equal(left: pa.Table | pd.DataFrame, right: pa.Table | pd.Data
         for i, (a, b) in enumerate(zip(lv, rv)):
             if not _same(a, b, rtol):
                 raise AssertionError(f"column {name!r}, row {i}: {a!r} != {b!r}")
+
+
+def map_float_values(table: pa.Table, fn: Any) -> pa.Table:
+    """``table`` with ``fn(array) -> array`` applied to every float column and to
+    the elements of every list-of-float column (other columns unchanged)."""
+    cols = {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        t = column.type
+        if pa.types.is_floating(t):
+            column = fn(column)
+        elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_floating(t.value_type):
+            cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
+            # .offsets index into .values (the whole child array) even for a slice
+            column = cls.from_arrays(column.offsets, fn(column.values),
+                                     mask=column.is_null() if column.null_count else None)
+        cols[name] = column
+    return pa.table(cols)
+
+
+def nan_to_null(table: pa.Table) -> pa.Table:
+    """Every NaN (in float and list-of-float columns) replaced by null.
+
+    >>> nan_to_null(pa.table({"x": [1.0, float("nan")]}))["x"]   # [1.0, null]
+    """
+    return map_float_values(table, lambda a: pc.if_else(pc.is_nan(a), pa.scalar(None, a.type), a))
+
+
+def negative_zero_to_zero(table: pa.Table) -> pa.Table:
+    """Every ``-0.0`` (in float and list-of-float columns) replaced by ``0.0``."""
+    # IEEE 754: -0.0 + 0.0 is +0.0, every other value is unchanged
+    return map_float_values(table, lambda a: pc.add(a, pa.scalar(0.0, a.type)))
+
+
+def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6, step: float | None = None) -> Any:
+    """A Hypothesis strategy: lists of floats in ``[-bound, bound]`` mixed with the
+    values that break ops (NaN, None for null, -0.0, 0.0, +inf, -inf), each special
+    value drawn often. With ``step`` the ordinary values are multiples of it (sums
+    and means stay exact enough to compare statistics with a reference at a tight
+    tolerance). Needs Hypothesis (a test dependency), imported on call.
+
+    >>> @given(nasty_floats())
+    ... def test_x(values): pa.array(values, pa.float64())
+    """
+    from hypothesis import strategies as st
+
+    special = st.sampled_from([math.nan, None, -0.0, 0.0, math.inf, -math.inf])
+    if step is None:
+        ordinary = st.floats(-bound, bound, allow_nan=False, allow_infinity=False)
+    else:
+        n = int(bound // step)
+        ordinary = st.integers(-n, n).map(lambda k: k * step)
+    return st.lists(st.one_of(special, ordinary), min_size=min_size, max_size=max_size)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,24 @@ def _check_numeric(op: Operator, col: ColumnSchema) -> None:
         )
 
 
+def _check_number(op: str, name: str, value: Any) -> None:
+    """A real number (not bool, not NaN); ±inf is a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: {name} must be a number, got {value!r}")
+    if math.isnan(value):
+        raise ValueError(f"{op}: {name} must be a number, got NaN (NaN is a missing value, not a bound or fill)")
+
+
+def _whole(value: float) -> bool:
+    """True for a finite whole number (one an integer column can hold as is)."""
+    return math.isfinite(value) and float(value).is_integer()
+
+
+def _int_range(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def _to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Values as float64 with nulls as NaN."""
     return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -41,13 +60,18 @@ def _to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 class FillMissing(ColumnOperator):
     """Replace nulls (and NaN in float columns) with ``fill_val``.
 
+    Null and NaN are both missing and both filled; ±inf is a value and is kept (as
+    ``pandas.Series.fillna``). An integer column keeps its dtype when ``fill_val``
+    is a whole number in its range (out of range is a ``ValueError``) and becomes
+    float64 for a fractional or infinite ``fill_val``. ``fill_val=NaN`` is refused:
+    it would leave every missing value missing.
+
     With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
     """
 
     def __init__(self, fill_val: float = 0, add_binary_cols: bool = False) -> None:
-        if not isinstance(fill_val, (int, float)) or isinstance(fill_val, bool):
-            raise TypeError(f"FillMissing: fill_val must be a number, got {fill_val!r}")
-        self.fill_val = fill_val
+        _check_number("FillMissing", "fill_val", fill_val)
+        self.fill_val = fill_val.item() if isinstance(fill_val, np.generic) else fill_val
         self.add_binary_cols = bool(add_binary_cols)
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
@@ -55,8 +79,15 @@ class FillMissing(ColumnOperator):
         for col in input_schema:
             _check_numeric(self, col)
             dtype = col.dtype
-            if dtype.startswith(("int", "uint")) and float(self.fill_val) != int(self.fill_val):
-                dtype = "float64"  # a fractional fill value cannot live in an int column
+            if dtype.startswith(("int", "uint")):
+                if not _whole(self.fill_val):
+                    dtype = "float64"  # a fractional (or infinite) fill value cannot live in an int column
+                elif not _int_range(dtype)[0] <= self.fill_val <= _int_range(dtype)[1]:
+                    lo, hi = _int_range(dtype)
+                    raise ValueError(
+                        f"FillMissing: fill_val {self.fill_val} does not fit column {col.name!r} of "
+                        f"dtype {dtype} (range {lo}..{hi}); pick a value in range or cast the column "
+                        "to a wider dtype first")
             cols.append(col.with_dtype(dtype))
             if self.add_binary_cols:
                 cols.append(ColumnSchema(f"{col.name}_filled", "bool"))
@@ -70,7 +101,7 @@ class FillMissing(ColumnOperator):
 
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
         out_type = column.type
-        if pa.types.is_integer(out_type) and float(self.fill_val) != int(self.fill_val):
+        if pa.types.is_integer(out_type) and not _whole(self.fill_val):
             out_type = pa.float64()
         column = column.cast(out_type)
         fill = pa.scalar(self.fill_val).cast(out_type)
@@ -89,37 +120,71 @@ class FillMissing(ColumnOperator):
 
 
 class Clip(ColumnOperator):
-    """Limit values to ``[min_value, max_value]``; nulls and NaN stay as they are."""
+    """Limit values to ``[min_value, max_value]``; nulls and NaN stay as they are.
+
+    As ``pandas.Series.clip``: ±inf is a value and is bounded like any other, -0.0
+    is 0.0. Integer columns keep their dtype when the bounds are whole numbers; a
+    bound no value of the dtype can cross (``max_value=inf``, ``min_value=-1`` on
+    uint8) changes nothing, a fractional bound makes the column float64, and a bound
+    every value would be set to but the dtype cannot hold is a ``ValueError``. NaN
+    bounds are refused (NaN is a missing value, not a limit); bool columns too.
+    """
 
     def __init__(self, min_value: float | None = None, max_value: float | None = None) -> None:
         if min_value is None and max_value is None:
             raise ValueError("Clip needs min_value, max_value or both")
+        for name, value in (("min_value", min_value), ("max_value", max_value)):
+            if value is not None:
+                _check_number("Clip", name, value)
         if min_value is not None and max_value is not None and min_value > max_value:
             raise ValueError(f"Clip: min_value {min_value} is greater than max_value {max_value}")
-        self.min_value = min_value
-        self.max_value = max_value
+        self.min_value = min_value.item() if isinstance(min_value, np.generic) else min_value
+        self.max_value = max_value.item() if isinstance(max_value, np.generic) else max_value
+
+    def _int_bounds(self, name: str, dtype: str) -> tuple[int | None, int | None] | None:
+        """The bounds to apply to an integer column as ints (a bound no value of the
+        dtype can cross is dropped), or None when the result needs float64."""
+        lo, hi = _int_range(dtype)
+        bounds: list[int | None] = []
+        for value, never_applies in ((self.min_value, lambda v: v <= lo), (self.max_value, lambda v: v >= hi)):
+            if value is None or never_applies(value):
+                bounds.append(None)  # also min_value=-inf, max_value=+inf
+            elif not _whole(value):
+                return None  # a fractional (or infinite) bound that applies: float64
+            elif not lo <= value <= hi:
+                raise ValueError(
+                    f"Clip: every value of column {name!r} ({dtype}, range {lo}..{hi}) would become "
+                    f"{value}, which {dtype} cannot hold; cast the column to a wider dtype first")
+            else:
+                bounds.append(int(value))
+        return bounds[0], bounds[1]
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         cols = []
         for col in input_schema:
             _check_numeric(self, col)
-            fractional = any(b is not None and float(b) != int(b) for b in (self.min_value, self.max_value))
-            if col.dtype.startswith(("int", "uint")) and fractional:
+            if col.dtype == "bool":
+                raise TypeError(f"Clip needs integer or float columns, but column {col.name!r} is bool")
+            if col.dtype.startswith(("int", "uint")) and self._int_bounds(col.name, col.dtype) is None:
                 col = col.with_dtype("float64")
             cols.append(col)
         return Schema(cols)
 
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
-        fractional = any(b is not None and float(b) != int(b) for b in (self.min_value, self.max_value))
-        if pa.types.is_integer(column.type) and fractional:
-            column = column.cast(pa.float64())
+        lo, hi = self.min_value, self.max_value
+        if pa.types.is_integer(column.type):
+            bounds = self._int_bounds(name, np.dtype(column.type.to_pandas_dtype()).name)
+            if bounds is None:
+                column = column.cast(pa.float64())
+            else:
+                lo, hi = bounds
         # skip_nulls=False keeps nulls null; Arrow's min/max treat NaN as missing and
         # would replace it with the bound, so NaN is put back (as pandas' clip keeps it).
         out = column
-        if self.min_value is not None:
-            out = pc.max_element_wise(out, pa.scalar(self.min_value).cast(column.type), skip_nulls=False)
-        if self.max_value is not None:
-            out = pc.min_element_wise(out, pa.scalar(self.max_value).cast(column.type), skip_nulls=False)
+        if lo is not None:
+            out = pc.max_element_wise(out, pa.scalar(lo).cast(column.type), skip_nulls=False)
+        if hi is not None:
+            out = pc.min_element_wise(out, pa.scalar(hi).cast(column.type), skip_nulls=False)
         if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
             out = pc.if_else(pc.is_nan(column), column, out)
         return out
@@ -142,6 +207,8 @@ class LogOp(ColumnOperator):
         chunks = []
         with np.errstate(divide="ignore", invalid="ignore"):
             for chunk in column.chunks:
+                if pa.types.is_boolean(chunk.type):
+                    chunk = chunk.cast(pa.int8())  # so that nulls can be filled with 0 below
                 mask = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
                 values = pc.fill_null(chunk, 0) if mask is not None else chunk
                 x = values.to_numpy(zero_copy_only=False)

@@ -16,6 +16,7 @@ minima and maxima.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -238,13 +239,19 @@ def _plain_list_type(t: pa.DataType) -> pa.DataType:
 def _check_pad_value(op: Operator, col: ColumnSchema, value: Any) -> None:
     numeric = col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"
     ok = (isinstance(value, str) and col.dtype == "string") or (numeric and not isinstance(value, str))
-    if ok and col.dtype.startswith(("int", "uint")) and float(value) != int(value):
-        ok = False
+    integer = col.dtype.startswith(("int", "uint"))
+    if ok and integer and not (math.isfinite(value) and float(value).is_integer()):
+        ok = False  # 1.5, NaN and ±inf have no integer value
     if not ok:
         raise TypeError(
             f"{type(op).__name__}: pad_value {value!r} does not fit column {col.name!r}, a list of "
             f"{col.dtype}; pass a pad_value of that type (e.g. pad_value='' for strings)"
         )
+    if integer and not np.iinfo(col.dtype).min <= value <= np.iinfo(col.dtype).max:
+        info = np.iinfo(col.dtype)
+        raise ValueError(
+            f"{type(op).__name__}: pad_value {value!r} is outside the range of column {col.name!r}, "
+            f"a list of {col.dtype} ({info.min}..{info.max}); pass a pad_value in that range")
 
 
 class ValueCount(StatOperator):

@@ -187,7 +187,8 @@ class FillMedian(StatOperator):
     def fit_partition(self, table: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         out = {}
         for name in table.column_names:
-            values, counts = np.unique(_finite(table.column(name)), return_counts=True)
+            # + 0.0 folds -0.0 into 0.0: one value, counted once, never a -0.0 median
+            values, counts = np.unique(_finite(table.column(name)) + 0.0, return_counts=True)
             out[name] = (values, counts.astype(np.int64))
         return out
 
@@ -426,7 +427,9 @@ class ReduceDtypeSize(StatOperator):
     int64 range stays uint64), and float columns to ``float_dtype``; list columns likewise by element type;
     other columns pass unchanged. Before fit, integer columns keep their dtype in
     the declared schema. A transformed value outside the fitted range raises
-    :class:`~tabstream.errors.DataError` instead of wrapping around.
+    :class:`~tabstream.errors.DataError` instead of wrapping around, and so does a
+    finite float64 beyond float32's range (it would become inf). NaN, null, ±inf
+    and -0.0 are kept as they are.
     """
 
     def __init__(self, float_dtype: str = "float32") -> None:
@@ -493,6 +496,8 @@ class ReduceDtypeSize(StatOperator):
                     f"{self.ranges.get(name)} and cannot be cast to {target}; refit on data "
                     "that covers them"
                 ) from exc
+            if dtype == "float64" and self.float_dtype == "float32":
+                _check_no_overflow(name, column, data[name])
         return pa.table(data)
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
@@ -501,6 +506,20 @@ class ReduceDtypeSize(StatOperator):
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.ranges = {k: list(v) for k, v in values["ranges"].items()}
         self.fitted = True
+
+
+def _check_no_overflow(name: str, before: pa.Array, after: pa.Array) -> None:
+    """Refuse a float64 -> float32 cast that turned finite values into ±inf."""
+    if is_list_type(before.type):
+        before, after = pc.list_flatten(before), pc.list_flatten(after)
+    overflow = pc.and_(pc.is_inf(after), pc.invert(pc.is_inf(before)))
+    if pc.any(overflow).as_py():
+        value = before.filter(overflow)[0].as_py()
+        limit = float(np.finfo(np.float32).max)
+        raise DataError(
+            f"ReduceDtypeSize: column {name!r} holds {value!r}, beyond float32's range "
+            f"(±{limit:.4g}), which would become inf; pass float_dtype='float64' or clip "
+            "the column first")
 
 
 # -- DataStats ------------------------------------------------------------------

@@ -15,8 +15,9 @@ import tabstream as ts
 from tabstream import ops
 from tabstream.errors import NotFittedError
 from tabstream.ops.base import registered_ops
+from tabstream.pipeline.dataset import arrow_to_pandas
 from tabstream.pipeline.dtypes import arrow_type_to_dtype
-from tabstream.testing import assert_tables_equal
+from tabstream.testing import assert_tables_equal, nan_to_null, negative_zero_to_zero
 
 
 def contract_frame(n=600, seed=0):
@@ -40,6 +41,49 @@ def contract_frame(n=600, seed=0):
         "user_id": pa.array(rng.integers(0, 40, n)),
         "ts": pa.array(np.sort(rng.integers(0, 10_000, n))),
     })
+
+
+def nasty_frame(n=80, seed=1):
+    """The contract frame's columns, full of the values that break ops: NaN and null
+    (both in float columns and float list elements), -0.0 beside 0.0, ±inf, empty
+    strings, null rows, empty lists, nulls in integer columns."""
+    rng = np.random.default_rng(seed)
+    floats = [np.nan, None, -0.0, 0.0, np.inf, -np.inf, 1.5, -2.0, 0.5, 3.0]
+    cont = [floats[i % len(floats)] if i % 3 else float(rng.normal()) for i in range(n)]
+    strings = ["", None, "a", "b", "0", "-0", "a", ""]
+    ints = [None, 0, -1, 3, 7, 0, None, 12]
+    elements = [np.nan, None, -0.0, 0.0, np.inf, -np.inf, 1.0, 2.0]
+    return pa.table({
+        "cat": pa.array([strings[i % len(strings)] for i in range(n)], pa.string()),
+        "cat2": pa.array([None if i % 11 == 0 else int(v) for i, v in enumerate(rng.integers(0, 30, n))],
+                         pa.int64()),
+        "cont": pa.array(cont, pa.float64()),
+        "count": pa.array([ints[(i * 3) % len(ints)] for i in range(n)], pa.int64()),
+        "lst": pa.array([None if i % 13 == 5 else [elements[(i + j) % len(elements)] for j in range(i % 4)]
+                         for i in range(n)], pa.list_(pa.float64())),
+        "text": pa.array([None if i % 9 == 4 else "" if i % 9 == 2 else "|".join(str(j - 1) for j in range(i % 4))
+                          for i in range(n)], pa.string()),
+        "label": pa.array(rng.integers(0, 2, n)),
+        "user_id": pa.array([None if i % 17 == 3 else int(v) for i, v in enumerate(rng.integers(0, 8, n))],
+                            pa.int64()),
+        "ts": pa.array(np.sort(rng.integers(0, 10_000, n))),
+        # a float key: -0.0 and 0.0 one category/group/hash, NaN and null one missing key
+        "fkey": pa.array([[np.nan, None, -0.0, 0.0, np.inf, -np.inf, 2.5][k] for k in rng.integers(0, 7, n)],
+                         pa.float64()),
+        # string lists: empty strings and null elements, empty lists and null rows
+        "slst": pa.array([None if i % 7 == 3 else [strings[(i + j) % len(strings)] for j in range(i % 3)]
+                          for i in range(n)], pa.list_(pa.string())),
+    })
+
+
+def nasty_pandas(table):
+    """The pandas frame a user would hold: NaN for missing floats (null and NaN
+    alike), nullable Int64 for integers with nulls, Arrow-backed lists."""
+    def mapper(t):
+        if pa.types.is_list(t):
+            return pd.ArrowDtype(t)
+        return pd.Int64Dtype() if pa.types.is_integer(t) else None
+    return table.to_pandas(types_mapper=mapper)
 
 
 # user functions must be module-level to be saved by name (see tabstream.ops.structural)
@@ -91,6 +135,26 @@ EXAMPLES = {
 }
 
 
+# ops whose output depends on a key's identity, once more with the float key "fkey"
+# and the string-list column "slst" of nasty_frame (run only by the nasty-value tests)
+NASTY_EXAMPLES = {
+    "Categorify[fkey]": (lambda: ops.Categorify(), ["fkey"]),
+    "HashBucket[fkey]": (lambda: ops.HashBucket(17), ["fkey"]),
+    "HashedCross[fkey]": (lambda: ops.HashedCross(31), ["fkey", "cat"]),
+    "TargetEncoding[fkey]": (lambda: ops.TargetEncoding("label", fold_col="ts"), ["fkey", "ts", "label"]),
+    "JoinGroupby[fkey]": (lambda: ops.JoinGroupby(cont_cols=["cont"], stats=["count", "sum"]), ["fkey", "cont"]),
+    "DifferenceLag[fkey]": (lambda: ops.DifferenceLag("fkey"), ["ts", "fkey"]),
+    "DropLowCardinality[fkey]": (lambda: ops.DropLowCardinality(6), ["fkey"]),
+    "DataStats[fkey]": (lambda: ops.DataStats(), ["fkey", "slst"]),
+    "Bucketize[fkey]": (lambda: ops.Bucketize([0.0]), ["fkey"]),
+    "Categorify[slst]": (lambda: ops.Categorify(), ["slst"]),
+    "HashBucket[slst]": (lambda: ops.HashBucket(17), ["slst"]),
+    "ListSlice[slst]": (lambda: ops.ListSlice(-2, pad=True, pad_value=""), ["slst"]),
+    "ValueCount[slst]": (lambda: ops.ValueCount(), ["slst"]),
+    "Dropna[slst]": (lambda: ops.Dropna(), ["slst", "fkey"]),
+}
+
+
 def run(op_factory, columns, table, part_size=None):
     wf = ts.Workflow(columns >> op_factory())
     wf.fit(ts.Dataset(table, part_size=part_size))
@@ -107,6 +171,12 @@ def test_every_op_has_an_example():
 @pytest.fixture(params=sorted(EXAMPLES))
 def example(request):
     return request.param, *EXAMPLES[request.param]
+
+
+@pytest.fixture(params=[*sorted(EXAMPLES), *sorted(NASTY_EXAMPLES)])
+def nasty_example(request):
+    name = request.param
+    return name, *(NASTY_EXAMPLES[name] if name in NASTY_EXAMPLES else EXAMPLES[name])
 
 
 def test_params_round_trip_through_json(example):
@@ -173,3 +243,112 @@ def test_pandas_in_pandas_out(example):
     wf, out = run(factory, columns, table)
     df = wf.transform(table.to_pandas())
     assert isinstance(df, pd.DataFrame) and list(df.columns) == out.column_names
+
+
+# -- the same invariants on NaN, null, -0.0, 0.0, ±inf and empty strings --------
+def _many(table):
+    return table.nbytes // 5  # about five partitions
+
+
+def assert_same_state(wf, other, rtol=0.0):
+    """The fitted state (JSON values and tables) of every stat op of two workflows
+    agree, NaN equal to NaN or None, -0.0 equal to 0.0, floats within ``rtol``."""
+    def state(w):
+        out = []
+        for node in w.output_node.walk():
+            if node.kind == "op" and node.op.is_stat:
+                values, tables = node.op.get_state()
+                out.append((type(node.op).__name__, values, {k: nan_to_null(t) for k, t in tables.items()}))
+        return out
+
+    def same(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        a, b = (None if isinstance(v, float) and np.isnan(v) else v for v in (a, b))
+        if isinstance(a, float) and isinstance(b, float):
+            return a == b or abs(a - b) <= rtol * max(abs(a), abs(b))
+        return a == b
+
+    for (name, values, tables), (_, values2, tables2) in zip(state(wf), state(other), strict=True):
+        assert same(values, values2), f"{name}: fitted state differs: {values} != {values2}"
+        assert tables.keys() == tables2.keys(), name
+        for key in tables:
+            try:
+                assert_tables_equal(tables[key], tables2[key], check_dtype=False, rtol=rtol)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: fitted table {key!r} differs: {exc}") from None
+
+
+@pytest.mark.parametrize("source", ["arrow", "pandas"])
+def test_nasty_values_schema_and_partitions(nasty_example, source):
+    _, factory, columns = nasty_example
+    table = nasty_frame()
+    data = table if source == "arrow" else nasty_pandas(table)
+    wf_one = ts.Workflow(columns >> factory())
+    wf_one.fit(ts.Dataset(data))
+    wf_many = ts.Workflow(columns >> factory())
+    wf_many.fit(ts.Dataset(data, part_size=_many(table)))
+    one, many = wf_one.transform(table), wf_many.transform(table)
+    for field in one.schema:
+        col = wf_one.output_schema[field.name]
+        assert arrow_type_to_dtype(field.type) == (col.dtype, col.is_list), col.name
+    assert one.column_names == wf_one.output_schema.column_names
+    assert_tables_equal(one, many)
+    assert wf_one.output_schema == wf_many.output_schema
+
+
+def test_nasty_values_save_load(nasty_example, tmp_path):
+    _, factory, columns = nasty_example
+    table = nasty_frame()
+    wf, out = run(factory, columns, table, part_size=_many(table))
+    wf.save(str(tmp_path / "wf"))
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    assert_tables_equal(again.transform(table), out)
+    assert again.output_schema == wf.output_schema
+
+
+def test_nan_and_null_are_one_missing_value(nasty_example):
+    """Issue 8: the same frame with every NaN replaced by null fits the same
+    statistics and gives the same output, up to NaN versus null."""
+    _, factory, columns = nasty_example
+    table = nasty_frame()
+    wf, out = run(factory, columns, table, part_size=_many(table))
+    wf_null, out_null = run(factory, columns, nan_to_null(table), part_size=_many(table))
+    assert_same_state(wf, wf_null)
+    assert_tables_equal(nan_to_null(out), nan_to_null(out_null))
+    assert wf.output_schema == wf_null.output_schema
+
+
+def test_negative_zero_is_zero(nasty_example):
+    """-0.0 and 0.0 are one value: replacing -0.0 by 0.0 changes no output
+    (float comparison treats -0.0 == 0.0; ids, buckets and groups must agree)."""
+    _, factory, columns = nasty_example
+    table = nasty_frame()
+    wf, out = run(factory, columns, table, part_size=_many(table))
+    wf_zero, out_zero = run(factory, columns, negative_zero_to_zero(table), part_size=_many(table))
+    assert_same_state(wf, wf_zero)
+    assert_tables_equal(out, out_zero)
+    assert wf.output_schema == wf_zero.output_schema
+
+
+def test_pandas_input_equals_arrow_input(nasty_example):
+    """A pandas frame (NaN for every missing float) fits and transforms like the
+    Arrow table it came from, up to NaN versus null. (Its partitions differ in
+    size, and a sum over other partitions may differ in the last bit: rtol.)"""
+    _, factory, columns = nasty_example
+    table = nasty_frame()
+    df = nasty_pandas(table)
+    wf, out = run(factory, columns, table, part_size=_many(table))
+    wf_pd = ts.Workflow(columns >> factory())
+    wf_pd.fit(ts.Dataset(df, part_size=_many(table)))
+    got = wf_pd.transform(df)
+    assert isinstance(got, pd.DataFrame)
+    assert wf_pd.output_schema == wf.output_schema
+    assert_same_state(wf, wf_pd, rtol=1e-12)
+    # pandas holds strings as large_string once back in Arrow: compare values, and the
+    # pandas dtypes with those of the Arrow output converted the same way
+    assert_tables_equal(nan_to_null(pa.Table.from_pandas(got, preserve_index=False)), nan_to_null(out),
+                        check_dtype=False, rtol=1e-12)
+    assert dict(got.dtypes) == dict(arrow_to_pandas(out).dtypes)
