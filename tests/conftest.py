@@ -26,3 +26,28 @@ def small_raw() -> pd.DataFrame:
         "C2": pd.array(c2, dtype="str"),
         "row_id": np.arange(n),
     })
+
+
+DASK_DASHBOARD_PORT = 8787
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dask_dashboard_port_taken():
+    """Hold dask's well-known dashboard port for the whole run, as an unrelated
+    dashboard on a developer's machine would: a test that starts a cluster on a
+    fixed port fails here instead of on somebody else's machine. Clusters in
+    tests use ``dashboard_address="127.0.0.1:0"`` (a free port chosen by the OS)."""
+    import socket
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", DASK_DASHBOARD_PORT))
+        holder.listen(1)
+    except OSError:  # already taken by another process: the condition holds anyway
+        holder.close()
+        yield DASK_DASHBOARD_PORT
+        return
+    try:
+        yield DASK_DASHBOARD_PORT
+    finally:
+        holder.close()
