@@ -86,6 +86,9 @@ class NormalizeMinMax(StatOperator):
     Nulls stay null, NaN stays NaN, ±inf becomes ±inf.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"mins": dict[str, float], "maxs": dict[str, float]}
+
     def __init__(self) -> None:
         super().__init__()
         self.mins: dict[str, float] = {}
@@ -167,6 +170,9 @@ class FillMedian(StatOperator):
 
     With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"medians": dict[str, float | None]}
 
     def __init__(self, add_binary_cols: bool = False) -> None:
         super().__init__()
@@ -300,6 +306,9 @@ class DropLowCardinality(StatOperator):
     after fit it lists the columns kept (``dropped`` names the others).
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"dropped": list[str]}
+
     def __init__(self, min_cardinality: int = 2) -> None:
         super().__init__()
         if isinstance(min_cardinality, bool) or not isinstance(min_cardinality, (int, np.integer)) \
@@ -351,6 +360,9 @@ class ReduceDtypeSize(StatOperator):
     the declared schema. A transformed value outside the fitted range raises
     :class:`~tabstream.errors.DataError` instead of wrapping around.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"ranges": dict[str, list[int | None]]}
 
     def __init__(self, float_dtype: str = "float32") -> None:
         super().__init__()
@@ -474,6 +486,9 @@ class DataStats(StatOperator):
       error 0.81%, so within ±2.5% with 99.7% probability) with bounded memory.
       Either way it is the same on 1 or N partitions.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"stats": dict[str, dict[str, Any]]}
 
     def __init__(self, max_exact_distinct: int = 10_000) -> None:
         super().__init__()
