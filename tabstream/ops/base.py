@@ -84,6 +84,8 @@ _COLUMN_KINDS = {
 def _type_name(expected: Any) -> str:
     if expected is type(None) or expected is None:
         return "null"
+    if typing.get_origin(expected) in (Union, types.UnionType):
+        return " | ".join(_type_name(arm) for arm in typing.get_args(expected))
     if isinstance(expected, type) and typing.get_origin(expected) is None:
         return expected.__name__
     return str(expected).replace("typing.", "").replace("NoneType", "null")
