@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import DataError, NotFittedError, SchemaError
+from tabstream.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, tree_reduce
 from tabstream.pipeline.graph import ColumnSelector, Node, _concat_tables, as_node
@@ -222,6 +222,8 @@ class Workflow:
                 built[node_id] = _load_node(entry, built, fs, root)  # type: ignore[index]
             except _EntryError as exc:
                 raise DataError(f"{doc_path}: node {node_id}: {exc}") from exc.__cause__
+            except TabstreamError as exc:  # the op's own error (a user function not found, say)
+                raise _with_prefix(exc, f"{doc_path}: node {node_id}: ") from exc
         if doc["output"] not in built:
             raise DataError(f"{doc_path}: field 'output' names node {doc['output']!r}, which is not "
                             f"among the nodes {sorted(built)}")
@@ -235,6 +237,7 @@ class Workflow:
             wf.fit_schema(input_schema)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{doc_path}: the saved graph does not fit its own 'input_schema': {exc}") from exc
+        _dry_run(built, input_schema, doc_path)
         wf._fitted = True
         return wf
 
@@ -422,7 +425,6 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
 
 
 def _load_op(entry: dict[str, Any]) -> Any:
-    from tabstream.errors import TabstreamError
     from tabstream.ops.base import Operator
 
     config = entry.get("op")
@@ -475,6 +477,52 @@ def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
         op.set_state(values, tables)
     except (KeyError, TypeError, ValueError, IndexError, pa.ArrowException) as exc:
         raise _EntryError(f"{name}: the saved state does not restore ({type(exc).__name__}: {exc})") from exc
+
+
+def _with_prefix(exc: Exception, prefix: str) -> Exception:
+    """The same kind of error with ``prefix`` (file and node) before its message."""
+    try:
+        return type(exc)(prefix + str(exc))
+    except TypeError:  # a constructor that takes other arguments
+        return DataError(prefix + f"{type(exc).__name__}: {exc}")
+
+
+def _empty_table(schema: Schema) -> pa.Table | None:
+    """A table of no rows with the columns of ``schema``; None when a dtype has no
+    Arrow type (then nothing can be checked without data)."""
+    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+
+    fields = []
+    for col in schema:
+        try:
+            t = dtype_to_arrow_type(col.dtype)
+        except TypeError:
+            return None
+        fields.append(pa.field(col.name, pa.list_(t) if col.is_list else t))
+    return pa.schema(fields).empty_table()
+
+
+def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> None:
+    """Run every loaded statistics op on an empty table of the columns it receives and
+    hold it to its declared output: state that type-checks but does not fit the graph
+    (a mean for another column, a stats table without a column the op reads) fails
+    here, at load, naming the node, instead of at the first transform."""
+    from tabstream.pipeline.graph import _check_produced, _concat_schemas
+
+    cache: dict[int, Schema] = {}
+    for saved_id, node in built.items():
+        if node.kind != "op" or not node.op.is_stat:
+            continue
+        name = type(node.op).__name__
+        inp = _concat_schemas([p.output_schema(input_schema, cache) for p in node.parents])
+        empty = _empty_table(inp)
+        if empty is None:
+            continue
+        try:
+            _check_produced(node.op, node.output_schema(input_schema, cache), node.op.transform(empty))
+        except (KeyError, IndexError, TypeError, ValueError, pa.ArrowException) as exc:
+            raise DataError(f"{doc_path}: node {saved_id}: {name}: the saved state does not fit the columns "
+                            f"{inp.column_names} it is applied to ({type(exc).__name__}: {exc})") from exc
 
 
 def _confined(fs: Any, root: str, rel: str, field: str) -> str:

@@ -445,3 +445,48 @@ def test_confined_on_a_remote_filesystem(frame):
                        "'../other/vocab.parquet' leaves the workflow folder"):
         ts.Workflow.load(root)
     fs.rm(root.removeprefix("memory://"), recursive=True)
+
+
+# -- state that type-checks but does not fit the graph ---------------------------------------------
+def test_mean_for_another_column(saved):
+    folder, _ = saved
+    doc = doc_of(folder)
+    entry = node_of(doc, "Normalize")
+    entry["state"]["means"] = {"I9": 1.0}
+    write_doc(folder, doc)
+    load_fails(folder, DataError, WF + f"node {entry['id']}: Normalize: the saved state does not fit the columns "
+               r"\['I1'\] it is applied to \(KeyError: 'I1'\)")
+
+
+def test_groupby_stats_without_an_output_column(frame, tmp_path):
+    node = ["C1", "I1"] >> ops.JoinGroupby(cont_cols=["I1"], stats=["count", "mean"])
+    wf = ts.Workflow(node).fit(ts.Dataset(frame))
+    folder = tmp_path / "wf"
+    wf.save(str(folder))
+    entry = node_of(doc_of(folder), "JoinGroupby")
+    (name, rel), = entry["tables"].items()
+    table = pq.read_table(folder / rel)
+    kept = [c for c in table.column_names if not c.endswith("_mean")]
+    assert len(kept) == table.num_columns - 1
+    pq.write_table(table.select(kept), folder / rel)
+    load_fails(folder, DataError, WF + f"node {entry['id']}: JoinGroupby: the saved state does not fit the columns "
+               r"\['C1', 'I1'\] it is applied to \(KeyError")
+
+
+def negate(s):
+    return -s
+
+
+def test_op_errors_of_its_own_gain_file_and_node(frame, tmp_path):
+    """An op's own project error (here: a saved function name that does not resolve)
+    keeps its type and gains the file and node."""
+    from tabstream.ops.structural import FunctionResolutionError
+
+    wf = ts.Workflow(["I1"] >> ops.LambdaOp(negate)).fit(ts.Dataset(frame))
+    folder = tmp_path / "wf"
+    wf.save(str(folder))
+    doc = doc_of(folder)
+    entry = node_of(doc, "LambdaOp")
+    entry["op"]["params"]["f"] = "tabstream_no_such_module:f"
+    write_doc(folder, doc)
+    load_fails(folder, FunctionResolutionError, WF + f"node {entry['id']}: LambdaOp: .*tabstream_no_such_module")
