@@ -529,7 +529,7 @@ class JoinExternal(StatOperator):
     """
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
-    state_types: dict[str, Any] = {}  # no JSON values: the side table is the state
+    state_types = dict[str, Any]()  # no JSON values: the side table is the state
     state_tables = {"side": {}}
 
     def __init__(self, df_ext: Any, on: str | list[str], how: str = "left",

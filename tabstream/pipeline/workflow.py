@@ -210,7 +210,10 @@ class Workflow:
         except UnicodeDecodeError as exc:
             raise DataError(f"{doc_path}: not a tabstream workflow file (not UTF-8 text: {exc})") from exc
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise DataError(f"{doc_path}: key {exc.args[0]!r} appears twice in one JSON object; "
+                            "a saved workflow names each field once") from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{doc_path}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
                             f"{exc.msg}); save the workflow again with Workflow.save") from exc
@@ -341,6 +344,19 @@ def _conform(table: pa.Table, schema: Schema) -> pa.Table:
 # -- loading, checked -------------------------------------------------------------
 class _EntryError(Exception):
     """A problem with one node entry of workflow.json (the loader adds file and node)."""
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 _NODE_FIELDS = {

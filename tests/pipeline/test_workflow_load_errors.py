@@ -490,3 +490,12 @@ def test_op_errors_of_its_own_gain_file_and_node(frame, tmp_path):
     entry["op"]["params"]["f"] = "tabstream_no_such_module:f"
     write_doc(folder, doc)
     load_fails(folder, FunctionResolutionError, WF + f"node {entry['id']}: LambdaOp: .*tabstream_no_such_module")
+
+
+def test_duplicate_keys_are_refused(saved):
+    """JSON readers keep the last of two equal keys; a tampered file could hide a
+    second value behind the first, so a repeated key is an error."""
+    folder, _ = saved
+    text = (folder / "workflow.json").read_text()
+    (folder / "workflow.json").write_text(text.replace('"version": 1,', '"version": 1, "version": 1,', 1))
+    load_fails(folder, DataError, WF + "key 'version' appears twice in one JSON object")
