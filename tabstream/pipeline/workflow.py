@@ -546,10 +546,13 @@ def _confined(fs: Any, root: str, rel: str, field: str) -> str:
     after following symbolic links on a local filesystem; else an error naming the field."""
     norm = posixpath.normpath(rel.replace("\\", "/")) if rel else ""
     reason = None
-    if not rel or "://" in rel or rel.startswith(("/", "\\", "~")) or (len(rel) > 1 and rel[1] == ":"):
+    if not rel or "://" in rel or "\x00" in rel or rel.startswith(("/", "\\", "~")) \
+            or (len(rel) > 1 and rel[1] == ":"):
         reason = "is not a path relative to the workflow folder"
-    elif norm == ".." or norm.startswith("../") or norm == ".":
+    elif norm == ".." or norm.startswith("../"):
         reason = "leaves the workflow folder"
+    elif norm == ".":
+        reason = "names the workflow folder itself, not a file in it"
     full = posixpath.join(root, norm)
     if reason is None and _is_local(fs):
         real_root = os.path.realpath(root)

@@ -397,12 +397,20 @@ def test_dotdot_path_is_refused(saved, tmp_path):
                r"'stats/\.\./\.\./outside\.parquet' leaves the workflow folder")
 
 
-@pytest.mark.parametrize("rel", ["/etc/passwd", "~/x.parquet", "file:///etc/passwd", "C:/x.parquet", ""])
+@pytest.mark.parametrize("rel", ["/etc/passwd", "~/x.parquet", "file:///etc/passwd", "C:/x.parquet", "",
+                                 "\\\\server\\share\\x.parquet", "stats/x\x00.parquet"])
 def test_absolute_paths_are_refused(saved, rel):
     folder, _ = saved
     entry = point_vocab_at(folder, rel)
     load_fails(folder, DataError, WF + f"node {entry['id']}: field 'tables.vocab.C1': path {re.escape(repr(rel))} "
                "is not a path relative to the workflow folder")
+
+
+def test_folder_itself_is_refused(saved):
+    folder, _ = saved
+    entry = point_vocab_at(folder, "stats/..")
+    load_fails(folder, DataError, WF + f"node {entry['id']}: field 'tables.vocab.C1': path 'stats/\\.\\.' names "
+               "the workflow folder itself, not a file in it")
 
 
 def test_symlink_out_is_refused(saved, tmp_path):
