@@ -51,3 +51,15 @@ def dask_dashboard_port_taken():
         yield DASK_DASHBOARD_PORT
     finally:
         holder.close()
+
+
+@pytest.fixture
+def dask_client(dask_dashboard_port_taken):
+    """A small in-process dask cluster whose dashboard listens on a port the OS picks.
+    Tests that need a ``distributed.Client`` take this fixture rather than building
+    one: ``Client()``'s defaults want port 8787 (held above)."""
+    import distributed
+
+    with distributed.Client(n_workers=2, threads_per_worker=1, processes=False,
+                            dashboard_address="127.0.0.1:0") as client:
+        yield client

@@ -100,16 +100,14 @@ def test_load_missing_folder(tmp_path):
         ts.Workflow.load(str(tmp_path / "nothing"))
 
 
-def test_fit_on_distributed_client(small_raw, dask_dashboard_port_taken):
+def test_fit_on_distributed_client(small_raw, dask_client, dask_dashboard_port_taken):
     """Runs while dask's default dashboard port 8787 is taken (tests/conftest.py):
     the cluster asks the OS for free ports and never falls back with a warning."""
-    import distributed
-
     with socket.socket() as probe, pytest.raises(OSError):
         probe.bind(("127.0.0.1", dask_dashboard_port_taken))
-    with distributed.Client(n_workers=2, threads_per_worker=1, processes=False,
-                            dashboard_address="127.0.0.1:0") as client:
-        wf = ts.Workflow(recipe(), client=client).fit(ts.Dataset(small_raw, part_size=3000))
+    dashboard_port = dask_client.scheduler_info()["services"]["dashboard"]
+    assert dashboard_port not in (0, dask_dashboard_port_taken)
+    wf = ts.Workflow(recipe(), client=dask_client).fit(ts.Dataset(small_raw, part_size=3000))
     local = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
     pd.testing.assert_frame_equal(wf.transform(small_raw), local.transform(small_raw))
 
