@@ -207,6 +207,9 @@ class Workflow:
                 text = f.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"no saved workflow at {path!r} (expected {doc_path})") from None
+        except (NotADirectoryError, IsADirectoryError) as exc:
+            raise FileNotFoundError(f"no saved workflow at {path!r}: a saved workflow is a folder holding "
+                                    f"workflow.json; pass the folder, not a file in it") from exc
         except UnicodeDecodeError as exc:
             raise DataError(f"{doc_path}: not a tabstream workflow file (not UTF-8 text: {exc})") from exc
         try:

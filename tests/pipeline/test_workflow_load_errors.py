@@ -507,3 +507,16 @@ def test_duplicate_keys_are_refused(saved):
     text = (folder / "workflow.json").read_text()
     (folder / "workflow.json").write_text(text.replace('"version": 1,', '"version": 1, "version": 1,', 1))
     load_fails(folder, DataError, WF + "key 'version' appears twice in one JSON object")
+
+
+def test_path_to_the_json_file_instead_of_the_folder(saved):
+    folder, _ = saved
+    with pytest.raises(FileNotFoundError, match=r"a saved workflow is a folder holding workflow\.json; pass the "
+                       "folder, not a file in it"):
+        ts.Workflow.load(str(folder / "workflow.json"))
+
+
+def test_workflow_json_is_a_folder(tmp_path):
+    (tmp_path / "wf" / "workflow.json").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no saved workflow at .*wf'"):
+        ts.Workflow.load(str(tmp_path / "wf"))
