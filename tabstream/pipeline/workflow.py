@@ -144,12 +144,18 @@ class Workflow:
 
     # -- save / load --------------------------------------------------------
     def save(self, path: str, storage_options: dict | None = None) -> None:
-        """Write ``workflow.json`` and one parquet file per fitted statistics table."""
+        """Write ``workflow.json`` and one parquet file per fitted statistics table
+        (``stats/``, paths relative to the folder).
+
+        The folder is loadable only once everything is written: an earlier
+        ``workflow.json`` is removed first and the new one written last, and stats
+        files of earlier saves into the same folder are removed afterwards.
+        """
         self._check_fitted()
         assert self.input_schema is not None
         fs, root = _fs_root(path, storage_options)
-        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
         nodes = []
+        files: dict[str, pa.Table] = {}
         for node in self.output_node.walk():
             entry: dict[str, Any] = {"id": node.id, "kind": node.kind,
                                      "parents": [p.id for p in node.parents]}
@@ -162,13 +168,20 @@ class Workflow:
                 entry["op"] = node.op.to_config()
                 if node.op.is_stat:
                     values, tables = node.op.get_state()
+                    try:
+                        node.op.check_state(values)
+                    except (TypeError, ValueError) as exc:  # a bug in the op: say which
+                        raise TypeError(f"cannot save node {node.id} ({type(node.op).__name__}): "
+                                        f"{exc}") from exc
                     entry["state"] = values
                     entry["tables"] = {}
                     for name, table in tables.items():
-                        rel = f"stats/node{node.id}_{_safe(name)}.parquet"
-                        with fs.open(posixpath.join(root, rel), "wb") as f:
-                            pq.write_table(table, f)
-                        entry["tables"][name] = rel
+                        base = rel = f"stats/node{node.id}_{_safe(name)}"
+                        k = 1
+                        while f"{rel}.parquet" in files:  # names that differ only in odd characters
+                            rel, k = f"{base}_{k}", k + 1
+                        files[f"{rel}.parquet"] = table
+                        entry["tables"][name] = f"{rel}.parquet"
             nodes.append(entry)
         doc = {
             "format": "tabstream.workflow",
@@ -179,8 +192,25 @@ class Workflow:
             "nodes": nodes,
             "output": self.output_node.id,
         }
-        with fs.open(posixpath.join(root, "workflow.json"), "w") as f:
-            json.dump(doc, f, indent=2)
+        try:
+            text = json.dumps(doc, indent=2)  # before touching the folder
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"cannot save the workflow to {path!r}: a parameter or state value is not "
+                            f"JSON ({exc})") from exc
+        doc_path = posixpath.join(root, "workflow.json")
+        if fs.exists(doc_path):
+            fs.rm(doc_path)
+        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
+        for rel, table in files.items():
+            with fs.open(posixpath.join(root, rel), "wb") as f:
+                pq.write_table(table, f)
+        with fs.open(doc_path, "w") as f:
+            f.write(text)
+        written = {posixpath.basename(rel) for rel in files}
+        for old in fs.ls(posixpath.join(root, "stats"), detail=False):
+            name = posixpath.basename(old.rstrip("/"))
+            if name.startswith("node") and name.endswith(".parquet") and name not in written:
+                fs.rm(old)
 
     @classmethod
     def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
