@@ -207,7 +207,11 @@ class Workflow:
         with fs.open(doc_path, "w") as f:
             f.write(text)
         written = {posixpath.basename(rel) for rel in files}
-        for old in fs.ls(posixpath.join(root, "stats"), detail=False):
+        try:
+            present = fs.ls(posixpath.join(root, "stats"), detail=False)
+        except FileNotFoundError:  # object stores have no empty folders
+            present = []
+        for old in present:
             name = posixpath.basename(old.rstrip("/"))
             if name.startswith("node") and name.endswith(".parquet") and name not in written:
                 fs.rm(old)
