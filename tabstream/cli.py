@@ -72,9 +72,20 @@ def _schema_summary(schema: Any) -> str:
 def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
     """A user's Python file defining ``workflow`` (or ``build_workflow()``) and,
     optionally, ``dataset_kwargs`` for reading the raw data."""
+    import os
+
+    from tabstream import Workflow
+
+    if os.path.isdir(path):
+        raise ValueError(f"workflow file {path!r} is a folder; --workflow-file takes a Python file "
+                         "defining `workflow` (a saved workflow folder is applied with `tabstream transform`)")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"workflow file {path!r} does not exist")
+    if not path.endswith(".py"):
+        raise ValueError(f"workflow file {path!r} is not a Python file (.py) defining `workflow`")
     spec = importlib.util.spec_from_file_location("tabstream_user_workflow", path)
     if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"cannot load workflow file {path!r}")
+        raise ValueError(f"cannot load workflow file {path!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     wf = getattr(module, "workflow", None)
@@ -82,7 +93,14 @@ def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
         wf = module.build_workflow()
     if wf is None:
         raise ValueError(f"{path} defines neither `workflow` nor `build_workflow()`")
-    return wf, dict(getattr(module, "dataset_kwargs", {}))
+    if not isinstance(wf, Workflow):
+        raise TypeError(f"{path}: `workflow` must be a tabstream.Workflow, got {type(wf).__name__}; "
+                        "wrap the graph: workflow = ts.Workflow(cats + conts)")
+    read_kwargs = getattr(module, "dataset_kwargs", {})
+    if not isinstance(read_kwargs, dict):
+        raise TypeError(f"{path}: `dataset_kwargs` must be a dict of Dataset arguments, "
+                        f"got {type(read_kwargs).__name__}")
+    return wf, dict(read_kwargs)
 
 
 # -- commands -----------------------------------------------------------------

@@ -26,3 +26,40 @@ def small_raw() -> pd.DataFrame:
         "C2": pd.array(c2, dtype="str"),
         "row_id": np.arange(n),
     })
+
+
+DASK_DASHBOARD_PORT = 8787
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dask_dashboard_port_taken():
+    """Hold dask's well-known dashboard port for the whole run, as an unrelated
+    dashboard on a developer's machine would: a test that starts a cluster on a
+    fixed port fails here instead of on somebody else's machine. Clusters in
+    tests use ``dashboard_address="127.0.0.1:0"`` (a free port chosen by the OS)."""
+    import socket
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", DASK_DASHBOARD_PORT))
+        holder.listen(1)
+    except OSError:  # already taken by another process: the condition holds anyway
+        holder.close()
+        yield DASK_DASHBOARD_PORT
+        return
+    try:
+        yield DASK_DASHBOARD_PORT
+    finally:
+        holder.close()
+
+
+@pytest.fixture
+def dask_client(dask_dashboard_port_taken):
+    """A small in-process dask cluster whose dashboard listens on a port the OS picks.
+    Tests that need a ``distributed.Client`` take this fixture rather than building
+    one: ``Client()``'s defaults want port 8787 (held above)."""
+    import distributed
+
+    with distributed.Client(n_workers=2, threads_per_worker=1, processes=False,
+                            dashboard_address="127.0.0.1:0") as client:
+        yield client

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import abc
 import inspect
+import string
+import types
+import typing
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
 
 import pyarrow as pa
 
@@ -26,6 +29,7 @@ from tabstream.errors import NotFittedError
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
 __all__ = ["ColumnOperator", "Operator", "StatOperator", "get_op_class", "registered_ops"]
+
 
 def registered_ops() -> dict[str, type[Operator]]:
     """Every concrete op class by name (what the contract test suite runs over).
@@ -51,6 +55,90 @@ def get_op_class(name: str) -> type[Operator]:
         return ops[name]
     except KeyError:
         raise ValueError(f"unknown op {name!r}; registered ops: {sorted(ops)}") from None
+
+
+def check_params(op_cls: type[Operator], params: dict[str, Any]) -> None:
+    """Raise ``TypeError`` naming unknown or missing constructor arguments of ``op_cls``."""
+    sig = inspect.signature(op_cls.__init__)
+    named = {n: p for n, p in sig.parameters.items()
+             if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    unknown = sorted(set(params) - set(named))
+    if unknown and not takes_any:
+        raise TypeError(f"{op_cls.__name__}: unknown parameters {unknown}; it takes {list(named)}")
+    missing = [n for n, p in named.items() if p.default is p.empty and n not in params]
+    if missing:
+        raise TypeError(f"{op_cls.__name__}: missing required parameters {missing}; it takes {list(named)}")
+
+
+# -- fitted-state declarations -----------------------------------------------------
+#: column kinds a stats table declaration may name, with the pyarrow test of each
+_COLUMN_KINDS = {
+    "integer": pa.types.is_integer,
+    "floating": pa.types.is_floating,
+    "numeric": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+}
+
+
+def _type_name(expected: Any) -> str:
+    if expected is type(None) or expected is None:
+        return "null"
+    if typing.get_origin(expected) in (Union, types.UnionType):
+        return " | ".join(_type_name(arm) for arm in typing.get_args(expected))
+    if isinstance(expected, type) and typing.get_origin(expected) is None:
+        return expected.__name__
+    return str(expected).replace("typing.", "").replace("NoneType", "null")
+
+
+def _state_mismatch(value: Any, expected: Any, field: str) -> tuple[str, Any, Any] | None:
+    """``(field, expected, found)`` of the first place ``value`` does not match the
+    annotation ``expected`` (built-in types, ``list[...]``, ``dict[str, ...]``,
+    unions, ``Any``), or None when it matches."""
+    if expected is Any:
+        return None
+    origin = typing.get_origin(expected)
+    if origin in (Union, types.UnionType):
+        misses = [_state_mismatch(value, arm, field) for arm in typing.get_args(expected)]
+        if all(m is not None for m in misses):
+            deepest = max(misses, key=lambda m: len(m[0]))  # type: ignore[index]
+            return deepest if deepest[0] != field else (field, expected, value)  # type: ignore[index]
+        return None
+    if expected is None or expected is type(None):
+        return None if value is None else (field, expected, value)
+    if expected is float:  # JSON writes 1.0 as 1.0, but a hand-edited 1 is a float too
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else (field, expected, value)
+    if expected is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else (field, expected, value)
+    if origin is None:
+        return None if isinstance(value, expected) else (field, expected, value)
+    if origin is list:
+        if not isinstance(value, list):
+            return field, expected, value
+        (item,) = typing.get_args(expected) or (Any,)
+        for i, v in enumerate(value):
+            miss = _state_mismatch(v, item, f"{field}[{i}]")
+            if miss:
+                return miss
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return field, expected, value
+        key_t, value_t = typing.get_args(expected) or (Any, Any)
+        for k, v in value.items():
+            miss = _state_mismatch(k, key_t, f"{field} key {k!r}") or _state_mismatch(v, value_t, f"{field}.{k}")
+            if miss:
+                return miss
+        return None
+    raise TypeError(f"unsupported state annotation {expected!r}")  # a bug in a declaration
+
+
+def _found(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
 
 
 class _OpMeta(abc.ABCMeta):
@@ -80,8 +168,17 @@ class Operator(metaclass=_OpMeta):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Operator:
+        """Rebuild an op from :meth:`to_config`'s output. The class is looked up among
+        registered ops by name; parameters are checked against its constructor."""
+        if not isinstance(config, dict) or not isinstance(config.get("class"), str):
+            raise TypeError(f"an op config is a JSON object with a string 'class', got {config!r}")
         op_cls = get_op_class(config["class"])
-        return op_cls(**config.get("params", {}))
+        params = config.get("params", {})
+        if not isinstance(params, dict):
+            raise TypeError(f"{op_cls.__name__}: 'params' must be a JSON object of constructor "
+                            f"arguments, got {type(params).__name__} {params!r}")
+        check_params(op_cls, params)
+        return op_cls(**params)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
@@ -122,6 +219,16 @@ class StatOperator(Operator):
 
     is_stat: ClassVar[bool] = True
 
+    #: The JSON values ``get_state`` returns, field name -> annotation, e.g.
+    #: ``{"means": dict[str, float]}``; checked by :meth:`check_state` when a saved
+    #: workflow is loaded. None: not declared (only ``set_state`` itself checks).
+    state_types: ClassVar[dict[str, Any] | None] = None
+    #: The Arrow tables ``get_state`` returns: name template -> required columns
+    #: (column -> "integer" | "floating" | "numeric" | "string" | None for any type).
+    #: A template ``"vocab.{vocabularies}"`` stands for one table per name in the
+    #: state value ``vocabularies``; ``"side"`` is one table of that name.
+    state_tables: ClassVar[dict[str, dict[str, str | None]]] = {}
+
     def __init__(self) -> None:
         self.fitted = False
 
@@ -144,6 +251,57 @@ class StatOperator(Operator):
     @abc.abstractmethod
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Restore what :meth:`get_state` returned."""
+
+    @classmethod
+    def check_state(cls, values: Any) -> list[str]:
+        """Check saved state values against :attr:`state_types`; return the names of
+        the tables they call for (expanded :attr:`state_tables` templates). Raises
+        ``TypeError``/``ValueError`` naming the field, what was expected and what was found."""
+        if not isinstance(values, dict):
+            raise TypeError(f"field 'state' must be a JSON object, found {_found(values)}")
+        if cls.state_types is not None:
+            missing = [k for k in cls.state_types if k not in values]
+            if missing:
+                raise ValueError(f"state fields {missing} are missing; {cls.__name__} saves "
+                                 f"{list(cls.state_types)}")
+            unknown = sorted(set(values) - set(cls.state_types))
+            if unknown:
+                raise ValueError(f"unknown state fields {unknown}; {cls.__name__} saves "
+                                 f"{list(cls.state_types)}")
+            for name, expected in cls.state_types.items():
+                miss = _state_mismatch(values[name], expected, name)
+                if miss:
+                    field, want, value = miss
+                    raise TypeError(f"state field {field!r} must be {_type_name(want)}, "
+                                    f"found {_found(value)}")
+        names: list[str] = []
+        for template in cls.state_tables:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+            if not fields:
+                names.append(template)
+                continue
+            (field,) = fields
+            keys = values.get(field)
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise TypeError(f"state field {field!r} must be a list of names, found {_found(keys)}")
+            names += [template.format(**{field: k}) for k in keys]
+        return names
+
+    @classmethod
+    def check_state_table(cls, name: str, schema: pa.Schema) -> None:
+        """Check a saved stats table's columns against :attr:`state_tables`."""
+        columns = next((cols for template, cols in cls.state_tables.items()
+                        if name == template
+                        or ("{" in template and name.startswith(template.partition("{")[0]))), None)
+        if columns is None:
+            return
+        for column, kind in columns.items():
+            if column not in schema.names:
+                raise ValueError(f"stats table {name!r} has no column {column!r} (it has {schema.names}); "
+                                 f"expected columns {list(columns)}")
+            found = schema.field(column).type
+            if kind is not None and not _COLUMN_KINDS[kind](found):
+                raise TypeError(f"stats table {name!r} column {column!r} must be {kind}, found {found}")
 
     def check_fitted(self) -> None:
         if not getattr(self, "fitted", False):

@@ -149,6 +149,10 @@ class Categorify(StatOperator):
         With ``encode_type="joint"``: all selected columns share one vocabulary.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"vocabularies": list[str]}
+    state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"}}
+
     def __init__(self, freq_threshold: int | dict[str, int] = 0, max_size: int | dict[str, int] = 0,
                  num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
                  encode_type: str = "joint", column_groups: list | None = None,

@@ -225,6 +225,9 @@ class Normalize(StatOperator):
     centred. Nulls stay null.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"means": dict[str, float], "stds": dict[str, float]}
+
     def __init__(self) -> None:
         super().__init__()
         self.means: dict[str, float] = {}

@@ -187,6 +187,11 @@ class TargetEncoding(StatOperator):
     the fold of each row as ``__fold__`` (int64).
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"groups": list[str], "global_sums": dict[str, float],
+                   "global_counts": dict[str, int]}
+    state_tables = {"stats.{groups}": {}}
+
     def __init__(self, target: str | list[str], target_mean: float | dict[str, float] | None = None,
                  kfold: int = 3, fold_seed: int = 42, p_smooth: float = 20,
                  out_dtype: str = "float32", drop_folds: bool = True,
@@ -390,6 +395,10 @@ class JoinGroupby(StatOperator):
     bits (addition order), far below float32 resolution.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"groups": list[str]}
+    state_tables = {"stats.{groups}": {}}
+
     def __init__(self, cont_cols: list[str] | None = None, stats: Sequence[str] = ("count",),
                  cat_groups: list[str | list[str]] | None = None, name_sep: str = "_",
                  out_dtype: str = "float32") -> None:
@@ -571,6 +580,10 @@ class JoinExternal(StatOperator):
     >>> JoinExternal(side, on="k").fit_table(t).transform(t)["w"]      # [5, 5, 6, null]
     >>> JoinExternal(side, on="k", drop_duplicates_ext=True)          # w: [5, 6, null]
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = dict[str, Any]()  # no JSON values: the side table is the state
+    state_tables = {"side": {}}
 
     def __init__(self, df_ext: Any, on: str | list[str], how: str = "left",
                  on_ext: str | list[str] | None = None, columns_ext: list[str] | None = None,

@@ -264,6 +264,9 @@ class ValueCount(StatOperator):
     empty list); a column with no rows at all gets ``{"min": 0, "max": 0}``.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"value_counts": dict[str, dict[str, int]]}
+
     def __init__(self) -> None:
         super().__init__()
         self.value_counts: dict[str, dict[str, int]] = {}

@@ -86,6 +86,9 @@ class NormalizeMinMax(StatOperator):
     Nulls stay null, NaN stays NaN, ±inf becomes ±inf.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"mins": dict[str, float], "maxs": dict[str, float]}
+
     def __init__(self) -> None:
         super().__init__()
         self.mins: dict[str, float] = {}
@@ -167,6 +170,9 @@ class FillMedian(StatOperator):
 
     With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"medians": dict[str, float | None]}
 
     def __init__(self, add_binary_cols: bool = False) -> None:
         super().__init__()
@@ -331,6 +337,9 @@ class DropLowCardinality(StatOperator):
     the op removes.
     """
 
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"distinct": dict[str, int]}
+
     def __init__(self, min_cardinality: int = 4) -> None:
         super().__init__()
         if isinstance(min_cardinality, bool) or not isinstance(min_cardinality, (int, np.integer)):
@@ -431,6 +440,9 @@ class ReduceDtypeSize(StatOperator):
     finite float64 beyond float32's range (it would become inf). NaN, null, ±inf
     and -0.0 are kept as they are.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"ranges": dict[str, list[int | None]]}
 
     def __init__(self, float_dtype: str = "float32") -> None:
         super().__init__()
@@ -570,6 +582,9 @@ class DataStats(StatOperator):
       error 0.81%, so within ±2.5% with 99.7% probability) with bounded memory.
       Either way it is the same on 1 or N partitions.
     """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"stats": dict[str, dict[str, Any]]}
 
     def __init__(self, max_exact_distinct: int = 10_000) -> None:
         super().__init__()

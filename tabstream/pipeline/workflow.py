@@ -13,6 +13,7 @@ save and load as JSON plus parquet (never pickle).
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import NotFittedError, SchemaError
+from tabstream.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, tree_reduce
 from tabstream.pipeline.graph import ColumnSelector, Node, _concat_tables, as_node
@@ -151,12 +152,18 @@ class Workflow:
 
     # -- save / load --------------------------------------------------------
     def save(self, path: str, storage_options: dict | None = None) -> None:
-        """Write ``workflow.json`` and one parquet file per fitted statistics table."""
+        """Write ``workflow.json`` and one parquet file per fitted statistics table
+        (``stats/``, paths relative to the folder).
+
+        The folder is loadable only once everything is written: an earlier
+        ``workflow.json`` is removed first and the new one written last, and stats
+        files of earlier saves into the same folder are removed afterwards.
+        """
         self._check_fitted()
         assert self.input_schema is not None
         fs, root = _fs_root(path, storage_options)
-        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
         nodes = []
+        files: dict[str, pa.Table] = {}
         for node in self.output_node.walk():
             entry: dict[str, Any] = {"id": node.id, "kind": node.kind,
                                      "parents": [p.id for p in node.parents]}
@@ -169,13 +176,20 @@ class Workflow:
                 entry["op"] = node.op.to_config()
                 if node.op.is_stat:
                     values, tables = node.op.get_state()
+                    try:
+                        node.op.check_state(values)
+                    except (TypeError, ValueError) as exc:  # a bug in the op: say which
+                        raise TypeError(f"cannot save node {node.id} ({type(node.op).__name__}): "
+                                        f"{exc}") from exc
                     entry["state"] = values
                     entry["tables"] = {}
                     for name, table in tables.items():
-                        rel = f"stats/node{node.id}_{_safe(name)}.parquet"
-                        with fs.open(posixpath.join(root, rel), "wb") as f:
-                            pq.write_table(table, f)
-                        entry["tables"][name] = rel
+                        base = rel = f"stats/node{node.id}_{_safe(name)}"
+                        k = 1
+                        while f"{rel}.parquet" in files:  # names that differ only in odd characters
+                            rel, k = f"{base}_{k}", k + 1
+                        files[f"{rel}.parquet"] = table
+                        entry["tables"][name] = f"{rel}.parquet"
             nodes.append(entry)
         doc = {
             "format": "tabstream.workflow",
@@ -186,8 +200,29 @@ class Workflow:
             "nodes": nodes,
             "output": self.output_node.id,
         }
-        with fs.open(posixpath.join(root, "workflow.json"), "w") as f:
-            json.dump(doc, f, indent=2)
+        try:
+            text = json.dumps(doc, indent=2)  # before touching the folder
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"cannot save the workflow to {path!r}: a parameter or state value is not "
+                            f"JSON ({exc})") from exc
+        doc_path = posixpath.join(root, "workflow.json")
+        if fs.exists(doc_path):
+            fs.rm(doc_path)
+        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
+        for rel, table in files.items():
+            with fs.open(posixpath.join(root, rel), "wb") as f:
+                pq.write_table(table, f)
+        with fs.open(doc_path, "w") as f:
+            f.write(text)
+        written = {posixpath.basename(rel) for rel in files}
+        try:
+            present = fs.ls(posixpath.join(root, "stats"), detail=False)
+        except FileNotFoundError:  # object stores have no empty folders
+            present = []
+        for old in present:
+            name = posixpath.basename(old.rstrip("/"))
+            if name.startswith("node") and name.endswith(".parquet") and name not in written:
+                fs.rm(old)
 
     @classmethod
     def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
@@ -211,40 +246,46 @@ class Workflow:
         doc_path = posixpath.join(root, "workflow.json")
         try:
             with fs.open(doc_path, "r") as f:
-                doc = json.load(f)
+                text = f.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"no saved workflow at {path!r} (expected {doc_path})") from None
+        except (NotADirectoryError, IsADirectoryError) as exc:
+            raise FileNotFoundError(f"no saved workflow at {path!r}: a saved workflow is a folder holding "
+                                    f"workflow.json; pass the folder, not a file in it") from exc
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{doc_path}: not a tabstream workflow file (not UTF-8 text: {exc})") from exc
+        try:
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise DataError(f"{doc_path}: key {exc.args[0]!r} appears twice in one JSON object; "
+                            "a saved workflow names each field once") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{doc_path}: not valid JSON: {exc}") from exc
-        if doc.get("format") != "tabstream.workflow":
-            raise ValueError(f"{doc_path}: not a tabstream workflow file")
-        if doc.get("version", 0) > FORMAT_VERSION:
-            raise ValueError(f"{doc_path}: written by a newer tabstream (format {doc['version']})")
-        from tabstream.ops.base import Operator
-
+            raise DataError(f"{doc_path}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                            f"{exc.msg}); save the workflow again with Workflow.save") from exc
+        _check_document(doc, doc_path)
         built: dict[int, Node] = {}
         for entry in doc["nodes"]:
-            parents = [built[p] for p in entry["parents"]]
-            kind = entry["kind"]
-            if kind == "select":
-                sel = entry["selector"]
-                node = Node("select", selector=ColumnSelector(sel["names"], tags=sel["tags"] or None))
-            elif kind == "op":
-                op = Operator.from_config(entry["op"])
-                if op.is_stat:
-                    tables = {}
-                    for name, rel in entry.get("tables", {}).items():
-                        with fs.open(posixpath.join(root, rel), "rb") as f:
-                            tables[name] = pq.read_table(f)
-                    op.set_state(entry.get("state", {}), tables)
-                node = Node("op", parents, op=op)
-            elif kind == "drop":
-                node = Node("drop", parents, names=entry["names"])
-            else:
-                node = Node("concat", parents)
-            built[entry["id"]] = node
+            node_id = entry.get("id") if isinstance(entry, dict) else None
+            try:
+                built[node_id] = _load_node(entry, built, fs, root)  # type: ignore[index]
+            except _EntryError as exc:
+                raise DataError(f"{doc_path}: node {node_id}: {exc}") from exc.__cause__
+            except TabstreamError as exc:  # the op's own error (a user function not found, say)
+                raise _with_prefix(exc, f"{doc_path}: node {node_id}: ") from exc
+        if doc["output"] not in built:
+            raise DataError(f"{doc_path}: field 'output' names node {doc['output']!r}, which is not "
+                            f"among the nodes {sorted(built)}")
         wf = cls(built[doc["output"]], client=client)
-        wf.fit_schema(Schema.from_dict(doc["input_schema"]))
+        try:
+            input_schema = Schema.from_dict(doc["input_schema"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{doc_path}: field 'input_schema' is not a schema "
+                            f"({type(exc).__name__}: {exc})") from exc
+        try:
+            wf.fit_schema(input_schema)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{doc_path}: the saved graph does not fit its own 'input_schema': {exc}") from exc
+        _dry_run(built, input_schema, doc_path)
         wf._fitted = True
         return wf
 
@@ -343,6 +384,235 @@ def _conform(table: pa.Table, schema: Schema) -> pa.Table:
                 ) from exc
         columns.append(col)
     return pa.table(columns, names=table.column_names)
+
+
+# -- loading, checked -------------------------------------------------------------
+class _EntryError(Exception):
+    """A problem with one node entry of workflow.json (the loader adds file and node)."""
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+_NODE_FIELDS = {
+    "select": {"id", "kind", "parents", "selector"},
+    "drop": {"id", "kind", "parents", "names"},
+    "concat": {"id", "kind", "parents"},
+    "op": {"id", "kind", "parents", "op", "state", "tables"},
+}
+
+
+def _check_document(doc: Any, doc_path: str) -> None:
+    """The top level of workflow.json: shape, format marker and version."""
+    if not isinstance(doc, dict):
+        raise DataError(f"{doc_path}: a workflow file is a JSON object, found {type(doc).__name__}")
+    if doc.get("format") != "tabstream.workflow":
+        raise DataError(f"{doc_path}: not a tabstream workflow file (field 'format' is "
+                        f"{doc.get('format')!r}, expected 'tabstream.workflow')")
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
+        raise DataError(
+            f"{doc_path}: unknown workflow format version {version!r}; this tabstream "
+            f"({tabstream.__version__}) reads versions 1 to {FORMAT_VERSION}"
+            + ("; it was written by a newer tabstream, upgrade to load it" if newer else ""))
+    for field, kind in (("nodes", list), ("input_schema", dict), ("output", int)):
+        if field not in doc:
+            raise DataError(f"{doc_path}: field {field!r} is missing")
+        if not isinstance(doc[field], kind) or isinstance(doc[field], bool):
+            raise DataError(f"{doc_path}: field {field!r} must be a JSON "
+                            f"{ {list: 'array', dict: 'object', int: 'integer'}[kind]}, "
+                            f"found {_short(doc[field])}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:57] + '...' if len(text) > 60 else text} ({type(value).__name__})"
+
+
+def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
+    if not isinstance(entry, dict):
+        raise _EntryError(f"a node entry is a JSON object, found {_short(entry)}")
+    node_id, kind = entry.get("id"), entry.get("kind")
+    if isinstance(node_id, bool) or not isinstance(node_id, int):
+        raise _EntryError(f"field 'id' must be an integer, found {_short(node_id)}")
+    if node_id in built:
+        raise _EntryError("field 'id' repeats an earlier node's id")
+    if kind not in _NODE_FIELDS:
+        raise _EntryError(f"unknown kind {kind!r}; known kinds: {sorted(_NODE_FIELDS)}")
+    unknown = sorted(set(entry) - _NODE_FIELDS[kind])
+    if unknown:
+        raise _EntryError(f"unknown fields {unknown} for a {kind!r} node; it has {sorted(_NODE_FIELDS[kind])}")
+    parent_ids = entry.get("parents")
+    if not isinstance(parent_ids, list) or any(isinstance(p, bool) or p not in built for p in parent_ids):
+        raise _EntryError(f"field 'parents' must list ids of earlier nodes {sorted(built)}, "
+                          f"found {_short(parent_ids)}")
+    parents = [built[p] for p in parent_ids]
+    if kind == "select":
+        sel = entry.get("selector")
+        if not isinstance(sel, dict) or not isinstance(sel.get("names"), list) \
+                or not isinstance(sel.get("tags") or [], list):
+            raise _EntryError(f"field 'selector' must be an object with lists 'names' and 'tags', "
+                              f"found {_short(sel)}")
+        try:
+            selector = ColumnSelector(sel["names"], tags=sel.get("tags") or None)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise _EntryError(f"field 'selector': {exc}") from exc
+        return Node("select", selector=selector)
+    if kind == "drop":
+        names = entry.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _EntryError(f"field 'names' must be a list of column names, found {_short(names)}")
+        return Node("drop", parents, names=names)
+    if kind == "concat":
+        return Node("concat", parents)
+    op = _load_op(entry)
+    if op.is_stat:
+        _load_state(op, entry, fs, root)
+    elif "state" in entry or "tables" in entry:
+        raise _EntryError(f"{type(op).__name__} has no fitted state, but the entry has "
+                          f"{sorted({'state', 'tables'} & set(entry))}")
+    return Node("op", parents, op=op)
+
+
+def _load_op(entry: dict[str, Any]) -> Any:
+    from tabstream.ops.base import Operator
+
+    config = entry.get("op")
+    name = config.get("class") if isinstance(config, dict) else None
+    try:
+        return Operator.from_config(config)  # type: ignore[arg-type]
+    except TabstreamError:
+        raise  # already names the op and what to do (e.g. a user function not found)
+    except (TypeError, ValueError, KeyError) as exc:
+        field = "op.class" if "unknown op" in str(exc) or name is None else "op.params"
+        raise _EntryError(f"field {field!r} ({name}): {exc}") from exc
+
+
+def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
+    """Type-check the saved state of a statistics op against its declaration, read its
+    stats tables (paths confined to the workflow folder) and restore it."""
+    name = type(op).__name__
+    for field in ("state", "tables"):
+        if field not in entry:
+            raise _EntryError(f"{name} is a statistics op but field {field!r} is missing")
+    values, refs = entry["state"], entry["tables"]
+    try:
+        wanted = op.check_state(values)
+    except (TypeError, ValueError) as exc:
+        raise _EntryError(f"{name}: {exc}") from exc
+    if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
+        raise _EntryError(f"{name}: field 'tables' must map table names to file paths, found {_short(refs)}")
+    missing = [t for t in wanted if t not in refs]
+    extra = sorted(set(refs) - set(wanted)) if op.state_types is not None else []
+    if missing or extra:
+        raise _EntryError(f"{name}: field 'tables' must name the stats tables {wanted}; "
+                          + (f"missing {missing}" if missing else f"unexpected {extra}"))
+    tables = {}
+    for table_name, rel in refs.items():
+        full = _confined(fs, root, rel, f"tables.{table_name}")
+        try:
+            with fs.open(full, "rb") as f:
+                table = pq.read_table(f)
+        except FileNotFoundError as exc:
+            raise _EntryError(f"{name}: field 'tables.{table_name}': stats file {full} is missing") from exc
+        except (pa.ArrowException, OSError) as exc:
+            raise _EntryError(f"{name}: field 'tables.{table_name}': stats file {full} is not a "
+                              f"readable parquet file ({exc})") from exc
+        try:
+            op.check_state_table(table_name, table.schema)
+        except (TypeError, ValueError) as exc:
+            raise _EntryError(f"{name}: stats file {full}: {exc}") from exc
+        tables[table_name] = table
+    try:
+        op.set_state(values, tables)
+    except (KeyError, TypeError, ValueError, IndexError, pa.ArrowException) as exc:
+        raise _EntryError(f"{name}: the saved state does not restore ({type(exc).__name__}: {exc})") from exc
+
+
+def _with_prefix(exc: Exception, prefix: str) -> Exception:
+    """The same kind of error with ``prefix`` (file and node) before its message."""
+    try:
+        return type(exc)(prefix + str(exc))
+    except TypeError:  # a constructor that takes other arguments
+        return DataError(prefix + f"{type(exc).__name__}: {exc}")
+
+
+def _empty_table(schema: Schema) -> pa.Table | None:
+    """A table of no rows with the columns of ``schema``; None when a dtype has no
+    Arrow type (then nothing can be checked without data)."""
+    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+
+    fields = []
+    for col in schema:
+        try:
+            t = dtype_to_arrow_type(col.dtype)
+        except TypeError:
+            return None
+        fields.append(pa.field(col.name, pa.list_(t) if col.is_list else t))
+    return pa.schema(fields).empty_table()
+
+
+def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> None:
+    """Run every loaded statistics op on an empty table of the columns it receives and
+    hold it to its declared output: state that type-checks but does not fit the graph
+    (a mean for another column, a stats table without a column the op reads) fails
+    here, at load, naming the node, instead of at the first transform."""
+    from tabstream.pipeline.graph import _check_produced, _concat_schemas
+
+    cache: dict[int, Schema] = {}
+    for saved_id, node in built.items():
+        if node.kind != "op" or not node.op.is_stat:
+            continue
+        name = type(node.op).__name__
+        inp = _concat_schemas([p.output_schema(input_schema, cache) for p in node.parents])
+        empty = _empty_table(inp)
+        if empty is None:
+            continue
+        try:
+            _check_produced(node.op, node.output_schema(input_schema, cache), node.op.transform(empty))
+        except (KeyError, IndexError, TypeError, ValueError, pa.ArrowException) as exc:
+            raise DataError(f"{doc_path}: node {saved_id}: {name}: the saved state does not fit the columns "
+                            f"{inp.column_names} it is applied to ({type(exc).__name__}: {exc})") from exc
+
+
+def _confined(fs: Any, root: str, rel: str, field: str) -> str:
+    """``root/rel`` when ``rel`` is a relative path that stays inside ``root``, also
+    after following symbolic links on a local filesystem; else an error naming the field."""
+    norm = posixpath.normpath(rel.replace("\\", "/")) if rel else ""
+    reason = None
+    if not rel or "://" in rel or "\x00" in rel or rel.startswith(("/", "\\", "~")) \
+            or (len(rel) > 1 and rel[1] == ":"):
+        reason = "is not a path relative to the workflow folder"
+    elif norm == ".." or norm.startswith("../"):
+        reason = "leaves the workflow folder"
+    elif norm == ".":
+        reason = "names the workflow folder itself, not a file in it"
+    full = posixpath.join(root, norm)
+    if reason is None and _is_local(fs):
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(full)
+        if os.path.commonpath([real_root, real]) != real_root:
+            reason = f"leaves the workflow folder (it resolves to {real})"
+    if reason:
+        raise _EntryError(f"field {field!r}: path {rel!r} {reason}; a saved workflow only refers "
+                          f"to files inside its folder {root}")
+    return full
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
 
 
 def _as_dataset(data: Any) -> Dataset:

@@ -1,4 +1,5 @@
 import json
+import socket
 
 import numpy as np
 import pandas as pd
@@ -99,11 +100,14 @@ def test_load_missing_folder(tmp_path):
         ts.Workflow.load(str(tmp_path / "nothing"))
 
 
-def test_fit_on_distributed_client(small_raw):
-    distributed = pytest.importorskip("distributed")
-    with distributed.Client(n_workers=2, threads_per_worker=1, processes=False,
-                            dashboard_address=None) as client:
-        wf = ts.Workflow(recipe(), client=client).fit(ts.Dataset(small_raw, part_size=3000))
+def test_fit_on_distributed_client(small_raw, dask_client, dask_dashboard_port_taken):
+    """Runs while dask's default dashboard port 8787 is taken (tests/conftest.py):
+    the cluster asks the OS for free ports and never falls back with a warning."""
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", dask_dashboard_port_taken))
+    dashboard_port = dask_client.scheduler_info()["services"]["dashboard"]
+    assert dashboard_port not in (0, dask_dashboard_port_taken)
+    wf = ts.Workflow(recipe(), client=dask_client).fit(ts.Dataset(small_raw, part_size=3000))
     local = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
     pd.testing.assert_frame_equal(wf.transform(small_raw), local.transform(small_raw))
 
@@ -132,3 +136,61 @@ def test_two_level_fit(small_raw):
     x = small_raw["I2"].to_numpy()
     z = np.maximum((x - x.mean()) / x.std(ddof=1), 0).astype(np.float32).astype(np.float64)
     np.testing.assert_allclose(out["I2"].to_numpy(), (z - z.mean()) / z.std(ddof=1), rtol=1e-4, atol=1e-5)
+
+
+def test_save_keeps_tables_whose_names_differ_only_in_odd_characters(tmp_path):
+    """Columns 'a b' and 'a_b' both make a file-name-safe 'a_b': each vocabulary keeps its own file."""
+    frame = pd.DataFrame({"a b": ["x", "x", "y"], "a_b": ["p", "q", "q"]})
+    wf = ts.Workflow(["a b", "a_b"] >> ops.Categorify()).fit(ts.Dataset(frame))
+    wf.save(str(tmp_path / "wf"))
+    tables = [t for n in json.loads((tmp_path / "wf" / "workflow.json").read_text())["nodes"]
+              for t in n.get("tables", {}).values()]
+    assert len(set(tables)) == 2
+    out = ts.Workflow.load(str(tmp_path / "wf")).transform(frame)
+    # ids by descending frequency, ties by value, after 0 pad, 1 null, 2 OOV
+    assert out["a b"].tolist() == [3, 3, 4]
+    assert out["a_b"].tolist() == [4, 3, 3]
+
+
+def test_save_over_an_earlier_save(small_raw, tmp_path):
+    """Saving into a folder that holds another workflow replaces it: the stats files of
+    the earlier save are removed, and the folder loads as the new workflow."""
+    first = ts.Workflow(["C1", "C2"] >> ops.Categorify()).fit(ts.Dataset(small_raw))
+    first.save(str(tmp_path / "wf"))
+    second = ts.Workflow(["I2"] >> ops.Normalize()).fit(ts.Dataset(small_raw))
+    second.save(str(tmp_path / "wf"))
+    assert list((tmp_path / "wf" / "stats").iterdir()) == []  # Normalize's state is all JSON
+    out = ts.Workflow.load(str(tmp_path / "wf")).transform(small_raw)
+    x = small_raw["I2"].to_numpy()
+    np.testing.assert_allclose(out["I2"].to_numpy(), (x - x.mean()) / x.std(ddof=1), rtol=1e-5)
+
+
+def test_interrupted_save_leaves_no_loadable_folder(small_raw, tmp_path, monkeypatch):
+    """A save that fails half way never leaves a workflow.json beside a mix of stats files."""
+    import tabstream.pipeline.workflow as workflow_module
+
+    ts.Workflow(["C1"] >> ops.Categorify()).fit(ts.Dataset(small_raw)).save(str(tmp_path / "wf"))
+    calls = []
+
+    def failing_write(table, where, **kwargs):
+        calls.append(table)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(workflow_module.pq, "write_table", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        ts.Workflow(["C2"] >> ops.Categorify()).fit(ts.Dataset(small_raw)).save(str(tmp_path / "wf"))
+    assert len(calls) == 1
+    monkeypatch.undo()
+    with pytest.raises(FileNotFoundError, match="no saved workflow"):
+        ts.Workflow.load(str(tmp_path / "wf"))
+
+
+def test_save_of_a_value_json_cannot_hold_leaves_the_folder_alone(small_raw, tmp_path):
+    good = ts.Workflow(["I2"] >> ops.Normalize()).fit(ts.Dataset(small_raw))
+    good.save(str(tmp_path / "wf"))
+    bad = ts.Workflow(["I2"] >> ops.AddMetadata(properties={"when": pd.Timestamp("2024-01-01")}))
+    bad.fit(ts.Dataset(small_raw))
+    with pytest.raises(TypeError, match="cannot save the workflow to .*: a parameter or state value is not JSON"):
+        bad.save(str(tmp_path / "wf"))
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    pd.testing.assert_frame_equal(again.transform(small_raw), good.transform(small_raw))
