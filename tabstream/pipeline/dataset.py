@@ -820,10 +820,14 @@ def _excerpt(data: bytes, pos: int, width: int = 120) -> bytes:
 
 
 def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
-    """tabstream exports keep tags and properties in ``schema.json`` beside the files."""
+    """tabstream exports keep tags and properties in ``_schema.json`` beside the
+    files (``schema.json`` in exports of older versions, still read)."""
     folder = posixpath.dirname(fs._strip_protocol(files[0]))
-    candidate = posixpath.join(folder, "schema.json")
-    if not fs.exists(candidate):
+    for filename in ("_schema.json", "schema.json"):
+        candidate = posixpath.join(folder, filename)
+        if fs.exists(candidate):
+            break
+    else:
         return None
     with fs.open(candidate, "r") as f:
         try:
