@@ -52,7 +52,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from dask import config as dask_config
 from dask import delayed
 
 import tabstream
@@ -149,17 +148,16 @@ def export(
     plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed)
 
     try:
-        with _task_pool(client):
+        with _task_pool(client) as pool:
             if shuffle == "full":
-                results = _full_shuffle(plan, pieces, total_files, client, progress)
+                results = _full_shuffle(plan, pieces, total_files, client, progress, pool)
             else:
                 tasks = []
                 for g in range(groups):
                     files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
                     my_pieces = list(range(g * len(pieces) // groups, (g + 1) * len(pieces) // groups))
                     tasks.append(delayed(_write_group, pure=False)(plan, my_pieces, files, shuffle))
-                results = [r for group in compute(tasks, client, desc="export", progress=progress)
-                           for r in group]
+                results = [r for group in _run(tasks, client, pool, "export", progress) for r in group]
         results.sort()
         files = [f for f, rows in results if rows > 0]
         rows = [rows for f, rows in results if rows > 0]
@@ -187,20 +185,32 @@ def export(
 
 
 @contextmanager
-def _task_pool(client: Any) -> Iterator[None]:
-    """Run the local (threaded) tasks of one export in a pool of its own, so that
+def _task_pool(client: Any) -> Iterator[ThreadPoolExecutor | None]:
+    """A thread pool of this export's own for its local (threaded) tasks, so that
     when one task fails the export waits for its running siblings (and drops the
     queued ones) before it removes the temporary folder: no task is left writing,
     or holding a file open, in a folder that is being deleted."""
     if client is not None:
-        yield
+        yield None
         return
     pool = ThreadPoolExecutor(num_workers(None), thread_name_prefix="tabstream-export")
     try:
-        with dask_config.set(pool=pool):
-            yield
+        yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: str,
+         progress: bool | None) -> list[Any]:
+    """:func:`~tabstream.pipeline.execution.compute`, on ``pool`` when given (passed
+    to this computation alone, not set in dask's global config)."""
+    if pool is None or not tasks:
+        return compute(tasks, client, desc=desc, progress=progress)
+    import dask
+    from tqdm.dask import TqdmCallback
+
+    with TqdmCallback(desc=desc, disable=None if progress is None else not progress, unit="task"):
+        return list(dask.compute(*tasks, scheduler="threads", pool=pool))
 
 
 def _owner_tag() -> str:
@@ -233,7 +243,7 @@ def _remove_leftovers(fs: Any, parent: str, name: str) -> list[str]:
     )
     try:
         entries = fs.ls(parent, detail=True)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # no parent yet, or not ours to list: nothing to clean
         return []
     here = _owner_tag().split("-")[0]
     removed = []
@@ -379,12 +389,12 @@ def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
-                  progress: bool | None) -> list[tuple[str, int]]:
+                  progress: bool | None, pool: ThreadPoolExecutor | None) -> list[tuple[str, int]]:
     scatter = posixpath.join(plan.tmp, "_scatter")
     tasks = [delayed(_scatter_piece, pure=False)(plan, p, total_files, scatter) for p in range(len(pieces))]
-    compute(tasks, client, desc="export: scatter", progress=progress)
+    _run(tasks, client, pool, "export: scatter", progress)
     tasks = [delayed(_gather_file, pure=False)(plan, f, len(pieces), scatter) for f in range(total_files)]
-    results = compute(tasks, client, desc="export: gather", progress=progress)
+    results = _run(tasks, client, pool, "export: gather", progress)
     plan.fs.rm(scatter, recursive=True)
     return results
 
