@@ -494,8 +494,12 @@ class Dataset:
         if "utf8" in msg.lower():
             return self._utf8_error(piece, data) or DataError(f"{piece.path} (from line {first_line}): {msg}")
         if "parse error" in msg.lower():
+            # Arrow's row handler cannot show a line of invalid UTF-8: look for
+            # field-count errors only in the lines before the first such byte.
+            utf8 = self._utf8_error(piece, data)
+            clean = data if utf8 is None else data[:data.rfind(b"\n", 0, utf8.offset) + 1]  # type: ignore[attr-defined]
             try:
-                self._parse_csv(data, skip_header, invalid_row_handler=handler, as_strings=True)
+                self._parse_csv(clean, skip_header, invalid_row_handler=handler, as_strings=True)
             except pa.ArrowInvalid:
                 pass
             if bad:
@@ -505,6 +509,8 @@ class Dataset:
                     f"{piece.path}, line {line}: expected {row.expected_columns} fields "
                     f"separated by {self._csv_sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
                 )
+            if utf8 is not None:
+                return utf8
             return DataError(f"{piece.path} (from line {first_line}): {msg}")
         m = re.search(r"column #(\d+)", msg)
         if m:
@@ -528,17 +534,20 @@ class Dataset:
         return DataError(f"{piece.path} (from line {first_line}): {msg}")
 
     def _utf8_error(self, piece: _CsvPiece, data: bytes) -> DataError | None:
-        """The first invalid UTF-8 byte of the block, by file line and column."""
+        """The first invalid UTF-8 byte of the block, by file line and column
+        (its offset in the block is the error's ``offset``)."""
         try:
             data.decode()
         except UnicodeDecodeError as bad:
             pos = bad.start
-            return _data_error(
+            err = _data_error(
                 f"{piece.path}, line {self._line_at(piece, data, pos)}, column "
                 f"{self._column_at(data, pos)!r}: invalid UTF-8 bytes "
                 f"{data[pos:bad.end]!r} in {_excerpt(data, pos)!r}",
                 "raw logs must be UTF-8 text: re-encode the file (e.g. iconv -f latin1 -t utf-8)",
             )
+            err.offset = pos  # type: ignore[attr-defined]
+            return err
         return None
 
     def _lines_before(self, piece: _CsvPiece) -> int:

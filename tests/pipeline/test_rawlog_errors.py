@@ -211,3 +211,25 @@ def test_export_of_a_bad_log_raises_the_data_error(tmp_path):
     with pytest.raises(DataError, match=r"raw\.tsv, line 151, column 'C1': invalid UTF-8"):
         ds.to_parquet(str(tmp_path / "out"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.tsv"], "no output, no leftovers"
+
+
+def test_short_line_of_invalid_utf8_names_the_line(tmp_path):
+    lines = _rows(300)
+    lines[260] = b"1\t\xff"  # a field short and not UTF-8
+    path = tmp_path / "short.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t", part_size=1000)
+    with pytest.raises(DataError, match=r"short\.tsv, line 261, column 'I1': invalid UTF-8 bytes b'\\xff'"):
+        _read_all(ds)
+
+
+def test_short_line_before_invalid_utf8_is_reported_first(tmp_path):
+    lines = _rows(300)
+    lines[250] = b"1\t2"
+    lines[255] = b"1\t2\t\xff"
+    path = tmp_path / "both.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t", part_size=100_000)
+    assert ds.npartitions == 1
+    with pytest.raises(DataError, match=r"both\.tsv, line 251: expected 3 fields separated by '\\t', got 2"):
+        _read_all(ds)
