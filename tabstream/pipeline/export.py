@@ -465,7 +465,14 @@ def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
         parent, name = posixpath.split(root)
         old = posixpath.join(parent, f".{name}.old-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
         fs.mv(root, old, recursive=True)
-        fs.mv(tmp, root, recursive=True)
-        fs.rm(old, recursive=True)
+        try:
+            fs.mv(tmp, root, recursive=True)
+        except BaseException:
+            fs.mv(old, root, recursive=True)  # put the previous export back
+            raise
+        try:
+            fs.rm(old, recursive=True)
+        except OSError:
+            pass  # the new export is in place; the next export here removes the old one
     else:
         fs.mv(tmp, root, recursive=True)

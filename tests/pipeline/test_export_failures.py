@@ -251,3 +251,24 @@ def test_zero_rows_after_the_workflow_is_refused(tmp_path):
     with pytest.raises(ExportError, match=r"has no rows after the workflow"):
         wf.transform(ds).to_parquet(str(tmp_path / "out"))
     assert os.listdir(tmp_path) == []
+
+
+def test_failed_overwrite_keeps_the_previous_export(tmp_path, monkeypatch):
+    from fsspec.implementations.local import LocalFileSystem
+
+    out = tmp_path / "out"
+    first = _frame(120, seed=1)
+    ts.Dataset(first).to_parquet(str(out))
+    original = LocalFileSystem.mv
+
+    def mv(self, path1, path2, **kwargs):
+        if ".tmp-" in str(path1):  # the new export's rename into place fails
+            raise OSError("rename refused")
+        return original(self, path1, path2, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "mv", mv)
+    with pytest.raises(ExportError, match="rename refused"):
+        ts.Dataset(_frame(80, seed=2)).to_parquet(str(out), overwrite=True)
+    monkeypatch.undo()
+    assert _hidden(tmp_path) == []
+    pd.testing.assert_frame_equal(_read_back(out), first, check_dtype=False)

@@ -233,3 +233,22 @@ def test_short_line_before_invalid_utf8_is_reported_first(tmp_path):
     assert ds.npartitions == 1
     with pytest.raises(DataError, match=r"both\.tsv, line 251: expected 3 fields separated by '\\t', got 2"):
         _read_all(ds)
+
+
+def test_cli_prints_one_line_and_the_errors_own_hint(tmp_path, capsys):
+    from tabstream.cli import main
+
+    lines = [b"label\tI1\tC1", *_rows(5)]
+    path = tmp_path / "headed.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    wf = tmp_path / "wf.py"
+    wf.write_text(
+        "import tabstream as ts\n"
+        "workflow = ts.Workflow(['label', 'I1', 'C1'])\n"
+        f"dataset_kwargs = {{'names': {NAMES!r}, 'dtypes': {DTYPES!r}, 'sep': '\\t'}}\n"
+    )
+    assert main(["fit", str(path), "--workflow-file", str(wf), "--output", str(tmp_path / "out"), "--quiet"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert re.fullmatch(r"tabstream fit: DataError: .*headed\.tsv, line 1: the line holds the column names.*", err[0])
+    assert err[1] == "  hint: the file has a header line: pass header=True (keeping names=[...])"
