@@ -388,6 +388,8 @@ class Dataset:
         end = data.find(b"\n")
         first = data[: end if end >= 0 else len(data)].removeprefix(_BOM).rstrip(b"\r")
         fields = first.split(self._csv_sep.encode())
+        if self._csv_sep != "\t":  # CSV headers are often quoted
+            fields = [f.strip(b'"') for f in fields]
         names = [n.encode() for n in self._csv_names]
         if len(fields) == len(names) and sorted(fields) == sorted(names):
             raise _data_error(
@@ -434,8 +436,8 @@ class Dataset:
             with self.fs.open(piece.path, "rb", compression="infer") as f:
                 return f.read()
         except _DECOMPRESS_ERRORS as exc:
-            if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-                raise
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise  # an I/O error of the system (missing file, permissions, network)
             raise self._truncated_error(piece, exc) from exc
 
     def _truncated_error(self, piece: _CsvPiece, exc: BaseException) -> DataError:

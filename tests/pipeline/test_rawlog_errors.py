@@ -252,3 +252,19 @@ def test_cli_prints_one_line_and_the_errors_own_hint(tmp_path, capsys):
     assert len(err) == 2, err
     assert re.fullmatch(r"tabstream fit: DataError: .*headed\.tsv, line 1: the line holds the column names.*", err[0])
     assert err[1] == "  hint: the file has a header line: pass header=True (keeping names=[...])"
+
+
+def test_quoted_csv_header_given_by_mistake_is_refused(tmp_path):
+    path = tmp_path / "quoted.csv"
+    path.write_bytes(b'"a","b"\n1,x\n')
+    with pytest.raises(DataError, match=r"quoted\.csv, line 1: the line holds the column names"):
+        _read_all(ts.Dataset(str(path), names=["a", "b"]))
+
+
+def test_missing_gz_file_is_not_called_truncated(tmp_path):
+    path = tmp_path / "gone.tsv.gz"
+    path.write_bytes(gzip.compress(b"1\t2\tx\n"))
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t")
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match=r"gone\.tsv\.gz"):
+        _read_all(ds)
