@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -158,7 +159,8 @@ BLOCKED = """
 
 def _start_blocked_export(out: Path) -> subprocess.Popen:
     proc = _python(BLOCKED, str(out))
-    line = proc.stdout.readline()
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    line = proc.stdout.readline() if ready else "(no output in 120 s)"
     if line.strip() != "ready":
         proc.kill()
         raise AssertionError(f"the export did not start: {line!r} {proc.stderr.read()}")
