@@ -27,7 +27,17 @@ _HINTS = {
     "DataError": "the input does not match what was declared (names/dtypes/sep)",
     "SchemaError": "check the column names against the dataset's schema (tabstream inspect PATH)",
     "NotFittedError": "fit the workflow first (tabstream fit)",
+    "ExportError": "check free space and write permission at the output path",
 }
+
+
+def _error_line(command: str, exc: BaseException) -> str:
+    """One line naming the error, plus a hint: the error's own ``hint`` when it has
+    one, else the table's."""
+    name = type(exc).__name__
+    hint = getattr(exc, "hint", None) or _HINTS.get(name, "run again with --debug for the full traceback")
+    message = " ".join(str(exc).split())  # Arrow messages may span lines
+    return f"tabstream {command}: {name}: {message}\n  hint: {hint}"
 
 
 def _criteo_read_kwargs(path: str, engine: str | None) -> dict[str, Any]:
@@ -304,9 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # one clear line instead of a traceback
         if args.debug:
             raise
-        name = type(exc).__name__
-        hint = _HINTS.get(name, "run again with --debug for the full traceback")
-        print(f"tabstream {args.command}: {name}: {exc}\n  hint: {hint}", file=sys.stderr)
+        print(_error_line(args.command, exc), file=sys.stderr)
         return 1
     return 0
 

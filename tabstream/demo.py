@@ -2,7 +2,7 @@
 
 1. write Criteo-like raw TSV logs, one file per "day" (the last day is held out),
 2. fit the Criteo recipe on the training days,
-3. export train (shuffled, split per worker) and valid parquet with schema.json,
+3. export train (shuffled, split per worker) and valid parquet with _schema.json,
 4. print the schema summary and per-phase timings.
 """
 

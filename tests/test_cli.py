@@ -72,7 +72,7 @@ def test_demo_runs_without_training(tmp_path, capsys):
     run("demo", "--rows", "20000", "--output", str(tmp_path / "demo"), "--no-train", "--quiet")
     out = capsys.readouterr().out
     assert "fit" in out and "export train" in out and "C26" in out
-    assert (tmp_path / "demo" / "train" / "schema.json").exists()
+    assert (tmp_path / "demo" / "train" / "_schema.json").exists()
     assert (tmp_path / "demo" / "valid" / "_manifest.json").exists()
 
 

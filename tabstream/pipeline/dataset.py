@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import lzma
 import os
 import posixpath
 import re
@@ -29,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +54,9 @@ __all__ = ["Dataset", "parse_bytes"]
 DEFAULT_PART_SIZE = 64 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
 _CSV_EXT = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
+_BOM = b"\xef\xbb\xbf"
+# What a truncated or corrupt compressed file raises while it is decompressed.
+_DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
 def parse_bytes(size: int | str | None) -> int:
@@ -249,7 +254,15 @@ class Dataset:
         self._csv_header = bool(header)
         if names is None:
             with self.fs.open(self.files[0], "rb", compression="infer") as f:
-                first = f.readline().decode().rstrip("\r\n")
+                raw = f.readline().removeprefix(_BOM).rstrip(b"\r\n")
+            try:
+                first = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise _data_error(
+                    f"{self.files[0]}, line 1: the header line is not valid UTF-8 text "
+                    f"(byte {exc.start}: {raw[exc.start:exc.end]!r})",
+                    "raw logs must be UTF-8 text; pass names=[...] and header=True to skip a bad header",
+                ) from exc
             names = first.split(sep)
         unknown = sorted(set(dtypes) - set(names))
         if unknown:
@@ -422,12 +435,51 @@ class Dataset:
     def _read_csv_piece(self, piece: _CsvPiece) -> pa.Table:
         data = self._csv_block(piece)
         skip_header = self._csv_header and piece.offset == 0
+        if piece.offset == 0 and not skip_header:
+            self._check_header_line(piece, data)
         if len(self._csv_names) > 1:
             data = self._check_blank_lines(piece, data, skip_header)
+        # A NUL byte is valid UTF-8, so Arrow would keep it inside a string value:
+        # text logs never hold one, a binary (or UTF-16) line does. memchr-fast.
+        nul = data.find(b"\0")
+        if nul >= 0:
+            line = self._line_at(piece, data, nul)
+            raise _data_error(
+                f"{piece.path}, line {line}: a NUL byte at column {self._column_at(data, nul)!r}: "
+                f"the line is binary, expected text: {_excerpt(data, nul)!r}",
+                "the file is not UTF-8 text (binary, or UTF-16?): convert it or remove the line",
+            )
         try:
+            # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
             return self._parse_csv(data, skip_header)
         except pa.ArrowInvalid as exc:
             raise self._csv_error(piece, data, skip_header, exc) from exc
+
+    def _check_header_line(self, piece: _CsvPiece, data: bytes) -> None:
+        """``header=False`` but the file starts with the column names: refuse rather
+        than read the names as a row of data."""
+        end = data.find(b"\n")
+        first = data[: end if end >= 0 else len(data)].removeprefix(_BOM).rstrip(b"\r")
+        fields = first.split(self._csv_sep.encode())
+        if self._csv_sep != "\t":  # CSV headers are often quoted
+            fields = [f.strip(b'"') for f in fields]
+        names = [n.encode() for n in self._csv_names]
+        if len(fields) == len(names) and sorted(fields) == sorted(names):
+            raise _data_error(
+                f"{piece.path}, line 1: the line holds the column names "
+                f"({first.decode(errors='replace')[:200]!r}), but header=False: "
+                f"pass header=True to skip it",
+                "the file has a header line: pass header=True (keeping names=[...])",
+            )
+
+    def _line_at(self, piece: _CsvPiece, data: bytes, pos: int) -> int:
+        """The 1-based line in the file of byte ``pos`` of the block of ``piece``."""
+        return 1 + self._lines_before(piece) + data.count(b"\n", 0, pos)
+
+    def _column_at(self, data: bytes, pos: int) -> str:
+        start = data.rfind(b"\n", 0, pos) + 1
+        index = data.count(self._csv_sep.encode(), start, pos)
+        return self._csv_names[index] if index < len(self._csv_names) else f"field {index + 1}"
 
     def _check_blank_lines(self, piece: _CsvPiece, data: bytes, skip_header: bool) -> bytes:
         """A blank line inside the data is a line without its fields: an error (Arrow
@@ -450,10 +502,34 @@ class Dataset:
         )
 
     def _csv_block(self, piece: _CsvPiece) -> bytes:
-        with self.fs.open(piece.path, "rb", compression="infer") as f:
-            if piece.length is None:
+        if piece.length is not None:
+            with self.fs.open(piece.path, "rb") as f:
+                return read_block(f, piece.offset, piece.length, delimiter=b"\n")
+        try:
+            with self.fs.open(piece.path, "rb", compression="infer") as f:
                 return f.read()
-            return read_block(f, piece.offset, piece.length, delimiter=b"\n")
+        except _DECOMPRESS_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise  # an I/O error of the system (missing file, permissions, network)
+            raise self._truncated_error(piece, exc) from exc
+
+    def _truncated_error(self, piece: _CsvPiece, exc: BaseException) -> DataError:
+        """A compressed file that ends early or is corrupt: say how far it reads.
+        Runs only after a failure; decompresses again, chunk by chunk, to count."""
+        lines = 0
+        try:
+            with self.fs.open(piece.path, "rb", compression="infer") as f:
+                read = getattr(f, "read1", f.read)  # small reads: keep what precedes the fault
+                while chunk := read(1 << 16):
+                    lines += chunk.count(b"\n")
+        except _DECOMPRESS_ERRORS:
+            pass
+        where = (f"it reads up to line {lines}, then fails" if lines
+                 else "not even line 1 could be read")
+        return _data_error(
+            f"{piece.path}: the compressed file is truncated or corrupt ({exc}); {where}",
+            "the file was cut short (an interrupted copy or download?): fetch or compress it again",
+        )
 
     def _parse_csv(self, data: bytes, skip_header: bool,
                    invalid_row_handler: Any = None, as_strings: bool = False) -> pa.Table:
@@ -480,7 +556,8 @@ class Dataset:
 
     def _csv_error(self, piece: _CsvPiece, data: bytes, skip_header: bool,
                    exc: Exception) -> DataError:
-        """Turn an Arrow CSV error into one that names the file, line and column."""
+        """Turn an Arrow CSV error into one that names the file, line and column.
+        Runs only after Arrow has failed, so the block is examined again here."""
         first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
         msg = str(exc)
         bad: list[Any] = []
@@ -489,9 +566,15 @@ class Dataset:
             bad.append(row)
             return "skip"
 
+        if "utf8" in msg.lower():
+            return self._utf8_error(piece, data) or DataError(f"{piece.path} (from line {first_line}): {msg}")
         if "parse error" in msg.lower():
+            # Arrow's row handler cannot show a line of invalid UTF-8: look for
+            # field-count errors only in the lines before the first such byte.
+            utf8 = self._utf8_error(piece, data)
+            clean = data if utf8 is None else data[:data.rfind(b"\n", 0, utf8.offset) + 1]  # type: ignore[attr-defined]
             try:
-                self._parse_csv(data, skip_header, invalid_row_handler=handler, as_strings=True)
+                self._parse_csv(clean, skip_header, invalid_row_handler=handler, as_strings=True)
             except pa.ArrowInvalid:
                 pass
             if bad:
@@ -501,11 +584,16 @@ class Dataset:
                     f"{piece.path}, line {line}: expected {row.expected_columns} fields "
                     f"separated by {self._csv_sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
                 )
+            if utf8 is not None:
+                return utf8
             return DataError(f"{piece.path} (from line {first_line}): {msg}")
         m = re.search(r"column #(\d+)", msg)
         if m:
             name = self._csv_names[int(m.group(1))]
-            raw = self._parse_csv(data, skip_header, as_strings=True).column(name)
+            try:
+                raw = self._parse_csv(data, skip_header, as_strings=True).column(name)
+            except pa.ArrowInvalid:  # the text itself is broken (bad UTF-8 elsewhere)
+                return self._utf8_error(piece, data) or DataError(f"{piece.path}, column {name!r}: {msg}")
             target = self._csv_types[name]
             for i, value in enumerate(raw.to_pylist()):
                 if value is None:
@@ -519,6 +607,23 @@ class Dataset:
                     )
             return DataError(f"{piece.path}, column {name!r}: {msg}")
         return DataError(f"{piece.path} (from line {first_line}): {msg}")
+
+    def _utf8_error(self, piece: _CsvPiece, data: bytes) -> DataError | None:
+        """The first invalid UTF-8 byte of the block, by file line and column
+        (its offset in the block is the error's ``offset``)."""
+        try:
+            data.decode()
+        except UnicodeDecodeError as bad:
+            pos = bad.start
+            err = _data_error(
+                f"{piece.path}, line {self._line_at(piece, data, pos)}, column "
+                f"{self._column_at(data, pos)!r}: invalid UTF-8 bytes "
+                f"{data[pos:bad.end]!r} in {_excerpt(data, pos)!r}",
+                "raw logs must be UTF-8 text: re-encode the file (e.g. iconv -f latin1 -t utf-8)",
+            )
+            err.offset = pos  # type: ignore[attr-defined]
+            return err
+        return None
 
     def _lines_before(self, piece: _CsvPiece) -> int:
         """Lines in the file before the block of ``piece`` (``read_block`` starts a
@@ -938,11 +1043,31 @@ def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
     return both_int or both_float or (src in strings and dst in strings)
 
 
+def _data_error(message: str, hint: str) -> DataError:
+    """A DataError that also carries a ``hint`` (the CLI prints it under the message)."""
+    err = DataError(message)
+    err.hint = hint  # type: ignore[attr-defined]
+    return err
+
+
+def _excerpt(data: bytes, pos: int, width: int = 120) -> bytes:
+    """The line of ``data`` around byte ``pos``, cut to about ``width`` bytes."""
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    end = len(data) if end < 0 else end
+    start = max(start, pos - width // 2)
+    return data[start:min(end, start + width)].rstrip(b"\r")
+
+
 def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
-    """tabstream exports keep tags and properties in ``schema.json`` beside the files."""
+    """tabstream exports keep tags and properties in ``_schema.json`` beside the
+    files (``schema.json`` in exports of older versions, still read)."""
     folder = posixpath.dirname(fs._strip_protocol(files[0]))
-    candidate = posixpath.join(folder, "schema.json")
-    if not fs.exists(candidate):
+    for filename in ("_schema.json", "schema.json"):
+        candidate = posixpath.join(folder, filename)
+        if fs.exists(candidate):
+            break
+    else:
         return None
     with fs.open(candidate, "r") as f:
         try:

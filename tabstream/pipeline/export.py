@@ -3,14 +3,22 @@
 Layout of an export folder::
 
     out/train/part_00000.parquet ...   data files (snappy; row groups of <= row_group_size)
-    out/train/schema.json              the output Schema (tags, cardinalities, ...)
+    out/train/_schema.json             the output Schema (tags, cardinalities, ...)
     out/train/_manifest.json           {"num_rows": N, "files": [{"path", "num_rows"}], ...}
     out/train/_metadata                parquet footers of every file
     out/train/_keysets/part_00000.parquet   with write_keysets: (column, id) pairs per file
 
-Everything is written into a hidden sibling folder ``.train.tmp-<id>`` and renamed
-to ``train`` only when complete, so a failed or killed export never leaves a
-folder that looks finished.
+Everything beside the data files starts with ``_``, so pandas, pyarrow.dataset,
+polars and dask read the folder as it is (``schema.json``, the name older versions
+wrote, is still read by :class:`~tabstream.pipeline.dataset.Dataset`).
+
+Everything is written into a hidden sibling folder
+``.train.tmp-<host>-<pid>-<id>`` and renamed to ``train`` only when complete, so
+a failed or killed export never leaves a folder that looks finished. A failed
+export closes every file it opened and removes its folder; the folder of a killed
+one is removed by the next export to the same place (when its process is gone, or,
+for one started on another host, when it is older than a day). An export of zero
+rows is refused: readers refuse an empty folder, so it must not look finished.
 
 Files and work are split into *writer groups*, one per dask worker (threads of the
 local scheduler, or the workers of a distributed client). Each group reads its
@@ -26,9 +34,17 @@ share of the input partitions one at a time and writes ``out_files_per_proc`` fi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import posixpath
+import re
+import socket
+import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import fsspec
@@ -39,7 +55,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import ExportError
+from tabstream.errors import ExportError, TabstreamError
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute, num_workers
 from tabstream.pipeline.schema import Schema, Tags
@@ -48,6 +64,10 @@ __all__ = ["ExportResult", "export"]
 
 SHUFFLES = (None, "per_partition", "per_worker", "full")
 DEFAULT_ROW_GROUP_SIZE = 128 * 1024
+SCHEMA_FILE = "_schema.json"
+# A leftover temporary folder whose owner cannot be checked (another host, or the
+# naming of older versions) is removed once it is this old.
+STALE_SECONDS = 24 * 3600
 
 
 class ExportResult:
@@ -85,7 +105,7 @@ def export(
     progress: bool | None = None,
 ) -> ExportResult:
     """Write ``workflow.transform(dataset)`` (or the dataset itself when ``workflow`` is
-    None) as parquet files plus ``schema.json`` and ``_manifest.json``."""
+    None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     if partition_on:
@@ -109,7 +129,8 @@ def export(
         else:
             raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
     parent, name = posixpath.split(root)
-    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    _remove_leftovers(fs, parent, name)
+    tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
     fs.makedirs(tmp, exist_ok=True)
 
     if seed is None:
@@ -127,18 +148,27 @@ def export(
     plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed)
 
     try:
-        if shuffle == "full":
-            results = _full_shuffle(plan, pieces, total_files, client, progress)
-        else:
-            tasks = []
-            for g in range(groups):
-                files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
-                my_pieces = list(range(g * len(pieces) // groups, (g + 1) * len(pieces) // groups))
-                tasks.append(delayed(_write_group, pure=False)(plan, my_pieces, files, shuffle))
-            results = [r for group in compute(tasks, client, desc="export", progress=progress) for r in group]
+        with _task_pool(client) as pool:
+            if shuffle == "full":
+                results = _full_shuffle(plan, pieces, total_files, client, progress, pool)
+            else:
+                tasks = []
+                for g in range(groups):
+                    files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
+                    my_pieces = list(range(g * len(pieces) // groups, (g + 1) * len(pieces) // groups))
+                    tasks.append(delayed(_write_group, pure=False)(plan, my_pieces, files, shuffle))
+                results = [r for group in _run(tasks, client, pool, "export", progress) for r in group]
         results.sort()
         files = [f for f, rows in results if rows > 0]
         rows = [rows for f, rows in results if rows > 0]
+        if not files:
+            err = ExportError(
+                f"export to {output_path!r} refused: {dataset!r} has no rows"
+                f"{' after the workflow' if workflow is not None else ''}, and an empty export "
+                "would look finished while every reader refuses it; nothing was written"
+            )
+            err.hint = "check the input path (an empty file?) and the filters of the workflow"  # type: ignore[attr-defined]
+            raise err
         _write_sidecars(fs, tmp, schema, files, rows)
         _publish(fs, tmp, root, overwrite)
     except BaseException as exc:
@@ -146,10 +176,98 @@ def export(
             fs.rm(tmp, recursive=True)
         except FileNotFoundError:
             pass
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError)):
+        # Errors of the input (DataError, SchemaError, ...) and our own refusals keep
+        # their type and message: they name the file, line or column at fault.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError, TabstreamError)):
             raise
         raise ExportError(f"export to {output_path!r} failed, nothing was written: {exc}") from exc
     return ExportResult(output_path, files, rows)
+
+
+@contextmanager
+def _task_pool(client: Any) -> Iterator[ThreadPoolExecutor | None]:
+    """A thread pool of this export's own for its local (threaded) tasks, so that
+    when one task fails the export waits for its running siblings (and drops the
+    queued ones) before it removes the temporary folder: no task is left writing,
+    or holding a file open, in a folder that is being deleted."""
+    if client is not None:
+        yield None
+        return
+    pool = ThreadPoolExecutor(num_workers(None), thread_name_prefix="tabstream-export")
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: str,
+         progress: bool | None) -> list[Any]:
+    """:func:`~tabstream.pipeline.execution.compute`, on ``pool`` when given (passed
+    to this computation alone, not set in dask's global config)."""
+    if pool is None or not tasks:
+        return compute(tasks, client, desc=desc, progress=progress)
+    import dask
+    from tqdm.dask import TqdmCallback
+
+    with TqdmCallback(desc=desc, disable=None if progress is None else not progress, unit="task"):
+        return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+
+
+def _owner_tag() -> str:
+    """``<host>-<pid>`` of this process (the host as a short hash: names stay plain)."""
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    return f"{host}-{os.getpid()}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _remove_leftovers(fs: Any, parent: str, name: str) -> list[str]:
+    """Remove the hidden folders that killed exports to ``parent/name`` left behind.
+
+    Only folders named as this module names them are considered. One made by a
+    process of this host is removed when that process is gone; one from another
+    host (or named by an older version, without its owner) when it is older than
+    :data:`STALE_SECONDS`. An ``.old-`` folder (a replaced export) is removed only
+    when the new export is in place. Returns the removed paths.
+    """
+    pattern = re.compile(
+        rf"\.{re.escape(name)}\.(tmp|old)-(?:([0-9a-f]{{8}})-(\d+)-)?[0-9a-f]{{12}}"
+    )
+    try:
+        entries = fs.ls(parent, detail=True)
+    except OSError:  # no parent yet, or not ours to list: nothing to clean
+        return []
+    here = _owner_tag().split("-")[0]
+    removed = []
+    for entry in entries:
+        path = entry["name"].rstrip("/")
+        m = pattern.fullmatch(posixpath.basename(path))
+        if m is None or entry.get("type") != "directory":
+            continue
+        kind, host, pid = m.groups()
+        if kind == "old" and not fs.exists(posixpath.join(parent, name)):
+            continue  # killed between the two renames: the old export may be all there is
+        if host == here and pid is not None:
+            if _process_alive(int(pid)):
+                continue
+        else:
+            mtime = entry.get("mtime") or entry.get("created")
+            if mtime is None or time.time() - float(mtime) < STALE_SECONDS:
+                continue
+        try:
+            fs.rm(path, recursive=True)
+        except OSError:
+            continue  # not ours to remove after all (permissions): leave it
+        removed.append(path)
+    return removed
 
 
 class _Plan:
@@ -208,12 +326,28 @@ class _FileWriter:
     def close(self) -> tuple[str, int]:
         """Finish the file; a writer that got no rows leaves no file."""
         if self.writer is None:
-            return self.name, 0
-        self.writer.close()
-        self.f.close()
+            return self.name, self.rows
+        writer, f = self.writer, self.f
+        self.writer = self.f = None
+        try:
+            writer.close()
+        finally:
+            f.close()
         if self.keys:
             self._write_keyset()
         return self.name, self.rows
+
+    def abort(self) -> None:
+        """Close the file after a failure (it is deleted with the temporary folder).
+        Errors here are dropped: the failure being raised is the one to report."""
+        writer, f = self.writer, self.f
+        self.writer = self.f = None
+        for handle in (writer, f):
+            if handle is not None:
+                try:
+                    handle.close()
+                except Exception:  # the failure being raised is the one to report
+                    pass
 
     def _write_keyset(self) -> None:
         names, ids = [], []
@@ -231,31 +365,36 @@ class _FileWriter:
 def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
                  shuffle: str | None) -> list[tuple[str, int]]:
     writers = [_FileWriter(plan, i) for i in file_indices]
-    for turn, p in enumerate(piece_indices):
-        table = plan.read(p)
-        if shuffle in ("per_partition", "per_worker"):
-            table = table.take(plan.rng(p).permutation(table.num_rows))
-        if shuffle == "per_worker" and len(writers) > 1:
-            bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
-            offset = turn % len(writers)  # rotate so small partitions still spread evenly
-            for j, w in enumerate(writers):
-                k = (j + offset) % len(writers)
-                w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
-        elif shuffle is None:
-            # contiguous runs of partitions per file keep the input order across files
-            writers[turn * len(writers) // len(piece_indices)].write(table)
-        else:
-            writers[turn % len(writers)].write(table)
-    return [w.close() for w in writers]
+    try:
+        for turn, p in enumerate(piece_indices):
+            table = plan.read(p)
+            if shuffle in ("per_partition", "per_worker"):
+                table = table.take(plan.rng(p).permutation(table.num_rows))
+            if shuffle == "per_worker" and len(writers) > 1:
+                bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
+                offset = turn % len(writers)  # rotate so small partitions still spread evenly
+                for j, w in enumerate(writers):
+                    k = (j + offset) % len(writers)
+                    w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
+            elif shuffle is None:
+                # contiguous runs of partitions per file keep the input order across files
+                writers[turn * len(writers) // len(piece_indices)].write(table)
+            else:
+                writers[turn % len(writers)].write(table)
+        return [w.close() for w in writers]
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
-                  progress: bool | None) -> list[tuple[str, int]]:
+                  progress: bool | None, pool: ThreadPoolExecutor | None) -> list[tuple[str, int]]:
     scatter = posixpath.join(plan.tmp, "_scatter")
     tasks = [delayed(_scatter_piece, pure=False)(plan, p, total_files, scatter) for p in range(len(pieces))]
-    compute(tasks, client, desc="export: scatter", progress=progress)
+    _run(tasks, client, pool, "export: scatter", progress)
     tasks = [delayed(_gather_file, pure=False)(plan, f, len(pieces), scatter) for f in range(total_files)]
-    results = compute(tasks, client, desc="export: gather", progress=progress)
+    results = _run(tasks, client, pool, "export: gather", progress)
     plan.fs.rm(scatter, recursive=True)
     return results
 
@@ -284,12 +423,16 @@ def _gather_file(plan: _Plan, f: int, npieces: int, scatter: str) -> tuple[str, 
     table = pa.concat_tables(parts)
     table = table.take(plan.rng(10**9 + f).permutation(table.num_rows))
     writer = _FileWriter(plan, f)
-    writer.write(table)
-    return writer.close()
+    try:
+        writer.write(table)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def _write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int]) -> None:
-    with fs.open(posixpath.join(tmp, "schema.json"), "w") as f:
+    with fs.open(posixpath.join(tmp, SCHEMA_FILE), "w") as f:
         f.write(schema.to_json())
     collected = []
     for name in files:
@@ -320,9 +463,16 @@ def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
         if not overwrite:
             raise FileExistsError(f"{root!r} appeared while exporting; pass overwrite=True to replace it")
         parent, name = posixpath.split(root)
-        old = posixpath.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
+        old = posixpath.join(parent, f".{name}.old-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
         fs.mv(root, old, recursive=True)
-        fs.mv(tmp, root, recursive=True)
-        fs.rm(old, recursive=True)
+        try:
+            fs.mv(tmp, root, recursive=True)
+        except BaseException:
+            fs.mv(old, root, recursive=True)  # put the previous export back
+            raise
+        try:
+            fs.rm(old, recursive=True)
+        except OSError:
+            pass  # the new export is in place; the next export here removes the old one
     else:
         fs.mv(tmp, root, recursive=True)

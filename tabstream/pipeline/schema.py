@@ -2,7 +2,7 @@
 
 A :class:`Schema` is an ordered collection of :class:`ColumnSchema`; it is
 computed for a workflow's output before any data is read and written beside
-every export as ``schema.json``::
+every export as ``_schema.json``::
 
     {"columns": [{"name": "C1", "dtype": "int64", "tags": ["categorical"],
                   "is_list": false, "is_ragged": false,

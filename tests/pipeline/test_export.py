@@ -60,7 +60,9 @@ def test_sidecars_schema_metadata_and_dataset_roundtrip(small_raw, tmp_path):
     wf = fitted(small_raw)
     out = str(tmp_path / "out")
     wf.transform(ts.Dataset(small_raw)).to_parquet(out, num_files=2)
-    assert ts.Schema.from_json(os.path.join(out, "schema.json")) == wf.output_schema
+    assert ts.Schema.from_json(os.path.join(out, "_schema.json")) == wf.output_schema
+    assert sorted(n for n in os.listdir(out) if not n.endswith(".parquet")) == [
+        "_manifest.json", "_metadata", "_schema.json"], "everything beside the data starts with _"
     md = pq.read_metadata(os.path.join(out, "_metadata"))
     assert md.num_rows == len(small_raw)
     back = ts.Dataset(out)
@@ -68,6 +70,28 @@ def test_sidecars_schema_metadata_and_dataset_roundtrip(small_raw, tmp_path):
     assert ts.Tags.CATEGORICAL in back.schema["C1"].tags
     assert back.schema["I2"].dtype == "float32"
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))
+
+
+def test_export_folder_reads_as_is_with_pandas_and_pyarrow(small_raw, tmp_path):
+    import pyarrow.dataset as pads
+
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    wf.transform(ts.Dataset(small_raw, part_size=4000)).to_parquet(out, num_files=3)
+    expected = wf.transform(small_raw).sort_values("row_id").reset_index(drop=True)
+    for got in (pd.read_parquet(out), pads.dataset(out, format="parquet").to_table().to_pandas()):
+        got = got.sort_values("row_id").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_schema_json_of_older_versions_is_still_read(small_raw, tmp_path):
+    wf = fitted(small_raw)
+    out = tmp_path / "out"
+    wf.transform(ts.Dataset(small_raw)).to_parquet(str(out))
+    (out / "_schema.json").rename(out / "schema.json")  # the layout older versions wrote
+    back = ts.Dataset(str(out))
+    assert back.schema["C1"].cardinality == wf.output_schema["C1"].cardinality
+    assert ts.Tags.CATEGORICAL in back.schema["C1"].tags
 
 
 def test_keysets_hold_each_files_unique_ids(small_raw, tmp_path):
