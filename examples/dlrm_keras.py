@@ -39,7 +39,6 @@ hand-written one, reading the parquet into memory and slicing it into tensors.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import tempfile
 import time
@@ -159,12 +158,11 @@ def tabstream_pipeline(train_dir: str, valid_dir: str, batch_size: int, seed: in
 
 
 def read_export(export_dir: str) -> Any:
-    """All data files of an export as one DataFrame (``pd.read_parquet(export_dir)``
-    trips over ``schema.json`` in the folder, so list the files)."""
+    """All data files of an export as one DataFrame (the sidecar files start with
+    ``_``, so pandas reads the folder as it is)."""
     import pandas as pd
 
-    files = sorted(glob.glob(os.path.join(export_dir, "*.parquet")))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.read_parquet(export_dir)
 
 
 def handwritten_pipeline(train_dir: str, valid_dir: str, batch_size: int,

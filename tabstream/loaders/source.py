@@ -128,7 +128,7 @@ class ParquetSource:
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Record the (unified) arrow type of each column in ``columns`` and check it
-        against the stored schema (``schema.json``) when there is one."""
+        against the stored schema (``_schema.json``) when there is one."""
         arrow = self.dataset.arrow_schema if self.dataset is not None else None
         types = ({f.name: f.type for f in arrow} if arrow is not None
                  else self.file_types(0))
