@@ -277,7 +277,11 @@ def _options(agg: str) -> Any:
 
 
 def _arrow_type(col: ColumnSchema, produced: pa.DataType) -> pa.DataType:
-    """The Arrow type of a declared column; strings and keys keep their own type."""
+    """The Arrow type of a declared column; strings and keys keep their own type,
+    except that a list of strings is always ``list<string>`` (pandas input holds
+    strings as ``large_string``; the output must not depend on the input's origin)."""
+    if col.dtype == "string" and col.is_list and is_list_type(produced):
+        return pa.list_(pa.string())
     if col.dtype in ("string", "unknown") or col.dtype.startswith("datetime"):
         return produced
     base = dtype_to_arrow_type(col.dtype)
