@@ -7,7 +7,18 @@ __all__ = ["DataError", "NotFittedError", "SchemaError", "TabstreamError", "Expo
 
 
 class TabstreamError(Exception):
-    """Base class of tabstream's own errors."""
+    """Base class of tabstream's own errors.
+
+    ``hint`` (optional) says what to do about it; the command line prints it under
+    the one-line message.
+
+    >>> str(DataError("x.tsv, line 1: ...", hint="pass header=True").hint)
+    'pass header=True'
+    """
+
+    def __init__(self, *args: object, hint: str | None = None) -> None:
+        super().__init__(*args)
+        self.hint = hint
 
 
 class DataError(TabstreamError, ValueError):

@@ -917,6 +917,8 @@ def _parquet_footers(fs: Any, files: list[str]) -> list[tuple[pq.FileMetaData, p
 
 
 MANIFEST_FILE = "_manifest.json"
+_MANIFEST_HINT = ("the export folder was changed after it was written: write it again "
+                  "(tabstream fit/transform, or to_parquet) rather than editing its files")
 
 
 def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
@@ -949,7 +951,7 @@ def _check_manifests(fs: Any, files: list[str], folders: list[str], rows: dict[s
                 raise DataError(
                     f"{path}: listed in {posixpath.join(folder, MANIFEST_FILE)} with {expected} rows, "
                     "but the file is missing (found 0 rows); the export is incomplete: "
-                    "restore the file or export again"
+                    "restore the file or export again", hint=_MANIFEST_HINT
                 )
     for path, url in stripped.items():
         folder = next((f for f in folders if path.startswith(f + "/")), posixpath.dirname(path))
@@ -962,12 +964,12 @@ def _check_manifests(fs: Any, files: list[str], folders: list[str], rows: dict[s
         if path not in manifest:
             raise DataError(
                 f"{url}: not listed in {where} (found {rows[url]} rows, expected no such file); "
-                "remove the extra file or export again"
+                "remove the extra file or export again", hint=_MANIFEST_HINT
             )
         if manifest[path] != rows[url]:
             raise DataError(
                 f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
-                "was replaced or truncated after the export: export again"
+                "was replaced or truncated after the export: export again", hint=_MANIFEST_HINT
             )
 
 
@@ -1045,9 +1047,7 @@ def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
 
 def _data_error(message: str, hint: str) -> DataError:
     """A DataError that also carries a ``hint`` (the CLI prints it under the message)."""
-    err = DataError(message)
-    err.hint = hint  # type: ignore[attr-defined]
-    return err
+    return DataError(message, hint=hint)
 
 
 def _excerpt(data: bytes, pos: int, width: int = 120) -> bytes:

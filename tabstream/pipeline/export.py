@@ -162,13 +162,12 @@ def export(
         files = [f for f, rows in results if rows > 0]
         rows = [rows for f, rows in results if rows > 0]
         if not files:
-            err = ExportError(
+            raise ExportError(
                 f"export to {output_path!r} refused: {dataset!r} has no rows"
                 f"{' after the workflow' if workflow is not None else ''}, and an empty export "
-                "would look finished while every reader refuses it; nothing was written"
+                "would look finished while every reader refuses it; nothing was written",
+                hint="check the input path (an empty file?) and the filters of the workflow",
             )
-            err.hint = "check the input path (an empty file?) and the filters of the workflow"  # type: ignore[attr-defined]
-            raise err
         _write_sidecars(fs, tmp, schema, files, rows)
         _publish(fs, tmp, root, overwrite)
     except BaseException as exc:

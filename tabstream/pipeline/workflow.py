@@ -238,7 +238,13 @@ class Workflow:
         from tabstream.ops.structural import provided_functions
 
         with provided_functions(functions):
-            return cls._load(path, client, storage_options)
+            try:
+                return cls._load(path, client, storage_options)
+            except DataError as exc:
+                if exc.hint is None:
+                    exc.hint = ("the saved workflow was edited or damaged: save it again "
+                                "(Workflow.save, or tabstream fit --workflow-dir)")
+                raise
 
     @classmethod
     def _load(cls, path: str, client: Any, storage_options: dict | None) -> Workflow:

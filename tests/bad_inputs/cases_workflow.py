@@ -159,7 +159,7 @@ CASES = [
      WF + r"Categorify: stats file .*vocab\.C1\.parquet: stats table 'vocab\.C1' has no column 'values'"),
     ("cli transform, tampered state", _cli_transform_tampered, CliFailed,
      r"^tabstream transform: DataError: .*workflow\.json: node \d+: Normalize: state field 'stds\.I1' "
-     r"must be float, found None \(NoneType\)\n  hint: "),
+     r"must be float, found None \(NoneType\)\n  hint: the saved workflow was edited or damaged"),
     ("cli transform, workflow.json not JSON", _cli_transform_not_json, CliFailed,
      r"^tabstream transform: DataError: .*workflow\.json: not valid JSON \(line 1, column 1"),
     ("cli transform, untampered folder", _cli_transform_good_after_save, None, None),
