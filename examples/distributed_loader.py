@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import tempfile
 from datetime import timedelta
 
@@ -82,10 +83,14 @@ def run_rank(rank: int, world_size: int, port: int, export_dir: str, batch_size:
                 dist.all_reduce(step)  # every rank must take part in every step
                 rows += len(labels)
                 batches += 1
-            print(f"rank {rank}/{world_size} epoch {epoch}: {rows} rows in {batches} batches "
-                  f"(len(loader) = {len(loader)}, total {loader.num_rows})", flush=True)
-            print(f"share rank={rank} epoch={epoch} rows={rows} batches={batches} "
-                  f"total={loader.num_rows}", flush=True)
+            # one write per report: the ranks share stdout, and a pipe keeps a write of
+            # under 4 KiB whole, while print() writes the text and the newline apart
+            sys.stdout.write(
+                f"rank {rank}/{world_size} epoch {epoch}: {rows} rows in {batches} batches "
+                f"(len(loader) = {len(loader)}, total {loader.num_rows})\n"
+                f"share rank={rank} epoch={epoch} rows={rows} batches={batches} "
+                f"total={loader.num_rows}\n")
+            sys.stdout.flush()
         dist.barrier()
     finally:
         dist.destroy_process_group()
