@@ -48,10 +48,137 @@ def _criteo_read_kwargs(path: str, engine: str | None) -> dict[str, Any]:
     return {"names": CRITEO_COLUMNS, "dtypes": CRITEO_DTYPES, "sep": "\t"}
 
 
+_SEP_NAMES = {"tab": "\t", "\\t": "\t", "comma": ",", "space": " ", "pipe": "|", "semicolon": ";"}
+
+
+def _parse_sep(sep: str) -> str:
+    value = _SEP_NAMES.get(sep, sep)
+    if len(value) != 1:
+        raise ValueError(f"--sep {sep!r}: expected one character (or tab, comma, space, pipe, "
+                         "semicolon, '\\t'); raw logs have a one-character separator")
+    return value
+
+
+def _parse_names(names: str) -> list[str]:
+    parsed = [n.strip() for n in names.split(",")]
+    empty = [i + 1 for i, n in enumerate(parsed) if not n]
+    if empty:
+        raise ValueError(f"--names {names!r}: name {empty[0]} is empty; expected comma-separated "
+                         "column names such as label,I1,C1")
+    dupes = sorted({n for n in parsed if parsed.count(n) > 1})
+    if dupes:
+        raise ValueError(f"--names {names!r}: {dupes} given more than once; column names must be unique")
+    return parsed
+
+
+def _parse_dtypes(dtypes: str) -> dict[str, str]:
+    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+
+    out: dict[str, str] = {}
+    for item in dtypes.split(","):
+        name, eq, dtype = item.partition("=")
+        name, dtype = name.strip(), dtype.strip()
+        if not eq or not name or not dtype:
+            raise ValueError(f"--dtypes {dtypes!r}: {item!r} is not NAME=DTYPE; expected e.g. "
+                             "I1=float32,C1=string")
+        try:
+            dtype_to_arrow_type(dtype)
+        except TypeError as exc:
+            raise TypeError(f"--dtypes: column {name!r}: {exc}") from exc
+        out[name] = dtype
+    return out
+
+
+def _text_files(path: str, engine: str | None) -> tuple[Any, list[str]]:
+    """The filesystem and files of ``path`` when they are raw text (CSV/TSV), else
+    no files. A path that does not exist yields none: the Dataset names it."""
+    from tabstream.pipeline.dataset import _expand_paths, _infer_engine
+
+    if engine == "parquet":
+        return None, []
+    try:
+        fs, files, _ = _expand_paths(path, {}, engine)
+        if not files or (engine is None and _infer_engine(files) != "csv"):
+            return None, []
+    except (ValueError, OSError):
+        return None, []
+    return fs, files
+
+
+def _looks_like_data(fields: list[str]) -> str | None:
+    """Why ``fields`` (line 1 of a text file) are not column names, or None."""
+    for field in fields:
+        if not field.strip():
+            return "an empty field"
+        try:
+            float(field)
+        except ValueError:
+            continue
+        return f"the number {field!r}"
+    if len(set(fields)) < len(fields):
+        return "repeated fields"
+    return None
+
+
+def _check_header_line(path: str, engine: str | None, sep: str | None) -> None:
+    """Raw text without ``--names``: refuse when line 1 is plainly a row of data,
+    rather than read it as the column names."""
+    fs, files = _text_files(path, engine)
+    if not files:
+        return
+    with fs.open(files[0], "rb", compression="infer") as f:
+        first = f.readline().removeprefix(b"\xef\xbb\xbf").rstrip(b"\r\n").decode(errors="replace")
+    if sep is None:
+        sep = "\t" if files[0].endswith((".tsv", ".tsv.gz")) else ","
+    why = _looks_like_data(first.split(sep))
+    if why is not None:
+        from tabstream.errors import DataError
+
+        raise DataError(
+            f"{files[0]}, line 1 holds {why}, so it is a row of data, not column names "
+            f"({first[:80]!r}); a headerless raw log needs its column names",
+            hint="pass --names label,I1,...,C1,... (and --dtypes NAME=DTYPE,...), "
+                 "--criteo-tsv for Criteo-shaped logs, or --header if line 1 holds the names",
+        )
+
+
+def _read_kwargs(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    """Dataset arguments for raw text from --criteo-tsv / --sep / --names / --header /
+    --dtypes; parquet needs none."""
+    kwargs: dict[str, Any] = {}
+    if getattr(args, "criteo_tsv", False):
+        kwargs = _criteo_read_kwargs(path, "csv")
+    if args.sep is not None:
+        kwargs["sep"] = _parse_sep(args.sep)
+    if args.names is not None:
+        kwargs["names"] = _parse_names(args.names)
+    if args.header:
+        kwargs["header"] = True
+    if args.dtypes is not None:
+        kwargs["dtypes"] = {**kwargs.get("dtypes", {}), **_parse_dtypes(args.dtypes)}
+    if "names" not in kwargs and not args.header:
+        _check_header_line(path, args.engine, kwargs.get("sep"))
+    return kwargs
+
+
+def _given_raw_options(args: argparse.Namespace) -> bool:
+    return args.header or any(v is not None for v in (args.sep, args.names, args.dtypes))
+
+
 def _dataset(path: str, engine: str | None, part_size: str | None, read_kwargs: dict[str, Any]):
     from tabstream import Dataset
 
     return Dataset(path, engine=engine, part_size=part_size, **read_kwargs)
+
+
+def _refuse_existing(path: str | None, overwrite: bool, what: str) -> None:
+    import fsspec
+
+    if path is None or overwrite:
+        return
+    fs, _, (root,) = fsspec.get_fs_token_paths(path)
+    if fs.exists(root):
+        raise FileExistsError(f"{what} {path!r} already exists; nothing was fitted or written")
 
 
 @contextmanager
@@ -126,13 +253,19 @@ def cmd_synth(args: argparse.Namespace) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> None:
+    # Refuse before fitting: an hour of fit must not end in "already exists".
+    _refuse_existing(args.output, args.overwrite, "output folder")
     if args.workflow_file:
         wf, read_kwargs = _load_workflow_file(args.workflow_file)
+        read_kwargs.update(_read_kwargs(args, args.input) if _given_raw_options(args) or not read_kwargs
+                           else {})
     else:
         from tabstream.recipes import RECIPES
 
         wf = RECIPES[args.recipe](freq_threshold=args.freq_threshold)
-        read_kwargs = _criteo_read_kwargs(args.input, args.engine)
+        # the recipe reads Criteo-shaped logs unless the options say otherwise
+        read_kwargs = (_read_kwargs(args, args.input) if _given_raw_options(args)
+                       else _criteo_read_kwargs(args.input, args.engine))
     ds = _dataset(args.input, args.engine, args.part_size, read_kwargs)
     timings: dict[str, float] = {}
     with _phase(timings, "fit"):
@@ -153,33 +286,67 @@ def cmd_fit(args: argparse.Namespace) -> None:
 def cmd_transform(args: argparse.Namespace) -> None:
     from tabstream import Workflow
 
+    _refuse_existing(args.output, args.overwrite, "output folder")
     wf = Workflow.load(args.workflow_dir)
-    read_kwargs: dict[str, Any] = {}
-    if args.criteo_tsv:
-        read_kwargs = _criteo_read_kwargs(args.input, "csv")
-    ds = _dataset(args.input, args.engine, args.part_size, read_kwargs)
+    ds = _dataset(args.input, args.engine, args.part_size, _read_kwargs(args, args.input))
     result = wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,
                                          num_files=args.num_files, shuffle=args.shuffle,
                                          overwrite=args.overwrite, progress=not args.quiet)
     print(f"wrote {result.num_rows:,} rows to {len(result.files)} files in {args.output}")
 
 
-def cmd_inspect(args: argparse.Namespace) -> None:
-    from tabstream.pipeline.inspect import inspect_dataset
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
-    read_kwargs = _criteo_read_kwargs(args.path, args.engine) if args.criteo_tsv else {}
-    ds = _dataset(args.path, args.engine, args.part_size, read_kwargs)
-    report = inspect_dataset(ds)
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    from tabstream.pipeline.inspect import inspect_dataset, write_plots
+
+    if args.plots:
+        from tabstream.pipeline.inspect import _pyplot
+
+        _pyplot()  # a missing matplotlib fails now, not after the pass over the data
+    ds = _dataset(args.path, args.engine, args.part_size, _read_kwargs(args, args.path))
+    report = inspect_dataset(ds, progress=False if args.quiet else None, top=args.top,
+                             histograms=bool(args.plots))
+    if args.plots:
+        written = write_plots(report, args.plots)
+        print(f"wrote {len(written)} pictures to {args.plots} (overview.png first)",
+              file=sys.stderr if args.json else sys.stdout)
+    for col in report["columns"]:
+        col.pop("_summary", None)
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"{args.path}: {report['num_rows']:,} rows in {report['num_files']} files, "
           f"{report['npartitions']} partitions")
-    print(f"{'column':<14} {'dtype':<8} {'tags':<34} {'null %':>7} {'distinct':>10} {'cardinality':>11}")
+    print(f"{'column':<14} {'dtype':<8} {'tags':<30} {'null %':>7} {'distinct':>10} {'cardinality':>11}"
+          f" {'min':>9} {'median':>9} {'max':>9} {'mean':>9} {'std':>9}")
     for col in report["columns"]:
         card = "" if col["cardinality"] is None else f"{col['cardinality']:,}"
-        print(f"{col['name']:<14} {col['dtype']:<8} {','.join(col['tags']):<34} "
-              f"{100 * col['null_rate']:>6.2f}% {col['distinct']:>10,} {card:>11}")
+        distinct = ("" if col["distinct_exact"] else "~") + f"{col['distinct']:,}"
+        median = col.get("quantiles", {}).get("0.5")
+        print(f"{col['name']:<14} {col['dtype']:<8} {','.join(col['tags']):<30} "
+              f"{100 * col['null_rate']:>6.2f}% {distinct:>10} {card:>11} "
+              + " ".join(f"{_fmt(v):>9}" for v in (col.get("min"), median, col.get("max"),
+                                                   col.get("mean"), col.get("std"))))
+    print("\ntop values (count)" + ("" if all(c.get("top_exact", True) for c in report["columns"])
+                                     else "; ~: approximate"))
+    for col in report["columns"]:
+        if col.get("top"):
+            mark = "" if col["top_exact"] else "~"
+            shown = ", ".join(f"{str(t['value'])[:20]} ({mark}{t['count']:,})" for t in col["top"][:5])
+            print(f"  {col['name']:<14} {shown}")
+    lists = [c for c in report["columns"] if "list_length" in c]
+    if lists:
+        print("\nlist lengths        min      max     mean")
+        for col in lists:
+            ln = col["list_length"]
+            print(f"  {col['name']:<14} {_fmt(ln['min']):>8} {_fmt(ln['max']):>8} {_fmt(ln['mean']):>8}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -218,72 +385,133 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # -- parser -------------------------------------------------------------------
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default; keeps the examples in descriptions as written."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tabstream")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from tabstream import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tabstream",
+        prog="tabstream", formatter_class=_Formatter,
         description="Raw recommender logs to training-ready parquet, and batches into models.",
+        epilog="Run `tabstream COMMAND --help` for a command's options.",
     )
+    parser.add_argument("--version", action="version", version=f"tabstream {_version()}",
+                        help="print the version and exit")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def data_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--engine", choices=["parquet", "csv"], help="input format (default: from extension)")
-        p.add_argument("--part-size", default=None, help="partition size, e.g. 64MB")
-        p.add_argument("--quiet", action="store_true", help="no progress bars")
+    def add(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description or help, formatter_class=_Formatter)
 
-    p = sub.add_parser("synth", help="write synthetic Criteo-like or e-commerce logs")
-    p.add_argument("name", choices=["criteo", "e-commerce"])
+    def data_opts(p: argparse.ArgumentParser, criteo_flag: bool = True) -> None:
+        g = p.add_argument_group("reading the input")
+        g.add_argument("--engine", choices=["parquet", "csv"], default=None,
+                       help="input format; None: from the file extension (.parquet, .csv, .tsv, .gz)")
+        g.add_argument("--part-size", default=None,
+                       help="partition size in memory, e.g. 64MB; None: the Dataset's default (128MB)")
+        if criteo_flag:
+            g.add_argument("--criteo-tsv", action="store_true",
+                           help="raw text is headerless Criteo TSV (label, I1..I13, C1..C26)")
+        g.add_argument("--sep", default=None,
+                       help="field separator of raw text: one character, or tab/comma/space/pipe/"
+                            "semicolon; None: tab for .tsv, comma otherwise")
+        g.add_argument("--names", default=None,
+                       help="comma-separated column names of headerless raw text, e.g. label,I1,C1; "
+                            "None: line 1 holds the names")
+        g.add_argument("--header", action="store_true",
+                       help="line 1 of raw text holds column names (skipped when --names is given)")
+        g.add_argument("--dtypes", default=None,
+                       help="column types of raw text, e.g. label=int8,I1=float32; None: undeclared "
+                            "columns are read as strings")
+        g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    def export_opts(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("writing the export")
+        g.add_argument("--out-files-per-proc", type=int, default=None,
+                       help="data files per worker; None: one per partition")
+        g.add_argument("--shuffle", choices=["per_partition", "per_worker", "full"], default=None,
+                       help="shuffle rows while writing; None: keep the input order")
+        g.add_argument("--overwrite", action="store_true",
+                       help="replace an existing output folder (refused otherwise, before any work)")
+
+    p = add("synth", "write synthetic Criteo-like or e-commerce logs")
+    p.add_argument("name", choices=["criteo", "e-commerce"], help="which data set to imitate")
     p.add_argument("output", help="output folder")
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--files", type=int, default=1)
-    p.add_argument("--format", choices=["tsv", "parquet"], default="parquet")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows in all")
+    p.add_argument("--files", type=int, default=1, help="number of files the rows are split into")
+    p.add_argument("--format", choices=["tsv", "parquet"], default="parquet",
+                   help="tsv: headerless raw logs; parquet: typed columns")
+    p.add_argument("--seed", type=int, default=0, help="random seed; same seed, same data")
     p.add_argument("--probabilities", action="store_true",
                    help="also write the true click probabilities (probabilities/*.parquet)")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("fit", help="fit a workflow (built-in recipe or a Python file) and export")
-    p.add_argument("input", help="raw data: parquet or TSV files, folder or glob")
+    p = add("fit", "fit a workflow (built-in recipe or a Python file) and export",
+            "Fit a workflow on raw data, save it, and export the transformed data.\n\n"
+            "  tabstream fit raw/ --recipe criteo --workflow-dir wf/ --output out/train\n"
+            "  tabstream fit logs/ --workflow-file my_wf.py --sep tab --names label,I1,C1 "
+            "--dtypes I1=float32 --output out/")
+    p.add_argument("input", help="raw data: parquet, CSV or TSV files, a folder or a quoted glob")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--recipe", choices=["criteo"], default="criteo")
-    src.add_argument("--workflow-file", help="Python file defining `workflow` (and `dataset_kwargs`)")
-    p.add_argument("--freq-threshold", type=int, default=15, help="Categorify threshold (recipe)")
-    p.add_argument("--workflow-dir", help="save the fitted workflow here")
-    p.add_argument("--output", help="also export the transformed data here")
-    p.add_argument("--out-files-per-proc", type=int, default=None)
-    p.add_argument("--shuffle", choices=["per_partition", "per_worker", "full"], default=None)
-    p.add_argument("--overwrite", action="store_true")
-    data_opts(p)
+    src.add_argument("--recipe", choices=["criteo"], default="criteo",
+                     help="built-in workflow; reads headerless Criteo TSV unless --names/--sep/"
+                          "--header/--dtypes say otherwise")
+    src.add_argument("--workflow-file", default=None,
+                     help="Python file defining `workflow` (and optionally `dataset_kwargs`, which "
+                          "--names/--sep/--header/--dtypes extend)")
+    p.add_argument("--freq-threshold", type=int, default=15,
+                   help="recipe: Categorify keeps values seen at least this often")
+    p.add_argument("--workflow-dir", default=None, help="save the fitted workflow here")
+    p.add_argument("--output", default=None, help="also export the transformed data here")
+    export_opts(p)
+    data_opts(p, criteo_flag=False)
     p.set_defaults(func=cmd_fit)
 
-    p = sub.add_parser("transform", help="apply a saved workflow to new data")
-    p.add_argument("workflow_dir")
-    p.add_argument("input")
-    p.add_argument("output")
-    p.add_argument("--criteo-tsv", action="store_true", help="input is headerless Criteo TSV")
-    p.add_argument("--out-files-per-proc", type=int, default=None)
-    p.add_argument("--num-files", type=int, default=None)
-    p.add_argument("--shuffle", choices=["per_partition", "per_worker", "full"], default=None)
-    p.add_argument("--overwrite", action="store_true")
+    p = add("transform", "apply a saved workflow to new data")
+    p.add_argument("workflow_dir", help="folder written by `tabstream fit --workflow-dir` or Workflow.save")
+    p.add_argument("input", help="data to transform: parquet, CSV or TSV files, a folder or a quoted glob")
+    p.add_argument("output", help="export folder to write")
+    p.add_argument("--num-files", type=int, default=None,
+                   help="total number of data files; None: from --out-files-per-proc")
+    export_opts(p)
     data_opts(p)
     p.set_defaults(func=cmd_transform)
 
-    p = sub.add_parser("inspect", help="schema, row counts, cardinalities and null rates")
-    p.add_argument("path")
-    p.add_argument("--criteo-tsv", action="store_true", help="input is headerless Criteo TSV")
+    p = add("inspect", "per-column statistics of raw logs, parquet or an export",
+            "Per column: type, null rate, approximate distinct count; min/max/mean/std and "
+            "quantiles of numbers, top values of categories, lengths of lists.\n\n"
+            "  tabstream inspect out/train\n"
+            "  tabstream inspect raw/day_0.tsv --criteo-tsv --plots plots/")
+    p.add_argument("path", help="parquet, CSV or TSV files, a folder (an export) or a quoted glob")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plots", default=None, metavar="DIR",
+                   help="write PNG histograms / top-value charts and overview.png here "
+                        "(needs matplotlib: pip install 'tabstream[plots]')")
+    p.add_argument("--top", type=int, default=10, help="top values listed per categorical column")
     data_opts(p)
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("train", help="train a bundled PyTorch model (DLRM, DCN, Wide&Deep) on an export")
+    p = add("train", "train a bundled PyTorch model (DLRM, DCN, Wide&Deep) on an export")
     p.add_argument("train", help="export folder to train on (tabstream fit/transform output)")
-    p.add_argument("--valid", help="export folder to validate on (AUC, log-loss)")
-    p.add_argument("--model", choices=["dlrm", "dcn", "wide_and_deep"], default="dlrm")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-dir",
+    p.add_argument("--valid", default=None, help="export folder to validate on (AUC, log-loss)")
+    p.add_argument("--model", choices=["dlrm", "dcn", "wide_and_deep"], default="dlrm",
+                   help="which bundled model to train")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training export")
+    p.add_argument("--batch-size", type=int, default=2048, help="rows per batch")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights and the shuffle")
+    p.add_argument("--checkpoint-dir", default=None,
                    help="save a checkpoint here after every epoch; a rerun resumes from it "
                         "(model, optimizer, epoch, shuffle) and trains only the epochs left")
     p.add_argument("--no-resume", action="store_true",
@@ -292,11 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("demo", help="synthetic raw TSV logs -> fit -> train/valid export (-> training)")
-    p.add_argument("--rows", type=int, default=1_000_000)
+    p = add("demo", "synthetic raw TSV logs -> fit -> train/valid export (-> training)")
+    p.add_argument("--rows", type=int, default=1_000_000, help="raw rows written in all")
     p.add_argument("--days", type=int, default=4, help="raw files; the last one is the validation day")
-    p.add_argument("--output", default="demo_out")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default="demo_out", help="folder for the raw logs, workflow and exports")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, the shuffle and the model")
     p.add_argument("--no-train", action="store_true", help="stop after the export")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)

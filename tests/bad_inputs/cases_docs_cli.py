@@ -1,0 +1,83 @@
+"""The command line's raw-log options and output folder, and inspect's hint for
+headerless logs: one line plus a hint each."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from _corpus import CliFailed, cli
+
+
+def _csv(tmp, header: bool = False) -> str:
+    path = tmp / "log.csv"
+    pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "x"]}).to_csv(path, header=header, index=False)
+    return str(path)
+
+
+def _headerless_tsv_without_names(tmp):
+    cli("synth", "criteo", tmp / "raw", "--rows", 50, "--format", "tsv")
+    cli("inspect", tmp / "raw" / "part_00000.tsv", "--quiet")
+
+
+def _headerless_csv_with_names_reads(tmp):
+    report = json.loads(cli("inspect", _csv(tmp), "--names", "a,b", "--dtypes", "a=int64",
+                            "--json", "--quiet"))
+    cols = {c["name"]: c for c in report["columns"]}
+    assert report["num_rows"] == 3 and cols["a"]["max"] == 3 and cols["b"]["distinct"] == 2
+
+
+def _long_sep(tmp):
+    cli("inspect", _csv(tmp), "--sep", "::", "--names", "a,b", "--quiet")
+
+
+def _empty_name(tmp):
+    cli("inspect", _csv(tmp), "--names", "a,,b", "--quiet")
+
+
+def _repeated_name(tmp):
+    cli("inspect", _csv(tmp), "--names", "a,a", "--quiet")
+
+
+def _dtypes_without_equals(tmp):
+    cli("inspect", _csv(tmp), "--names", "a,b", "--dtypes", "a", "--quiet")
+
+
+def _unknown_dtype(tmp):
+    cli("inspect", _csv(tmp), "--names", "a,b", "--dtypes", "a=int99", "--quiet")
+
+
+def _dtype_of_unknown_column(tmp):
+    cli("inspect", _csv(tmp), "--names", "a,b", "--dtypes", "z=int64", "--quiet")
+
+
+def _fit_into_existing_output(tmp):
+    (tmp / "out").mkdir()
+    cli("fit", _csv(tmp), "--names", "label,C1", "--output", tmp / "out", "--quiet")
+
+
+def _transform_into_existing_output(tmp):
+    (tmp / "out").mkdir()
+    cli("transform", tmp / "wf", _csv(tmp), tmp / "out", "--names", "a,b", "--quiet")
+
+
+CASES = [
+    ("inspect headerless TSV without names", _headerless_tsv_without_names, CliFailed,
+     r"DataError: .*part_00000\.tsv, line 1 holds (the number|an empty field) .*not column names"
+     r"(.|\n)*hint: pass --names .*--criteo-tsv.*--header"),
+    ("headerless CSV with --names reads", _headerless_csv_with_names_reads, None, None),
+    ("--sep of two characters", _long_sep, CliFailed, r"ValueError: --sep '::': expected one character"),
+    ("--names with an empty name", _empty_name, CliFailed, r"ValueError: --names 'a,,b': name 2 is empty"),
+    ("--names repeated", _repeated_name, CliFailed, r"ValueError: --names 'a,a': \['a'\] given more than once"),
+    ("--dtypes without =", _dtypes_without_equals, CliFailed,
+     r"ValueError: --dtypes 'a': 'a' is not NAME=DTYPE"),
+    ("--dtypes unknown type", _unknown_dtype, CliFailed,
+     r"TypeError: --dtypes: column 'a': unsupported dtype 'int99'"),
+    ("--dtypes for a column not in --names", _dtype_of_unknown_column, CliFailed,
+     r"SchemaError: dtypes given for columns \['z'\] that are not in names"),
+    ("fit into an existing output", _fit_into_existing_output, CliFailed,
+     r"FileExistsError: output folder '.*out' already exists; nothing was fitted or written"
+     r"(.|\n)*hint: pass --overwrite"),
+    ("transform into an existing output", _transform_into_existing_output, CliFailed,
+     r"FileExistsError: output folder '.*out' already exists"),
+]

@@ -1,0 +1,129 @@
+"""The command line explains itself (help and defaults for every option,
+``--version``), reads any raw log (``--sep``, ``--names``, ``--header``,
+``--dtypes``) and refuses an existing output before doing any work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tabstream as ts
+from tabstream import ops
+from tabstream.cli import build_parser, main
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    parser = build_parser()
+    commands = _subparsers(parser)
+    assert set(commands) == {"synth", "fit", "transform", "inspect", "train", "demo"}
+    for name, sub in [("tabstream", parser), *commands.items()]:
+        text = " ".join(sub.format_help().split())
+        for action in sub._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                                   argparse._SubParsersAction)):
+                continue
+            assert action.help, f"{name} {action.dest}: no help text"
+            if action.option_strings:
+                shown = f"(default: {action.default})"
+                assert shown in text, f"{name} {action.option_strings[0]}: default not shown"
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tabstream {version('tabstream')}"
+
+
+def _saved_workflow(tmp_path, df: pd.DataFrame) -> str:
+    wf = ts.Workflow((["c"] >> ops.Categorify()) + (["x"] >> ops.Normalize()) + ["y"])
+    wf.fit(ts.Dataset(df))
+    wf.save(str(tmp_path / "wf"))
+    return str(tmp_path / "wf")
+
+
+def _raw_frame(n: int = 200) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"y": rng.integers(0, 2, n), "x": rng.normal(size=n).round(3),
+                         "c": rng.choice(["a", "b", "c", "d"], n)})
+
+
+@pytest.mark.parametrize("header", [False, True])
+def test_transform_reads_a_generic_raw_log(tmp_path, header):
+    df = _raw_frame()
+    wf_dir = _saved_workflow(tmp_path, df)
+    raw = tmp_path / "log.txt"
+    df.to_csv(raw, sep="|", header=header, index=False)
+    argv = ["transform", wf_dir, str(raw), str(tmp_path / "out"), "--engine", "csv", "--sep", "pipe",
+            "--names", "y,x,c", "--dtypes", "y=int64,x=float64", "--quiet"]
+    assert main(argv + (["--header"] if header else [])) == 0
+    got = pd.read_parquet(tmp_path / "out").sort_index(axis=1)
+    expected = ts.Workflow.load(wf_dir).transform(df).sort_index(axis=1)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), expected.reset_index(drop=True),
+                                  check_dtype=False)
+
+
+def test_inspect_reads_a_raw_log_with_its_own_header(tmp_path, capsys):
+    df = _raw_frame()
+    df.to_csv(tmp_path / "log.csv", sep=";", index=False)
+    assert main(["inspect", str(tmp_path / "log.csv"), "--sep", ";", "--dtypes", "x=float64",
+                 "--json", "--quiet"]) == 0
+    cols = {c["name"]: c for c in json.loads(capsys.readouterr().out)["columns"]}
+    assert cols["x"]["mean"] == pytest.approx(df["x"].mean())
+    assert cols["c"]["distinct"] == df["c"].nunique()
+    assert cols["y"]["dtype"] == "string"  # undeclared columns are text
+
+
+def test_inspect_text_report_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    df = _raw_frame()
+    df.to_parquet(tmp_path / "d.parquet")
+    assert main(["inspect", str(tmp_path / "d.parquet"), "--plots", str(tmp_path / "p"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "overview.png" in out and "top values" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("x "))
+    assert f"{df['x'].median():.4g}" in line.split()
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["c.png", "overview.png", "x.png", "y.png"]
+
+
+def test_fit_refuses_an_existing_output_before_fitting(tmp_path, capsys):
+    df = _raw_frame()
+    df.to_parquet(tmp_path / "raw.parquet")
+    (tmp_path / "wf.py").write_text(
+        "import tabstream as ts\nfrom tabstream import ops\n"
+        "workflow = ts.Workflow(['c'] >> ops.Categorify())\n")
+    (tmp_path / "out").mkdir()
+    code = main(["fit", str(tmp_path / "raw.parquet"), "--workflow-file", str(tmp_path / "wf.py"),
+                 "--workflow-dir", str(tmp_path / "wf"), "--output", str(tmp_path / "out"), "--quiet"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "FileExistsError: output folder" in err and "nothing was fitted or written" in err
+    assert "--overwrite" in err
+    assert not (tmp_path / "wf").exists()  # the fit never ran, so nothing was saved
+    assert main(["fit", str(tmp_path / "raw.parquet"), "--workflow-file", str(tmp_path / "wf.py"),
+                 "--output", str(tmp_path / "out"), "--overwrite", "--quiet"]) == 0
+    got = pd.read_parquet(tmp_path / "out")
+    assert got["c"].nunique() == df["c"].nunique()
+
+
+def test_fit_recipe_on_generic_options(tmp_path):
+    from tabstream.datasets.synthetic import CRITEO_COLUMNS
+
+    main(["synth", "criteo", str(tmp_path / "raw"), "--rows", "300", "--format", "tsv"])
+    lines = (tmp_path / "raw" / "part_00000.tsv").read_text().splitlines()
+    (tmp_path / "h.tsv").write_text("\n".join(["\t".join(CRITEO_COLUMNS), *lines]) + "\n")
+    assert main(["fit", str(tmp_path / "h.tsv"), "--header", "--dtypes",
+                 ",".join(f"{n}=float32" for n in CRITEO_COLUMNS[1:14]),
+                 "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert len(pd.read_parquet(tmp_path / "out")) == 300
