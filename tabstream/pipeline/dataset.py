@@ -47,6 +47,7 @@ from fsspec.utils import read_block
 
 from tabstream.errors import DataError, SchemaError
 from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.pipeline.merlin import read_merlin_schema
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
 __all__ = ["Dataset", "parse_bytes"]
@@ -177,7 +178,8 @@ class Dataset:
             self.engine = engine or _infer_engine(self.files)
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
-            self._stored_schema = _read_schema_json(self.fs, self.files)
+            self._stored_schema = (_read_schema_json(self.fs, self.files)
+                                   or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
         self._arrow_schema = self._plan()
         self._piece_index = {p: i for i, p in enumerate(self._pieces)}

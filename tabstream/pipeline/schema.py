@@ -242,6 +242,19 @@ class Schema:
                 f.write(text)
         return text
 
+    def to_merlin_pbtxt(self) -> str:
+        """NVTabular/Merlin ``schema.pbtxt`` text (see :mod:`tabstream.pipeline.merlin`)."""
+        from tabstream.pipeline.merlin import schema_to_pbtxt
+
+        return schema_to_pbtxt(self)
+
+    @classmethod
+    def from_merlin_pbtxt(cls, text: str) -> Schema:
+        """A schema from NVTabular/Merlin ``schema.pbtxt`` text, keeping tags and domains."""
+        from tabstream.pipeline.merlin import schema_from_pbtxt
+
+        return schema_from_pbtxt(text)
+
     @classmethod
     def from_json(cls, text_or_path: str, storage_options: dict | None = None) -> Schema:
         text = text_or_path
