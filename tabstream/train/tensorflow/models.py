@@ -115,6 +115,38 @@ class _SchemaModel(keras.Model):
     def from_config(cls, config: dict[str, Any]) -> _SchemaModel:
         return cls(**config)
 
+    def fit(self, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # remember what the loader feeds: export() serves exactly that
+        spec = getattr(x, "element_spec", None)
+        if spec is not None:
+            self._loader_spec = spec[0] if isinstance(spec, tuple) else spec
+        return super().fit(x, *args, **kwargs)
+
+    def input_signature(self) -> dict[str, Any]:
+        """This model's inputs as ``tf.TensorSpec``s of any batch size: the element
+        spec of the loader it was last ``fit`` on; before any fit, the TF loader's
+        default (ids int64 ``[None]``, continuous float32 ``[None]``, lists
+        ``(padded, mask)`` ``[None, None]``)."""
+        loader_spec = getattr(self, "_loader_spec", None)
+        if loader_spec is not None:
+            return dict(loader_spec)
+
+        def spec(t: tf.Tensor, name: str) -> tf.TensorSpec:
+            return tf.TensorSpec([None] * t.shape.rank, t.dtype, name=name)
+
+        return {name: tuple(spec(t, f"{name}_{i}") for i, t in enumerate(value))
+                if isinstance(value, tuple) else spec(value, name)
+                for name, value in self.example_batch().items()}
+
+    def export(self, filepath: str, format: str = "tf_saved_model", verbose: bool | None = None,
+               input_signature: Any = None, **kwargs: Any) -> Any:
+        """``keras.Model.export`` that needs no ``input_signature``: it defaults to
+        :meth:`input_signature`, so a model trained on the loader serves its batches."""
+        if input_signature is None and format == "tf_saved_model":
+            input_signature = [self.input_signature()]
+        return super().export(filepath, format=format, verbose=verbose,
+                              input_signature=input_signature, **kwargs)
+
 
 @keras.saving.register_keras_serializable(package="tabstream")
 class DLRM(_SchemaModel):

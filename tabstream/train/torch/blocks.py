@@ -122,7 +122,8 @@ class DotInteraction(nn.Module):
 
     def __init__(self, num_features: int) -> None:
         super().__init__()
-        rows, cols = torch.triu_indices(num_features, num_features, offset=1)
+        # each its own storage (not two views of one): torch.export.save stores tensors whole
+        rows, cols = (t.clone() for t in torch.triu_indices(num_features, num_features, offset=1))
         self.register_buffer("rows", rows, persistent=False)
         self.register_buffer("cols", cols, persistent=False)
         self.output_dim = int(rows.numel())
