@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pip prints one warning per missing local index folder; keep the output readable
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,20 @@ $(VENV)/.dev-installed: pyproject.toml | $(PY)
 	$(PY) -c "import tabstream, torch, tensorflow, pytest, polars"
 	touch $@ $(VENV)/.demo-installed
 
+$(VENV)/.docs-installed: pyproject.toml | $(PY)
+	$(PIP) -e ".[docs]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c "import mkdocs, mkdocstrings"
+	touch $@
+
+# The documentation site in site/; warnings are errors (mkdocs.yml: strict).
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/tabstream demo
 
 lint: $(VENV)/.dev-installed
-	$(VENV)/bin/ruff check tabstream tests benchmarks examples
+	$(VENV)/bin/ruff check tabstream tests benchmarks examples tools
 
 test: $(VENV)/.dev-installed lint
 	$(PY) -m pytest -m "not gpu" -q
@@ -34,4 +43,4 @@ bench: $(VENV)/.dev-installed
 	$(PY) benchmarks/etl.py
 
 clean:
-	rm -rf $(VENV) demo_out bench_data .pytest_cache
+	rm -rf $(VENV) demo_out bench_data .pytest_cache site

@@ -1,0 +1,67 @@
+"""Docstring examples run as doctests. ``RUNNABLE`` lists the modules whose
+examples run as written; every other module with examples is in
+``NOT_YET_RUNNABLE`` (their examples use names such as ``schema`` or ``loader``
+without defining them) until it is fixed, so a new module must be put in one of
+the two lists."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import tabstream
+
+RUNNABLE = [
+    "tabstream.datasets.synthetic",
+    "tabstream.errors",
+    "tabstream.loaders.core",
+    "tabstream.loaders.plan",
+    "tabstream.pipeline.dtypes",
+    "tabstream.pipeline.hashing",
+    "tabstream.pipeline.inspect",
+    "tabstream.pipeline.merlin",
+    "tabstream.train.tables",
+    "tabstream.train.torch.metrics",
+    "tabstream.train.tensorflow.embeddings",
+]
+
+NOT_YET_RUNNABLE = {
+    "tabstream.loaders.torch", "tabstream.ops.categorify", "tabstream.ops.continuous",
+    "tabstream.ops.groupby", "tabstream.ops.hashing", "tabstream.ops.joins",
+    "tabstream.ops.lists", "tabstream.ops.statistics", "tabstream.ops.structural",
+    "tabstream.ops.tags", "tabstream.pipeline.dataset", "tabstream.pipeline.graph",
+    "tabstream.pipeline.workflow", "tabstream.testing", "tabstream.train.runner",
+    "tabstream.train.tensorflow", "tabstream.train.tensorflow.fit",
+    "tabstream.train.tensorflow.models", "tabstream.train.torch",
+    "tabstream.train.torch.blocks", "tabstream.train.torch.embeddings",
+    "tabstream.train.torch.fit", "tabstream.train.torch.models",
+}
+
+_NEEDS = {"tabstream.train.torch": "torch", "tabstream.train.tensorflow": "tensorflow"}
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_docstring_examples(name):
+    for prefix, framework in _NEEDS.items():
+        if name.startswith(prefix):
+            pytest.importorskip(framework)
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+                             report=True)
+    assert result.attempted > 0, f"{name} has no examples: take it off RUNNABLE"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"
+
+
+def test_every_module_with_examples_is_listed():
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    with_examples = set()
+    for info in pkgutil.walk_packages(tabstream.__path__, "tabstream."):
+        module = importlib.import_module(info.name)
+        if any(t.examples for t in doctest.DocTestFinder().find(module)):
+            with_examples.add(info.name)
+    unlisted = sorted(with_examples - set(RUNNABLE) - NOT_YET_RUNNABLE)
+    assert not unlisted, f"modules with docstring examples in neither list: {unlisted}"
