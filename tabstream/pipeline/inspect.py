@@ -73,6 +73,8 @@ class HyperLogLog:
         values = values.filter(pc.is_valid(values)) if values.null_count else values
         if len(values) == 0:
             return
+        if pa.types.is_decimal(values.type):  # the hash takes no decimals: hash their text
+            values = values.cast(pa.string())
         index = murmur3_32(values, seed=_INDEX_SEED) >> np.uint32(32 - self.bits)
         word = murmur3_32(values, seed=_RANK_SEED)
         # rank = leading zeros of the 32-bit word + 1 (33 when it is 0)
@@ -247,7 +249,9 @@ def _plain(value: Any) -> Any:
         return None
     if hasattr(value, "isoformat"):
         return value.isoformat()
-    return value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # decimals, durations: their exact text
 
 
 def _column_report(col: Any, stats: _Column, top: int) -> dict[str, Any]:

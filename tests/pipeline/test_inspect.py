@@ -130,6 +130,33 @@ def test_quantile_summary_merge_is_exact_while_small():
         assert s.quantile(q) == np.quantile(both, q, method="inverted_cdf")
 
 
+def test_other_types_and_empty_input_give_plain_json():
+    import datetime
+    import decimal
+    import json
+
+    table = pa.table({
+        "b": pa.array([True, False, None, True]),
+        "ts": pa.array([datetime.datetime(2024, 1, 1), None, datetime.datetime(2024, 1, 2),
+                        datetime.datetime(2024, 1, 1)]),
+        "dec": pa.array([decimal.Decimal("1.5"), None, decimal.Decimal("2.25"), decimal.Decimal("1.5")]),
+        "bin": pa.array([b"\xff\x00", b"a", None, b"a"]),
+        "nothing": pa.array([None] * 4, pa.float64()),
+        "dict": pa.array(["a", "b", "a", None]).dictionary_encode(),
+    })
+    cols = _by_name(inspect_dataset(ts.Dataset(table), progress=False))
+    assert cols["b"]["top"] == [{"value": True, "count": 2}, {"value": False, "count": 1}]
+    assert cols["ts"]["top"][0] == {"value": "2024-01-01T00:00:00", "count": 2}
+    assert cols["dec"]["top"][0] == {"value": "1.50", "count": 2}
+    assert cols["dec"]["mean"] == pytest.approx((1.5 + 2.25 + 1.5) / 3)
+    assert cols["bin"]["distinct"] == 2 and cols["dict"]["distinct"] == 2
+    assert cols["nothing"]["null_rate"] == 1.0 and cols["nothing"]["mean"] is None
+    empty = inspect_dataset(ts.Dataset(table.slice(0, 0)), progress=False)
+    assert empty["num_rows"] == 0
+    for report in (cols, _by_name(empty)):
+        json.dumps(report, allow_nan=False)  # plain JSON: no NaN, no Python objects
+
+
 @pytest.mark.parametrize("bad, match", [(0, "top must be a positive int"),
                                         ("3", "top must be a positive int")])
 def test_bad_top(bad, match):
