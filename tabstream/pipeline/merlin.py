@@ -522,5 +522,10 @@ def read_merlin_schema(fs: Any, files: list[str]) -> Schema | None:
                 text = raw.decode()
             except UnicodeDecodeError as exc:
                 raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-            return parse(text, path)
+            try:
+                return parse(text, path)
+            except DataError as exc:
+                exc.hint = exc.hint or (f"fix or remove {rel}: tabstream reads it only for the "
+                                        "columns' tags and properties")
+                raise
     return None

@@ -61,7 +61,56 @@ def _transform_into_existing_output(tmp):
     cli("transform", tmp / "wf", _csv(tmp), tmp / "out", "--names", "a,b", "--quiet")
 
 
+def _nvt_folder(tmp, schema_text: str, name: str = "schema.pbtxt") -> str:
+    out = tmp / "nvt"
+    (out / ".merlin").mkdir(parents=True)
+    pd.DataFrame({"user_id": [3, 1, 2], "click": [0, 1, 0]}).to_parquet(out / "part_0.parquet")
+    (out / name).write_text(schema_text)
+    return str(out)
+
+
+_PBTXT = """feature {
+  name: "user_id"
+  type: INT
+  int_domain { name: "user_id" min: 0 max: 9 is_categorical: true }
+  annotation { tag: "categorical" tag: "user_id" }
+}
+feature {
+  name: "click"
+  type: INT
+  annotation { tag: "target" tag: "binary_classification" }
+}
+"""
+
+
+def _inspect_nvtabular_export_keeps_tags(tmp):
+    report = json.loads(cli("inspect", _nvt_folder(tmp, _PBTXT), "--json", "--quiet"))
+    cols = {c["name"]: c for c in report["columns"]}
+    assert cols["user_id"]["tags"] == ["categorical", "id", "user", "user_id"]
+    assert cols["user_id"]["cardinality"] == 10 and cols["user_id"]["distinct"] == 3
+    assert cols["click"]["tags"] == ["binary_classification", "target"]
+
+
+def _unclosed_pbtxt(tmp):
+    cli("inspect", _nvt_folder(tmp, _PBTXT.rsplit("}", 1)[0]), "--quiet")
+
+
+def _pbtxt_bad_domain(tmp):
+    cli("inspect", _nvt_folder(tmp, _PBTXT.replace("max: 9", "max: nine")), "--quiet")
+
+
+def _merlin_json_not_json(tmp):
+    cli("inspect", _nvt_folder(tmp, "{not json", ".merlin/schema.json"), "--quiet")
+
+
 CASES = [
+    ("inspect an NVTabular export keeps its tags", _inspect_nvtabular_export_keeps_tags, None, None),
+    ("schema.pbtxt not closed", _unclosed_pbtxt, CliFailed,
+     r"DataError: .*nvt/schema\.pbtxt: a message is not closed \(missing '}'\)"),
+    ("schema.pbtxt domain not a number", _pbtxt_bad_domain, CliFailed,
+     r"DataError: .*nvt/schema\.pbtxt, feature 'user_id', int_domain\.max: expected an integer, got 'nine'"),
+    (".merlin/schema.json not JSON", _merlin_json_not_json, CliFailed,
+     r"DataError: .*nvt/\.merlin/schema\.json: not JSON"),
     ("inspect headerless TSV without names", _headerless_tsv_without_names, CliFailed,
      r"DataError: .*part_00000\.tsv, line 1 holds (the number|an empty field) .*not column names"
      r"(.|\n)*hint: pass --names .*--criteo-tsv.*--header"),

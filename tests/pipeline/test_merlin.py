@@ -91,6 +91,13 @@ def _nvtabular_folder(tmp_path: Path, schema_file: str, content: str) -> tuple[P
     pq.write_table(table.slice(0, 25), out / "part_0.parquet")
     pq.write_table(table.slice(25), out / "part_1.parquet")
     (out / "_file_list.txt").write_text("2\npart_0.parquet\npart_1.parquet\n")
+    metadata = pq.read_metadata(out / "part_0.parquet")  # NVTabular's _metadata: all footers
+    metadata.set_file_path("part_0.parquet")
+    second = pq.read_metadata(out / "part_1.parquet")
+    second.set_file_path("part_1.parquet")
+    metadata.append_row_groups(second)
+    metadata.write_metadata_file(str(out / "_metadata"))
+    (out / "_metadata.json").write_text('{"data_paths": ["part_0.parquet", "part_1.parquet"]}')
     (out / schema_file).parent.mkdir(exist_ok=True)
     (out / schema_file).write_text(content)
     return out, df
