@@ -106,7 +106,8 @@ def _merlin_json_not_json(tmp):
 CASES = [
     ("inspect an NVTabular export keeps its tags", _inspect_nvtabular_export_keeps_tags, None, None),
     ("schema.pbtxt not closed", _unclosed_pbtxt, CliFailed,
-     r"DataError: .*nvt/schema\.pbtxt: a message is not closed \(missing '}'\)"),
+     r"DataError: .*nvt/schema\.pbtxt: a message is not closed \(missing '}'\)"
+     r"(.|\n)*hint: fix or remove schema\.pbtxt: tabstream reads it only for"),
     ("schema.pbtxt domain not a number", _pbtxt_bad_domain, CliFailed,
      r"DataError: .*nvt/schema\.pbtxt, feature 'user_id', int_domain\.max: expected an integer, got 'nine'"),
     (".merlin/schema.json not JSON", _merlin_json_not_json, CliFailed,
