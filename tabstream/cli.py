@@ -386,7 +386,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 # -- parser -------------------------------------------------------------------
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default; keeps the examples in descriptions as written."""
+    """Shows every option's default (in words where the help says ``default: ...``
+    itself); keeps the examples in descriptions as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default:" in text else super()._get_help_string(action)
 
 
 def _version() -> str:
@@ -417,31 +422,31 @@ def build_parser() -> argparse.ArgumentParser:
     def data_opts(p: argparse.ArgumentParser, criteo_flag: bool = True) -> None:
         g = p.add_argument_group("reading the input")
         g.add_argument("--engine", choices=["parquet", "csv"], default=None,
-                       help="input format; None: from the file extension (.parquet, .csv, .tsv, .gz)")
+                       help="input format (default: from the file extension: .parquet, .csv, .tsv, .gz)")
         g.add_argument("--part-size", default=None,
-                       help="partition size in memory, e.g. 64MB; None: the Dataset's default (128MB)")
+                       help="partition size in memory, e.g. 64MB (default: 128MB)")
         if criteo_flag:
             g.add_argument("--criteo-tsv", action="store_true",
                            help="raw text is headerless Criteo TSV (label, I1..I13, C1..C26)")
         g.add_argument("--sep", default=None,
                        help="field separator of raw text: one character, or tab/comma/space/pipe/"
-                            "semicolon; None: tab for .tsv, comma otherwise")
+                            "semicolon (default: tab for .tsv, comma otherwise)")
         g.add_argument("--names", default=None,
-                       help="comma-separated column names of headerless raw text, e.g. label,I1,C1; "
-                            "None: line 1 holds the names")
+                       help="comma-separated column names of headerless raw text, e.g. label,I1,C1 "
+                            "(default: line 1 holds the names)")
         g.add_argument("--header", action="store_true",
                        help="line 1 of raw text holds column names (skipped when --names is given)")
         g.add_argument("--dtypes", default=None,
-                       help="column types of raw text, e.g. label=int8,I1=float32; None: undeclared "
-                            "columns are read as strings")
+                       help="column types of raw text, e.g. label=int8,I1=float32 (default: "
+                            "undeclared columns are read as strings)")
         g.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def export_opts(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("writing the export")
         g.add_argument("--out-files-per-proc", type=int, default=None,
-                       help="data files per worker; None: one per partition")
+                       help="data files per worker (default: one per partition)")
         g.add_argument("--shuffle", choices=["per_partition", "per_worker", "full"], default=None,
-                       help="shuffle rows while writing; None: keep the input order")
+                       help="shuffle rows while writing (default: keep the input order)")
         g.add_argument("--overwrite", action="store_true",
                        help="replace an existing output folder (refused otherwise, before any work)")
 
@@ -469,11 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "--header/--dtypes say otherwise")
     src.add_argument("--workflow-file", default=None,
                      help="Python file defining `workflow` (and optionally `dataset_kwargs`, which "
-                          "--names/--sep/--header/--dtypes extend)")
+                          "--names/--sep/--header/--dtypes extend) (default: use --recipe)")
     p.add_argument("--freq-threshold", type=int, default=15,
                    help="recipe: Categorify keeps values seen at least this often")
-    p.add_argument("--workflow-dir", default=None, help="save the fitted workflow here")
-    p.add_argument("--output", default=None, help="also export the transformed data here")
+    p.add_argument("--workflow-dir", default=None,
+                   help="save the fitted workflow here (default: not saved)")
+    p.add_argument("--output", default=None,
+                   help="also export the transformed data here (default: no export)")
     export_opts(p)
     data_opts(p, criteo_flag=False)
     p.set_defaults(func=cmd_fit)
@@ -483,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="data to transform: parquet, CSV or TSV files, a folder or a quoted glob")
     p.add_argument("output", help="export folder to write")
     p.add_argument("--num-files", type=int, default=None,
-                   help="total number of data files; None: from --out-files-per-proc")
+                   help="total number of data files (default: from --out-files-per-proc)")
     export_opts(p)
     data_opts(p)
     p.set_defaults(func=cmd_transform)
@@ -496,15 +503,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="parquet, CSV or TSV files, a folder (an export) or a quoted glob")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plots", default=None, metavar="DIR",
-                   help="write PNG histograms / top-value charts and overview.png here "
-                        "(needs matplotlib: pip install 'tabstream[plots]')")
+                   help="write PNG histograms / top-value charts and overview.png here; needs "
+                        "matplotlib: pip install 'tabstream[plots]' (default: no pictures)")
     p.add_argument("--top", type=int, default=10, help="top values listed per categorical column")
     data_opts(p)
     p.set_defaults(func=cmd_inspect)
 
     p = add("train", "train a bundled PyTorch model (DLRM, DCN, Wide&Deep) on an export")
     p.add_argument("train", help="export folder to train on (tabstream fit/transform output)")
-    p.add_argument("--valid", default=None, help="export folder to validate on (AUC, log-loss)")
+    p.add_argument("--valid", default=None,
+                   help="export folder to validate on: AUC, log-loss (default: no validation)")
     p.add_argument("--model", choices=["dlrm", "dcn", "wide_and_deep"], default="dlrm",
                    help="which bundled model to train")
     p.add_argument("--epochs", type=int, default=1, help="passes over the training export")
@@ -513,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights and the shuffle")
     p.add_argument("--checkpoint-dir", default=None,
                    help="save a checkpoint here after every epoch; a rerun resumes from it "
-                        "(model, optimizer, epoch, shuffle) and trains only the epochs left")
+                        "(model, optimizer, epoch, shuffle) and trains only the epochs left "
+                        "(default: no checkpoints)")
     p.add_argument("--no-resume", action="store_true",
                    help="with --checkpoint-dir: ignore the checkpoint there, train from scratch "
                         "and overwrite it")

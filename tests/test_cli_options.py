@@ -26,15 +26,21 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
     commands = _subparsers(parser)
     assert set(commands) == {"synth", "fit", "transform", "inspect", "train", "demo"}
     for name, sub in [("tabstream", parser), *commands.items()]:
-        text = " ".join(sub.format_help().split())
+        formatter = sub._get_formatter()
         for action in sub._actions:
             if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
                                    argparse._SubParsersAction)):
                 continue
             assert action.help, f"{name} {action.dest}: no help text"
-            if action.option_strings:
-                shown = f"(default: {action.default})"
-                assert shown in text, f"{name} {action.option_strings[0]}: default not shown"
+            if not action.option_strings:
+                continue
+            flag = action.option_strings[-1]
+            shown = formatter._expand_help(action)  # the text --help prints for it
+            if action.default is None:
+                assert "(default: " in shown and "(default: None)" not in shown, \
+                    f"{name} {flag}: no default in words: {shown!r}"
+            else:
+                assert f"(default: {action.default})" in shown, f"{name} {flag}: {shown!r}"
 
 
 def test_version(capsys):
