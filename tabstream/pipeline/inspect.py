@@ -332,9 +332,21 @@ def _safe_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
+def chart_kind(entry: dict[str, Any]) -> str:
+    """``"histogram"`` for numbers, ``"top"`` (a bar chart of the top values) for
+    categorical ids and other values, ``"empty"`` for a column with no values."""
+    summary = entry.get("_summary")
+    if "categorical" in entry["tags"] and entry.get("top"):
+        return "top"  # ids: which ones are frequent matters, not their numeric spread
+    if summary is not None and len(summary.points):
+        return "histogram"
+    return "top" if entry.get("top") else "empty"
+
+
 def _draw_column(ax: Any, entry: dict[str, Any]) -> None:
     summary = entry.get("_summary")
-    if summary is not None and len(summary.points):
+    kind = chart_kind(entry)
+    if kind == "histogram":
         points = summary.points
         lo, hi, p95 = points[0], points[-1], summary.quantile(0.95) or 0.0
         skewed = lo >= 0 and hi > 100 * max(p95, 1.0)  # long tail: log-spaced bins
@@ -344,7 +356,7 @@ def _draw_column(ax: Any, entry: dict[str, Any]) -> None:
             ax.set_xscale("symlog", linthresh=1.0)
         ax.set_ylabel("rows")
         ax.set_xlabel("value" if "list_length" not in entry else "element value")
-    elif entry.get("top"):
+    elif kind == "top":
         labels = [str(t["value"])[:24] for t in entry["top"]][::-1]
         ax.barh(labels, [t["count"] for t in entry["top"]][::-1], color="#d08040")
         ax.set_xlabel("rows" if "list_length" not in entry else "elements")
@@ -358,8 +370,8 @@ def _draw_column(ax: Any, entry: dict[str, Any]) -> None:
 
 def write_plots(report: dict[str, Any], folder: str) -> list[str]:
     """PNG pictures of a report made with ``histograms=True``: one per column
-    (``COLUMN.png``: a histogram of numbers, a bar chart of the top values
-    otherwise) and ``overview.png`` (null rate and distinct count of every
+    (``COLUMN.png``: a histogram of numbers, a bar chart of the top values of
+    categorical ids and other columns, see :func:`chart_kind`) and ``overview.png`` (null rate and distinct count of every
     column, then every column's small picture). Returns the paths written."""
     import os
 

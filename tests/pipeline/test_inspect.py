@@ -13,6 +13,7 @@ from tabstream.pipeline.inspect import (
     QUANTILES,
     HyperLogLog,
     QuantileSummary,
+    chart_kind,
     inspect_dataset,
     write_plots,
 )
@@ -169,6 +170,20 @@ def test_bad_exact_limit():
         inspect_dataset(ts.Dataset(pd.DataFrame({"a": [1]})), exact_limit=5)
 
 
+def test_categorical_ids_are_charted_by_their_top_values():
+    from tabstream import ops
+
+    df = _frame(1, 300)
+    wf = ts.Workflow(["c"] >> ops.Categorify())
+    encoded = wf.fit_transform(ts.Dataset(df)).compute()
+    ds = ts.Dataset(encoded, schema=wf.output_schema)
+    col = _by_name(inspect_dataset(ds, progress=False, histograms=True))["c"]
+    assert col["tags"] == ["categorical"] and "_summary" in col
+    assert chart_kind(col) == "top"
+    counts = encoded["c"].value_counts()
+    assert col["top"][0] == {"value": int(counts.index[0]), "count": int(counts.iloc[0])}
+
+
 def test_plots_are_png_files_one_per_column_and_an_overview(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
@@ -180,6 +195,8 @@ def test_plots_are_png_files_one_per_column_and_an_overview(tmp_path):
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert names == sorted(["x.png", "c.png", "i.png", "c_c.png", "overview.png"])
     assert sorted(written) == sorted(str(tmp_path / "plots" / n) for n in names)
+    kinds = {c["name"]: chart_kind(c) for c in report["columns"]}
+    assert kinds == {"x": "histogram", "i": "histogram", "c": "top", "c c": "top"}
     for name in names:
         image = imread(tmp_path / "plots" / name)
         assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0  # not blank
