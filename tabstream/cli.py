@@ -28,6 +28,7 @@ _HINTS = {
     "SchemaError": "check the column names against the dataset's schema (tabstream inspect PATH)",
     "NotFittedError": "fit the workflow first (tabstream fit)",
     "ExportError": "check free space and write permission at the output path",
+    "ImportError": "install the optional dependency the message names",
 }
 
 

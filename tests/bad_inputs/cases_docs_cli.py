@@ -103,7 +103,27 @@ def _merlin_json_not_json(tmp):
     cli("inspect", _nvt_folder(tmp, "{not json", ".merlin/schema.json"), "--quiet")
 
 
+def _plots_without_matplotlib(tmp):
+    import sys
+
+    saved = {k: v for k, v in sys.modules.items() if k == "matplotlib" or k.startswith("matplotlib.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.modules["matplotlib"] = None  # import matplotlib now raises ImportError
+    try:
+        cli("inspect", _csv(tmp, header=True), "--plots", tmp / "plots", "--quiet")
+    except CliFailed:
+        assert not (tmp / "plots").exists()  # refused before any work
+        raise
+    finally:
+        del sys.modules["matplotlib"]
+        sys.modules.update(saved)
+
+
 CASES = [
+    ("--plots without matplotlib", _plots_without_matplotlib, CliFailed,
+     r"ImportError: plots need matplotlib: pip install 'tabstream\[plots\]'"
+     r"(.|\n)*hint: install the optional dependency"),
     ("inspect an NVTabular export keeps its tags", _inspect_nvtabular_export_keeps_tags, None, None),
     ("schema.pbtxt not closed", _unclosed_pbtxt, CliFailed,
      r"DataError: .*nvt/schema\.pbtxt: a message is not closed \(missing '}'\)"
