@@ -122,6 +122,8 @@ def _read_fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
         if wire == 0:
             out.append((number, wire, varint()))
         elif wire == 1:
+            if pos + 8 > len(data):
+                raise DataError(f"{where}: extra_metadata is truncated")
             out.append((number, wire, struct.unpack("<d", data[pos:pos + 8])[0]))
             pos += 8
         elif wire == 2:
@@ -129,6 +131,8 @@ def _read_fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
             out.append((number, wire, data[pos:pos + length]))
             pos += length
         elif wire == 5:
+            if pos + 4 > len(data):
+                raise DataError(f"{where}: extra_metadata is truncated")
             out.append((number, wire, struct.unpack("<f", data[pos:pos + 4])[0]))
             pos += 4
         else:
@@ -137,6 +141,14 @@ def _read_fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
         if pos > len(data):
             raise DataError(f"{where}: extra_metadata is truncated")
     return out
+
+
+def _text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: extra_metadata holds text that is not UTF-8 "
+                        f"(byte {exc.start}: {raw[exc.start:exc.end]!r})") from exc
 
 
 def _number(value: float) -> int | float:
@@ -152,7 +164,7 @@ def _decode_value(data: bytes, where: str) -> Any:
         elif number == 2:
             value = _number(raw)
         elif number == 3:
-            value = raw.decode()
+            value = _text(raw, where)
         elif number == 4:
             value = bool(raw)
         elif number == 5:
@@ -170,7 +182,7 @@ def _decode_struct(data: bytes, where: str) -> dict[str, Any]:
         key, value = "", None
         for n, _, raw in _read_fields(entry, where):
             if n == 1:
-                key = raw.decode()
+                key = _text(raw, where)
             elif n == 2:
                 value = _decode_value(raw, where)
         out[key] = value

@@ -143,6 +143,10 @@ def test_dataset_reads_merlin_json_schema(tmp_path):
      r"feature 'a': extra_metadata of type 'x\.Any'; expected .*google\.protobuf\.Struct"),
     ('feature {\n  name: "a"\n  annotation { extra_metadata { value: "\\n\\005\\n\\001a" } }\n}\n',
      r"feature 'a': extra_metadata is truncated"),
+    ('feature {\n  name: "a"\n  annotation { extra_metadata { value: "\\n\\010\\n\\001a\\022\\003\\021\\000\\000" } }\n}\n',
+     r"feature 'a': extra_metadata is truncated"),
+    ('feature {\n  name: "a"\n  annotation { extra_metadata { value: "\\n\\005\\n\\003\\377ab" } }\n}\n',
+     r"feature 'a': extra_metadata holds text that is not UTF-8 \(byte 0"),
 ])
 def test_bad_pbtxt(text, match):
     with pytest.raises(DataError, match=match):
