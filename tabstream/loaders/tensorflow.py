@@ -21,7 +21,9 @@ Elements are ``(features, labels)`` (just ``features`` when there are no label
 columns); each leaf is a tensor whose first dimension is the batch:
 ``features["C1"]``: int64 ``(batch,)``; a list column: ``(values, offsets)``
 int ``(nnz,)`` and int64 ``(batch + 1,)``, or with ``pad=True`` ``(padded, mask)``
-``(batch, length)``.
+``(batch, length)``; a fixed-length list: ``(dense, mask)`` ``(batch, L)``; a list of
+lists: ``(values, outer_offsets, inner_offsets)``, or padded/fixed ``(dense, mask)``
+``(batch, F, L)``.
 
 Under an active ``tf.distribute`` strategy with several workers (e.g.
 ``MultiWorkerMirroredStrategy``; create the loader inside ``strategy.scope()``)
@@ -65,16 +67,20 @@ def _spec(core_loader: core.Loader) -> Any:
     """The element_spec: a TensorSpec per array, batch dimension left open."""
 
     def column(name: str) -> Any:
-        np_dtype, is_list = core_loader.column_dtype(name)
-        dtype = tf.as_dtype(np_dtype)
-        if not is_list:
+        layout = core_loader.column_layout(name)
+        dtype = tf.as_dtype(layout.dtype)
+        if not layout.depth:
             return tf.TensorSpec([None], dtype, name=name)
         length = core_loader.pad_lengths.get(name)
         if length is None:
-            return (tf.TensorSpec([None], dtype, name=f"{name}__values"),
-                    tf.TensorSpec([None], tf.int64, name=f"{name}__offsets"))
-        return (tf.TensorSpec([None, length], dtype, name=name),
-                tf.TensorSpec([None, length], tf.bool, name=f"{name}__mask"))
+            values = tf.TensorSpec([None], dtype, name=f"{name}__values")
+            if layout.depth == 1:
+                return values, tf.TensorSpec([None], tf.int64, name=f"{name}__offsets")
+            return (values, tf.TensorSpec([None], tf.int64, name=f"{name}__outer_offsets"),
+                    tf.TensorSpec([None], tf.int64, name=f"{name}__inner_offsets"))
+        shape = [None, *(length if isinstance(length, tuple) else (length,))]
+        return (tf.TensorSpec(shape, dtype, name=name),
+                tf.TensorSpec(shape, tf.bool, name=f"{name}__mask"))
 
     features = {n: column(n) for n in core_loader.feature_names}
     labels = core_loader.label_names

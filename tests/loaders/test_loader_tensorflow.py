@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -130,3 +132,20 @@ def test_single_worker_strategy_keeps_size_one(shared_export: Path) -> None:
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         loader = Loader(shared_export, 100)
     assert (loader.core.global_size, loader.core.global_rank) == (1, 0)
+
+
+def test_fixed_and_nested_lists_as_tf_tensors(tmp_path: Path) -> None:
+    rows = [[[1, 2], [0]], [], [[5]]]
+    t = pa.table({
+        "fx": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6, dtype=np.int64)), 2),
+        "n": pa.array(rows, pa.list_(pa.list_(pa.int64()))),
+    })
+    pq.write_table(t, tmp_path / "x.parquet")
+    loader = Loader(tmp_path / "x.parquet", 3, shuffle=False)
+    assert loader.element_spec["fx"][0].shape.as_list() == [None, 2]
+    features = next(iter(loader))
+    dense, mask = features["fx"]
+    assert np.array_equal(dense.numpy(), np.arange(6).reshape(3, 2)) and bool(tf.reduce_all(mask))
+    values, outer, inner = features["n"]
+    ragged = tf.RaggedTensor.from_nested_row_splits(values, [outer, inner])
+    assert ragged.to_list() == rows
