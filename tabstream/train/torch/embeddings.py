@@ -161,8 +161,9 @@ class EmbeddingTables(nn.ModuleDict):
         per_id = cfg.combiner is None
         if isinstance(x, tuple) and len(x) == 3:
             raise ValueError(
-                f"list-of-lists feature {feature!r} arrived as (values, outer_offsets, "
-                "inner_offsets); embeddings take it padded: load it with pad={"
+                f"feature {feature!r}: a tuple input must be (values, offsets) or (padded, "
+                "mask), got 3 items; for a list of lists (values, outer_offsets, "
+                "inner_offsets), load it padded instead: pad={"
                 f"{feature!r}: (F, L)}} (or fixed-size list types) to get (ids, mask) of "
                 "shape (B, F, L)"
             )

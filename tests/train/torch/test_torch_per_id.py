@@ -80,8 +80,9 @@ def test_nested_padded_pools_each_inner_list(combiner):
 def test_nested_ragged_input_is_refused_with_a_hint():
     tables = _tables("sum")
     x = (torch.tensor([1, 2]), torch.tensor([0, 1]), torch.tensor([0, 2]))
-    with pytest.raises(ValueError, match=r"list-of-lists feature 'x' arrived as \(values, "
-                                         r"outer_offsets, inner_offsets\).*pad=\{'x': \(F, L\)\}"):
+    with pytest.raises(ValueError, match=r"feature 'x': a tuple input must be \(values, "
+                                         r"offsets\) or \(padded, mask\), got 3 items; for a "
+                                         r"list of lists .*pad=\{'x': \(F, L\)\}"):
         tables({"x": x, "y": torch.zeros(1, dtype=torch.long)})
 
 
