@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.errors import DataError, NotFittedError, SchemaError
 from tabstream.loaders import plan
 from tabstream.loaders.source import ParquetSource, open_source
 from tabstream.pipeline.dtypes import is_list_type
@@ -370,6 +370,45 @@ def pad_lists(values: np.ndarray, offsets: np.ndarray, length: int) -> tuple[np.
     return padded, mask
 
 
+# Ops whose transform changes the number of rows: refused as online transforms.
+_ROW_CHANGING_OPS = ("Filter", "Dropna", "Groupby")
+
+
+def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
+    """``(dataset, fitted workflow or None)`` from the loader's ``data`` and
+    ``transforms`` arguments (``data`` may be ``workflow.transform(dataset)``)."""
+    from tabstream.pipeline.workflow import TransformedDataset, Workflow
+
+    if isinstance(data, TransformedDataset):
+        if transforms is not None:
+            raise ValueError("data is already workflow.transform(dataset); pass transforms= "
+                             "only with an untransformed dataset")
+        data, transforms = data.dataset, data.workflow
+    if transforms is None:
+        return data, None
+    if not isinstance(transforms, Workflow):
+        raise TypeError(f"transforms must be a fitted tabstream.Workflow, got "
+                        f"{type(transforms).__name__}")
+    changing = sorted({type(n.op).__name__ for n in transforms.output_node.walk()
+                       if n.kind == "op" and type(n.op).__name__ in _ROW_CHANGING_OPS})
+    if changing:
+        raise ValueError(
+            f"the workflow given to the loader holds {changing}, which change the number "
+            "of rows; a loader plans equal batches per rank from the row counts before "
+            "reading, so it cannot run them online: export with "
+            "workflow.transform(ds).to_parquet(...) and load that folder"
+        )
+    try:
+        transforms._check_fitted()
+    except NotFittedError as exc:
+        raise NotFittedError(
+            f"the workflow given to the loader is not fitted ({exc}); statistics ops "
+            "(Categorify, Normalize, ...) need workflow.fit(train_dataset) first: a loader "
+            "never fits them on the chunks it reads"
+        ) from exc
+    return data, transforms
+
+
 class Loader:
     """Shuffled, sharded numpy batches from exported parquet.
 
@@ -397,6 +436,12 @@ class Loader:
             ``value_count`` max length; a dict ``{name: length}`` gives lengths.
         prefetch: batches prepared ahead of the consumer.
         storage_options: fsspec options when ``data`` is a path.
+        transforms: a fitted ``tabstream.Workflow`` applied to each row group as it is
+            read (``Workflow.transform_table``), so light ops (Categorify lookups,
+            HashBucket, Normalize...) run online; ``Loader(workflow.transform(ds))``
+            does the same. Features and labels are chosen among its output columns.
+            Row-count-changing ops (Filter, Dropna, Groupby) are refused: the
+            equal-batches plan counts rows before reading them.
 
     Epochs: each ``iter(loader)`` runs the next epoch (0, 1, 2, ...);
     ``set_epoch(n)`` makes the next iteration run epoch ``n`` (then ``n+1``...), as
@@ -420,6 +465,7 @@ class Loader:
         pad: bool | Mapping[str, int] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
+        transforms: Any = None,
     ) -> None:
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.seed = _check_int("seed", seed, 0)
@@ -433,8 +479,9 @@ class Loader:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
 
+        data, self.transforms = _split_transforms(data, transforms)
         self.source: ParquetSource = open_source(data, storage_options)
-        full = self.source.schema
+        full = self.source.schema if self.transforms is None else self.transforms.output_schema
         self.label_names = (_select(full, Tags.TARGET, "labels")
                             if labels is None and full.select_by_tag(Tags.TARGET)
                             else _select(full, labels or [], "labels"))
@@ -449,20 +496,23 @@ class Loader:
             raise ValueError("no columns selected: pass features= and/or labels=")
         self.columns = self.feature_names + self.label_names
         self.schema = full.select_by_name(self.columns)
-        self.source.check_columns(self.columns)
-        self._target = pa.schema([pa.field(n, self.source.arrow_types[n]) for n in self.columns])
-        # Per file, the selected columns it holds (the same list object when all).
+        # The columns read from the files: the selected ones, or the workflow's inputs.
+        read = self.columns if self.transforms is None else list(self.transforms.input_columns)
+        self.source.check_columns(read)
+        self._target = pa.schema([pa.field(n, self.source.arrow_types[n]) for n in read])
+        # Per file, the columns to read it holds (the same list object when all).
         self._present: list[list[str]] = []
         self._conforms: list[bool] = []  # whether a file's row groups need _conform
         for i in range(len(self.source.files)):
             held = self.source.file_types(i)
-            cols = [n for n in self.columns if n in held]
-            self._present.append(self.columns if len(cols) == len(self.columns) else cols)
-            self._conforms.append(len(cols) < len(self.columns) or any(
+            cols = [n for n in read if n in held]
+            self._present.append(read if len(cols) == len(read) else cols)
+            self._conforms.append(len(cols) < len(read) or any(
                 held[n] != self.source.arrow_types[n] for n in cols))
+        types = (self.source.arrow_types if self.transforms is None
+                 else self._transformed_types())
         self.layouts: dict[str, Layout] = {
-            n: _column_layout(n, self.source.arrow_types[n],
-                              self.schema[n].properties.get("value_count"))
+            n: _column_layout(n, types[n], self.schema[n].properties.get("value_count"))
             for n in self.columns}
         self.pad_lengths = self._pad_lengths(pad)
 
@@ -472,6 +522,23 @@ class Loader:
         self._epoch = 0
 
     # -- configuration -------------------------------------------------------
+    def _transformed_types(self) -> dict[str, pa.DataType]:
+        """The arrow types the workflow outputs, from transforming an empty table of
+        the dataset's input types (no data read)."""
+        assert self.transforms is not None
+        empty = self._target.empty_table()
+        try:
+            out = self.transforms.transform_table(empty)
+        except Exception as exc:
+            raise DataError(f"the loader's transforms failed on an empty table of the "
+                            f"dataset's columns {self._target.names}: {exc}") from exc
+        types = {f.name: f.type for f in out.schema}
+        missing = [n for n in self.columns if n not in types]
+        if missing:
+            raise SchemaError(f"the workflow's output schema lists {missing} but its transform "
+                              f"does not produce them; it produces {list(types)}")
+        return types
+
     def _pad_lengths(self, pad: bool | Mapping[str, Any]) -> dict[str, Any]:
         """``{name: length}`` for padded lists, ``{name: (F, L)}`` for padded lists of
         lists; fixed-length columns always get an entry (their shape unless ``pad``
@@ -579,6 +646,8 @@ class Loader:
         keep = unit.keep()
         if keep is not None:  # a split or filtered Dataset: only its own rows
             table = table.filter(pa.array(keep))
+        if self.transforms is not None:
+            table = self._transform(table, unit.row_group, path)
         rows: np.ndarray | slice | None = None
         if piece.num_rows != unit.num_rows:
             if self.shuffle:
@@ -610,6 +679,22 @@ class Loader:
                     arr = arr[rows]
             out[name] = arr
         return out
+
+    def _transform(self, table: pa.Table, row_group: int, path: str) -> pa.Table:
+        rows = table.num_rows
+        try:
+            table = self.transforms.transform_table(table)
+        except Exception as exc:
+            raise DataError(f"the loader's transforms failed on row group {row_group} of "
+                            f"{path!r}: {exc}") from exc
+        if table.num_rows != rows:
+            raise DataError(
+                f"the loader's transforms turned the {rows} rows of row group {row_group} of "
+                f"{path!r} into {table.num_rows}; online transforms must keep every row (the "
+                "plan gives every rank equal batches from the row counts): export with "
+                "workflow.transform(ds).to_parquet(...) and load that instead"
+            )
+        return table
 
     def _conform(self, table: pa.Table, unit: Any, path: str) -> pa.Table:
         """One file's row group in the Dataset's unified types; a column the file

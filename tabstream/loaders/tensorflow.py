@@ -95,7 +95,8 @@ class Loader(dataset_ops.DatasetV2):
     """Shuffled, sharded batches from exported parquet, as a ``tf.data.Dataset``.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
-    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included). The
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=``, ``transforms=``
+    included). The
     loader's own settings are under ``loader.core`` (``tf.data.Dataset`` already
     has ``shuffle``/``batch`` methods); ``len(loader)`` and ``set_epoch`` work as
     for the other loaders.
@@ -117,12 +118,13 @@ class Loader(dataset_ops.DatasetV2):
         pad: bool | Mapping[str, int] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
+        transforms: Any = None,
     ) -> None:
         global_size, global_rank = _strategy_defaults(global_size, global_rank)
         self.core = core.Loader(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options,
+            storage_options=storage_options, transforms=transforms,
         )
         ds = tf.data.Dataset.from_generator(self._generate, output_signature=_spec(self.core))
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))

@@ -51,7 +51,8 @@ class Loader(torch.utils.data.IterableDataset):
     """Shuffled, sharded ``(features, labels)`` tensor batches from exported parquet.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
-    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included), plus
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=``, ``transforms=``
+    included), plus
     ``device``: where tensors are delivered. On a CUDA device batches are pinned in
     the background thread and copied with ``non_blocking=True``.
 
@@ -76,13 +77,14 @@ class Loader(torch.utils.data.IterableDataset):
         pad: bool | Mapping[str, int] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
+        transforms: Any = None,
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
         self.core = core.Loader(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options,
+            storage_options=storage_options, transforms=transforms,
         )
         self.device = torch.device(device)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()

@@ -129,3 +129,31 @@ def test_training_step(shared_export: Path) -> None:
             for p in model.parameters():
                 p -= 0.01 * p.grad
     assert np.isfinite(loss.item())
+
+
+def test_online_transforms_and_fixed_lists_as_tensors(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import tabstream as ts
+    from tabstream import ops
+    from tabstream.loaders import core
+
+    n = 50
+    table = pa.table({
+        "city": pa.array([f"c{i % 7}" for i in range(n)]),
+        "ids": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(3 * n)), 3),
+        "label": np.arange(n) % 2,
+    })
+    pq.write_table(table, tmp_path / "raw.parquet", row_group_size=20)
+    ds = ts.Dataset(str(tmp_path / "raw.parquet"), engine="parquet")
+    wf = ts.Workflow((["city"] >> ops.HashBucket(5)) + ["ids", "label"]).fit(ds)
+    kw = {"seed": 1, "labels": ["label"]}
+    for (features, labels), (want, want_labels) in zip(
+            Loader(wf.transform(ds), 16, **kw), core.Loader(ds, 16, transforms=wf, **kw),
+            strict=True):
+        assert torch.equal(features["city"], torch.from_numpy(want["city"]))
+        dense, mask = features["ids"]
+        assert dense.shape == (len(labels), 3) and bool(mask.all())
+        assert torch.equal(dense, torch.from_numpy(want["ids"][0]))
+        assert torch.equal(labels, torch.from_numpy(want_labels))
