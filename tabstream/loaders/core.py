@@ -3,7 +3,8 @@
 One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 
 1. lay the row groups out in the epoch's order and take this rank's slice of rows;
-2. read them in a background thread, one row group ahead of the batching;
+2. read them in two background threads, at most one row group ahead of the chunk
+   being batched;
 3. take ``parts_per_chunk`` row groups at a time (a *chunk*), deal its rows out to
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
@@ -31,7 +32,8 @@ With ``pad=True`` a list column is ``(padded, mask)`` instead, both of shape
 Fixed-length lists (a fixed-size list type, or a schema ``value_count`` with
 ``min == max``) are read as one dense block per row group, reshaped from the
 values buffer, and delivered as ``(dense, mask)`` of shape ``(batch, L)`` with an
-all-true mask, whatever ``pad``: no per-row padding work. Lists of lists
+all-true mask (one shared array per shape: do not write to it), whatever ``pad``:
+no per-row padding work. Lists of lists
 (``list<list<number>>``) come as ``(values, outer_offsets, inner_offsets)``: row
 ``i`` holds the inner lists ``outer_offsets[i]:outer_offsets[i + 1]``, inner list
 ``j`` the values ``inner_offsets[j]:inner_offsets[j + 1]``; padded (``pad=`` a
@@ -45,6 +47,7 @@ all-true mask, whatever ``pad``: no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -202,9 +205,15 @@ class Layout:
     fixed: tuple[int, ...] | None = None
 
 
-def _column_layout(name: str, t: pa.DataType, value_count: Any) -> Layout:
-    """The layout of a column of arrow type ``t`` (see :class:`Layout`); raises a
-    TypeError for what the loaders cannot deliver."""
+def _column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> Layout:
+    """The layout of a column of arrow type ``t`` and schema ``properties`` (see
+    :class:`Layout`); raises a TypeError for what the loaders cannot deliver.
+
+    A level is fixed when its arrow type is a fixed-size list, or when the schema
+    says so: ``value_count`` with ``min == max`` (the outer level), or ``shape``, the
+    per-row dims (``[F, L]``, a leading batch ``None`` allowed, ``None`` for a ragged
+    level). Plain lists with a schema shape read about 3x faster from parquet than
+    fixed-size list types, which the parquet reader rebuilds row by row."""
     sizes: list[int | None] = []
     leaf = t
     while is_list_type(leaf):
@@ -218,10 +227,19 @@ def _column_layout(name: str, t: pa.DataType, value_count: Any) -> Layout:
             "out with features=/labels="
         )
     dtype = np.dtype(leaf.to_pandas_dtype())
-    if len(sizes) == 1 and sizes[0] is None and isinstance(value_count, Mapping):
+    value_count = properties.get("value_count")
+    if sizes and sizes[0] is None and isinstance(value_count, Mapping):
         lo, hi = value_count.get("min"), value_count.get("max")
         if lo is not None and lo == hi and int(hi) > 0:
-            sizes = [int(hi)]
+            sizes[0] = int(hi)
+    shape = properties.get("shape")
+    if shape is not None and sizes:
+        dims = list(shape)[1:] if len(shape) == len(sizes) + 1 and shape[0] is None else list(shape)
+        if len(dims) != len(sizes) or any(d is not None and (not isinstance(d, int) or d < 1)
+                                          for d in dims):
+            raise SchemaError(f"column {name!r}: the schema's shape {list(shape)} does not fit "
+                              f"its type {t}: expected {len(sizes)} dims (ints >= 1 or None)")
+        sizes = [s if s is not None else d for s, d in zip(sizes, dims, strict=True)]
     fixed = tuple(int(n) for n in sizes) if sizes and None not in sizes else None
     return Layout(dtype, len(sizes), fixed)
 
@@ -246,8 +264,8 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
             kind = "list" if depth == 0 else "inner list"
             raise DataError(
                 f"column {name!r}: the schema says every {kind} holds {size} values "
-                f"(value_count min == max), but {kind} {int(bad[0])} of {where} holds "
-                f"{int(lengths[bad[0]])} ({len(bad)} such); fix the value_count or the data"
+                f"(value_count min == max, or shape), but {kind} {int(bad[0])} of {where} "
+                f"holds {int(lengths[bad[0]])} ({len(bad)} such); fix the schema or the data"
             )
         level = level.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if level.null_count and depth + 1 < len(shape):
@@ -300,12 +318,20 @@ def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
     return padded, mask
 
 
+@functools.lru_cache(maxsize=16)
+def _all_true(shape: tuple[int, ...]) -> np.ndarray:
+    """The all-true mask of a fixed-length column's batch: one array per shape,
+    shared by every batch of that shape (filling a fresh one costs about as much as
+    gathering the ids). Do not write to it."""
+    return np.ones(shape, dtype=bool)
+
+
 def _resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """A fixed-shape batch ``(rows, *fixed)`` cut or zero-padded to ``(rows, *shape)``,
     with its mask: a view plus a constant mask when nothing needs padding."""
     fixed = dense.shape[1:]
     if fixed == shape:
-        return dense, np.ones(dense.shape, dtype=bool)
+        return dense, _all_true(dense.shape)
     out = np.zeros((len(dense), *shape), dtype=dense.dtype)
     mask = np.zeros(out.shape, dtype=bool)
     common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(fixed, shape, strict=True)))
@@ -512,7 +538,7 @@ class Loader:
         types = (self.source.arrow_types if self.transforms is None
                  else self._transformed_types())
         self.layouts: dict[str, Layout] = {
-            n: _column_layout(n, types[n], self.schema[n].properties.get("value_count"))
+            n: _column_layout(n, types[n], self.schema[n].properties)
             for n in self.columns}
         self.pad_lengths = self._pad_lengths(pad)
 
@@ -803,34 +829,61 @@ class Loader:
         return BatchIterator(self._batches(epoch), transform, self.prefetch)
 
 
+# Threads decoding row groups at once: parquet decodes one column chunk on one
+# thread, so a single wide column (multi-hot ids) needs concurrent row groups to
+# use a second core. Memory stays bounded by the reader's budget.
+_READ_THREADS = 2
+
+
 class _PieceReader:
-    """Reads pieces, in order, in a daemon thread, holding at most ``budget``
-    pieces that the consumer has not released yet."""
+    """Reads pieces in ``_READ_THREADS`` daemon threads and hands them out in order,
+    holding at most ``budget`` pieces that the consumer has not released yet."""
 
     def __init__(self, read: Callable[[plan.Piece], Any], pieces: Sequence[plan.Piece],
                  budget: int) -> None:
         self._slots = threading.Semaphore(budget)
-        self._queue: queue.Queue = queue.Queue()
+        self._cond = threading.Condition()
+        self._results: dict[int, Any] = {}
+        self._next = 0   # the next piece a thread claims
+        self._want = 0   # the next piece the consumer gets
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(read, pieces),
-                                        name="tabstream-read", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(read, pieces),
+                                          name=f"tabstream-read-{k}", daemon=True)
+                         for k in range(max(1, min(_READ_THREADS, len(pieces))))]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self, read: Callable[[plan.Piece], Any], pieces: Sequence[plan.Piece]) -> None:
-        for piece in pieces:
+        while True:
             while not self._slots.acquire(timeout=0.1):
                 if self._stop.is_set():
                     return
             if self._stop.is_set():
                 return
+            with self._cond:
+                index = self._next
+                if index >= len(pieces):
+                    self._slots.release()
+                    return
+                self._next += 1
             try:
-                self._queue.put(read(piece))
+                item = read(pieces[index])
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-                self._queue.put(_Failure(exc))
+                item = _Failure(exc)
+            with self._cond:
+                self._results[index] = item
+                self._cond.notify_all()
+            if isinstance(item, _Failure):
                 return
 
     def get(self) -> Any:
-        item = self._queue.get()
+        with self._cond:
+            while self._want not in self._results:
+                self._cond.wait(timeout=0.1)
+                if not any(t.is_alive() for t in self._threads) and self._want not in self._results:
+                    raise RuntimeError("the loader's reading threads stopped unexpectedly")
+            item = self._results.pop(self._want)
+            self._want += 1
         if isinstance(item, _Failure):
             raise item.exc
         return item

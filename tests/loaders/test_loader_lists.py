@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tabstream.errors import DataError
+from tabstream.errors import DataError, SchemaError
 from tabstream.loaders import Loader, pad_nested
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
@@ -153,9 +153,36 @@ def test_value_count_fixed_but_data_ragged_is_an_error(tmp_path: Path) -> None:
                                   properties={"value_count": {"min": 3, "max": 3}})])
     path = _write(tmp_path / "e", [t], schema)
     with pytest.raises(DataError, match=r"column 'vc': the schema says every list holds 3 values "
-                                        r"\(value_count min == max\), but list 1 of row group 0 "
-                                        r"of '.*part_0.parquet' holds 2 \(1 such\)"):
+                                        r"\(value_count min == max, or shape\), but list 1 of row "
+                                        r"group 0 of '.*part_0.parquet' holds 2 \(1 such\)"):
         list(Loader(path, 2, features=["vc"]))
+
+
+def test_schema_shape_makes_plain_nested_lists_dense(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 9, (40, F, L))
+    t = pa.table({"n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
+    schema = Schema([ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    path = _write(tmp_path / "s", [t], schema, row_group=16)
+    loader = Loader(path, 12, seed=1, features=["n"])
+    assert loader.column_layout("n").fixed == (F, L)
+    rows = np.concatenate([f["n"][0] for f, _ in loader])
+    assert rows.shape == (40, F, L)
+    # each row once, as stored (rows are unique with probability ~1; compare sorted bytes)
+    assert sorted(r.tobytes() for r in rows) == sorted(r.tobytes() for r in ids)
+
+    bad = ids.tolist()
+    bad[5][2] = bad[5][2][:1]
+    t = pa.table({"n": pa.array(bad, pa.list_(pa.list_(pa.int64())))})
+    path = _write(tmp_path / "b", [t], schema, row_group=16)
+    with pytest.raises(DataError, match=rf"column 'n': the schema says every inner list holds {L} "
+                                        r"values .* but inner list 22 of row group 0"):
+        list(Loader(path, 40, features=["n"], shuffle=False))
+    schema = Schema([ColumnSchema("n", "int64", is_list=True, properties={"shape": [3]})])
+    path = _write(tmp_path / "c", [t], schema)
+    with pytest.raises(SchemaError, match=r"column 'n': the schema's shape \[3\] does not fit its "
+                                          r"type list<.*>: expected 2 dims"):
+        Loader(path, 4)
 
 
 def test_three_levels_are_refused(tmp_path: Path) -> None:
