@@ -63,6 +63,27 @@ def _strategy_defaults(global_size: int | None, global_rank: int | None) -> tupl
             index if global_rank is None else global_rank)
 
 
+def _check_device(device: Any) -> str | None:
+    """A TensorFlow device name that exists here, or None."""
+    if device is None:
+        return None
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a device name such as '/GPU:0', got "
+                        f"{type(device).__name__}")
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError as exc:
+        raise ValueError(f"device {device!r} is not a TensorFlow device name: {exc}") from exc
+    kind = (spec.device_type or "CPU").upper()
+    found = [d.name for d in tf.config.list_logical_devices(kind)]
+    index = spec.device_index or 0
+    if index >= len(found):
+        available = [d.name for d in tf.config.list_logical_devices()]
+        raise ValueError(f"device {device!r}: TensorFlow has no such device here; "
+                         f"available: {available}")
+    return found[index]
+
+
 def _spec(core_loader: core.Loader) -> Any:
     """The element_spec: a TensorSpec per array, batch dimension left open."""
 
@@ -100,6 +121,11 @@ class Loader(dataset_ops.DatasetV2):
     loader's own settings are under ``loader.core`` (``tf.data.Dataset`` already
     has ``shuffle``/``batch`` methods); ``len(loader)`` and ``set_epoch`` work as
     for the other loaders.
+
+    ``device`` (e.g. ``"/GPU:0"``; default ``None``: where TensorFlow places them)
+    prefetches batches onto that device (``tf.data.experimental.prefetch_to_device``),
+    so host-to-GPU copies overlap the training step; batches and their order do not
+    depend on it.
     """
 
     def __init__(
@@ -119,8 +145,10 @@ class Loader(dataset_ops.DatasetV2):
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,
+        device: str | None = None,
     ) -> None:
         global_size, global_rank = _strategy_defaults(global_size, global_rank)
+        self.device = _check_device(device)
         self.core = core.Loader(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
@@ -130,7 +158,11 @@ class Loader(dataset_ops.DatasetV2):
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(options).prefetch(1)
+        ds = ds.with_options(options)
+        if self.device is None:
+            ds = ds.prefetch(1)
+        else:  # must be the last transformation
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
         self._dataset = ds
         super().__init__(ds._variant_tensor)
 
