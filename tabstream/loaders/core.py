@@ -287,8 +287,8 @@ def _ragged_nested(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     inner_lists = arr.values.slice(lo, hi - lo)
     inner = inner_lists.offsets.to_numpy()
     vlo, vhi = int(inner[0]), int(inner[-1])
-    values = inner_lists.values.to_numpy(zero_copy_only=False)[vlo:vhi]
-    return (_writable(values), (outer - lo).astype(np.int64), (inner - vlo).astype(np.int64))
+    return (_values(inner_lists.values, vlo, vhi), (outer - lo).astype(np.int64),
+            (inner - vlo).astype(np.int64))
 
 
 def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
@@ -345,12 +345,25 @@ def _writable(a: np.ndarray) -> np.ndarray:
     return a if a.flags.writeable else a.copy()
 
 
+def _values(arr: pa.Array, lo: int, hi: int) -> np.ndarray:
+    """``arr[lo:hi]`` (numbers) as a writable numpy array: a view of arrow's buffer
+    when that buffer is mutable (the batch's own, fresh from take/concat or the
+    read), else a copy. Saves a copy of every list value per batch."""
+    t = arr.type
+    buffers = arr.buffers()
+    if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)) \
+            and len(buffers) == 2 and buffers[1] is not None and buffers[1].is_mutable:
+        dtype = np.dtype(t.to_pandas_dtype())
+        return np.frombuffer(buffers[1], dtype, count=hi - lo,
+                             offset=(arr.offset + lo) * dtype.itemsize)
+    return _writable(arr.to_numpy(zero_copy_only=False)[lo:hi])
+
+
 def _ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
     offsets = arr.offsets.to_numpy()
     lo, hi = int(offsets[0]), int(offsets[-1])
-    values = arr.values.to_numpy(zero_copy_only=False)[lo:hi]
-    return _writable(values), (offsets - lo).astype(np.int64)
+    return _values(arr.values, lo, hi), (offsets - lo).astype(np.int64)
 
 
 def _plain_lists(arr: pa.Array) -> pa.Array:
