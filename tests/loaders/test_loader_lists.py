@@ -200,3 +200,17 @@ def test_null_lists_in_nested_columns_are_empty(tmp_path: Path) -> None:
     features, _ = next(iter(Loader(tmp_path / "n.parquet", 3, shuffle=False)))
     want = [[lst or [] for lst in r] if r is not None else [] for r in rows]
     assert _nested_rows(*features["n"]) == want
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_list_values_are_writable_and_owned_by_their_batch(lists_export: tuple[Path, pa.Table],
+                                                           shuffle: bool) -> None:
+    path, _ = lists_export
+    batches = [f["nested"] for f, _ in Loader(path, 64, shuffle=shuffle, seed=2)]
+    sizes = [len(values) for values, _, _ in batches]
+    for k, (values, _, _) in enumerate(batches):
+        assert values.flags.writeable
+        values[:] = 1000 + k   # each batch gets its own marker ...
+    for k, (values, _, _) in enumerate(batches):
+        # ... and keeps it: no batch shares memory with a later one
+        assert (values == 1000 + k).all() and len(values) == sizes[k]
