@@ -438,6 +438,7 @@ def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
             "workflow.transform(ds).to_parquet(...) and load that folder"
         )
     try:
+        # Workflow has no public "is fitted" check yet; transform_table runs this one
         transforms._check_fitted()
     except NotFittedError as exc:
         raise NotFittedError(
