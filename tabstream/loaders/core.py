@@ -473,7 +473,9 @@ class Loader:
             not a label.
         labels: label columns, same forms. Default: the columns tagged ``TARGET``.
         pad: ``True`` delivers list columns as ``(padded, mask)`` of the schema's
-            ``value_count`` max length; a dict ``{name: length}`` gives lengths.
+            ``value_count`` max length; a dict ``{name: length}`` gives lengths, and
+            ``{name: (F, L)}`` the shape of a list-of-lists column. Fixed-length
+            columns (see the module docstring) are dense whatever ``pad`` says.
         prefetch: batches prepared ahead of the consumer.
         storage_options: fsspec options when ``data`` is a path.
         transforms: a fitted ``tabstream.Workflow`` applied to each row group as it is
@@ -502,7 +504,7 @@ class Loader:
         *,
         features: Any = None,
         labels: Any = None,
-        pad: bool | Mapping[str, int] = False,
+        pad: bool | Mapping[str, Any] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,

@@ -141,7 +141,7 @@ class Loader(dataset_ops.DatasetV2):
         *,
         features: Any = None,
         labels: Any = None,
-        pad: bool | Mapping[str, int] = False,
+        pad: bool | Mapping[str, Any] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,

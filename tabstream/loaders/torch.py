@@ -109,7 +109,7 @@ class Loader(torch.utils.data.IterableDataset):
         *,
         features: Any = None,
         labels: Any = None,
-        pad: bool | Mapping[str, int] = False,
+        pad: bool | Mapping[str, Any] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,
