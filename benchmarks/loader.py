@@ -18,6 +18,21 @@ in a fresh process (so peak RSS is the case's own, from the kernel's ``ru_maxrss
   ``DataLoader(batch_size=B, shuffle=True)``. It holds the whole frame in memory and
   is slow, so it runs on the first --handwritten-rows rows; its rate is compared.
 
+Multi-hot mode (``--multi-hot``, issue 14): ``generate_data("multi-hot", rows,
+slots=100, nnz=10, vocabulary=8192)`` written once as plain ``list<list<int64>>``
+parquet, seen through two schemas: one giving the shape ``[None, 100, 10]``
+(delivered dense ``(B, 100, 10)``), one without (delivered ragged: values and two
+offset levels).
+Cases: ``tfdata``, ``tf.data.Dataset.from_tensor_slices((ids, label)).shuffle(buffer)
+.batch(B)`` over the same rows held in memory as numpy, its setup time (reading the
+parquet into numpy and building the pipeline) reported apart and not in its rate
+(likewise the tabstream loaders' construction: planning the row groups);
+``torch_dense``/``tf_dense`` and ``torch_ragged``/``tf_ragged``, the tabstream loaders
+(shuffled) into torch and TF tensors. Ratios are to ``tfdata`` measured in the same
+run. Targets: dense >= 1.0x, ragged >= 0.7x.
+
+    python benchmarks/loader.py --multi-hot --rows 250000 --batch-sizes 8192
+
 Rates are rows per second over the whole epoch, reading included; time to first
 batch counts from building the loader (imports excluded). Medians are printed, with
 the tabstream loaders' ratios to ``raw`` and to ``handwritten``, and the peak RSS
@@ -42,6 +57,8 @@ from common import emit_result, format_table, machine_note, median, run_child  #
 CONTINUOUS = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 CASES = ("raw", "torch", "tf", "handwritten")
+MH_CASES = ("tfdata", "torch_dense", "tf_dense", "torch_ragged", "tf_ragged")
+MH_SLOTS, MH_NNZ, MH_VOCAB = 100, 10, 8192
 
 
 def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed: int = 0) -> None:
@@ -76,6 +93,48 @@ def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed
     schema.to_json(os.path.join(tmp, "schema.json"))
     with open(os.path.join(tmp, "_manifest.json"), "w") as f:
         json.dump({"num_rows": rows, "files": files}, f)
+    os.rename(tmp, path)
+
+
+def generate_multi_hot(path: str, rows: int, rows_per_file: int, row_group_size: int) -> None:
+    """The multi-hot rows as plain ``list<list<int64>>`` parquet, twice: ``dense``
+    whose ``_schema.json`` gives the column's shape ``[None, 100, 10]`` (so the loader
+    delivers dense blocks) and ``ragged`` without it (hard links to the same files),
+    written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tabstream.datasets import write_data
+    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+
+    tmp = path + ".tmp"
+    num_files = max(1, -(-rows // rows_per_file))
+    fixed = os.path.join(tmp, "fixed")
+    write_data("multi-hot", fixed, rows, num_files=num_files, row_group_size=row_group_size,
+               chunk_rows=row_group_size, slots=MH_SLOTS, nnz=MH_NNZ, vocabulary=MH_VOCAB)
+    plain = pa.schema([pa.field("label", pa.int64()),
+                       pa.field("multi_hot", pa.list_(pa.list_(pa.int64())))])
+    dense, ragged = os.path.join(tmp, "dense"), os.path.join(tmp, "ragged")
+    os.makedirs(dense)
+    os.makedirs(ragged)
+    files = []
+    for name in sorted(os.listdir(fixed)):
+        f = pq.ParquetFile(os.path.join(fixed, name))
+        with pq.ParquetWriter(os.path.join(dense, name), plain) as writer:
+            for i in range(f.num_row_groups):
+                writer.write_table(f.read_row_group(i).cast(plain), row_group_size=row_group_size)
+        os.link(os.path.join(dense, name), os.path.join(ragged, name))
+        files.append({"path": name, "num_rows": f.metadata.num_rows})
+        os.remove(os.path.join(fixed, name))
+    os.rmdir(fixed)
+    label = ColumnSchema("label", "int64", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])
+    domain = {"domain": {"min": 0, "max": MH_VOCAB - 1}}
+    for folder, props in ((dense, {"shape": [None, MH_SLOTS, MH_NNZ]}), (ragged, {})):
+        Schema([label, ColumnSchema("multi_hot", "int64", tags=[Tags.CATEGORICAL], is_list=True,
+                                    is_ragged=not props, properties={**domain, **props})]
+               ).to_json(os.path.join(folder, "_schema.json"))
+        with open(os.path.join(folder, "_manifest.json"), "w") as out:
+            json.dump({"num_rows": rows, "files": files}, out)
     os.rename(tmp, path)
 
 
@@ -201,6 +260,125 @@ def case_handwritten(data: str, batch_size: int, limit: int) -> dict:
     return _result(rows, start, first)
 
 
+def _mh_read(data: str) -> tuple:
+    """The dense multi-hot rows in memory as numpy: ids (N, slots, nnz), labels (N,)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    ids, labels = [], []
+    for path in _files(data):
+        t = pq.read_table(path)
+        col = t.column("multi_hot").combine_chunks()
+        ids.append(col.flatten().flatten().to_numpy().reshape(len(col), MH_SLOTS, MH_NNZ))
+        labels.append(t.column("label").to_numpy())
+    return np.concatenate(ids), np.concatenate(labels)
+
+
+def case_tfdata(data: str, batch_size: int, limit: int) -> dict:
+    import tensorflow as tf
+
+    start = _start()
+    ids, labels = _mh_read(os.path.join(data, "dense"))
+    buffer = min(limit, len(labels))
+    ds = tf.data.Dataset.from_tensor_slices((ids, labels)).shuffle(buffer, seed=0).batch(batch_size)
+    del ids, labels  # tf holds its own copy
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    first = None
+    rows = 0
+    for _ids, y in ds:
+        rows += int(y.shape[0])
+        if first is None:
+            first = time.perf_counter() - start
+    result = _result(rows, start, first)
+    result["setup_s"] = setup
+    return result
+
+
+def _mh_loader(kind: str, framework: str, data: str, batch_size: int) -> dict:
+    if framework == "torch":
+        import torch
+
+        from tabstream.loaders.torch import Loader
+
+        torch.set_num_threads(1)
+    else:
+        from tabstream.loaders.tensorflow import Loader
+    start = _start()
+    loader = Loader(os.path.join(data, kind), batch_size, shuffle=True, seed=0, labels=["label"])
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    first = None
+    rows = 0
+    for _features, labels in loader:
+        rows += int(labels.shape[0])
+        if first is None:
+            first = time.perf_counter() - start
+    result = _result(rows, start, first)
+    result["setup_s"] = setup
+    return result
+
+
+def case_torch_dense(data: str, batch_size: int, limit: int) -> dict:
+    return _mh_loader("dense", "torch", data, batch_size)
+
+
+def case_tf_dense(data: str, batch_size: int, limit: int) -> dict:
+    return _mh_loader("dense", "tf", data, batch_size)
+
+
+def case_torch_ragged(data: str, batch_size: int, limit: int) -> dict:
+    return _mh_loader("ragged", "torch", data, batch_size)
+
+
+def case_tf_ragged(data: str, batch_size: int, limit: int) -> dict:
+    return _mh_loader("ragged", "tf", data, batch_size)
+
+
+def main_multi_hot(args: argparse.Namespace) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = args.data_dir or os.path.join(root, "bench_data", f"multihot-{args.rows}")
+    if not os.path.exists(data):
+        print(f"writing {args.rows:,} multi-hot rows to {data} ...", flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--multi-hot", "--generate",
+                        "--rows", str(args.rows), "--rows-per-file", str(args.rows_per_file),
+                        "--row-group-size", str(args.row_group_size), "--data-dir", data],
+                       check=True)
+    cases = [c for c in args.cases if c in MH_CASES] or list(MH_CASES)
+    print(machine_note())
+    print(f"data: {data} ({args.rows:,} rows of {MH_SLOTS} x {MH_NNZ} ids); tf.data shuffle "
+          f"buffer {min(args.shuffle_buffer, args.rows):,}; medians of {args.repeats} runs, "
+          "each in a fresh process", flush=True)
+    medians: dict[tuple[str, int], dict[str, float]] = {}
+    for batch_size in args.batch_sizes:
+        for case in cases:
+            runs = [run_case(case, data, batch_size, args.shuffle_buffer)
+                    for _ in range(args.repeats)]
+            medians[case, batch_size] = {k: median([r[k] for r in runs])
+                                         for k in ("rows", "rate", "first_batch_s", "peak_rss_mb",
+                                                   "setup_s")}
+            m = medians[case, batch_size]
+            print(f"  {case:<13} batch {batch_size:>6}: {m['rate'] / 1e6:6.3f} M rows/s, setup "
+                  f"{m['setup_s']:.2f} s, peak RSS {m['peak_rss_mb']:.0f} MB", flush=True)
+    headers = ["case", "batch", "rows", "M rows/s", "vs tf.data", "target", "setup s",
+               "first batch s", "peak RSS MB"]
+    targets = {"torch_dense": 1.0, "tf_dense": 1.0, "torch_ragged": 0.7, "tf_ragged": 0.7}
+    table = []
+    for (case, batch_size), m in medians.items():
+        base = medians.get(("tfdata", batch_size))
+        ratio = m["rate"] / base["rate"] if base and case != "tfdata" else None
+        target = targets.get(case)
+        table.append([
+            case, batch_size, f"{int(m['rows']):,}", f"{m['rate'] / 1e6:.3f}",
+            f"{ratio:.2f}x" if ratio is not None else "",
+            "" if target is None or ratio is None else
+            (f">= {target}x met" if ratio >= target else f">= {target}x MISSED"),
+            f"{m['setup_s']:.2f}", f"{m['first_batch_s']:.3f}", f"{m['peak_rss_mb']:.0f}",
+        ])
+    print()
+    print(format_table(headers, table, markdown=args.markdown))
+
+
 # -- driver ---------------------------------------------------------------------------
 def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--child", case, "--data-dir", data,
@@ -220,23 +398,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=CASES + MH_CASES, default=list(CASES))
+    parser.add_argument("--multi-hot", action="store_true",
+                        help="the multi-hot comparison with tf.data (see the module doc)")
+    parser.add_argument("--shuffle-buffer", type=int, default=65536,
+                        help="--multi-hot: tf.data's shuffle buffer (capped by --rows)")
     parser.add_argument("--rows-per-file", type=int, default=1_000_000)
     parser.add_argument("--row-group-size", type=int, default=100_000)
     parser.add_argument("--handwritten-rows", type=int, default=200_000,
                         help="rows the hand-written DataLoader reads (it holds them all)")
     parser.add_argument("--data-dir", help="default: bench_data/loader-<rows>")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
-    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=CASES + MH_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.multi_hot and args.generate:
+        generate_multi_hot(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)
+        return
     if args.generate:
         generate(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)
         return
     if args.child:
         fn = globals()[f"case_{args.child}"]
         emit_result(fn(args.data_dir, args.batch_sizes[0], args.handwritten_rows))
+        return
+    if args.multi_hot:
+        main_multi_hot(args)
         return
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

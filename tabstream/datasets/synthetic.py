@@ -11,6 +11,17 @@ Criteo-like rows (``generate_data("criteo", n)``)::
     1      2     -1  ...  <NA>  05db9164  0b153874  ...  4cf72387
     int64  ArrowDtype(int64), nulls   ArrowDtype(string): 8 lowercase hex chars, nulls
 
+Multi-hot rows (``generate_data("multi-hot", n, slots=100, nnz=10, vocabulary=8192)``),
+the layout of sparse-feature click models: ``slots`` feature fields of ``nnz`` ids
+each, ids in ``[0, vocabulary)`` (power-law, id 0 the most frequent: a real id)::
+
+    label  multi_hot                                   (layout="nested", the default)
+    1      [[0, 17, 3, ...], [5, 0, 0, ...], ...]      fixed_size_list<fixed_size_list<int64, nnz>, slots>
+    int64
+
+    label  S1             S2            ...  S100     (layout="columns")
+    1      [0, 17, 3 ...]  [5, 0, 0 ...]  ...          fixed_size_list<int64, nnz> each
+
 E-commerce rows (``generate_data("e-commerce", n)``)::
 
     user_id  item_id  user_age_bucket  user_country  user_activity  item_category  item_brand  item_price  device  click
@@ -65,8 +76,9 @@ _TABLE_MAX_VOCAB = 1 << 19
 # Most rows held in memory at once by write_data (one criteo chunk is ~450 MB in Arrow).
 DEFAULT_CHUNK_ROWS = 1 << 20
 
-DATASET_NAMES = ("criteo", "e-commerce")
-_ALIASES = {"criteo": "criteo", "e-commerce": "e-commerce", "ecommerce": "e-commerce"}
+DATASET_NAMES = ("criteo", "e-commerce", "multi-hot")
+_ALIASES = {"criteo": "criteo", "e-commerce": "e-commerce", "ecommerce": "e-commerce",
+            "multi-hot": "multi-hot", "multihot": "multi-hot"}
 _FORMATS = ("parquet", "tsv")
 
 CRITEO_LABEL = "label"
@@ -623,8 +635,83 @@ def _ecommerce_table(seed: int, start: int, stop: int) -> tuple[pa.Table, np.nda
 
 # ------------------------------------------------------------------------- public API
 
-_TABLE_MAKERS = {"criteo": _criteo_table, "e-commerce": _ecommerce_table}
-_LABELS = {"criteo": CRITEO_LABEL, "e-commerce": ECOMMERCE_LABEL}
+# ------------------------------------------------------------------------- multi-hot
+
+MULTIHOT_LABEL = "label"
+MULTIHOT_COLUMN = "multi_hot"
+# Rows per generator for the multi-hot ids: a block of slots * nnz ids per row is
+# large, so its blocks are smaller than BLOCK_ROWS (a 65,536-row block of 1,000 ids
+# would hold 500 MB).
+_MULTIHOT_BLOCK = 1024
+_MULTIHOT_EXPONENT = 1.05
+_MULTIHOT_BIAS = -1.0
+
+
+@functools.lru_cache(maxsize=4)
+def _multihot_effects(seed: int, slots: int, vocabulary: int) -> np.ndarray:
+    """(slots, vocabulary) hidden effect of each id of each slot on the click."""
+    ids = np.arange(vocabulary)
+    return np.stack([_hash_normal(_key(seed, "multi-hot", s), ids)[:, 0]
+                     for s in range(slots)]).astype(np.float32)
+
+
+def _multihot_table(seed: int, start: int, stop: int, *, slots: int = 100, nnz: int = 10,
+                    vocabulary: int = 8192, layout: str = "nested") -> tuple[pa.Table, np.ndarray]:
+    """Rows [start, stop): ``slots`` x ``nnz`` ids per row plus a logistic label."""
+    n = stop - start
+    stream = _key(seed, "multi-hot-ids", slots, nnz, vocabulary) & 0xFFFFFFFF
+    blocks = []
+    for block in range(start // _MULTIHOT_BLOCK, -(-stop // _MULTIHOT_BLOCK)):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, stream, block]))
+        u = rng.random((_MULTIHOT_BLOCK, slots, nnz), dtype=np.float32)
+        lo = max(start - block * _MULTIHOT_BLOCK, 0)
+        hi = min(stop - block * _MULTIHOT_BLOCK, _MULTIHOT_BLOCK)
+        blocks.append(_powerlaw_ranks(u[lo:hi], vocabulary, _MULTIHOT_EXPONENT))
+    ids = np.concatenate(blocks) if blocks else np.zeros((0, slots, nnz), np.int64)
+    effects = _multihot_effects(seed, slots, vocabulary)
+    total = np.zeros(n)
+    for s in range(slots):  # one slot's small table at a time stays in cache
+        total += np.take(effects[s], ids[:, s]).sum(axis=1)
+    logit = _MULTIHOT_BIAS + total * (2.0 / math.sqrt(slots * nnz))
+    prob = _sigmoid(logit)
+    label = _bernoulli(seed, "multi-hot-label", start, stop, prob)
+    flat = pa.array(ids.reshape(-1))
+    columns: dict[str, pa.Array] = {MULTIHOT_LABEL: pa.array(label)}
+    if layout == "nested":
+        columns[MULTIHOT_COLUMN] = pa.FixedSizeListArray.from_arrays(
+            pa.FixedSizeListArray.from_arrays(flat, nnz), slots)
+    else:
+        for s in range(slots):
+            columns[f"S{s + 1}"] = pa.FixedSizeListArray.from_arrays(
+                pa.array(ids[:, s].reshape(-1)), nnz)
+    assert len(label) == n
+    return pa.table(columns), prob
+
+
+def _multihot_options(key: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The checked keyword options of ``generate_data``/``write_data``: only the
+    multi-hot dataset takes any."""
+    if key != "multi-hot":
+        if options:
+            raise TypeError(f"dataset {key!r} takes no options {sorted(options)}; only "
+                            "'multi-hot' takes slots=, nnz=, vocabulary=, layout=")
+        return {}
+    unknown = sorted(set(options) - {"slots", "nnz", "vocabulary", "layout"})
+    if unknown:
+        raise TypeError(f"unknown multi-hot options {unknown}; expected slots=, nnz=, "
+                        "vocabulary=, layout=")
+    out = {name: _check_int(name, options.get(name, default), 1)
+           for name, default in (("slots", 100), ("nnz", 10), ("vocabulary", 8192))}
+    layout = options.get("layout", "nested")
+    if layout not in ("nested", "columns"):
+        raise ValueError(f"layout must be 'nested' or 'columns', got {layout!r}")
+    out["layout"] = layout
+    return out
+
+
+_TABLE_MAKERS = {"criteo": _criteo_table, "e-commerce": _ecommerce_table,
+                 "multi-hot": _multihot_table}
+_LABELS = {"criteo": CRITEO_LABEL, "e-commerce": ECOMMERCE_LABEL, "multi-hot": MULTIHOT_LABEL}
 
 
 def _canonical_name(name: Any) -> str:
@@ -651,12 +738,13 @@ def _check_int(what: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _generate_table(name: str, start: int, stop: int, seed: int) -> tuple[pa.Table, np.ndarray]:
+def _generate_table(name: str, start: int, stop: int, seed: int,
+                    **options: Any) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) of dataset ``name`` as (Arrow table, (n,) float64 probabilities).
 
     The one place rows are made; write_data calls it once per chunk.
     """
-    return _TABLE_MAKERS[name](seed, start, stop)
+    return _TABLE_MAKERS[name](seed, start, stop, **options)
 
 
 def _ranges(start: int, stop: int, step: int) -> Iterator[tuple[int, int]]:
@@ -672,17 +760,21 @@ def generate_data(
     return_probability: bool = False,
     *,
     start_row: int = 0,
+    **options: Any,
 ) -> pd.DataFrame | tuple[pd.DataFrame, np.ndarray]:
     """Generate ``num_rows`` synthetic rows in memory.
 
     Args:
-        name: ``"criteo"`` or ``"e-commerce"`` (``"ecommerce"`` too).
+        name: ``"criteo"``, ``"e-commerce"`` (``"ecommerce"`` too) or ``"multi-hot"``.
         num_rows: rows to make.
         seed: non-negative int; the same seed gives the same rows.
         return_probability: also return the true click probability of each row.
         start_row: first row of the stream to return; rows [start_row, start_row +
             num_rows) equal the same rows of a longer call, so e.g. a validation set
             can continue where a training set stopped (same hidden model).
+        options: multi-hot only: ``slots=100``, ``nnz=10`` ids per slot,
+            ``vocabulary=8192`` ids per slot, ``layout="nested"`` (one
+            ``multi_hot`` column of ``(slots, nnz)``) or ``"columns"`` (``S1`` ...).
 
     Returns:
         A DataFrame (columns ``CRITEO_COLUMNS`` or ``ECOMMERCE_COLUMNS``, in that
@@ -697,9 +789,10 @@ def generate_data(
     num_rows = _check_int("num_rows", num_rows, 0)
     seed = _check_int("seed", seed, 0)
     start_row = _check_int("start_row", start_row, 0)
+    options = _multihot_options(key, options)
     stop = start_row + num_rows
     pieces = [
-        _generate_table(key, lo, hi, seed)
+        _generate_table(key, lo, hi, seed, **options)
         for lo, hi in (list(_ranges(start_row, stop, DEFAULT_CHUNK_ROWS)) or [(start_row, stop)])
     ]
     table = pa.concat_tables([t for t, _ in pieces])
@@ -777,6 +870,7 @@ def write_data(
     return_probability: bool = False,
     start_row: int = 0,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    **options: Any,
 ) -> list[str]:
     """Write ``num_rows`` synthetic rows to ``num_files`` files, in bounded memory.
 
@@ -798,6 +892,7 @@ def write_data(
             data files (the oracle for AUC checks).
         chunk_rows: most rows generated and held at once (rounded down to whole
             row groups); memory grows with it, not with ``num_rows``.
+        options: as in :func:`generate_data` (multi-hot only).
 
     Returns:
         The data files' paths, in row order.
@@ -809,6 +904,9 @@ def write_data(
     row_group_size = _check_int("row_group_size", row_group_size, 1)
     start_row = _check_int("start_row", start_row, 0)
     chunk_rows = _check_int("chunk_rows", chunk_rows, 1)
+    options = _multihot_options(key, options)
+    if key == "multi-hot" and fmt != "parquet":
+        raise ValueError("the multi-hot dataset holds lists: write it with fmt='parquet'")
     if num_files > num_rows:
         raise ValueError(
             f"num_files={num_files} is more than num_rows={num_rows}; every file needs a row"
@@ -835,7 +933,7 @@ def write_data(
             _AtomicFile(prob_path, "parquet", row_group_size) as prob_file,
         ):
             for c_lo, c_hi in _ranges(lo, hi, chunk_rows):
-                table, prob = _generate_table(key, c_lo, c_hi, seed)
+                table, prob = _generate_table(key, c_lo, c_hi, seed, **options)
                 data_file.write(table)
                 if return_probability:
                     prob_file.write(pa.table({"probability": prob}))

@@ -5,8 +5,9 @@ The core here yields numpy batches and imports no framework; the adapters
 turn them into tensors (import those modules explicitly).
 """
 
-from tabstream.loaders.core import Batch, Loader, pad_lists
+from tabstream.loaders.core import Batch, Layout, Loader, pad_lists, pad_nested
 from tabstream.loaders.plan import RankShare, split_rows
 from tabstream.loaders.source import ParquetSource, open_source
 
-__all__ = ["Batch", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists", "split_rows"]
+__all__ = ["Batch", "Layout", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists",
+           "pad_nested", "split_rows"]

@@ -21,7 +21,9 @@ Elements are ``(features, labels)`` (just ``features`` when there are no label
 columns); each leaf is a tensor whose first dimension is the batch:
 ``features["C1"]``: int64 ``(batch,)``; a list column: ``(values, offsets)``
 int ``(nnz,)`` and int64 ``(batch + 1,)``, or with ``pad=True`` ``(padded, mask)``
-``(batch, length)``.
+``(batch, length)``; a fixed-length list: ``(dense, mask)`` ``(batch, L)``; a list of
+lists: ``(values, outer_offsets, inner_offsets)``, or padded/fixed ``(dense, mask)``
+``(batch, F, L)``.
 
 Under an active ``tf.distribute`` strategy with several workers (e.g.
 ``MultiWorkerMirroredStrategy``; create the loader inside ``strategy.scope()``)
@@ -61,20 +63,45 @@ def _strategy_defaults(global_size: int | None, global_rank: int | None) -> tupl
             index if global_rank is None else global_rank)
 
 
+def _check_device(device: Any) -> str | None:
+    """A TensorFlow device name that exists here, or None."""
+    if device is None:
+        return None
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a device name such as '/GPU:0', got "
+                        f"{type(device).__name__}")
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except ValueError as exc:
+        raise ValueError(f"device {device!r} is not a TensorFlow device name: {exc}") from exc
+    kind = (spec.device_type or "CPU").upper()
+    found = [d.name for d in tf.config.list_logical_devices(kind)]
+    index = spec.device_index or 0
+    if index >= len(found):
+        available = [d.name for d in tf.config.list_logical_devices()]
+        raise ValueError(f"device {device!r}: TensorFlow has no such device here; "
+                         f"available: {available}")
+    return found[index]
+
+
 def _spec(core_loader: core.Loader) -> Any:
     """The element_spec: a TensorSpec per array, batch dimension left open."""
 
     def column(name: str) -> Any:
-        np_dtype, is_list = core_loader.column_dtype(name)
-        dtype = tf.as_dtype(np_dtype)
-        if not is_list:
+        layout = core_loader.column_layout(name)
+        dtype = tf.as_dtype(layout.dtype)
+        if not layout.depth:
             return tf.TensorSpec([None], dtype, name=name)
         length = core_loader.pad_lengths.get(name)
         if length is None:
-            return (tf.TensorSpec([None], dtype, name=f"{name}__values"),
-                    tf.TensorSpec([None], tf.int64, name=f"{name}__offsets"))
-        return (tf.TensorSpec([None, length], dtype, name=name),
-                tf.TensorSpec([None, length], tf.bool, name=f"{name}__mask"))
+            values = tf.TensorSpec([None], dtype, name=f"{name}__values")
+            if layout.depth == 1:
+                return values, tf.TensorSpec([None], tf.int64, name=f"{name}__offsets")
+            return (values, tf.TensorSpec([None], tf.int64, name=f"{name}__outer_offsets"),
+                    tf.TensorSpec([None], tf.int64, name=f"{name}__inner_offsets"))
+        shape = [None, *(length if isinstance(length, tuple) else (length,))]
+        return (tf.TensorSpec(shape, dtype, name=name),
+                tf.TensorSpec(shape, tf.bool, name=f"{name}__mask"))
 
     features = {n: column(n) for n in core_loader.feature_names}
     labels = core_loader.label_names
@@ -89,10 +116,16 @@ class Loader(dataset_ops.DatasetV2):
     """Shuffled, sharded batches from exported parquet, as a ``tf.data.Dataset``.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
-    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included). The
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=``, ``transforms=``
+    included). The
     loader's own settings are under ``loader.core`` (``tf.data.Dataset`` already
     has ``shuffle``/``batch`` methods); ``len(loader)`` and ``set_epoch`` work as
     for the other loaders.
+
+    ``device`` (e.g. ``"/GPU:0"``; default ``None``: where TensorFlow places them)
+    prefetches batches onto that device (``tf.data.experimental.prefetch_to_device``),
+    so host-to-GPU copies overlap the training step; batches and their order do not
+    depend on it.
     """
 
     def __init__(
@@ -108,21 +141,28 @@ class Loader(dataset_ops.DatasetV2):
         *,
         features: Any = None,
         labels: Any = None,
-        pad: bool | Mapping[str, int] = False,
+        pad: bool | Mapping[str, Any] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
+        transforms: Any = None,
+        device: str | None = None,
     ) -> None:
         global_size, global_rank = _strategy_defaults(global_size, global_rank)
+        self.device = _check_device(device)
         self.core = core.Loader(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options,
+            storage_options=storage_options, transforms=transforms,
         )
         ds = tf.data.Dataset.from_generator(self._generate, output_signature=_spec(self.core))
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(options).prefetch(1)
+        ds = ds.with_options(options)
+        if self.device is None:
+            ds = ds.prefetch(1)
+        else:  # must be the last transformation
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
         self._dataset = ds
         super().__init__(ds._variant_tensor)
 

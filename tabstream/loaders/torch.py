@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.data
@@ -47,13 +48,48 @@ def _map(structure: Any, fn: Any) -> Any:
     return fn(structure)
 
 
+def _check_device(device: Any) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU "
+                         "(torch.cuda.is_available() is False); use device='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r}: the loader delivers to 'cpu' or 'cuda' devices")
+    return dev
+
+
+def _tensor(a: Any, pin: bool) -> torch.Tensor:
+    """One array as a tensor: numpy shares its memory (pinned when copying to a
+    GPU); an array already on a device (cupy, cudf) is taken over through DLPack."""
+    if isinstance(a, np.ndarray):
+        t = torch.from_numpy(a)
+        return t.pin_memory() if pin else t
+    if isinstance(a, torch.Tensor):
+        return a
+    if hasattr(a, "__dlpack__"):
+        return torch.from_dlpack(a)
+    raise TypeError(f"the loader produced a {type(a).__name__}, which is neither a numpy "
+                    "array nor a DLPack-capable array")
+
+
 class Loader(torch.utils.data.IterableDataset):
     """Shuffled, sharded ``(features, labels)`` tensor batches from exported parquet.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
-    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=`` included), plus
+    ``labels=``, ``pad=``, ``prefetch=``, ``storage_options=``, ``transforms=``
+    included), plus
     ``device``: where tensors are delivered. On a CUDA device batches are pinned in
-    the background thread and copied with ``non_blocking=True``.
+    the background thread (page-locked host memory) and copied with
+    ``non_blocking=True``, so the copy of one batch overlaps the work on the last;
+    arrays that already live on the GPU (anything with ``__dlpack__`` that is not
+    numpy, e.g. cupy or cudf columns) are taken over through DLPack without a copy.
+    The shuffle does not depend on the device: the same seed gives the same batches
+    on CPU and GPU.
 
     Tensors share memory with the numpy batches (``torch.from_numpy``), so a batch
     costs no copy beyond the shuffle's gather.
@@ -73,19 +109,20 @@ class Loader(torch.utils.data.IterableDataset):
         *,
         features: Any = None,
         labels: Any = None,
-        pad: bool | Mapping[str, int] = False,
+        pad: bool | Mapping[str, Any] = False,
         prefetch: int = 2,
         storage_options: dict | None = None,
+        transforms: Any = None,
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
         self.core = core.Loader(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options,
+            storage_options=storage_options, transforms=transforms,
         )
-        self.device = torch.device(device)
-        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self.device = _check_device(device)
+        self._pin = self.device.type == "cuda"
 
     # -- the core's settings ----------------------------------------------------
     batch_size = property(lambda self: self.core.batch_size)
@@ -113,11 +150,7 @@ class Loader(torch.utils.data.IterableDataset):
     # -- iteration ------------------------------------------------------------------
     def _to_tensors(self, batch: core.Batch) -> Any:
         # Runs in the background thread.
-        def convert(a: Any) -> torch.Tensor:
-            t = torch.from_numpy(a)
-            return t.pin_memory() if self._pin else t
-
-        return _map(batch, convert)
+        return _map(batch, lambda a: _tensor(a, self._pin))
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()

@@ -29,14 +29,15 @@ def infer_embedding_dim(cardinality: int, multiplier: float = 2.0, multiple_of: 
 class TableConfig:
     """One embedding table: ``cardinality`` rows of ``dim`` floats, looked up by the
     columns in ``feature_names`` (several when a vocabulary is shared). Multi-hot
-    (list) features are pooled with ``combiner`` ("sum" or "mean")."""
+    (list) features are pooled with ``combiner`` ("sum" or "mean"), or with
+    ``combiner=None`` looked up per id: ``(B, L, dim)`` plus the ``(B, L)`` mask."""
 
     name: str
     cardinality: int
     dim: int
     feature_names: tuple[str, ...]
     is_list: bool = False
-    combiner: str = "sum"
+    combiner: str | None = "sum"
 
     def __post_init__(self) -> None:
         if self.cardinality <= 0 or self.dim <= 0:
@@ -44,8 +45,9 @@ class TableConfig:
                 f"table {self.name!r}: cardinality and dim must be positive, "
                 f"got {self.cardinality} x {self.dim}"
             )
-        if self.combiner not in ("sum", "mean"):
-            raise ValueError(f"table {self.name!r}: combiner must be 'sum' or 'mean', got {self.combiner!r}")
+        if self.combiner not in ("sum", "mean", None):
+            raise ValueError(f"table {self.name!r}: combiner must be 'sum', 'mean' or None "
+                             f"(one vector per id), got {self.combiner!r}")
 
 
 def table_configs_from_schema(

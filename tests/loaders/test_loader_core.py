@@ -228,7 +228,9 @@ def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
         ours = [t for t in threading.enumerate()
                 if t not in before and t.name.startswith("tabstream")]
         break
-    assert len(ours) == 2, "the loader reads and batches in background threads"
+    names = sorted(t.name for t in ours)
+    assert names == ["tabstream-loader", "tabstream-read-0", "tabstream-read-1"], \
+        "the loader reads (two threads) and batches in background threads"
     for thread in ours:
         thread.join(timeout=10)
         assert not thread.is_alive(), f"{thread.name} still runs after the loop stopped"

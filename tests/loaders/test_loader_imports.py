@@ -19,5 +19,6 @@ def test_core_imports_no_framework() -> None:
 
 def test_public_names() -> None:
     assert sorted(tabstream.loaders.__all__) == [
-        "Batch", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists", "split_rows",
+        "Batch", "Layout", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists",
+        "pad_nested", "split_rows",
     ]

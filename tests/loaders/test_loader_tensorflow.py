@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -130,3 +132,48 @@ def test_single_worker_strategy_keeps_size_one(shared_export: Path) -> None:
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         loader = Loader(shared_export, 100)
     assert (loader.core.global_size, loader.core.global_rank) == (1, 0)
+
+
+def test_fixed_and_nested_lists_as_tf_tensors(tmp_path: Path) -> None:
+    rows = [[[1, 2], [0]], [], [[5]]]
+    t = pa.table({
+        "fx": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6, dtype=np.int64)), 2),
+        "n": pa.array(rows, pa.list_(pa.list_(pa.int64()))),
+    })
+    pq.write_table(t, tmp_path / "x.parquet")
+    loader = Loader(tmp_path / "x.parquet", 3, shuffle=False)
+    assert loader.element_spec["fx"][0].shape.as_list() == [None, 2]
+    features = next(iter(loader))
+    dense, mask = features["fx"]
+    assert np.array_equal(dense.numpy(), np.arange(6).reshape(3, 2)) and bool(tf.reduce_all(mask))
+    values, outer, inner = features["n"]
+    ragged = tf.RaggedTensor.from_nested_row_splits(values, [outer, inner])
+    assert ragged.to_list() == rows
+
+
+def test_device_prefetch_keeps_batches_and_order(shared_export: Path) -> None:
+    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4)]
+    placed = Loader(shared_export, 300, seed=4, device="/cpu:0")
+    got = [b[0]["row_id"] for b in placed]
+    assert all("CPU:0" in t.device for t in got)
+    assert len(got) == len(plain)
+    for a, b in zip(got, plain, strict=True):
+        assert np.array_equal(a.numpy(), b)
+
+
+def test_bad_devices_are_refused(shared_export: Path) -> None:
+    with pytest.raises(ValueError, match=r"device '/GPU:7': TensorFlow has no such device here; "
+                                         r"available: \["):
+        Loader(shared_export, 10, device="/GPU:7")
+    with pytest.raises(TypeError, match=r"device must be a device name such as '/GPU:0', got int"):
+        Loader(shared_export, 10, device=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tf.config.list_logical_devices("GPU"), reason="no TensorFlow GPU")
+def test_gpu_device_delivers_gpu_tensors_in_the_cpu_order(shared_export: Path) -> None:
+    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4)]
+    got = [b[0]["row_id"] for b in Loader(shared_export, 300, seed=4, device="/GPU:0")]
+    assert all("GPU:0" in t.device for t in got)
+    for a, b in zip(got, plain, strict=True):
+        assert np.array_equal(a.numpy(), b)

@@ -129,3 +129,78 @@ def test_training_step(shared_export: Path) -> None:
             for p in model.parameters():
                 p -= 0.01 * p.grad
     assert np.isfinite(loss.item())
+
+
+def test_online_transforms_and_fixed_lists_as_tensors(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import tabstream as ts
+    from tabstream import ops
+    from tabstream.loaders import core
+
+    n = 50
+    table = pa.table({
+        "city": pa.array([f"c{i % 7}" for i in range(n)]),
+        "ids": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(3 * n)), 3),
+        "label": np.arange(n) % 2,
+    })
+    pq.write_table(table, tmp_path / "raw.parquet", row_group_size=20)
+    ds = ts.Dataset(str(tmp_path / "raw.parquet"), engine="parquet")
+    wf = ts.Workflow((["city"] >> ops.HashBucket(5)) + ["ids", "label"]).fit(ds)
+    kw = {"seed": 1, "labels": ["label"]}
+    for (features, labels), (want, want_labels) in zip(
+            Loader(wf.transform(ds), 16, **kw), core.Loader(ds, 16, transforms=wf, **kw),
+            strict=True):
+        assert torch.equal(features["city"], torch.from_numpy(want["city"]))
+        dense, mask = features["ids"]
+        assert dense.shape == (len(labels), 3) and bool(mask.all())
+        assert torch.equal(dense, torch.from_numpy(want["ids"][0]))
+        assert torch.equal(labels, torch.from_numpy(want_labels))
+
+
+def test_devices_are_checked(shared_export: Path) -> None:
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda' but torch sees no CUDA GPU"):
+            Loader(shared_export, 10, device="cuda")
+    with pytest.raises(ValueError, match=r"device 'meta': the loader delivers to 'cpu' or 'cuda'"):
+        Loader(shared_export, 10, device="meta")
+    with pytest.raises(TypeError, match=r"device must be a str or torch.device, got int"):
+        Loader(shared_export, 10, device=0)
+
+
+def test_dlpack_arrays_are_taken_over_without_a_copy() -> None:
+    from tabstream.loaders.torch import _tensor
+
+    class OnDevice:  # stands for a cupy/cudf array: DLPack, not numpy
+        def __init__(self, a: np.ndarray) -> None:
+            self.a = a
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self) -> Any:
+            return self.a.__dlpack_device__()
+
+    a = np.arange(6, dtype=np.int64)
+    t = _tensor(OnDevice(a), pin=False)
+    assert t.tolist() == a.tolist() and t.data_ptr() == a.ctypes.data
+    with pytest.raises(TypeError, match=r"the loader produced a list, which is neither a numpy"):
+        _tensor([1, 2], pin=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_cuda_batches_equal_cpu_batches_in_order(shared_export: Path) -> None:
+    cpu = list(Loader(shared_export, 300, seed=3, pad=True))
+    gpu = list(Loader(shared_export, 300, seed=3, pad=True, device="cuda"))
+    assert len(cpu) == len(gpu)
+    for (cf, cy), (gf, gy) in zip(cpu, gpu, strict=True):
+        assert gy.is_cuda and torch.equal(gy.cpu(), cy)
+        for name, value in cf.items():
+            got = gf[name]
+            if isinstance(value, tuple):
+                for c, g in zip(value, got, strict=True):
+                    assert g.is_cuda and torch.equal(g.cpu(), c)
+            else:
+                assert got.is_cuda and torch.equal(got.cpu(), value)

@@ -22,6 +22,13 @@ Accepted inputs for one feature, in ``features: dict[str, Tensor]``:
       this way, one whose first element has rank 1 as ``(values, offsets)``
     - ``tf.SparseTensor`` ``[B, L]``
 
+Padded lists of lists ``(ids [B, F, L], mask [B, F, L])`` pool each inner list:
+``[B, F, dim]``. A table with ``combiner=None`` looks list features up per id
+instead (for sequence models): ``(vectors [B, L, dim], mask [B, L])``, ``L`` the
+longest list of the batch for ragged input, the padded length otherwise
+(``[B, F, L, dim]`` for lists of lists), vectors zero where the mask is false;
+single-hot features stay ``[B, dim]``.
+
 Every id is a real row of its table, ``0`` included: a list position is padding
 only where the mask is false (padded layouts) or where it does not exist (ragged
 layouts), never because of its id. Pooling counts real positions only; an empty
@@ -183,6 +190,50 @@ def _masked_ids(
     return tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0]
 
 
+def _padded_pair(name: str, features: Mapping[str, Any]) -> tuple[tf.Tensor, tf.Tensor] | None:
+    """``(ids, mask)`` when the feature arrives padded (a tuple whose first element
+    has rank 2 or more, or ids plus ``name__mask``), else None."""
+    x = features.get(name)
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        first = tf.convert_to_tensor(x[0])
+        second = tf.convert_to_tensor(x[1])
+        if first.shape.rank is not None and first.shape.rank >= 2 and second.shape.rank != 1:
+            return first, second
+        return None
+    if x is not None and not isinstance(x, (tf.RaggedTensor, tf.SparseTensor)) \
+            and name + MASK_SUFFIX in features:
+        ids = tf.convert_to_tensor(x)
+        if ids.shape.rank is not None and ids.shape.rank >= 2:
+            return ids, tf.convert_to_tensor(features[name + MASK_SUFFIX])
+    return None
+
+
+def _per_id_padded(table: EmbeddingTable, name: str, ids: tf.Tensor,
+                   mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(vectors [*ids.shape, dim], mask)``: only the real positions are gathered
+    (padding gets no gradient rows), zeros elsewhere."""
+    mask = tf.cast(mask, tf.bool)
+    if not mask.shape.is_compatible_with(ids.shape):
+        raise ValueError(
+            f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
+            f"have shape {ids.shape}; they must match"
+        )
+    where = tf.where(mask)
+    rows = table._gather(tf.gather_nd(ids, where))
+    shape = tf.concat([tf.shape(ids, out_type=tf.int64), [table.dim]], axis=0)
+    return tf.scatter_nd(where, rows, shape), mask
+
+
+def _per_id_ragged(table: EmbeddingTable, values: tf.Tensor, row_ids: tf.Tensor,
+                   nrows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Flat ids of rows ``row_ids`` looked up per id: ``[B, L, dim]`` and ``[B, L]``,
+    ``L`` the longest list of the batch."""
+    ragged = tf.RaggedTensor.from_value_rowids(table._gather(values), tf.cast(row_ids, tf.int64),
+                                               nrows=tf.cast(nrows, tf.int64), validate=False)
+    mask = tf.sequence_mask(ragged.row_lengths())
+    return ragged.to_tensor(), mask
+
+
 def _flat_list_ids(
     name: str, features: Mapping[str, Any]
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
@@ -307,10 +358,36 @@ class EmbeddingTables(keras.layers.Layer):
             ) from None
 
     @_no_autograph
-    def lookup(self, name: str, features: Mapping[str, Any]) -> tf.Tensor:
-        """Embedding ``[B, dim]`` of one feature (pooled when multi-hot)."""
+    def lookup(self, name: str, features: Mapping[str, Any]) -> Any:
+        """Embedding ``[B, dim]`` of one feature (pooled when multi-hot), or
+        ``(vectors, mask)`` for a list feature of a ``combiner=None`` table."""
         table = self.table_for(name)
+        per_id = table.config.combiner is None
+        x = features.get(name)
+        if isinstance(x, (tuple, list)) and len(x) == 3:
+            raise ValueError(
+                f"feature {name!r}: a tuple input must be (values, offsets) or (padded, "
+                "mask), got 3 items; for a list of lists (values, outer_offsets, "
+                "inner_offsets), load it padded instead: pad={"
+                f"{name!r}: (F, L)}} (or fixed-size list types) to get (ids, mask) of "
+                "shape [B, F, L]"
+            )
+        padded = _padded_pair(name, features)
+        if padded is not None:
+            ids, mask = padded
+            if per_id:
+                return _per_id_padded(table, name, ids, mask)
+            if ids.shape.rank is not None and ids.shape.rank > 2:
+                # lists of lists: pool each inner list -> [B, F, dim]
+                lead = tf.shape(ids)[:-1]
+                width = tf.shape(ids)[-1]
+                flat = _masked_ids(name, tf.reshape(ids, [-1, width]),
+                                   tf.reshape(tf.cast(mask, tf.bool), [-1, width]))
+                pooled = table.pool(*flat)
+                return tf.reshape(pooled, tf.concat([lead, [table.dim]], axis=0))
         flat = _flat_list_ids(name, features)
+        if flat is not None and per_id:
+            return _per_id_ragged(table, *flat)
         if flat is not None:
             return table.pool(*flat)
         ids = tf.convert_to_tensor(features[name])

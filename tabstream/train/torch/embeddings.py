@@ -9,7 +9,16 @@ Categorical features arrive in a batch in one of these forms (``B`` rows)::
     padded list  (ids (B, L), mask (B, L))              -> pooled where mask is true
                  or ids (B, L) plus the key "name__mask"    (the loader's ``pad=`` layout)
 
-and come out pooled, one ``(B, dim)`` tensor per feature. Every id is a real row
+and come out pooled, one ``(B, dim)`` tensor per feature. Padded lists of lists
+``(ids (B, F, L), mask (B, F, L))`` pool each inner list: ``(B, F, dim)``.
+
+A table with ``combiner=None`` looks list features up per id instead (what sequence
+models want): ``(vectors (B, L, dim), mask (B, L))``, ``L`` the longest list of the
+batch for ragged input, the padded length otherwise (``(B, F, L, dim)`` for lists of
+lists); vectors are zero where the mask is false. Single-hot features stay
+``(B, dim)``.
+
+Every id is a real row
 of its table, ``0`` included: a list position is padding only where the mask is
 false (padded layout) or where it does not exist (ragged layout), never because of
 its id. Pooling counts real positions only; an empty list pools to zeros (with
@@ -97,7 +106,9 @@ class EmbeddingTables(nn.ModuleDict):
                 key += "_"
             self._keys[cfg.name] = key
             is_sparse = cfg.cardinality >= sparse_threshold if sparse is None else bool(sparse)
-            bag = nn.EmbeddingBag(cfg.cardinality, cfg.dim, mode=cfg.combiner, sparse=is_sparse)
+            # combiner=None (per-id lookups) keeps the bag's weight; its mode is unused
+            bag = nn.EmbeddingBag(cfg.cardinality, cfg.dim, mode=cfg.combiner or "sum",
+                                  sparse=is_sparse)
             nn.init.uniform_(bag.weight, -init_scale, init_scale)
             self.add_module(key, bag)
             for feature in cfg.feature_names:
@@ -128,7 +139,7 @@ class EmbeddingTables(nn.ModuleDict):
         """``{feature_name: dim}`` of what :meth:`forward` returns."""
         return {f: self._config_by_name[t].dim for f, t in self.feature_to_table.items()}
 
-    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+    def forward(self, features: Features) -> dict[str, Any]:
         out = {}
         for feature, table in self.feature_to_table.items():
             cfg = self._config_by_name[table]
@@ -137,7 +148,7 @@ class EmbeddingTables(nn.ModuleDict):
 
     def _lookup(
         self, feature: str, cfg: TableConfig, bag: nn.EmbeddingBag, features: Features
-    ) -> torch.Tensor:
+    ) -> Any:
         if feature in features:
             x = features[feature]
         elif f"{feature}__values" in features and f"{feature}__offsets" in features:
@@ -147,10 +158,23 @@ class EmbeddingTables(nn.ModuleDict):
                 f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
                 f"from the batch; the batch has {sorted(features)}"
             )
+        per_id = cfg.combiner is None
+        if isinstance(x, tuple) and len(x) == 3:
+            raise ValueError(
+                f"feature {feature!r}: a tuple input must be (values, offsets) or (padded, "
+                "mask), got 3 items; for a list of lists (values, outer_offsets, "
+                "inner_offsets), load it padded instead: pad={"
+                f"{feature!r}: (F, L)}} (or fixed-size list types) to get (ids, mask) of "
+                "shape (B, F, L)"
+            )
         if isinstance(x, tuple) and len(x) == 2:
             first, second = x
             if first.dim() == 1:
+                if per_id:
+                    return _per_id_ragged(feature, bag, first, second)
                 return _pool_ragged(feature, bag, first, second)
+            if per_id:
+                return _per_id_padded(feature, bag, first, second)
             return _pool_padded(feature, bag, first, second)
         if not isinstance(x, torch.Tensor):
             raise TypeError(
@@ -171,6 +195,8 @@ class EmbeddingTables(nn.ModuleDict):
                     f"be told from the ids. Pass (padded, mask) (the loader's pad= layout), "
                     f"the key {feature + '__mask'!r}, or (values, offsets)"
                 )
+            if per_id:
+                return _per_id_padded(feature, bag, x, mask)
             return _pool_padded(feature, bag, x, mask)
         if x.dim() > 2:
             raise ValueError(
@@ -206,6 +232,11 @@ def _pool_padded(
             f"{tuple(mask.shape)} differ in shape"
         )
     mask = mask.to(torch.bool)
+    if ids.dim() > 2:  # lists of lists: pool each inner list -> (B, F, dim)
+        lead = ids.shape[:-1]
+        pooled = _pool_padded(feature, bag, ids.reshape(-1, ids.shape[-1]),
+                              mask.reshape(-1, ids.shape[-1]))
+        return pooled.reshape(*lead, pooled.shape[-1])
     # Keep only the real positions, as a ragged (values, offsets) batch: the padded
     # slots then take no part in the lookup at all, so a sparse gradient has no
     # (zero) entries for them that a lazy optimizer would still step on. It is also
@@ -214,6 +245,43 @@ def _pool_padded(
     values = ids[mask]
     offsets = F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
     return _pool_ragged(feature, bag, values, offsets)
+
+
+def _per_id_padded(
+    feature: str, bag: nn.EmbeddingBag, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(vectors (*ids.shape, dim), mask)``: the rows of the real positions only, so
+    padding gets no gradient entries; zeros elsewhere."""
+    if ids.shape != mask.shape:
+        raise ValueError(
+            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
+            f"{tuple(mask.shape)} differ in shape"
+        )
+    mask = mask.to(torch.bool)
+    rows = F.embedding(ids[mask].to(torch.long), bag.weight, sparse=bag.sparse)
+    out = rows.new_zeros((*ids.shape, bag.weight.shape[1]))
+    return out.index_put((mask,), rows), mask
+
+
+def _per_id_ragged(
+    feature: str, bag: nn.EmbeddingBag, values: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged ``(values, offsets)`` looked up per id: ``(B, L, dim)`` and ``(B, L)``,
+    ``L`` the longest list of the batch."""
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(
+            f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
+            f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
+        )
+    offsets = offsets.to(torch.long)
+    values = values[int(offsets[0]):int(offsets[-1])]
+    lengths = offsets[1:] - offsets[:-1]
+    width = int(lengths.max()) if lengths.numel() else 0
+    mask = torch.arange(width, device=offsets.device) < lengths[:, None]
+    # row-major positions of the mask are the values in order
+    rows = F.embedding(values.to(torch.long), bag.weight, sparse=bag.sparse)
+    out = rows.new_zeros((lengths.numel(), width, bag.weight.shape[1]))
+    return out.index_put((mask,), rows), mask
 
 
 def embedding_tables_from_schema(
