@@ -19,6 +19,7 @@ replaced or extra file is an error naming it, never a silently different dataset
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import json
@@ -43,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fsspec.core import get_fs_token_paths
-from fsspec.utils import read_block
+from fsspec.utils import glob_translate, read_block
 
 from tabstream.errors import DataError, SchemaError
 from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
@@ -156,7 +157,7 @@ class Dataset:
         self._table: pa.Table | None = None
         self._ddf = None
         self._stored_schema: Schema | None = None
-        self._folders: list[str] = []
+        self._folders: list[tuple[str, Any]] = []
         self._row_filter: Any = None  # a split's rows (see split / split_by_value)
         self._filter: _ExprFilter | None = None
 
@@ -173,7 +174,7 @@ class Dataset:
             self.fs, self.files, self._folders = _expand_paths(path_or_df, self.storage_options, engine)
             if not self.files:  # an export folder whose files are all gone
                 _check_manifests(self.fs, [], self._folders, {})
-                raise FileNotFoundError(f"{path_or_df!r} holds no data files")
+                raise FileNotFoundError(f"{path_or_df!r} holds no data files (no files match)")
             self.engine = engine or _infer_engine(self.files)
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
@@ -841,9 +842,11 @@ def _resolve_cpu(cpu: bool | None) -> bool:
 
 
 def _expand_paths(path: Any, storage_options: dict,
-                  engine: str | None) -> tuple[Any, list[str], list[str]]:
-    """The filesystem, the files, and the folders given as such (whose file set an
-    export's ``_manifest.json`` fixes)."""
+                  engine: str | None) -> tuple[Any, list[str], list[tuple[str, Any]]]:
+    """The filesystem, the files, and the folders whose ``_manifest.json`` (if any)
+    fixes which files must be there: ``(folder, None)`` for a folder searched (and
+    each export nested in it), ``(folder, regex)`` for one a glob reaches, where only
+    the entries the pattern matches must be there."""
     paths = [path] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else list(path)
     if not paths:
         raise FileNotFoundError("Dataset got an empty list of paths")
@@ -855,27 +858,44 @@ def _expand_paths(path: Any, storage_options: dict,
         stripped = fs._strip_protocol(p)
         if any(ch in p for ch in "*?["):
             matched = sorted(fs.glob(stripped))
-            if not matched:
+            # Every manifest in a folder the pattern reaches: an entry the pattern
+            # matches must be among the files (``out/*.parquet`` reads a whole export).
+            pattern = re.compile(glob_translate(stripped))
+            reached = sorted(fs.glob(posixpath.join(posixpath.dirname(stripped), MANIFEST_FILE)))
+            if not matched and not reached:
                 raise FileNotFoundError(f"no files match {p!r}")
             files.extend(m for m in matched if fs.isfile(m))
+            folders.extend((posixpath.dirname(m), pattern) for m in reached)
         elif fs.isdir(stripped):
-            found = sorted(
-                f for f in fs.find(stripped)
-                if not any(part.startswith(("_", ".")) for part in posixpath.relpath(f, stripped).split("/"))
-                and _wanted(f, engine)
-            )
-            if not found and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
+            root = stripped.rstrip("/") or "/"
+            every = fs.find(stripped)
+            found = sorted(f for f in every if not _hidden(f, stripped) and _wanted(f, engine))
+            # Exports nested in the folder (root/train, root/valid) are checked too.
+            nested = sorted(posixpath.dirname(f) for f in every if posixpath.basename(f) == MANIFEST_FILE
+                            and not _hidden(posixpath.dirname(f), stripped) and posixpath.dirname(f) != root)
+            if not found and not nested and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
                 raise FileNotFoundError(f"folder {p!r} holds no data files")
             files.extend(found)
-            folders.append(stripped.rstrip("/") or "/")
+            folders.append((root, None))
+            folders.extend((folder, None) for folder in nested)
         elif fs.exists(stripped):
             files.append(stripped)
         else:
             raise FileNotFoundError(f"no such file or folder: {p!r}")
+    twice = sorted(f for f, n in collections.Counter(files).items() if n > 1)
+    if twice:
+        raise ValueError(f"{twice[0]}: picked more than once by the paths {paths}; each file would be "
+                         "read (and counted) once per time it is picked: give each file once")
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol not in ("file", "local"):
         files = [f if "://" in f else f"{protocol}://{f}" for f in files]
     return fs, files, folders
+
+
+def _hidden(path: str, root: str) -> bool:
+    """Whether a part of ``path`` below ``root`` starts with ``_`` or ``.``."""
+    rel = posixpath.relpath(path, root)
+    return rel != "." and any(part.startswith(("_", ".")) for part in rel.split("/"))
 
 
 def _wanted(path: str, engine: str | None) -> bool:
@@ -935,26 +955,30 @@ def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
                         '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
 
 
-def _check_manifests(fs: Any, files: list[str], folders: list[str], rows: dict[str, int]) -> None:
+def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], rows: dict[str, int]) -> None:
     """An export's files must be the ones its ``_manifest.json`` lists, with the rows it
     lists: a deleted, truncated, replaced or extra file fails here instead of silently
-    changing the data. A folder given as such must hold exactly the manifest's files;
-    files picked by a glob or a list are each checked against their folder's manifest."""
+    changing the data. A folder searched must hold exactly the files of each manifest
+    in it (nested exports included); a glob must find every manifest entry it matches;
+    each file is checked against the manifest of its nearest folder."""
     stripped = {fs._strip_protocol(f): f for f in files}
     manifests: dict[str, dict[str, int] | None] = {}
-    for folder in folders:
-        manifest = manifests[folder] = _read_manifest(fs, folder)
+    for folder, pattern in folders:
+        if folder not in manifests:
+            manifests[folder] = _read_manifest(fs, folder)
+        manifest = manifests[folder]
         if manifest is None:
             continue
         for path, expected in manifest.items():
-            if path not in stripped:
+            if path not in stripped and (pattern is None or pattern.match(path)):
                 raise DataError(
                     f"{path}: listed in {posixpath.join(folder, MANIFEST_FILE)} with {expected} rows, "
                     "but the file is missing (found 0 rows); the export is incomplete: "
                     "restore the file or export again", hint=_MANIFEST_HINT
                 )
+    searched = sorted({f for f, pattern in folders if pattern is None}, key=len, reverse=True)
     for path, url in stripped.items():
-        folder = next((f for f in folders if path.startswith(f + "/")), posixpath.dirname(path))
+        folder = next((f for f in searched if path.startswith(f + "/")), posixpath.dirname(path))
         if folder not in manifests:
             manifests[folder] = _read_manifest(fs, folder)
         manifest = manifests[folder]
