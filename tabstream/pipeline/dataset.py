@@ -659,7 +659,20 @@ class Dataset:
         ``train, valid = ds.split_by_value("day", [range(1, 7), [7]])``."""
         if column not in self._arrow_schema.names:
             raise SchemaError(f"cannot split on {column!r}: not in the dataset; available: {self._arrow_schema.names}")
-        return [self._view(_ValueSplit(column, list(values))) for values in groups]
+        col_type = _plain(self._arrow_schema.field(column).type)
+        cast_groups: list[list[Any]] = []
+        owner: dict[Any, int] = {}  # value -> the group that has it
+        for g, values in enumerate(groups):
+            cast = _split_values(column, col_type, list(values), g)
+            for value in cast:
+                if value in owner and owner[value] != g:
+                    raise ValueError(
+                        f"split_by_value({column!r}): the value {value!r} is in group {owner[value]} and in "
+                        f"group {g}; its rows would be in both splits: give each value to one group"
+                    )
+                owner[value] = g
+            cast_groups.append(cast)
+        return [self._view(_ValueSplit(column, values)) for values in cast_groups]
 
     def _view(self, row_filter: Any) -> Dataset:
         if self._row_filter is not None:
@@ -734,6 +747,23 @@ class _ValueSplit:
         col = table.column(self.column)
         keep = pc.fill_null(pc.is_in(col, value_set=pa.array(self.values, type=col.type)), False)
         return keep.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
+def _split_values(column: str, col_type: pa.DataType, values: list[Any], group: int) -> list[Any]:
+    """``values`` as values of the column's type (a str for an int column fails
+    here, when the split is made, not when its rows are first read)."""
+    try:
+        return pa.array(values, type=col_type).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        for value in values:
+            try:
+                pa.array([value], type=col_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                raise TypeError(
+                    f"split_by_value({column!r}): the value {value!r} ({type(value).__name__}) of group "
+                    f"{group} is not a {col_type} value, the type of column {column!r}"
+                ) from exc
+        raise
 
 
 class _ExprFilter:

@@ -77,6 +77,31 @@ def _folder_and_its_glob(tmp):
     ts.Dataset([str(tmp / "out"), str(tmp / "out" / "*.parquet")])
 
 
+def _days():
+    return pd.DataFrame({"day": np.arange(1000) % 7, "x": np.arange(1000.0)})
+
+
+def _split_groups_overlap(tmp):
+    ts.Dataset(_days()).split_by_value("day", [range(0, 6), [5, 6]])
+
+
+def _split_value_of_wrong_type(tmp):
+    ts.Dataset(_days()).split_by_value("day", [[1, 2], ["5"]])
+
+
+def _split_value_truncated(tmp):
+    ts.Dataset(_days()).split_by_value("day", [[2.5]])
+
+
+def _split_values_cast(tmp):
+    # numpy ints and a range are values of the int column: rows as pandas picks them
+    df = _days()
+    train, valid = ts.Dataset(df).split_by_value("day", [range(0, 5), [np.int32(5), np.int64(6)]])
+    assert train.num_rows == int((df.day < 5).sum())
+    assert valid.num_rows == int(df.day.isin([5, 6]).sum())
+    assert train.num_rows + valid.num_rows == len(df)
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -89,6 +114,13 @@ CASES = [
      r"out/part_00000\.parquet: listed in .*out/_manifest\.json with \d+ rows, but the file is missing"),
     ("glob not matching the deleted file", _glob_not_matching_the_deleted_file_reads, None, None),
     ("nested exports untouched read whole", _nested_exports_read_whole, None, None),
+    ("split_by_value groups overlap", _split_groups_overlap, ValueError,
+     r"split_by_value\('day'\): the value 5 is in group 0 and in group 1"),
+    ("split_by_value value of the wrong type", _split_value_of_wrong_type, TypeError,
+     r"split_by_value\('day'\): the value '5' \(str\) of group 1 is not a int64 value"),
+    ("split_by_value float for an int column", _split_value_truncated, TypeError,
+     r"the value 2\.5 \(float\) of group 0 is not a int64 value, the type of column 'day'"),
+    ("split_by_value values cast", _split_values_cast, None, None),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
