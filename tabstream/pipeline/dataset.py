@@ -752,18 +752,24 @@ class _ValueSplit:
 def _split_values(column: str, col_type: pa.DataType, values: list[Any], group: int) -> list[Any]:
     """``values`` as values of the column's type (a str for an int column fails
     here, when the split is made, not when its rows are first read)."""
+    def wrong(value: Any) -> TypeError:
+        return TypeError(f"split_by_value({column!r}): the value {value!r} ({type(value).__name__}) of group "
+                         f"{group} is not a {col_type} value, the type of column {column!r}")
+
     try:
-        return pa.array(values, type=col_type).to_pylist()
+        cast = pa.array(values, type=col_type).to_pylist()
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         for value in values:
             try:
                 pa.array([value], type=col_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-                raise TypeError(
-                    f"split_by_value({column!r}): the value {value!r} ({type(value).__name__}) of group "
-                    f"{group} is not a {col_type} value, the type of column {column!r}"
-                ) from exc
+                raise wrong(value) from exc
         raise
+    # Arrow truncates 2.5 to 2 for an int column: a value must survive the cast.
+    for value, got in zip(values, cast, strict=True):
+        if not (got == value or (got != got and value != value)):
+            raise wrong(value)
+    return cast
 
 
 class _ExprFilter:
