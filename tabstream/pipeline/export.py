@@ -123,11 +123,7 @@ def export(
 
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
-    if fs.exists(root) and not overwrite:
-        if fs.isdir(root) and not fs.ls(root):
-            fs.rm(root, recursive=True)
-        else:
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+    check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
     _remove_leftovers(fs, parent, name)
     tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
@@ -210,6 +206,15 @@ def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: s
 
     with TqdmCallback(desc=desc, disable=None if progress is None else not progress, unit="task"):
         return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+
+
+def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
+    if fs.exists(root) and not overwrite:
+        if fs.isdir(root) and not fs.ls(root):
+            fs.rm(root, recursive=True)
+        else:
+            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
 def _owner_tag() -> str:

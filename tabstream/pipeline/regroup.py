@@ -17,7 +17,8 @@ dataset; a bucket is about one partition's size unless a single key owns a large
 share of the rows (all of a key's rows are always in one bucket). Pass 1 writes
 up to ``B`` small files per partition, as export's ``shuffle="full"`` does. The spill folder of ``to_parquet`` is a hidden sibling of the output
 folder on the output filesystem (so the workers of a distributed client share it),
-removed afterwards; ``to_iter``/``compute``/``to_ddf`` spill to a local temporary
+named like export's temporary folder (``.out.tmp-<host>-<pid>-<id>``), removed
+afterwards, or by the next export to the same place when this one was killed; ``to_iter``/``compute``/``to_ddf`` spill to a local temporary
 folder removed with the returned object.
 
 Limits: one Groupby per workflow, and no statistics op after it (its statistics
@@ -219,16 +220,17 @@ class GroupedTransformedDataset(TransformedDataset):
         return arrow_to_pandas(pa.concat_tables(tables))
 
     def to_parquet(self, output_path: str, **kwargs: Any):
-        from tabstream.pipeline.export import export
+        from tabstream.pipeline.export import _owner_tag, check_target, export
 
         kwargs.setdefault("client", self.workflow.client)
         fs, _, paths = fsspec.core.get_fs_token_paths(output_path,
                                                       storage_options=kwargs.get("storage_options") or {})
         target = paths[0].rstrip("/")
-        if fs.exists(target) and not kwargs.get("overwrite") and not (fs.isdir(target) and not fs.ls(target)):
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+        check_target(fs, target, output_path, bool(kwargs.get("overwrite")))  # before the scatter pass
         parent, name = posixpath.split(target)
-        spill = posixpath.join(parent, f".{name}.groupby-{uuid.uuid4().hex[:12]}")
+        # Named like export's own temporary folder (owner-tagged), so that the next
+        # export to the same place removes it when this process was killed.
+        spill = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
         try:
             buckets, after = self._scatter(fs, spill, kwargs.get("progress"))
             return export(buckets, after, output_path, **kwargs)
