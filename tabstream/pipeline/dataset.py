@@ -265,6 +265,7 @@ class Dataset:
                     "raw logs must be UTF-8 text; pass names=[...] and header=True to skip a bad header",
                 ) from exc
             names = first.split(sep)
+            _check_header_names(self.files[0], names)
         unknown = sorted(set(dtypes) - set(names))
         if unknown:
             raise SchemaError(f"dtypes given for columns {unknown} that are not in names={list(names)}")
@@ -910,7 +911,8 @@ def _expand_paths(path: Any, storage_options: dict,
             nested = sorted(posixpath.dirname(f) for f in every if posixpath.basename(f) == MANIFEST_FILE
                             and not _hidden(posixpath.dirname(f), stripped) and posixpath.dirname(f) != root)
             if not found and not nested and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
-                raise FileNotFoundError(f"folder {p!r} holds no data files")
+                wanted = {"parquet": " (looked for .parquet files)", "csv": " (looked for .csv/.tsv files)"}
+                raise FileNotFoundError(f"folder {p!r} holds no data files{wanted.get(engine or '', '')}")
             files.extend(found)
             folders.append((root, None))
             folders.extend((folder, None) for folder in nested)
@@ -1103,6 +1105,23 @@ def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
     both_float = pa.types.is_floating(src) and pa.types.is_floating(dst)
     strings = {pa.string(), pa.large_string()}
     return both_int or both_float or (src in strings and dst in strings)
+
+
+def _check_header_names(path: str, names: list[str]) -> None:
+    """The header line read as column names: an empty or repeated name means the
+    first line is data (a headerless raw log), not a header."""
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if not name.strip() or name in seen:
+            what = "an empty column name" if not name.strip() else f"the column name {name!r} twice"
+            raise _data_error(
+                f"{path}, line 1: read as the header line, it has {what} (field {i + 1} of "
+                f"{len(names)}: {names[:8]}{' ...' if len(names) > 8 else ''}); expected distinct "
+                "column names: is the file headerless?",
+                "for a headerless file pass names=[...] (the column names in order), or --criteo-tsv "
+                "on the command line for Criteo TSV logs",
+            )
+        seen.add(name)
 
 
 def _data_error(message: str, hint: str) -> DataError:

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pandas as pd
+from _corpus import CliFailed, cli
 
 import tabstream as ts
 from tabstream.errors import DataError
@@ -102,6 +103,29 @@ def _split_values_cast(tmp):
     assert train.num_rows + valid.num_rows == len(df)
 
 
+def _raw_tsv(tmp, text="1\t5\t1\tab\n0\t6\t2\tcd\n"):
+    raw = tmp / "raw"
+    raw.mkdir()
+    (raw / "day_0.tsv").write_text(text)
+    return raw
+
+
+def _headerless_tsv_without_names(tmp):
+    ts.Dataset(str(_raw_tsv(tmp) / "day_0.tsv"))
+
+
+def _header_with_empty_name(tmp):
+    ts.Dataset(str(_raw_tsv(tmp, "a\t\tc\n1\t2\t3\n") / "day_0.tsv"))
+
+
+def _inspect_headerless_folder(tmp):
+    cli("inspect", _raw_tsv(tmp))
+
+
+def _train_on_raw_folder(tmp):
+    cli("train", _raw_tsv(tmp), "--quiet")
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -121,6 +145,13 @@ CASES = [
     ("split_by_value float for an int column", _split_value_truncated, TypeError,
      r"the value 2\.5 \(float\) of group 0 is not a int64 value, the type of column 'day'"),
     ("split_by_value values cast", _split_values_cast, None, None),
+    ("headerless TSV read without names=", _headerless_tsv_without_names, DataError,
+     r"raw/day_0\.tsv, line 1: read as the header line, it has the column name '1' twice \(field 3 of 4"),
+    ("header line with an empty name", _header_with_empty_name, DataError,
+     r"day_0\.tsv, line 1: read as the header line, it has an empty column name \(field 2 of 3"),
+    ("inspect a headerless TSV folder", _inspect_headerless_folder, CliFailed,
+     r"day_0\.tsv, line 1: .*the column name '1' twice[\s\S]*hint: .*names=.*--criteo-tsv"),
+    ("train on a raw TSV folder", _train_on_raw_folder, CliFailed, r"raw' holds no data files \(looked for \.parquet files\)"),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
