@@ -430,7 +430,7 @@ class Dataset:
         if not table.schema.equals(target):
             try:
                 table = table.select(target.names).cast(target)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
                 raise DataError(f"{piece.path}: cannot convert to the dataset's schema {target}: {exc}") from exc
         return table
 
@@ -1089,6 +1089,10 @@ def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str
                 "the files cannot be read as one dataset: convert one of them"
             )
         fields[index[field.name]] = fields[index[field.name]].with_type(wider)
+    # A column this file lacks (null here) or may hold nulls in cannot stay non-nullable.
+    for i, f in enumerate(fields):
+        if not f.nullable and (f.name not in other.names or other.field(f.name).nullable):
+            fields[i] = f.with_nullable(True)
     return pa.schema(fields, metadata=unified.metadata)
 
 

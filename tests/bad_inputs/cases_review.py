@@ -126,6 +126,23 @@ def _train_on_raw_folder(tmp):
     cli("train", _raw_tsv(tmp), "--quiet")
 
 
+def _non_nullable_columns_unified(tmp):
+    # a non-nullable column missing from a later file, or nullable (with nulls) there,
+    # once failed with a raw "Casting field 'c' with null values to non-nullable"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    strict = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("c", pa.int64(), nullable=False)])
+    pq.write_table(pa.table({"a": [1, 2], "c": [3, 4]}, schema=strict), tmp / "p0.parquet")
+    pq.write_table(pa.table({"a": [5, 6]}), tmp / "p1.parquet")
+    pq.write_table(pa.table({"a": [7, 8], "c": pa.array([None, 9], pa.int64())}), tmp / "p2.parquet")
+    ds = ts.Dataset(str(tmp))
+    got = pd.concat(list(ds.to_iter()), ignore_index=True)
+    expected = pd.concat([pd.read_parquet(tmp / f"p{i}.parquet") for i in range(3)], ignore_index=True)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    assert ds.arrow_schema.field("c").nullable and int(got["c"].isna().sum()) == 3
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -152,6 +169,7 @@ CASES = [
     ("inspect a headerless TSV folder", _inspect_headerless_folder, CliFailed,
      r"day_0\.tsv, line 1: .*the column name '1' twice[\s\S]*hint: .*names=.*--criteo-tsv"),
     ("train on a raw TSV folder", _train_on_raw_folder, CliFailed, r"raw' holds no data files \(looked for \.parquet files\)"),
+    ("non-nullable column missing from a later file", _non_nullable_columns_unified, None, None),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
