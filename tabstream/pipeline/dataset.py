@@ -47,7 +47,7 @@ from fsspec.core import get_fs_token_paths
 from fsspec.utils import glob_translate, read_block
 
 from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
 __all__ = ["Dataset", "parse_bytes"]
@@ -1105,6 +1105,8 @@ def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
         src = src.value_type
     if src == dst:
         return True
+    if is_list_type(src) and is_list_type(dst):  # list<int32> and list<int64> widen as scalars do
+        return _safely_castable(src.value_type, dst.value_type)
     both_int = pa.types.is_integer(src) and pa.types.is_integer(dst)
     both_float = pa.types.is_floating(src) and pa.types.is_floating(dst)
     strings = {pa.string(), pa.large_string()}

@@ -10,7 +10,7 @@ import pandas as pd
 from _corpus import CliFailed, cli
 
 import tabstream as ts
-from tabstream.errors import DataError
+from tabstream.errors import DataError, SchemaError
 
 
 def _export(out, rows=600, files=3):
@@ -143,6 +143,28 @@ def _non_nullable_columns_unified(tmp):
     assert ds.arrow_schema.field("c").nullable and int(got["c"].isna().sum()) == 3
 
 
+def _list_widths_widened(tmp):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"l": pa.array([[1], [2, 3]], pa.list_(pa.int32()))}), tmp / "p0.parquet")
+    pq.write_table(pa.table({"l": pa.array([[2**40], None], pa.list_(pa.int64()))}), tmp / "p1.parquet")
+    ds = ts.Dataset(str(tmp))
+    assert ds.arrow_schema.field("l").type.value_type == pa.int64()
+    got = [v for p in ds.pieces for v in ds.read_piece(p).column("l").to_pylist()]
+    expected = [v for i in range(2) for v in pq.read_table(tmp / f"p{i}.parquet").column("l").to_pylist()]
+    assert got == expected
+
+
+def _list_int_and_float_refused(tmp):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"l": pa.array([[1]], pa.list_(pa.int32()))}), tmp / "p0.parquet")
+    pq.write_table(pa.table({"l": pa.array([[1.5]], pa.list_(pa.float64()))}), tmp / "p1.parquet")
+    ts.Dataset(str(tmp))
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -170,6 +192,9 @@ CASES = [
      r"day_0\.tsv, line 1: .*the column name '1' twice[\s\S]*hint: .*names=.*--criteo-tsv"),
     ("train on a raw TSV folder", _train_on_raw_folder, CliFailed, r"raw' holds no data files \(looked for \.parquet files\)"),
     ("non-nullable column missing from a later file", _non_nullable_columns_unified, None, None),
+    ("list<int32> and list<int64> files widen", _list_widths_widened, None, None),
+    ("list<int32> and list<double> files", _list_int_and_float_refused, SchemaError,
+     r"p1\.parquet: column 'l' is list<.*double>, but .*p0\.parquet has list<.*int32>"),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
