@@ -61,6 +61,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabstream.ops.base import StatOperator
+from tabstream.pipeline.dtypes import sort_indices, widen_half
 from tabstream.pipeline.hashing import list_offsets_and_values, murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
@@ -345,7 +346,7 @@ class Categorify(StatOperator):
             else:
                 assert counts.table is not None
                 table = self._threshold(counts.table, name)
-            table = table.sort_by([("counts", "descending"), ("values", "ascending")])
+            table = table.take(sort_indices(table, [("counts", "descending"), ("values", "ascending")]))
             limit = self._vocab_limit(name)
             if limit is not None:
                 table = table.slice(0, limit)
@@ -403,7 +404,7 @@ class Categorify(StatOperator):
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
-        ids = pc.add(pc.index_in(column, value_set=vocab).cast(pa.int64()), self.start_index)
+        ids = pc.add(pc.index_in(widen_half(column), value_set=widen_half(vocab)).cast(pa.int64()), self.start_index)
         if self.num_buckets:
             oov: Any = pa.array(murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID)
         else:
