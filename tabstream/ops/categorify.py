@@ -154,6 +154,18 @@ class Categorify(StatOperator):
     state_types = {"vocabularies": list[str]}
     state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"}}
 
+    @classmethod
+    def check_state_table_values(cls, name: str, table: pa.Table) -> None:
+        # a value listed twice would get two ids: the vocabulary must be a set
+        values = table.column("values")
+        distinct = pc.count_distinct(widen_half(values.combine_chunks()), mode="all").as_py()
+        if distinct != table.num_rows:
+            counts = pc.value_counts(widen_half(values.combine_chunks()))
+            twice = next(c["values"] for c in counts.to_pylist() if c["counts"] > 1)
+            raise ValueError(f"stats table {name!r} column 'values' lists {twice!r} more than once "
+                             f"({table.num_rows} rows, {distinct} distinct values); a vocabulary "
+                             "lists each value once")
+
     def __init__(self, freq_threshold: int | dict[str, int] = 0, max_size: int | dict[str, int] = 0,
                  num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
                  encode_type: str = "joint", column_groups: list | None = None,

@@ -227,6 +227,7 @@ class Normalize(StatOperator):
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"means": dict[str, float], "stds": dict[str, float]}
+    state_values = {"means": ("finite",), "stds": ("finite", "non-negative")}
 
     def __init__(self) -> None:
         super().__init__()

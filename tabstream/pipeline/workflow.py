@@ -183,6 +183,8 @@ class Workflow:
                                         f"{exc}") from exc
                     entry["state"] = values
                     entry["tables"] = {}
+                    # checked at load: a stats file replaced by another one fails there
+                    entry["table_rows"] = {name: int(table.num_rows) for name, table in tables.items()}
                     for name, table in tables.items():
                         base = rel = f"stats/node{node.id}_{_safe(name)}"
                         k = 1
@@ -414,7 +416,7 @@ _NODE_FIELDS = {
     "select": {"id", "kind", "parents", "selector"},
     "drop": {"id", "kind", "parents", "names"},
     "concat": {"id", "kind", "parents"},
-    "op": {"id", "kind", "parents", "op", "state", "tables"},
+    "op": {"id", "kind", "parents", "op", "state", "tables", "table_rows"},
 }
 
 
@@ -485,9 +487,9 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
     op = _load_op(entry)
     if op.is_stat:
         _load_state(op, entry, fs, root)
-    elif "state" in entry or "tables" in entry:
+    elif "state" in entry or "tables" in entry or "table_rows" in entry:
         raise _EntryError(f"{type(op).__name__} has no fitted state, but the entry has "
-                          f"{sorted({'state', 'tables'} & set(entry))}")
+                          f"{sorted({'state', 'tables', 'table_rows'} & set(entry))}")
     return Node("op", parents, op=op)
 
 
@@ -524,6 +526,11 @@ def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
     if missing or extra:
         raise _EntryError(f"{name}: field 'tables' must name the stats tables {wanted}; "
                           + (f"missing {missing}" if missing else f"unexpected {extra}"))
+    rows = entry.get("table_rows")  # absent in workflows saved before it was recorded
+    if rows is not None and (not isinstance(rows, dict) or set(rows) != set(refs) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in rows.values())):
+        raise _EntryError(f"{name}: field 'table_rows' must map each of the tables {sorted(refs)} "
+                          f"to its row count, found {_short(rows)}")
     tables = {}
     for table_name, rel in refs.items():
         full = _confined(fs, root, rel, f"tables.{table_name}")
@@ -537,8 +544,13 @@ def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
                               f"readable parquet file ({exc})") from exc
         try:
             op.check_state_table(table_name, table.schema)
+            op.check_state_table_values(table_name, table)
         except (TypeError, ValueError) as exc:
             raise _EntryError(f"{name}: stats file {full}: {exc}") from exc
+        if rows is not None and table.num_rows != rows[table_name]:
+            raise _EntryError(f"{name}: stats file {full} holds {table.num_rows} rows, workflow.json "
+                              f"recorded {rows[table_name]} when it was saved; the file was replaced "
+                              "after the save: fit and save the workflow again")
         tables[table_name] = table
     try:
         op.set_state(values, tables)
