@@ -100,14 +100,19 @@ class Workflow:
         ds = _as_dataset(dataset)
         self.fit_schema(ds.schema)
         columns = self.input_columns
-        for level, nodes in enumerate(self._stat_nodes_by_phase()):
+        phases = self._stat_nodes_by_phase()
+        if not phases:  # nothing to fit: no pass over the data counts the rows
+            _check_has_rows(ds, ds.num_rows)
+        for level, nodes in enumerate(phases):
             partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema)
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0)
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes))
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
-            for node, partial in zip(nodes, stats):
+            if level == 0:  # the first pass also counts the rows
+                _check_has_rows(ds, stats.pop())
+            for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
         self._fitted = True
         return self
@@ -358,11 +363,14 @@ class _Combine:
         self.nodes = list(nodes)
 
     def __call__(self, partial_lists: list[list[Any]]) -> list[Any]:
-        return [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        out = [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
+            out.append(sum(pl[-1] for pl in partial_lists))
+        return out
 
 
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
-               input_schema: Schema) -> list[Any]:
+               input_schema: Schema, count_rows: bool = False) -> list[Any]:
     table = ds.read_piece(piece, columns)
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
@@ -370,7 +378,18 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     for node in nodes:
         parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
         out.append(node.op.fit_partition(_concat_tables(parents)))
+    if count_rows:
+        out.append(table.num_rows)
     return out
+
+
+def _check_has_rows(ds: Dataset, rows: int) -> None:
+    """Statistics of no rows would be saved as if fitted (and every export of them refused)."""
+    if rows == 0:
+        where = " after its filters or split" if ds._active_filters() else ""
+        raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
+                        "fitted on no rows has no statistics to save",
+                        hint="check the input path (an empty file?) and the dataset's filters")
 
 
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:

@@ -165,6 +165,39 @@ def _list_int_and_float_refused(tmp):
     ts.Dataset(str(tmp))
 
 
+def _fit_on_no_rows(tmp):
+    wf = ts.Workflow(["x"] >> ts.ops.Normalize())
+    wf.fit(ts.Dataset(pd.DataFrame({"x": np.array([], dtype="float64")})))
+
+
+def _fit_on_a_split_with_no_rows(tmp):
+    df = _days()
+    _, empty = ts.Dataset(df).split_by_value("day", [range(7), [9]])
+    ts.Workflow(["x"] >> ts.ops.Normalize()).fit(empty)
+
+
+def _fit_without_statistics_on_no_rows(tmp):
+    ts.Workflow(["x"] >> ts.ops.LogOp()).fit(ts.Dataset(pd.DataFrame({"x": np.array([], dtype="float64")})))
+
+
+def _cli_fit_on_an_empty_log(tmp):
+    # Before: "saved workflow to wf" (fitted on 0 rows), then the export was refused.
+    (tmp / "day_0.tsv").write_text("")
+    try:
+        cli("fit", tmp / "day_0.tsv", "--workflow-dir", tmp / "wf", "--output", tmp / "out", "--quiet")
+    finally:
+        assert not (tmp / "wf").exists() and not (tmp / "out").exists()
+
+
+def _fit_on_rows_still_works(tmp):
+    df = _days()
+    train, _ = ts.Dataset(df).split_by_value("day", [range(3), range(3, 7)])
+    wf = ts.Workflow(["x"] >> ts.ops.Normalize()).fit(train)
+    x = df.loc[df.day < 3, "x"].to_numpy()
+    got = wf.transform(pd.DataFrame({"x": x}))["x"].to_numpy()
+    np.testing.assert_allclose(got, (x - x.mean()) / x.std(ddof=1), rtol=1e-5)
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -195,6 +228,15 @@ CASES = [
     ("list<int32> and list<int64> files widen", _list_widths_widened, None, None),
     ("list<int32> and list<double> files", _list_int_and_float_refused, SchemaError,
      r"p1\.parquet: column 'l' is list<.*double>, but .*p0\.parquet has list<.*int32>"),
+    ("fit on no rows", _fit_on_no_rows, DataError,
+     r"cannot fit the workflow on Dataset\(.*\): it has no rows; a workflow fitted on no rows"),
+    ("fit on a split with no rows", _fit_on_a_split_with_no_rows, DataError,
+     r"it has no rows after its filters or split"),
+    ("fit without statistics on no rows", _fit_without_statistics_on_no_rows, DataError,
+     r"cannot fit the workflow on .*: it has no rows"),
+    ("tabstream fit on an empty log", _cli_fit_on_an_empty_log, CliFailed,
+     r"cannot fit the workflow on .*day_0\.tsv.*: it has no rows[\s\S]*hint: check the input path"),
+    ("fit on a split with rows", _fit_on_rows_still_works, None, None),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
