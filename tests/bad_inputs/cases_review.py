@@ -198,6 +198,14 @@ def _fit_on_rows_still_works(tmp):
     np.testing.assert_allclose(got, (x - x.mean()) / x.std(ddof=1), rtol=1e-5)
 
 
+def _cli_checkpoint_of_another_model(tmp):
+    from cases_train import _export as train_export
+
+    export = train_export(tmp)
+    cli("train", export, "--checkpoint-dir", tmp / "ck", "--quiet", "--batch-size", "64")
+    cli("train", export, "--checkpoint-dir", tmp / "ck", "--quiet", "--model", "wide_and_deep")
+
+
 CASES = [
     ("nested export, a file deleted", _nested_export_file_deleted, DataError,
      r"root/train/part_00001\.parquet: listed in .*root/train/_manifest\.json with \d+ rows, "
@@ -237,6 +245,9 @@ CASES = [
     ("tabstream fit on an empty log", _cli_fit_on_an_empty_log, CliFailed,
      r"cannot fit the workflow on .*day_0\.tsv.*: it has no rows[\s\S]*hint: check the input path"),
     ("fit on a split with rows", _fit_on_rows_still_works, None, None),
+    ("checkpoint of another model: its own hint", _cli_checkpoint_of_another_model, CliFailed,
+     r"written for a DLRM model, not WideAndDeep.*\n  hint: the checkpoint belongs to another training "
+     r"run: pass another --checkpoint-dir, or --no-resume"),
     ("same folder twice", _same_folder_twice, ValueError,
      r"out/part_00000\.parquet: picked more than once by the paths .*give each file once"),
     ("a folder and its glob", _folder_and_its_glob, ValueError,
