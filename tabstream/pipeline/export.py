@@ -406,16 +406,28 @@ def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
 def _scatter_piece(plan: _Plan, p: int, total_files: int, scatter: str) -> None:
     table = plan.read(p)
     target = plan.rng(p).integers(0, total_files, table.num_rows)
+    scatter_write(plan.fs, table, target, total_files,
+                  lambda f: posixpath.join(scatter, f"f{f:05d}", f"p{p:06d}.parquet"), keep_empty=True)
+
+
+def scatter_write(fs: Any, table: pa.Table, target: np.ndarray, buckets: int,
+                  path_of: Any, keep_empty: bool) -> list[int]:
+    """Write the rows of ``table`` with ``target == b`` to ``path_of(b)`` for every
+    bucket ``b`` (rows keep their order inside a bucket); a bucket without rows is
+    written only with ``keep_empty``. Returns the buckets written."""
     order = np.argsort(target, kind="stable")
-    counts = np.bincount(target, minlength=total_files)
+    counts = np.bincount(target, minlength=buckets)
     table = table.take(order)
-    start = 0
-    for f, n in enumerate(counts):
-        folder = posixpath.join(scatter, f"f{f:05d}")
-        plan.fs.makedirs(folder, exist_ok=True)
-        with plan.fs.open(posixpath.join(folder, f"p{p:06d}.parquet"), "wb") as fh:
-            pq.write_table(table.slice(start, int(n)), fh)
+    start, written = 0, []
+    for b, n in enumerate(counts):
+        if n or keep_empty:
+            path = path_of(b)
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            with fs.open(path, "wb") as fh:
+                pq.write_table(table.slice(start, int(n)), fh)
+            written.append(b)
         start += int(n)
+    return written
 
 
 def _gather_file(plan: _Plan, f: int, npieces: int, scatter: str) -> tuple[str, int]:

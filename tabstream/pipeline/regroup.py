@@ -36,7 +36,6 @@ import weakref
 from typing import Any
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
@@ -143,6 +142,7 @@ def _spill_file(root: str, bucket: int, piece: int) -> str:
 def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int, buckets: int,
                    fs: Any, root: str) -> tuple[list[int], pa.Schema, pa.Schema]:
     from tabstream.ops.groupby import key_buckets
+    from tabstream.pipeline.export import scatter_write
 
     schema = workflow.input_schema
     assert schema is not None
@@ -152,17 +152,8 @@ def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int,
     schemas: dict[int, Any] = {}
     rows = _concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
     bucket = key_buckets(rows, node.op.groupby_cols, buckets)
-    order = np.argsort(bucket, kind="stable")  # stable: rows keep their input order
-    counts = np.bincount(bucket, minlength=buckets)
-    rows = rows.take(order)
-    start, sent = 0, []
-    for b, n in enumerate(counts):
-        if n:
-            fs.makedirs(posixpath.dirname(_spill_file(root, b, index)), exist_ok=True)
-            with fs.open(_spill_file(root, b, index), "wb") as f:
-                pq.write_table(rows.slice(start, int(n)), f)
-            sent.append(b)
-        start += int(n)
+    # rows keep their input order inside a bucket
+    sent = scatter_write(fs, rows, bucket, buckets, lambda b: _spill_file(root, b, index), keep_empty=False)
     return sent, rows.schema, table.schema
 
 
