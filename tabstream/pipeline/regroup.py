@@ -6,7 +6,8 @@ partition), with bounded memory.
 
 1. *scatter*, one task per input partition: read it, compute the Groupby node's
    input (the ops before it), hash each row's key into one of ``B`` buckets
-   (``B`` = the input's partition count) and write the rows of each bucket to
+   (``B`` = the partitions the columns the workflow reads fill at ``part_size``,
+   at most the input's partition count ``P``) and write the rows of each bucket to
    ``b<bucket>/p<partition>.parquet`` under a spill folder;
 2. *group*, one task per bucket: read the bucket's files in partition order (so the
    rows keep their input order, which ``sort_cols`` ties and ``list`` rely on), apply
@@ -28,6 +29,7 @@ workflow on the grouped export.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import shutil
 import tempfile
@@ -157,6 +159,36 @@ def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int,
     return sent, rows.schema, table.schema
 
 
+def _bucket_count(dataset: Dataset, columns: list[str]) -> int:
+    """Buckets of the scatter pass: the partitions the columns the workflow reads fill
+    at ``part_size``, at most one per input partition. (One bucket per input
+    partition writes up to P * P spill files even when those columns are a small
+    share of each row.)"""
+    p = dataset.npartitions
+    return max(1, min(p, math.ceil(p * _column_share(dataset, columns))))
+
+
+def _column_share(dataset: Dataset, columns: list[str]) -> float:
+    """The share of the dataset's bytes in ``columns`` (1.0 when it cannot be told
+    without reading the data)."""
+    wanted = set(columns)
+    if dataset.engine == "dataframe" and dataset._table is not None:
+        total = dataset._table.nbytes
+        return dataset._table.select(list(columns)).nbytes / total if total else 1.0
+    if dataset.engine == "parquet":
+        used = total = 0
+        for md in dataset._file_metadata.values():  # the footers read when planning
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                for j in range(rg.num_columns):
+                    chunk = rg.column(j)
+                    total += chunk.total_uncompressed_size
+                    if chunk.path_in_schema.split(".")[0] in wanted:
+                        used += chunk.total_uncompressed_size
+        return used / total if total else 1.0
+    return 1.0
+
+
 class GroupedTransformedDataset(TransformedDataset):
     """``workflow.transform(dataset)`` for a graph with a Groupby: partitions are key
     buckets, each holding every row of its keys (see the module docstring)."""
@@ -165,13 +197,16 @@ class GroupedTransformedDataset(TransformedDataset):
         super().__init__(workflow, dataset)
         self.node = node
         self._local: tuple[_BucketDataset, _AfterScatter] | None = None
+        self._buckets: int | None = None
 
     @property
     def npartitions(self) -> int:
-        return self.dataset.npartitions
+        if self._buckets is None:
+            self._buckets = _bucket_count(self.dataset, self.workflow.input_columns)
+        return self._buckets
 
     def _scatter(self, fs: Any, root: str, progress: bool | None = None) -> tuple[_BucketDataset, _AfterScatter]:
-        buckets = self.dataset.npartitions
+        buckets = self.npartitions
         tasks = [delayed(_scatter_piece, pure=False)(self.workflow, self.dataset, self.node, i, buckets, fs, root)
                  for i in range(len(self.dataset.pieces))]
         results = compute(tasks, self.workflow.client, desc="groupby: scatter", progress=progress)
