@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, is_list_type
+from tabstream.pipeline.dtypes import is_list_type
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
 __all__ = ["ParquetSource", "Unit", "as_dataset", "open_source"]
@@ -69,12 +69,6 @@ def _numpy_dtype(t: pa.DataType) -> np.dtype | None:
 def list_value_type(t: pa.DataType) -> pa.DataType | None:
     """The element type of a list column, ``None`` for a scalar column."""
     return t.value_type if is_list_type(t) else None
-
-
-def column_from_arrow(field: pa.Field) -> ColumnSchema:
-    """A schema entry inferred from a parquet field (no tags: nothing to go on)."""
-    dtype, is_list = arrow_type_to_dtype(field.type)
-    return ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
 
 
 def as_dataset(data: Any, storage_options: dict | None = None) -> Any:

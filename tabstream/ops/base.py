@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import abc
 import inspect
+import math
 import string
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Union
 
 import pyarrow as pa
@@ -134,6 +135,24 @@ def _state_mismatch(value: Any, expected: Any, field: str) -> tuple[str, Any, An
     raise TypeError(f"unsupported state annotation {expected!r}")  # a bug in a declaration
 
 
+_VALUE_CHECKS = {
+    "finite": lambda x: math.isfinite(x),
+    "non-negative": lambda x: x >= 0 or math.isnan(x),  # NaN is "finite"'s to report
+}
+
+
+def _numbers(value: Any, field: str) -> Iterator[tuple[str, float]]:
+    """``(field path, number)`` of every number in a state value (dicts and lists walked)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{field}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{field}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield field, value
+
+
 def _found(value: Any) -> str:
     text = repr(value)
     if len(text) > 60:
@@ -228,6 +247,10 @@ class StatOperator(Operator):
     #: A template ``"vocab.{vocabularies}"`` stands for one table per name in the
     #: state value ``vocabularies``; ``"side"`` is one table of that name.
     state_tables: ClassVar[dict[str, dict[str, str | None]]] = {}
+    #: Value constraints on the numbers of state fields, field name -> constraints
+    #: (``"finite"``, ``"non-negative"``), e.g. ``{"stds": ("finite", "non-negative")}``;
+    #: checked with :attr:`state_types` by :meth:`check_state`.
+    state_values: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self) -> None:
         self.fitted = False
@@ -274,6 +297,12 @@ class StatOperator(Operator):
                     field, want, value = miss
                     raise TypeError(f"state field {field!r} must be {_type_name(want)}, "
                                     f"found {_found(value)}")
+        for name, constraints in cls.state_values.items():
+            for field, number in _numbers(values.get(name), name):
+                bad = [c for c in constraints if not _VALUE_CHECKS[c](number)]
+                if bad:
+                    raise ValueError(f"state field {field!r} must be {' and '.join(constraints)}, "
+                                     f"found {number!r}")
         names: list[str] = []
         for template in cls.state_tables:
             fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
@@ -302,6 +331,11 @@ class StatOperator(Operator):
             found = schema.field(column).type
             if kind is not None and not _COLUMN_KINDS[kind](found):
                 raise TypeError(f"stats table {name!r} column {column!r} must be {kind}, found {found}")
+
+    @classmethod
+    def check_state_table_values(cls, name: str, table: pa.Table) -> None:
+        """Check a saved stats table's values (after :meth:`check_state_table`);
+        raises ``ValueError`` naming the table, column and value. None by default."""
 
     def check_fitted(self) -> None:
         if not getattr(self, "fitted", False):

@@ -61,6 +61,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabstream.ops.base import StatOperator
+from tabstream.pipeline.dtypes import sort_indices, widen_half
 from tabstream.pipeline.hashing import list_offsets_and_values, murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
@@ -152,6 +153,18 @@ class Categorify(StatOperator):
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"vocabularies": list[str]}
     state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"}}
+
+    @classmethod
+    def check_state_table_values(cls, name: str, table: pa.Table) -> None:
+        # a value listed twice would get two ids: the vocabulary must be a set
+        values = table.column("values")
+        distinct = pc.count_distinct(widen_half(values.combine_chunks()), mode="all").as_py()
+        if distinct != table.num_rows:
+            counts = pc.value_counts(widen_half(values.combine_chunks()))
+            twice = next(c["values"] for c in counts.to_pylist() if c["counts"] > 1)
+            raise ValueError(f"stats table {name!r} column 'values' lists {twice!r} more than once "
+                             f"({table.num_rows} rows, {distinct} distinct values); a vocabulary "
+                             "lists each value once")
 
     def __init__(self, freq_threshold: int | dict[str, int] = 0, max_size: int | dict[str, int] = 0,
                  num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
@@ -345,7 +358,7 @@ class Categorify(StatOperator):
             else:
                 assert counts.table is not None
                 table = self._threshold(counts.table, name)
-            table = table.sort_by([("counts", "descending"), ("values", "ascending")])
+            table = table.take(sort_indices(table, [("counts", "descending"), ("values", "ascending")]))
             limit = self._vocab_limit(name)
             if limit is not None:
                 table = table.slice(0, limit)
@@ -403,7 +416,7 @@ class Categorify(StatOperator):
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
-        ids = pc.add(pc.index_in(column, value_set=vocab).cast(pa.int64()), self.start_index)
+        ids = pc.add(pc.index_in(widen_half(column), value_set=widen_half(vocab)).cast(pa.int64()), self.start_index)
         if self.num_buckets:
             oov: Any = pa.array(murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID)
         else:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.ops.base import ColumnOperator, Operator, StatOperator
+from tabstream.pipeline.hashing import missing_mask
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["Clip", "FillMissing", "LogOp", "Normalize"]
@@ -93,12 +94,6 @@ class FillMissing(ColumnOperator):
                 cols.append(ColumnSchema(f"{col.name}_filled", "bool"))
         return Schema(cols)
 
-    def _missing(self, column: pa.ChunkedArray) -> pa.ChunkedArray:
-        missing = pc.is_null(column)
-        if _is_float(column.type):
-            missing = pc.or_kleene(missing, pc.is_nan(column))
-        return missing
-
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
         out_type = column.type
         if pa.types.is_integer(out_type) and not _whole(self.fill_val):
@@ -106,7 +101,7 @@ class FillMissing(ColumnOperator):
         column = column.cast(out_type)
         fill = pa.scalar(self.fill_val).cast(out_type)
         if _is_float(out_type):
-            return pc.if_else(self._missing(column), fill, column)
+            return pc.if_else(missing_mask(column), fill, column)
         return pc.fill_null(column, fill)
 
     def transform(self, table: pa.Table) -> pa.Table:
@@ -115,7 +110,7 @@ class FillMissing(ColumnOperator):
             column = table.column(name)
             data[name] = self.transform_column(name, column)
             if self.add_binary_cols:
-                data[f"{name}_filled"] = pc.fill_null(self._missing(column), False)
+                data[f"{name}_filled"] = pc.fill_null(missing_mask(column), False)
         return pa.table(data)
 
 
@@ -227,6 +222,7 @@ class Normalize(StatOperator):
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"means": dict[str, float], "stds": dict[str, float]}
+    state_values = {"means": ("finite",), "stds": ("finite", "non-negative")}
 
     def __init__(self) -> None:
         super().__init__()

@@ -60,7 +60,7 @@ import pyarrow.compute as pc
 
 from tabstream.errors import SchemaError
 from tabstream.ops.base import Operator
-from tabstream.pipeline.dtypes import dtype_to_arrow_type, is_list_type
+from tabstream.pipeline.dtypes import dtype_to_arrow_type, is_list_type, sort_indices
 from tabstream.pipeline.hashing import hash_combine, murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
@@ -242,8 +242,8 @@ class Groupby(Operator):
         grouped = pa.table(work).group_by([f"k{i}" for i in range(len(self.groupby_cols))],
                                           use_threads=False).aggregate(specs)
         # rows sorted by key, the missing key last
-        key_order = pc.sort_indices(grouped, sort_keys=[(f"k{i}", "ascending", "at_end")
-                                                        for i in range(len(keys))])
+        key_order = sort_indices(grouped, [(f"k{i}", "ascending", "at_end")
+                                           for i in range(len(keys))])
         grouped = grouped.take(key_order)
 
         rows = grouped.column(f"{_ROW}_list").combine_chunks()

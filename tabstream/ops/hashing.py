@@ -14,8 +14,12 @@ columns is told apart by the loader's mask, not by an id.
 
 ``HashedCross(num_buckets)`` crosses the selected columns (or each nested group)
 into one new column ``a_X_b``: ``hash_combine(h(a), h(b)) % num_buckets``, folding
-left over more columns. A missing part (null or NaN) contributes hash 0 and the
-row keeps its cross of the other parts; a row whose parts are *all* missing gets
+left over more columns. A missing part (null or NaN) does not hash like any value
+(``h("")`` is 0, so a missing part must not count as 0): a missing part folds the
+marker ``M = 0x9E3779B9`` twice where a value folds its hash once
+(``hash_combine(hash_combine(h, M), M)``), and a missing *first* part starts from
+``M`` and adds one more fold ``hash_combine(h, M)`` at the end; the row keeps a
+cross of the other parts. A row whose parts are *all* missing gets
 the missing id ``num_buckets`` (as Categorify's combo encoding gives such a row
 the null id). Cardinality ``num_buckets + 1``. List columns cross element by
 element (all lists of a row must have the same length; scalars broadcast).
@@ -189,12 +193,24 @@ class HashedCross(Operator):
         return pa.table(out)
 
 
+_MISSING_PART = np.uint32(0x9E3779B9)  # see the module docstring
+
+
 def _cross(parts: list[tuple[np.ndarray, np.ndarray]], n: int) -> np.ndarray:
     """Fold ``(hashes, is_null)`` parts into ids: ``combined % n``, ``n`` where all are missing."""
-    h, all_null = parts[0][0], parts[0][1]
+    first_missing = parts[0][1]
+    h = np.where(first_missing, _MISSING_PART, parts[0][0]).astype(np.uint32)
+    all_null = first_missing
     for hashes, is_null in parts[1:]:
-        h = hash_combine(h, hashes)
+        folded = hash_combine(h, hashes)
+        rows = np.flatnonzero(is_null)
+        if rows.size:
+            folded[rows] = hash_combine(hash_combine(h[rows], _MISSING_PART), _MISSING_PART)
+        h = folded
         all_null = all_null & is_null
+    rows = np.flatnonzero(first_missing)
+    if rows.size:
+        h[rows] = hash_combine(h[rows], _MISSING_PART)
     ids = (h % np.uint32(n)).astype(np.int64)
     ids[all_null] = n
     return ids

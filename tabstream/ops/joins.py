@@ -29,8 +29,8 @@ import pyarrow.compute as pc
 from tabstream.errors import DataError, NotFittedError, SchemaError
 from tabstream.ops.base import Operator, StatOperator
 from tabstream.ops.statistics import check_numeric, plain, to_float64
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-from tabstream.pipeline.hashing import murmur3_32
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort_indices
+from tabstream.pipeline.hashing import murmur3_32, normalize_missing
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["DifferenceLag", "JoinExternal", "JoinGroupby", "TargetEncoding"]
@@ -39,21 +39,11 @@ FOLD = "__fold__"
 
 
 # -- grouping helpers -------------------------------------------------------------
-def normalize_key(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """A key column as one plain array whose equal values are equal bits: in float
-    columns NaN becomes null (one missing value) and ``-0.0`` becomes ``0.0``."""
-    column = plain(column)
-    if pa.types.is_floating(column.type):
-        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
-        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 + 0.0 == +0.0
-    return column
-
-
 def missing_key(keys: pa.Table) -> np.ndarray:
     """True where any key of a row is missing (null, or NaN in a float column)."""
     out = np.zeros(keys.num_rows, dtype=bool)
     for name in keys.column_names:
-        out |= np.asarray(pc.is_null(normalize_key(keys.column(name))).to_numpy(zero_copy_only=False), dtype=bool)
+        out |= np.asarray(pc.is_null(normalize_missing(plain(keys.column(name)))).to_numpy(zero_copy_only=False), dtype=bool)
     return out
 
 
@@ -63,7 +53,7 @@ def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     Missing values are values: null and NaN of a column form one key (returned as
     null), and ``-0.0`` is the key ``0.0``.
     """
-    cols = {name: normalize_key(keys.column(name)) for name in keys.column_names}
+    cols = {name: normalize_missing(plain(keys.column(name))) for name in keys.column_names}
     codes = np.zeros(keys.num_rows, dtype=np.int64)
     for column in cols.values():
         enc = pc.dictionary_encode(column, null_encoding="encode")
@@ -254,7 +244,7 @@ class TargetEncoding(StatOperator):
         if self.kfold == 1:
             return np.zeros(table.num_rows, dtype=np.int64)
         # a NaN fold key is missing like null (fold 0); -0.0 hashes as 0.0
-        key: Any = normalize_key(table.column(self.fold_col)) if self.fold_col \
+        key: Any = normalize_missing(plain(table.column(self.fold_col))) if self.fold_col \
             else np.arange(table.num_rows, dtype=np.int64)
         return (murmur3_32(key, seed=self.fold_seed) % np.uint32(self.kfold)).astype(np.int64)
 
@@ -285,8 +275,8 @@ class TargetEncoding(StatOperator):
                 "counts": {t: sum(p["counts"][t] for p in partials) for t in self.targets}}
 
     def finalize(self, partial: dict[str, Any]) -> None:
-        self.stats = {name: t.sort_by([(c, "ascending") for c in t.column_names
-                                       if not c.startswith(("__sum__", "__count__"))])
+        self.stats = {name: t.take(sort_indices(t, [(c, "ascending") for c in t.column_names
+                                                    if not c.startswith(("__sum__", "__count__"))]))
                       for name, t in partial["groups"].items()}
         self.global_sums = dict(partial["sums"])
         self.global_counts = dict(partial["counts"])
@@ -502,7 +492,7 @@ class JoinGroupby(StatOperator):
         for name, t in partial.items():
             n_keys = t.num_columns - 1 - 5 * len(self.cont_cols)
             keys = t.column_names[:n_keys]
-            t = t.sort_by([(k, "ascending") for k in keys])
+            t = t.take(sort_indices(t, [(k, "ascending") for k in keys]))
             cols = {}
             for out, c, stat in self._outputs(name):
                 if stat == "count":

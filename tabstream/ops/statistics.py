@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from tabstream.errors import DataError
 from tabstream.ops.base import Operator, StatOperator
 from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
-from tabstream.pipeline.hashing import murmur3_32
+from tabstream.pipeline.hashing import missing_mask, murmur3_32
 from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 from tabstream.train.tables import infer_embedding_dim
 
@@ -67,15 +67,6 @@ def _lo(a: Any, b: Any) -> Any:
 
 def _hi(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
-
-
-def _missing(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """True where a value is null or NaN (never null itself)."""
-    column = plain(column)
-    missing = pc.is_null(column)
-    if pa.types.is_floating(column.type):
-        missing = pc.or_(missing, pc.fill_null(pc.is_nan(column), False))
-    return missing
 
 
 class NormalizeMinMax(StatOperator):
@@ -211,7 +202,7 @@ class FillMedian(StatOperator):
         for name in table.column_names:
             column = plain(table.column(name))
             out_type = column.type if pa.types.is_floating(column.type) else pa.float64()
-            missing = _missing(column)
+            missing = missing_mask(column)
             median = self.medians[name]
             if median is None:
                 data[name] = column.cast(out_type)
@@ -294,7 +285,7 @@ def _valid_values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     if is_list_type(values.type):
         values = pc.list_flatten(values)
     if pa.types.is_floating(values.type):
-        values = pc.add(values.filter(pc.invert(_missing(values))), pa.scalar(0.0, values.type))
+        values = pc.add(values.filter(pc.invert(missing_mask(values))), pa.scalar(0.0, values.type))
     return values.drop_null()
 
 
@@ -606,7 +597,7 @@ class DataStats(StatOperator):
         dtype = column.type.value_type if is_list_type(column.type) else column.type
         p: dict[str, Any] = {"rows": len(column), "dtype": arrow_type_to_dtype(column.type)[0],
                              "is_list": is_list_type(column.type),
-                             "missing": int(pc.sum(_missing(column)).as_py() or 0) if len(column) else 0}
+                             "missing": int(pc.sum(missing_mask(column)).as_py() or 0) if len(column) else 0}
         if p["is_list"]:
             mm = pc.min_max(pc.list_value_length(column))
             p["len"] = (_py(mm["min"]), _py(mm["max"]))

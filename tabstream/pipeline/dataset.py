@@ -19,6 +19,7 @@ replaced or extra file is an error naming it, never a silently different dataset
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import json
@@ -43,10 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fsspec.core import get_fs_token_paths
-from fsspec.utils import read_block
+from fsspec.utils import glob_translate, read_block
 
 from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
 from tabstream.pipeline.merlin import read_merlin_schema
 from tabstream.pipeline.schema import ColumnSchema, Schema
 
@@ -157,7 +158,7 @@ class Dataset:
         self._table: pa.Table | None = None
         self._ddf = None
         self._stored_schema: Schema | None = None
-        self._folders: list[str] = []
+        self._folders: list[tuple[str, Any]] = []
         self._row_filter: Any = None  # a split's rows (see split / split_by_value)
         self._filter: _ExprFilter | None = None
 
@@ -174,7 +175,7 @@ class Dataset:
             self.fs, self.files, self._folders = _expand_paths(path_or_df, self.storage_options, engine)
             if not self.files:  # an export folder whose files are all gone
                 _check_manifests(self.fs, [], self._folders, {})
-                raise FileNotFoundError(f"{path_or_df!r} holds no data files")
+                raise FileNotFoundError(f"{path_or_df!r} holds no data files (no files match)")
             self.engine = engine or _infer_engine(self.files)
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
@@ -266,6 +267,7 @@ class Dataset:
                     "raw logs must be UTF-8 text; pass names=[...] and header=True to skip a bad header",
                 ) from exc
             names = first.split(sep)
+            _check_header_names(self.files[0], names)
         unknown = sorted(set(dtypes) - set(names))
         if unknown:
             raise SchemaError(f"dtypes given for columns {unknown} that are not in names={list(names)}")
@@ -430,7 +432,7 @@ class Dataset:
         if not table.schema.equals(target):
             try:
                 table = table.select(target.names).cast(target)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
                 raise DataError(f"{piece.path}: cannot convert to the dataset's schema {target}: {exc}") from exc
         return table
 
@@ -660,7 +662,20 @@ class Dataset:
         ``train, valid = ds.split_by_value("day", [range(1, 7), [7]])``."""
         if column not in self._arrow_schema.names:
             raise SchemaError(f"cannot split on {column!r}: not in the dataset; available: {self._arrow_schema.names}")
-        return [self._view(_ValueSplit(column, list(values))) for values in groups]
+        col_type = _plain(self._arrow_schema.field(column).type)
+        cast_groups: list[list[Any]] = []
+        owner: dict[Any, int] = {}  # value -> the group that has it
+        for g, values in enumerate(groups):
+            cast = _split_values(column, col_type, list(values), g)
+            for value in cast:
+                if value in owner and owner[value] != g:
+                    raise ValueError(
+                        f"split_by_value({column!r}): the value {value!r} is in group {owner[value]} and in "
+                        f"group {g}; its rows would be in both splits: give each value to one group"
+                    )
+                owner[value] = g
+            cast_groups.append(cast)
+        return [self._view(_ValueSplit(column, values)) for values in cast_groups]
 
     def _view(self, row_filter: Any) -> Dataset:
         if self._row_filter is not None:
@@ -735,6 +750,29 @@ class _ValueSplit:
         col = table.column(self.column)
         keep = pc.fill_null(pc.is_in(col, value_set=pa.array(self.values, type=col.type)), False)
         return keep.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
+def _split_values(column: str, col_type: pa.DataType, values: list[Any], group: int) -> list[Any]:
+    """``values`` as values of the column's type (a str for an int column fails
+    here, when the split is made, not when its rows are first read)."""
+    def wrong(value: Any) -> TypeError:
+        return TypeError(f"split_by_value({column!r}): the value {value!r} ({type(value).__name__}) of group "
+                         f"{group} is not a {col_type} value, the type of column {column!r}")
+
+    try:
+        cast = pa.array(values, type=col_type).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        for value in values:
+            try:
+                pa.array([value], type=col_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                raise wrong(value) from exc
+        raise
+    # Arrow truncates 2.5 to 2 for an int column: a value must survive the cast.
+    for value, got in zip(values, cast, strict=True):
+        if not (got == value or (got != got and value != value)):
+            raise wrong(value)
+    return cast
 
 
 class _ExprFilter:
@@ -843,9 +881,11 @@ def _resolve_cpu(cpu: bool | None) -> bool:
 
 
 def _expand_paths(path: Any, storage_options: dict,
-                  engine: str | None) -> tuple[Any, list[str], list[str]]:
-    """The filesystem, the files, and the folders given as such (whose file set an
-    export's ``_manifest.json`` fixes)."""
+                  engine: str | None) -> tuple[Any, list[str], list[tuple[str, Any]]]:
+    """The filesystem, the files, and the folders whose ``_manifest.json`` (if any)
+    fixes which files must be there: ``(folder, None)`` for a folder searched (and
+    each export nested in it), ``(folder, regex)`` for one a glob reaches, where only
+    the entries the pattern matches must be there."""
     paths = [path] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else list(path)
     if not paths:
         raise FileNotFoundError("Dataset got an empty list of paths")
@@ -857,27 +897,45 @@ def _expand_paths(path: Any, storage_options: dict,
         stripped = fs._strip_protocol(p)
         if any(ch in p for ch in "*?["):
             matched = sorted(fs.glob(stripped))
-            if not matched:
+            # Every manifest in a folder the pattern reaches: an entry the pattern
+            # matches must be among the files (``out/*.parquet`` reads a whole export).
+            pattern = re.compile(glob_translate(stripped))
+            reached = sorted(fs.glob(posixpath.join(posixpath.dirname(stripped), MANIFEST_FILE)))
+            if not matched and not reached:
                 raise FileNotFoundError(f"no files match {p!r}")
             files.extend(m for m in matched if fs.isfile(m))
+            folders.extend((posixpath.dirname(m), pattern) for m in reached)
         elif fs.isdir(stripped):
-            found = sorted(
-                f for f in fs.find(stripped)
-                if not any(part.startswith(("_", ".")) for part in posixpath.relpath(f, stripped).split("/"))
-                and _wanted(f, engine)
-            )
-            if not found and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
-                raise FileNotFoundError(f"folder {p!r} holds no data files")
+            root = stripped.rstrip("/") or "/"
+            every = fs.find(stripped)
+            found = sorted(f for f in every if not _hidden(f, stripped) and _wanted(f, engine))
+            # Exports nested in the folder (root/train, root/valid) are checked too.
+            nested = sorted(posixpath.dirname(f) for f in every if posixpath.basename(f) == MANIFEST_FILE
+                            and not _hidden(posixpath.dirname(f), stripped) and posixpath.dirname(f) != root)
+            if not found and not nested and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
+                wanted = {"parquet": " (looked for .parquet files)", "csv": " (looked for .csv/.tsv files)"}
+                raise FileNotFoundError(f"folder {p!r} holds no data files{wanted.get(engine or '', '')}")
             files.extend(found)
-            folders.append(stripped.rstrip("/") or "/")
+            folders.append((root, None))
+            folders.extend((folder, None) for folder in nested)
         elif fs.exists(stripped):
             files.append(stripped)
         else:
             raise FileNotFoundError(f"no such file or folder: {p!r}")
+    twice = sorted(f for f, n in collections.Counter(files).items() if n > 1)
+    if twice:
+        raise ValueError(f"{twice[0]}: picked more than once by the paths {paths}; each file would be "
+                         "read (and counted) once per time it is picked: give each file once")
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol not in ("file", "local"):
         files = [f if "://" in f else f"{protocol}://{f}" for f in files]
     return fs, files, folders
+
+
+def _hidden(path: str, root: str) -> bool:
+    """Whether a part of ``path`` below ``root`` starts with ``_`` or ``.``."""
+    rel = posixpath.relpath(path, root)
+    return rel != "." and any(part.startswith(("_", ".")) for part in rel.split("/"))
 
 
 def _wanted(path: str, engine: str | None) -> bool:
@@ -937,26 +995,30 @@ def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
                         '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
 
 
-def _check_manifests(fs: Any, files: list[str], folders: list[str], rows: dict[str, int]) -> None:
+def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], rows: dict[str, int]) -> None:
     """An export's files must be the ones its ``_manifest.json`` lists, with the rows it
     lists: a deleted, truncated, replaced or extra file fails here instead of silently
-    changing the data. A folder given as such must hold exactly the manifest's files;
-    files picked by a glob or a list are each checked against their folder's manifest."""
+    changing the data. A folder searched must hold exactly the files of each manifest
+    in it (nested exports included); a glob must find every manifest entry it matches;
+    each file is checked against the manifest of its nearest folder."""
     stripped = {fs._strip_protocol(f): f for f in files}
     manifests: dict[str, dict[str, int] | None] = {}
-    for folder in folders:
-        manifest = manifests[folder] = _read_manifest(fs, folder)
+    for folder, pattern in folders:
+        if folder not in manifests:
+            manifests[folder] = _read_manifest(fs, folder)
+        manifest = manifests[folder]
         if manifest is None:
             continue
         for path, expected in manifest.items():
-            if path not in stripped:
+            if path not in stripped and (pattern is None or pattern.match(path)):
                 raise DataError(
                     f"{path}: listed in {posixpath.join(folder, MANIFEST_FILE)} with {expected} rows, "
                     "but the file is missing (found 0 rows); the export is incomplete: "
                     "restore the file or export again", hint=_MANIFEST_HINT
                 )
+    searched = sorted({f for f, pattern in folders if pattern is None}, key=len, reverse=True)
     for path, url in stripped.items():
-        folder = next((f for f in folders if path.startswith(f + "/")), posixpath.dirname(path))
+        folder = next((f for f in searched if path.startswith(f + "/")), posixpath.dirname(path))
         if folder not in manifests:
             manifests[folder] = _read_manifest(fs, folder)
         manifest = manifests[folder]
@@ -1029,6 +1091,10 @@ def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str
                 "the files cannot be read as one dataset: convert one of them"
             )
         fields[index[field.name]] = fields[index[field.name]].with_type(wider)
+    # A column this file lacks (null here) or may hold nulls in cannot stay non-nullable.
+    for i, f in enumerate(fields):
+        if not f.nullable and (f.name not in other.names or other.field(f.name).nullable):
+            fields[i] = f.with_nullable(True)
     return pa.schema(fields, metadata=unified.metadata)
 
 
@@ -1041,10 +1107,29 @@ def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
         src = src.value_type
     if src == dst:
         return True
+    if is_list_type(src) and is_list_type(dst):  # list<int32> and list<int64> widen as scalars do
+        return _safely_castable(src.value_type, dst.value_type)
     both_int = pa.types.is_integer(src) and pa.types.is_integer(dst)
     both_float = pa.types.is_floating(src) and pa.types.is_floating(dst)
     strings = {pa.string(), pa.large_string()}
     return both_int or both_float or (src in strings and dst in strings)
+
+
+def _check_header_names(path: str, names: list[str]) -> None:
+    """The header line read as column names: an empty or repeated name means the
+    first line is data (a headerless raw log), not a header."""
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if not name.strip() or name in seen:
+            what = "an empty column name" if not name.strip() else f"the column name {name!r} twice"
+            raise _data_error(
+                f"{path}, line 1: read as the header line, it has {what} (field {i + 1} of "
+                f"{len(names)}: {names[:8]}{' ...' if len(names) > 8 else ''}); expected distinct "
+                "column names: is the file headerless?",
+                "for a headerless file pass names=[...] (the column names in order), or --criteo-tsv "
+                "on the command line for Criteo TSV logs",
+            )
+        seen.add(name)
 
 
 def _data_error(message: str, hint: str) -> DataError:

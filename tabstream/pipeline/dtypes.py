@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-__all__ = ["arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type"]
+__all__ = ["arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type", "sort_indices"]
 
 _NAMED = {
     "string": pa.string(),
@@ -70,3 +71,16 @@ def dtype_to_arrow_type(dtype: Any) -> pa.DataType:
             f"unsupported dtype {dtype!r}; use a numpy dtype name such as 'int64', "
             "'float32', 'string' or 'bool', or a pyarrow DataType"
         ) from exc
+
+
+def widen_half(values: Any) -> Any:
+    """float16 values as float32 (exact); Arrow has no sort, hash or arithmetic
+    kernels for half floats. Any other type is returned unchanged."""
+    return values.cast(pa.float32()) if values.type == pa.float16() else values
+
+
+def sort_indices(table: pa.Table, sort_keys: list[tuple[str, ...]]) -> pa.Array:
+    """``pyarrow.compute.sort_indices`` that also sorts float16 columns."""
+    names = list(dict.fromkeys(k[0] for k in sort_keys))
+    keys = pa.table({n: widen_half(table.column(n)) for n in names})
+    return pc.sort_indices(keys, sort_keys=sort_keys)

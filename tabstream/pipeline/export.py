@@ -123,11 +123,7 @@ def export(
 
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
-    if fs.exists(root) and not overwrite:
-        if fs.isdir(root) and not fs.ls(root):
-            fs.rm(root, recursive=True)
-        else:
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+    check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
     _remove_leftovers(fs, parent, name)
     tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
@@ -210,6 +206,15 @@ def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: s
 
     with TqdmCallback(desc=desc, disable=None if progress is None else not progress, unit="task"):
         return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+
+
+def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
+    if fs.exists(root) and not overwrite:
+        if fs.isdir(root) and not fs.ls(root):
+            fs.rm(root, recursive=True)
+        else:
+            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
 def _owner_tag() -> str:
@@ -401,16 +406,28 @@ def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
 def _scatter_piece(plan: _Plan, p: int, total_files: int, scatter: str) -> None:
     table = plan.read(p)
     target = plan.rng(p).integers(0, total_files, table.num_rows)
+    scatter_write(plan.fs, table, target, total_files,
+                  lambda f: posixpath.join(scatter, f"f{f:05d}", f"p{p:06d}.parquet"), keep_empty=True)
+
+
+def scatter_write(fs: Any, table: pa.Table, target: np.ndarray, buckets: int,
+                  path_of: Any, keep_empty: bool) -> list[int]:
+    """Write the rows of ``table`` with ``target == b`` to ``path_of(b)`` for every
+    bucket ``b`` (rows keep their order inside a bucket); a bucket without rows is
+    written only with ``keep_empty``. Returns the buckets written."""
     order = np.argsort(target, kind="stable")
-    counts = np.bincount(target, minlength=total_files)
+    counts = np.bincount(target, minlength=buckets)
     table = table.take(order)
-    start = 0
-    for f, n in enumerate(counts):
-        folder = posixpath.join(scatter, f"f{f:05d}")
-        plan.fs.makedirs(folder, exist_ok=True)
-        with plan.fs.open(posixpath.join(folder, f"p{p:06d}.parquet"), "wb") as fh:
-            pq.write_table(table.slice(start, int(n)), fh)
+    start, written = 0, []
+    for b, n in enumerate(counts):
+        if n or keep_empty:
+            path = path_of(b)
+            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            with fs.open(path, "wb") as fh:
+                pq.write_table(table.slice(start, int(n)), fh)
+            written.append(b)
         start += int(n)
+    return written
 
 
 def _gather_file(plan: _Plan, f: int, npieces: int, scatter: str) -> tuple[str, int]:

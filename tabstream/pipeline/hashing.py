@@ -100,6 +100,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabstream.pipeline.dtypes import is_list_type
+
 __all__ = [
     "DEFAULT_SEED",
     "HashResult",
@@ -228,7 +230,7 @@ def murmur3_32_list(values, seed: int = DEFAULT_SEED) -> ListHashes:
     chunks = _arrow_chunks(values, "murmur3_32_list")
     parts, offsets, row_nulls, base = [], [np.zeros(1, dtype=np.int64)], [], 0
     for chunk in chunks:
-        if not _is_list_type(chunk.type):
+        if not is_list_type(chunk.type):
             raise TypeError(
                 f"murmur3_32_list: expected a list column, got {chunk.type}; "
                 "use murmur3_32 for flat columns"
@@ -236,7 +238,7 @@ def murmur3_32_list(values, seed: int = DEFAULT_SEED) -> ListHashes:
         # flatten() honours the slice offset and drops the contents of null
         # lists, so lengths with nulls as 0 give offsets that match it.
         flat = chunk.flatten()
-        if _is_list_type(flat.type):
+        if is_list_type(flat.type):
             raise TypeError(
                 f"murmur3_32_list: nested list type {chunk.type} is not supported; "
                 "flatten it to one level first"
@@ -314,6 +316,18 @@ def normalize_missing(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunk
     return pc.if_else(pc.is_nan(values), pa.scalar(None, t), values)
 
 
+def missing_mask(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """True where a value is missing (null, or NaN in a float column); never null.
+
+    >>> import pyarrow as pa
+    >>> missing_mask(pa.array([1.5, float("nan"), None])).to_pylist()
+    [False, True, True]
+    """
+    if pa.types.is_dictionary(values.type):
+        values = values.cast(values.type.value_type)
+    return pc.is_null(values, nan_is_null=True)
+
+
 def list_offsets_and_values(values: pa.Array) -> tuple[pa.Array, pa.Array]:
     """``(offsets from 0, child values)`` of a (large) list array, slice-safe.
 
@@ -329,7 +343,7 @@ def list_offsets_and_values(values: pa.Array) -> tuple[pa.Array, pa.Array]:
 def _has_floats(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return _has_floats(t.value_type)
-    if _is_list_type(t):
+    if is_list_type(t):
         return _has_floats(t.value_type)
     return pa.types.is_floating(t)
 
@@ -398,10 +412,6 @@ def _arrow_chunks(values, where: str) -> list[pa.Array]:
     return [converted]
 
 
-def _is_list_type(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
 def _null_mask(arr: pa.Array) -> np.ndarray:
     if arr.null_count == 0:
         return np.zeros(len(arr), dtype=bool)
@@ -468,7 +478,7 @@ def _hasher_for(t: pa.DataType):
         return lambda arr, seed: _hash_numeric(_fixed_width_values(arr), seed)
     if pa.types.is_null(t):
         return lambda arr, seed: np.zeros(len(arr), dtype=np.uint32)
-    if _is_list_type(t):
+    if is_list_type(t):
         raise TypeError(
             f"murmur3_32: got a list column ({t}); use murmur3_32_list, which hashes "
             "the elements and returns offsets to re-wrap them"

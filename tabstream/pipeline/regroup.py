@@ -6,7 +6,8 @@ partition), with bounded memory.
 
 1. *scatter*, one task per input partition: read it, compute the Groupby node's
    input (the ops before it), hash each row's key into one of ``B`` buckets
-   (``B`` = the input's partition count) and write the rows of each bucket to
+   (``B`` = the partitions the columns the workflow reads fill at ``part_size``,
+   at most the input's partition count ``P``) and write the rows of each bucket to
    ``b<bucket>/p<partition>.parquet`` under a spill folder;
 2. *group*, one task per bucket: read the bucket's files in partition order (so the
    rows keep their input order, which ``sort_cols`` ties and ``list`` rely on), apply
@@ -17,7 +18,8 @@ dataset; a bucket is about one partition's size unless a single key owns a large
 share of the rows (all of a key's rows are always in one bucket). Pass 1 writes
 up to ``B`` small files per partition, as export's ``shuffle="full"`` does. The spill folder of ``to_parquet`` is a hidden sibling of the output
 folder on the output filesystem (so the workers of a distributed client share it),
-removed afterwards; ``to_iter``/``compute``/``to_ddf`` spill to a local temporary
+named like export's temporary folder (``.out.tmp-<host>-<pid>-<id>``), removed
+afterwards, or by the next export to the same place when this one was killed; ``to_iter``/``compute``/``to_ddf`` spill to a local temporary
 folder removed with the returned object.
 
 Limits: one Groupby per workflow, and no statistics op after it (its statistics
@@ -27,6 +29,7 @@ workflow on the grouped export.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import shutil
 import tempfile
@@ -35,7 +38,6 @@ import weakref
 from typing import Any
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
@@ -142,6 +144,7 @@ def _spill_file(root: str, bucket: int, piece: int) -> str:
 def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int, buckets: int,
                    fs: Any, root: str) -> tuple[list[int], pa.Schema, pa.Schema]:
     from tabstream.ops.groupby import key_buckets
+    from tabstream.pipeline.export import scatter_write
 
     schema = workflow.input_schema
     assert schema is not None
@@ -151,18 +154,39 @@ def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int,
     schemas: dict[int, Any] = {}
     rows = _concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
     bucket = key_buckets(rows, node.op.groupby_cols, buckets)
-    order = np.argsort(bucket, kind="stable")  # stable: rows keep their input order
-    counts = np.bincount(bucket, minlength=buckets)
-    rows = rows.take(order)
-    start, sent = 0, []
-    for b, n in enumerate(counts):
-        if n:
-            fs.makedirs(posixpath.dirname(_spill_file(root, b, index)), exist_ok=True)
-            with fs.open(_spill_file(root, b, index), "wb") as f:
-                pq.write_table(rows.slice(start, int(n)), f)
-            sent.append(b)
-        start += int(n)
+    # rows keep their input order inside a bucket
+    sent = scatter_write(fs, rows, bucket, buckets, lambda b: _spill_file(root, b, index), keep_empty=False)
     return sent, rows.schema, table.schema
+
+
+def _bucket_count(dataset: Dataset, columns: list[str]) -> int:
+    """Buckets of the scatter pass: the partitions the columns the workflow reads fill
+    at ``part_size``, at most one per input partition. (One bucket per input
+    partition writes up to P * P spill files even when those columns are a small
+    share of each row.)"""
+    p = dataset.npartitions
+    return max(1, min(p, math.ceil(p * _column_share(dataset, columns))))
+
+
+def _column_share(dataset: Dataset, columns: list[str]) -> float:
+    """The share of the dataset's bytes in ``columns`` (1.0 when it cannot be told
+    without reading the data)."""
+    wanted = set(columns)
+    if dataset.engine == "dataframe" and dataset._table is not None:
+        total = dataset._table.nbytes
+        return dataset._table.select(list(columns)).nbytes / total if total else 1.0
+    if dataset.engine == "parquet":
+        used = total = 0
+        for md in dataset._file_metadata.values():  # the footers read when planning
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                for j in range(rg.num_columns):
+                    chunk = rg.column(j)
+                    total += chunk.total_uncompressed_size
+                    if chunk.path_in_schema.split(".")[0] in wanted:
+                        used += chunk.total_uncompressed_size
+        return used / total if total else 1.0
+    return 1.0
 
 
 class GroupedTransformedDataset(TransformedDataset):
@@ -173,13 +197,16 @@ class GroupedTransformedDataset(TransformedDataset):
         super().__init__(workflow, dataset)
         self.node = node
         self._local: tuple[_BucketDataset, _AfterScatter] | None = None
+        self._buckets: int | None = None
 
     @property
     def npartitions(self) -> int:
-        return self.dataset.npartitions
+        if self._buckets is None:
+            self._buckets = _bucket_count(self.dataset, self.workflow.input_columns)
+        return self._buckets
 
     def _scatter(self, fs: Any, root: str, progress: bool | None = None) -> tuple[_BucketDataset, _AfterScatter]:
-        buckets = self.dataset.npartitions
+        buckets = self.npartitions
         tasks = [delayed(_scatter_piece, pure=False)(self.workflow, self.dataset, self.node, i, buckets, fs, root)
                  for i in range(len(self.dataset.pieces))]
         results = compute(tasks, self.workflow.client, desc="groupby: scatter", progress=progress)
@@ -219,16 +246,17 @@ class GroupedTransformedDataset(TransformedDataset):
         return arrow_to_pandas(pa.concat_tables(tables))
 
     def to_parquet(self, output_path: str, **kwargs: Any):
-        from tabstream.pipeline.export import export
+        from tabstream.pipeline.export import _owner_tag, check_target, export
 
         kwargs.setdefault("client", self.workflow.client)
         fs, _, paths = fsspec.core.get_fs_token_paths(output_path,
                                                       storage_options=kwargs.get("storage_options") or {})
         target = paths[0].rstrip("/")
-        if fs.exists(target) and not kwargs.get("overwrite") and not (fs.isdir(target) and not fs.ls(target)):
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+        check_target(fs, target, output_path, bool(kwargs.get("overwrite")))  # before the scatter pass
         parent, name = posixpath.split(target)
-        spill = posixpath.join(parent, f".{name}.groupby-{uuid.uuid4().hex[:12]}")
+        # Named like export's own temporary folder (owner-tagged), so that the next
+        # export to the same place removes it when this process was killed.
+        spill = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
         try:
             buckets, after = self._scatter(fs, spill, kwargs.get("progress"))
             return export(buckets, after, output_path, **kwargs)

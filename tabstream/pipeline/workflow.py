@@ -100,14 +100,19 @@ class Workflow:
         ds = _as_dataset(dataset)
         self.fit_schema(ds.schema)
         columns = self.input_columns
-        for level, nodes in enumerate(self._stat_nodes_by_phase()):
+        phases = self._stat_nodes_by_phase()
+        if not phases:  # nothing to fit: no pass over the data counts the rows
+            _check_has_rows(ds, ds.num_rows)
+        for level, nodes in enumerate(phases):
             partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema)
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0)
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes))
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
-            for node, partial in zip(nodes, stats):
+            if level == 0:  # the first pass also counts the rows
+                _check_has_rows(ds, stats.pop())
+            for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
         self._fitted = True
         return self
@@ -183,6 +188,8 @@ class Workflow:
                                         f"{exc}") from exc
                     entry["state"] = values
                     entry["tables"] = {}
+                    # checked at load: a stats file replaced by another one fails there
+                    entry["table_rows"] = {name: int(table.num_rows) for name, table in tables.items()}
                     for name, table in tables.items():
                         base = rel = f"stats/node{node.id}_{_safe(name)}"
                         k = 1
@@ -356,11 +363,14 @@ class _Combine:
         self.nodes = list(nodes)
 
     def __call__(self, partial_lists: list[list[Any]]) -> list[Any]:
-        return [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        out = [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
+            out.append(sum(pl[-1] for pl in partial_lists))
+        return out
 
 
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
-               input_schema: Schema) -> list[Any]:
+               input_schema: Schema, count_rows: bool = False) -> list[Any]:
     table = ds.read_piece(piece, columns)
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
@@ -368,7 +378,18 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     for node in nodes:
         parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
         out.append(node.op.fit_partition(_concat_tables(parents)))
+    if count_rows:
+        out.append(table.num_rows)
     return out
+
+
+def _check_has_rows(ds: Dataset, rows: int) -> None:
+    """Statistics of no rows would be saved as if fitted (and every export of them refused)."""
+    if rows == 0:
+        where = " after its filters or split" if ds._active_filters() else ""
+        raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
+                        "fitted on no rows has no statistics to save",
+                        hint="check the input path (an empty file?) and the dataset's filters")
 
 
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:
@@ -414,7 +435,7 @@ _NODE_FIELDS = {
     "select": {"id", "kind", "parents", "selector"},
     "drop": {"id", "kind", "parents", "names"},
     "concat": {"id", "kind", "parents"},
-    "op": {"id", "kind", "parents", "op", "state", "tables"},
+    "op": {"id", "kind", "parents", "op", "state", "tables", "table_rows"},
 }
 
 
@@ -485,9 +506,9 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
     op = _load_op(entry)
     if op.is_stat:
         _load_state(op, entry, fs, root)
-    elif "state" in entry or "tables" in entry:
+    elif "state" in entry or "tables" in entry or "table_rows" in entry:
         raise _EntryError(f"{type(op).__name__} has no fitted state, but the entry has "
-                          f"{sorted({'state', 'tables'} & set(entry))}")
+                          f"{sorted({'state', 'tables', 'table_rows'} & set(entry))}")
     return Node("op", parents, op=op)
 
 
@@ -524,6 +545,11 @@ def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
     if missing or extra:
         raise _EntryError(f"{name}: field 'tables' must name the stats tables {wanted}; "
                           + (f"missing {missing}" if missing else f"unexpected {extra}"))
+    rows = entry.get("table_rows")  # absent in workflows saved before it was recorded
+    if rows is not None and (not isinstance(rows, dict) or set(rows) != set(refs) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in rows.values())):
+        raise _EntryError(f"{name}: field 'table_rows' must map each of the tables {sorted(refs)} "
+                          f"to its row count, found {_short(rows)}")
     tables = {}
     for table_name, rel in refs.items():
         full = _confined(fs, root, rel, f"tables.{table_name}")
@@ -537,8 +563,13 @@ def _load_state(op: Any, entry: dict[str, Any], fs: Any, root: str) -> None:
                               f"readable parquet file ({exc})") from exc
         try:
             op.check_state_table(table_name, table.schema)
+            op.check_state_table_values(table_name, table)
         except (TypeError, ValueError) as exc:
             raise _EntryError(f"{name}: stats file {full}: {exc}") from exc
+        if rows is not None and table.num_rows != rows[table_name]:
+            raise _EntryError(f"{name}: stats file {full} holds {table.num_rows} rows, workflow.json "
+                              f"recorded {rows[table_name]} when it was saved; the file was replaced "
+                              "after the save: fit and save the workflow again")
         tables[table_name] = table
     try:
         op.set_state(values, tables)

@@ -44,10 +44,10 @@ def train_on_export(train: str, valid: str | None = None, model: str = "dlrm", e
         raise ValueError(f"unknown model {model!r}; choose one of {list(builders)}")
     torch.manual_seed(seed)
     torch.set_num_threads(threads or os.cpu_count() or 1)
-    train_ds = Dataset(train)
+    train_ds = Dataset(train, engine="parquet")  # an export: never read raw text logs as CSV
     net = builders[model](train_ds.schema)
     train_loader = Loader(train_ds, batch_size=batch_size, shuffle=True, seed=seed)
-    valid_loader = Loader(Dataset(valid), batch_size=max(batch_size, 65536), shuffle=False) if valid else None
+    valid_loader = Loader(Dataset(valid, engine="parquet"), batch_size=max(batch_size, 65536), shuffle=False) if valid else None
     optimizer = LazyAdam(net.parameters(), lr=lr)
     resume = bool(resume and checkpoint_dir is not None)
     resumed_from = checkpoint_position(checkpoint_dir) if resume else None  # type: ignore[arg-type]

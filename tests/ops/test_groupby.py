@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
@@ -246,7 +247,7 @@ def test_keys_spanning_partitions_are_grouped_once(tmp_path):
     wf.fit(ds)
     expected = reference(table, ["session"], ["ts"], AGGS)
     lazy = wf.transform(ds)
-    assert lazy.npartitions == ds.npartitions
+    assert 1 < lazy.npartitions <= ds.npartitions  # buckets sized by the bytes read
 
     computed = pa.Table.from_pandas(lazy.compute(), preserve_index=False)
     assert_matches(sort_by_keys(computed, ["session"]), expected)
@@ -355,3 +356,33 @@ def test_branch_that_bypasses_the_groupby_is_refused_across_partitions(tmp_path)
     wf = _fit(node, table)
     with pytest.raises(SchemaError, match="cannot put columns with different row counts side by side"):
         wf.transform(ts.Dataset(table, part_size=4096)).compute()
+
+
+@pytest.mark.parametrize("source", ["dataframe", "parquet"])
+def test_bucket_count_follows_the_bytes_of_the_columns_read(tmp_path, source):
+    # Before: one bucket per input partition, so P * P spill files even when the
+    # Groupby reads two small columns of wide rows.
+    rng = np.random.default_rng(0)
+    n = 4000
+    df = pd.DataFrame({"k": rng.integers(0, 300, n), "v": rng.random(n),
+                       "payload": [f"{'x' * 60}{i}" for i in range(n)]})
+    if source == "parquet":
+        ts.Dataset(df).to_parquet(str(tmp_path / "raw"), num_files=1, row_group_size=200)
+        ds = ts.Dataset(str(tmp_path / "raw"), part_size=8192)
+        md = pq.ParquetFile(next((tmp_path / "raw").glob("*.parquet"))).metadata
+        sizes = [(md.row_group(i).column(j).path_in_schema, md.row_group(i).column(j).total_uncompressed_size)
+                 for i in range(md.num_row_groups) for j in range(md.num_columns)]
+        share = sum(sz for name, sz in sizes if name in ("k", "v")) / sum(sz for _, sz in sizes)
+    else:
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        ds = ts.Dataset(table, part_size=8192)
+        share = table.select(["k", "v"]).nbytes / table.nbytes
+    wf = ts.Workflow(["k", "v"] >> ops.Groupby("k", aggs={"v": ["sum", "count"]})).fit(ds)
+    lazy = wf.transform(ds)
+    assert ds.npartitions > 10
+    assert lazy.npartitions == max(1, math.ceil(ds.npartitions * share)) < ds.npartitions
+    got = lazy.compute().sort_values("k").reset_index(drop=True)
+    expected = df.groupby("k").v.agg(["sum", "count"]).reset_index()
+    np.testing.assert_array_equal(got["k"].to_numpy(), expected["k"].to_numpy())
+    np.testing.assert_allclose(got["v-sum"].to_numpy(), expected["sum"].to_numpy())
+    np.testing.assert_array_equal(got["v-count"].to_numpy(), expected["count"].to_numpy())

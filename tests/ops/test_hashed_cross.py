@@ -21,14 +21,33 @@ def test_cross_matches_documented_formula():
     out = wf.transform(df)
     assert list(out.columns) == ["a_X_b_X_c"]
     expected = []
+    marker = np.uint32(0x9E3779B9)  # a missing first part: start from M, one more fold at the end
     for a, b, c in zip(df["a"], df["b"], df["c"]):
-        a = None if pd.isna(a) else a
-        h = hash_combine(hash_combine(np.uint32(scalar_hash(a)), np.uint32(scalar_hash(int(b)))),
+        first = marker if pd.isna(a) else np.uint32(scalar_hash(a))
+        h = hash_combine(hash_combine(first, np.uint32(scalar_hash(int(b)))),
                          np.uint32(scalar_hash(float(c))))
+        if pd.isna(a):
+            h = hash_combine(h, marker)
         expected.append(int(h) % 97)
     assert out["a_X_b_X_c"].tolist() == expected
     assert out["a_X_b_X_c"].iloc[1] == out["a_X_b_X_c"].iloc[4]
     assert wf.output_schema["a_X_b_X_c"].cardinality == 97 + 1  # plus the all-missing id 97
+
+
+def test_missing_part_is_not_the_empty_string():
+    # murmur3("") is 0: a missing part once hashed as 0, so (null, "x") and ("", "x")
+    # shared an id; a NaN part is missing like a null one
+    table = pa.table({"s": pa.array([None, "", "a", None]), "u": ["x", "x", "x", "y"],
+                      "f": pa.array([None, float("nan"), 0.0, 1.0])})
+    ids = ops.HashedCross(1 << 30, column_groups=[["s", "u"], ["u", "s"], ["f", "u"]]).transform(table)
+    s_u, u_s, f_u = (ids.column(c).to_pylist() for c in ["s_X_u", "u_X_s", "f_X_u"])
+    assert s_u[0] != s_u[1] and u_s[0] != u_s[1]
+    assert f_u[0] == f_u[1] != f_u[2]
+    marker = np.uint32(0x9E3779B9)
+    h = lambda v: np.uint32(scalar_hash(v))  # noqa: E731
+    assert s_u[1] == int(hash_combine(h(""), h("x"))) % (1 << 30)
+    assert s_u[0] == int(hash_combine(hash_combine(marker, h("x")), marker)) % (1 << 30)
+    assert u_s[0] == int(hash_combine(hash_combine(h("x"), marker), marker)) % (1 << 30)
 
 
 def test_groups_give_several_crosses():

@@ -338,11 +338,18 @@ def cross_ref(columns, n):
         if all(p is None for p in parts):
             out.append(n)
             continue
-        hashes = [0 if p is None else one_hash(p) for p in parts]
-        h = np.uint32(hashes[0])
-        for other in hashes[1:]:
-            h = hash_combine(h, np.uint32(other))
-        out.append(int(h) % n)
+        # a missing part folds the marker twice; a missing first part starts from
+        # the marker and folds it once more at the end (HashedCross's docstring)
+        marker = np.uint32(0x9E3779B9)
+        h = marker if parts[0] is None else np.uint32(one_hash(parts[0]))
+        for p in parts[1:]:
+            if p is None:
+                h = hash_combine(hash_combine(h, marker), marker)
+            else:
+                h = hash_combine(h, np.uint32(one_hash(p)))
+        if parts[0] is None:
+            h = hash_combine(h, marker)
+        out.append(int(np.asarray(h).reshape(())) % n)
     return out
 
 

@@ -189,6 +189,49 @@ def test_next_export_removes_the_folder_of_a_killed_one(tmp_path):
     pd.testing.assert_frame_equal(_read_back(out), df, check_dtype=False)
 
 
+BLOCKED_GROUPBY = """
+    import sys, time
+    import numpy as np, pandas as pd
+    import tabstream as ts
+    from tabstream import ops
+    import tabstream.pipeline.export as export_mod
+
+    def blocked(*args, **kwargs):  # the groupby spill is written; stop before the export
+        print("ready", flush=True)
+        time.sleep(600)
+
+    export_mod.export = blocked
+    df = pd.DataFrame({"s": np.arange(4000) % 50, "i": np.arange(4000)})
+    ds = ts.Dataset(df, part_size="8KB")
+    wf = ts.Workflow(["s", "i"] >> ops.Groupby(groupby_cols=["s"], aggs={"i": ["sum"]}))
+    wf.fit(ds)
+    wf.transform(ds).to_parquet(sys.argv[1])
+"""
+
+
+def test_next_export_removes_the_spill_folder_of_a_killed_groupby_export(tmp_path):
+    # Before: the spill folder was named .out.groupby-<id>, which no export removed.
+    out = tmp_path / "out"
+    proc = _python(BLOCKED_GROUPBY, str(out))
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    line = proc.stdout.readline() if ready else "(no output in 120 s)"
+    if line.strip() != "ready":
+        proc.kill()
+        raise AssertionError(f"the groupby export did not start: {line!r} {proc.stderr.read()}")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+    leftovers = _hidden(tmp_path)
+    assert len(leftovers) == 1 and leftovers[0].startswith(".out.tmp-")
+    assert any(f.endswith(".parquet") for _, _, files in os.walk(tmp_path / leftovers[0]) for f in files)
+
+    df = _frame(300, seed=3)
+    ts.Dataset(df).to_parquet(str(out))
+    assert _hidden(tmp_path) == [], "the killed groupby export's spill folder is gone"
+    pd.testing.assert_frame_equal(_read_back(out), df, check_dtype=False)
+
+
 def test_folder_of_a_running_export_is_kept(tmp_path):
     out = tmp_path / "out"
     proc = _start_blocked_export(out)

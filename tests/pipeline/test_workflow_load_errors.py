@@ -253,6 +253,23 @@ def test_hand_edited_integer_mean_is_a_number(saved, frame):
     np.testing.assert_allclose(out["I1"].to_numpy(), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("field", "value", "pattern"), [
+    ("means", float("nan"), r"state field 'means\.I1' must be finite, found nan"),
+    ("means", float("inf"), r"state field 'means\.I1' must be finite, found inf"),
+    ("stds", float("nan"), r"state field 'stds\.I1' must be finite and non-negative, found nan"),
+    ("stds", float("-inf"), r"state field 'stds\.I1' must be finite and non-negative, found -inf"),
+    ("stds", -1.0, r"state field 'stds\.I1' must be finite and non-negative, found -1\.0"),
+])
+def test_normalize_state_values_out_of_range(saved, field, value, pattern):
+    # Before: only the types were checked, so a NaN, infinite or negative std loaded.
+    folder, _ = saved
+    doc = doc_of(folder)
+    entry = node_of(doc, "Normalize")
+    entry["state"][field]["I1"] = value
+    write_doc(folder, doc)
+    load_fails(folder, DataError, WF + f"node {entry['id']}: Normalize: " + pattern)
+
+
 @pytest.mark.parametrize(("value", "pattern"), [
     ([1.0], r"state field 'medians\.I2' must be float \| null, found \[1\.0\] \(list\)"),
     (True, r"state field 'medians\.I2' must be float \| null, found True \(bool\)"),
@@ -340,13 +357,50 @@ def test_vocabulary_counts_of_the_wrong_type(saved):
 
 
 def test_vocabulary_replaced_with_a_valid_one_is_used(saved, frame):
-    """A replacement with the declared columns is a valid vocabulary: ids follow it."""
+    """A replacement with the declared columns and as many rows is a valid vocabulary:
+    ids follow it."""
     folder, _ = saved
     _, path = vocab_file(folder, doc_of(folder))
-    pq.write_table(pa.table({"values": ["c", "a"], "counts": pa.array([5, 4], pa.int64())}), path)
+    assert pq.read_table(path).num_rows == 3
+    pq.write_table(pa.table({"values": ["c", "a", "z"], "counts": pa.array([5, 4, 1], pa.int64())}), path)
     out = ts.Workflow.load(str(folder)).transform(frame)
     expected = frame["C1"].map({"c": 3, "a": 4}).where(frame["C1"].notna(), 1).fillna(2)
     np.testing.assert_array_equal(out["C1"].to_numpy(), expected.to_numpy().astype(np.int64))
+
+
+@pytest.mark.parametrize("extra", [-1, 2])
+def test_vocabulary_of_another_size_is_refused(saved, extra):
+    # Before: a larger (or smaller) vocabulary loaded silently, and the ids no longer
+    # matched the cardinality in the export's _schema.json.
+    folder, _ = saved
+    entry, path = vocab_file(folder, doc_of(folder))
+    saved_rows = pq.read_table(path).num_rows
+    values = [f"v{i}" for i in range(saved_rows + extra)]
+    pq.write_table(pa.table({"values": values, "counts": pa.array([1] * len(values), pa.int64())}), path)
+    load_fails(folder, DataError, f"node {entry['id']}: Categorify: stats file .*{re.escape(path.name)} holds "
+               f"{saved_rows + extra} rows, workflow.json recorded {saved_rows} when it was saved")
+
+
+def test_vocabulary_with_a_value_twice_is_refused(saved):
+    folder, _ = saved
+    entry, path = vocab_file(folder, doc_of(folder))
+    table = pq.read_table(path)
+    values = table.column("values").to_pylist()
+    values[-1] = values[0]  # as many rows as saved, one value twice
+    pq.write_table(table.set_column(0, "values", pa.array(values, table.schema.field("values").type)), path)
+    load_fails(folder, DataError, f"node {entry['id']}: Categorify: stats file .*{re.escape(path.name)}: "
+               rf"stats table 'vocab.C1' column 'values' lists {values[0]!r} more than once "
+               rf"\({len(values)} rows, {len(values) - 1} distinct values\)")
+
+
+def test_table_rows_field_is_checked(saved):
+    folder, _ = saved
+    doc = doc_of(folder)
+    entry = node_of(doc, "Categorify")
+    entry["table_rows"] = {"vocab.C1": "three"}
+    write_doc(folder, doc)
+    load_fails(folder, DataError, WF + f"node {entry['id']}: Categorify: field 'table_rows' must map each of "
+               r"the tables \['vocab.C1'\] to its row count, found \{'vocab.C1': 'three'\}")
 
 
 def test_truncated_stats_file(saved):

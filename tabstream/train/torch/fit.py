@@ -208,7 +208,7 @@ def _check_same_model(path: Path, model: nn.Module, ckpt: dict[str, Any]) -> Non
         raise SchemaError(
             f"checkpoint {path} was written for a {saved_class} model, not {this_class}; "
             "use another checkpoint_dir, or start over with resume=False (tabstream train: "
-            "--no-resume)"
+            "--no-resume)", hint=_OTHER_MODEL_HINT,
         )
     saved = {k: tuple(v.shape) for k, v in ckpt["model"].items()}
     here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -221,8 +221,12 @@ def _check_same_model(path: Path, model: nn.Module, ckpt: dict[str, Any]) -> Non
         raise SchemaError(
             f"checkpoint {path} does not match this {this_class} (another schema or model "
             f"settings?): {'; '.join(diffs[:5])}{more}. Use another checkpoint_dir, or start "
-            "over with resume=False (tabstream train: --no-resume)"
+            "over with resume=False (tabstream train: --no-resume)", hint=_OTHER_MODEL_HINT,
         )
+
+
+_OTHER_MODEL_HINT = ("the checkpoint belongs to another training run: pass another --checkpoint-dir, "
+                     "or --no-resume to train from scratch and overwrite it")
 
 
 def _save(path: Path, payload: dict[str, Any]) -> None:
