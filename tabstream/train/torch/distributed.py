@@ -634,10 +634,18 @@ class HybridParallel(nn.Module):
         ignored = [f"{p}.shards.{k}.weight" for p, s in self._sharded.items() for k in s.shards]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         self.module = model
-        self.ddp = DistributedDataParallel(model, process_group=group, **ddp_kwargs)
+        # kept out of the module tree: the state_dict and parameters are the model's
+        # own (keys "module.…"), not listed twice
+        object.__setattr__(self, "ddp", DistributedDataParallel(
+            model, process_group=group, **ddp_kwargs))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> HybridParallel:
+        super().train(mode)
+        self.ddp.train(mode)
+        return self
 
     @property
     def batch_sizes(self) -> list[int]:

@@ -34,9 +34,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world_size: int, scenario: str, out: Path, *args: str, timeout: float = 240) -> list[str]:
+def launch(world_size: int, scenario: str, out: Path, *args: str,
+           timeout: float = 240) -> list[tuple[str, str]]:
     """Run ``dist_worker.py scenario`` on ``world_size`` ranks; return each rank's
-    output; fail with every rank's stderr when one fails or time runs out."""
+    (stdout, stderr); fail with every rank's stderr when one fails or time runs out."""
     port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
@@ -55,7 +56,7 @@ def launch(world_size: int, scenario: str, out: Path, *args: str, timeout: float
             stdout, stderr = p.communicate()
             failed.append(f"rank {r} timed out (a hang?):\n{stderr[-3000:]}")
             continue
-        outputs.append(stdout)
+        outputs.append((stdout, stderr))
         if p.returncode != 0:
             failed.append(f"rank {r} exited {p.returncode}:\n{stderr[-3000:]}")
     if failed:
@@ -135,3 +136,35 @@ def step_sizes(world_size: int) -> list[list[int]]:
     loader's drop_last=False gives them."""
     last = [3] + [2] * (world_size - 1)
     return [[4] * world_size, [4] * world_size, last]
+
+
+def write_parquet(folder: Path, sizes: list[int], seed: int = 0) -> None:
+    """Parquet files of the problem's columns, one per size (rows of unequal count)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, n in enumerate(sizes):
+        cols: dict = {k: rng.integers(0, c, n) for k, c in CARDINALITIES.items() if k != "L"}
+        cols["L"] = [rng.integers(0, CARDINALITIES["L"], rng.integers(0, 4)).tolist()
+                     for _ in range(n)]
+        cols["I1"] = rng.normal(size=n).astype("float32")
+        cols["I2"] = rng.normal(size=n).astype("float32")
+        cols["click"] = rng.integers(0, 2, n).astype("float32")
+        pq.write_table(pa.Table.from_pydict(cols), folder / f"part{i}.parquet")
+
+
+def read_all(folder: Path) -> tuple[dict, torch.Tensor]:
+    """Every row of the parquet files as one (features, labels) batch."""
+    import pandas as pd
+
+    df = pd.concat([pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))],
+                   ignore_index=True)
+    features: dict = {k: torch.as_tensor(df[k].to_numpy().copy()) for k in CARDINALITIES if k != "L"}
+    lengths = df["L"].map(len).to_numpy()
+    values = np.concatenate([np.asarray(v, dtype=np.int64) for v in df["L"]])
+    features["L"] = (torch.as_tensor(values), torch.as_tensor(np.concatenate([[0], np.cumsum(lengths)])))
+    for k in ("I1", "I2"):
+        features[k] = torch.as_tensor(df[k].to_numpy().copy())
+    return features, torch.as_tensor(df["click"].to_numpy().copy())
