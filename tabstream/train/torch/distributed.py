@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tabstream.errors import SchemaError
+from tabstream.errors import DataError, SchemaError
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables
 
@@ -284,10 +284,14 @@ class _ScaleGrad(torch.autograd.Function):
 def _all_to_all(x: torch.Tensor, out_sizes: list[int], in_sizes: list[int],
                 group: Any) -> torch.Tensor:
     """Autograd-aware ``all_to_all_single`` of a flat tensor with uneven splits."""
-    from torch.distributed.nn.functional import all_to_all_single
+    # torch's functional collective: differentiable, its backward is the reverse
+    # all-to-all (torch.distributed.nn.functional's version is deprecated in 2.13)
+    from torch.distributed._functional_collectives import (
+        all_to_all_single_autograd,
+        wait_tensor,
+    )
 
-    out = x.new_empty(sum(out_sizes))
-    return all_to_all_single(out, x, out_sizes, in_sizes, group=group)
+    return wait_tensor(all_to_all_single_autograd(x, out_sizes, in_sizes, group))
 
 
 def _gather_uneven(x: torch.Tensor, sizes: list[int], group: Any = None) -> list[torch.Tensor]:
@@ -551,7 +555,7 @@ def _to_ragged(feature: str, cfg: TableConfig,
         low, high = int(values.min()), int(values.max())
         if low < 0 or high >= cfg.cardinality:
             bad = low if low < 0 else high
-            raise ValueError(
+            raise DataError(
                 f"categorical feature {feature!r}: id {bad} is outside table {cfg.name!r} "
                 f"(expected 0 <= id < {cfg.cardinality}); was the data encoded with another "
                 "workflow than the schema the model was built from?"
@@ -603,7 +607,7 @@ class HybridParallel(nn.Module):
         if not isinstance(model, nn.Module):
             raise TypeError(f"HybridParallel wraps an nn.Module, got {type(model).__name__}")
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
+            raise ValueError(
                 "HybridParallel needs torch.distributed: call "
                 "torch.distributed.init_process_group('gloo' or 'nccl') first (torchrun "
                 "sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"

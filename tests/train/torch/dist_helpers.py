@@ -42,7 +42,7 @@ def launch(world_size: int, scenario: str, out: Path, *args: str,
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, str(out), *args],
+    procs = [subprocess.Popen([sys.executable, "-W", "error", str(WORKER), scenario, str(out), *args],
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for r in range(world_size)]
