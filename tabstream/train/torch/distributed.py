@@ -8,11 +8,11 @@ slices) while the dense part of the model runs data-parallel under DDP::
     >>> plan = plan_sharding(DLRM(schema), world_size=2)
     >>> print(plan)
     ShardingPlan for 2 ranks (bytes = weights + 2 optimizer slots, float32)
-      C1  1,000,000 x 16  row_wise      rows split over ranks 0..1
-      C2     50,000 x 16  table_wise    on rank 1
-      C3        100 x 16  data_parallel replicated
-      rank 0: 96,000,000 bytes   rank 1: 105,600,000 bytes   (+19,200 replicated)
-    >>> model = HybridParallel(DLRM(schema), plan=plan)   # or plan={"C1": "column_wise"}
+      C1    1,000,000 x 16   column_wise   columns 0:8, 8:16
+      C2       50,000 x 16   table_wise    on rank 0
+      C3          100 x 16   data_parallel replicated
+      rank 0: 105,600,000 bytes   rank 1: 96,000,000 bytes   (+19,200 replicated on each)
+    >>> model = HybridParallel(DLRM(schema), plan=plan)   # or plan={"C1": "row_wise"}
     >>> loss = F.binary_cross_entropy_with_logits(model(features), labels)
     >>> (loss * model.loss_scale).backward()         # exact global-mean gradient
     >>> model.full_state_dict()                       # collective: the unwrapped state
@@ -195,7 +195,8 @@ def plan_sharding(
 
     ``strategy="auto"``: tables under ``data_parallel_bytes`` (weights + optimizer
     state) are replicated (``data_parallel``), tables larger than an even share of
-    all the sharded bytes are split by rows (``row_wise``), and the others are
+    all the sharded bytes are split over every rank, by columns (``column_wise``)
+    when ``dim >= world_size``, else by rows (``row_wise``), and the others are
     placed whole (``table_wise``), largest first, each on the rank holding the
     fewest bytes so far. Any other strategy gives every table that type;
     ``overrides`` (``{table: type}``) win over the strategy. Deterministic: every
@@ -203,9 +204,9 @@ def plan_sharding(
 
     >>> plan = plan_sharding(model, world_size=2, overrides={"C7": "column_wise"})
     >>> dict(plan)
-    {'C1': 'row_wise', 'C2': 'table_wise', 'C7': 'column_wise', 'C9': 'data_parallel'}
-    >>> plan.rank_bytes()          # per rank, weights + optimizer state
-    [5760000, 5184000]
+    {'C1': 'column_wise', 'C2': 'table_wise', 'C7': 'column_wise', 'C9': 'data_parallel'}
+    >>> plan.rank_bytes()          # 1M, 50k, 20k and 100 rows x 16: weights + Adam state
+    [107520000, 97920000]
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"plan_sharding: world_size must be an int, got {world_size!r}")
@@ -235,8 +236,14 @@ def plan_sharding(
     auto = [n for n in configs if n not in kinds]
     sharded_total = sum(plan.table_bytes(n) for n in auto)
     for name in auto:
-        big = plan.table_bytes(name) > sharded_total / world_size
-        kinds[name] = "row_wise" if big and world_size > 1 else "table_wise"
+        big = plan.table_bytes(name) > sharded_total / world_size and world_size > 1
+        # a big table is split over all ranks: by columns when each rank gets one at
+        # least (a rank then sends B x dim/W floats per table and step, where a row
+        # split sends partial sums of B x dim to every other rank), else by rows
+        if not big:
+            kinds[name] = "table_wise"
+        else:
+            kinds[name] = "column_wise" if configs[name].dim >= world_size else "row_wise"
 
     load = [0] * world_size
     for name in configs:  # fixed costs first: row/column splits spread over all ranks
@@ -476,15 +483,14 @@ class ShardedEmbeddingTables(nn.Module):
     def _assemble(self, received: torch.Tensor, ragged: dict[str, tuple[torch.Tensor,
                   torch.Tensor]], batch: int, device: torch.device) -> dict[str, torch.Tensor]:
         # received = for src in ranks: for each of src's pieces: (B, width) row-major
-        chunks: dict[tuple[str, int], torch.Tensor] = {}
-        pos = 0
-        for src in range(self.world_size):
-            for f, name, piece in self._all_pieces():
-                if piece[0] != src:
-                    continue
-                width = self._piece_width(name, piece)
-                chunks[(f, src)] = received[pos:pos + batch * width].reshape(batch, width)
-                pos += batch * width
+        order = [(f, src, self._piece_width(name, piece))
+                 for src in range(self.world_size)
+                 for f, name, piece in self._all_pieces() if piece[0] == src]
+        # one split (its backward is one cat), not a slice per piece (each slice's
+        # backward would fill a zero tensor the size of the whole message)
+        parts_flat = received.split([batch * width for _, _, width in order])
+        chunks = {(f, src): part.view(batch, width)
+                  for (f, src, width), part in zip(order, parts_flat)}
         out = {}
         for f in self.sharded_features:
             name = self.feature_to_table[f]
