@@ -11,7 +11,7 @@ pre-generated random batches of ``--batch`` rows per rank:
 
 Each rank reports steps/s over ``--steps`` timed steps (after 3 warm-up steps) and
 its own peak RSS (``ru_maxrss``); the table shows the slowest rank's steps/s and
-the largest peak. Table sizes are the Criteo Kaggle (1 TB day) cardinalities, capped
+the largest peak, medians of ``--repeats`` runs in which the two modes alternate. Table sizes are the Criteo Kaggle (1 TB day) cardinalities, capped
 at ``--max-rows`` so that the run fits a small machine.
 
 Then it prints, from the same table sizes, the bytes each rank sends per step in
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import format_table, machine_note  # noqa: E402
+from common import format_table, machine_note, median  # noqa: E402
 
 #: the 26 categorical cardinalities of the Criteo Kaggle data set (C1..C26)
 CRITEO_CARDINALITIES = [
@@ -142,7 +142,7 @@ def bytes_per_step(world: int, batch: int, cards: list[int], mode: str,
     W-1 others), a dense one is ring-all-reduced (2 (W-1)/W of the table). Dense MLP
     weights are left out: the same in both modes."""
     if world == 1:
-        return {"total": 0.0}
+        return {"total": 0.0, "max_rank_table_bytes": float(sum(c * DIM * 12 for c in cards))}
 
     def replicated_cost(rows: int) -> float:
         if rows >= sparse_threshold:
@@ -151,17 +151,21 @@ def bytes_per_step(world: int, batch: int, cards: list[int], mode: str,
 
     if mode == "data-parallel":
         grads = sum(replicated_cost(c) for c in cards)
-        return {"table_grads": float(grads), "total": float(grads)}
+        return {"table_grads": float(grads), "total": float(grads),
+                "max_rank_table_bytes": float(sum(c * DIM * 4 * 3 for c in cards))}
     from tabstream.train import TableConfig
     from tabstream.train.torch.distributed import plan_sharding
 
     configs = [TableConfig(f"C{i}", c, DIM, (f"C{i}",)) for i, c in enumerate(cards)]
     plan = plan_sharding(configs, world)
+    # "hybrid-rows" / "hybrid-columns": every table auto splits over all ranks is split
+    # by rows / by columns instead (repeated: with those taken out of the balance,
+    # auto may split further tables)
+    split = {"hybrid-rows": "row_wise", "hybrid-columns": "column_wise"}.get(mode)
     overrides: dict[str, str] = {}
-    while mode == "hybrid-columns" and any(plan[n] == "row_wise" for n in plan):
-        # the tables auto splits by rows, split by columns instead (repeated: with those
-        # out of the balance, auto may pick other tables for rows)
-        overrides.update({n: "column_wise" for n in plan if plan[n] == "row_wise"})
+    while split and any(plan[n] in ("row_wise", "column_wise") and n not in overrides
+                        for n in plan):
+        overrides.update({n: split for n in plan if plan[n] in ("row_wise", "column_wise")})
         plan = plan_sharding(configs, world, overrides=overrides)
     sharded = [name for name in plan if plan[name] != "data_parallel"]
     ids = (world - 1) * batch * len(sharded) * 16          # ids + list lengths, all-gathered
@@ -173,7 +177,8 @@ def bytes_per_step(world: int, batch: int, cards: list[int], mode: str,
     small = sum(replicated_cost(plan.configs[n].cardinality) for n in plan
                 if plan[n] == "data_parallel")
     return {"ids": float(ids), "vectors": float(vectors), "replicated_grads": float(small),
-            "total": float(ids + vectors + small)}
+            "total": float(ids + vectors + small),
+            "max_rank_table_bytes": float(max(plan.rank_bytes()) + plan.replicated_bytes())}
 
 
 def main() -> None:
@@ -182,6 +187,7 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
     parser.add_argument("--rank-main", choices=["hybrid", "data-parallel"])
     args = parser.parse_args()
     if args.rank_main:
@@ -193,24 +199,30 @@ def main() -> None:
           f"{args.steps} timed steps")
     rows = []
     for world in args.world_sizes:
+        runs: dict[str, list[list[dict]]] = {"data-parallel": [], "hybrid": []}
+        for _ in range(args.repeats):  # the modes alternate, so load changes hit both
+            for mode in runs:
+                runs[mode].append(run(world, mode, args))
         base = None
-        for mode in ("data-parallel", "hybrid"):
-            res = run(world, mode, args)
-            sps = min(r["steps_per_s"] for r in res)
+        for mode, reps in runs.items():
+            sps = median([min(r["steps_per_s"] for r in res) for res in reps])
             base = base or sps
             rows.append([world, mode, f"{sps:.1f}", f"{sps / base:.2f}x",
-                         f"{max(r['peak_rss_mb'] for r in res):,.0f}",
-                         f"{max(r['param_bytes'] for r in res) / 2**20:,.1f}"])
+                         f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
+                         f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
     print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel",
                         "peak RSS MB (max rank)", "param MB (max rank)"], rows, markdown=True))
     print("\n# bytes sent per rank per step, full Criteo cardinalities, batch 2048/rank")
     est = []
     for world in (8, 64):
-        for mode in ("data-parallel", "hybrid", "hybrid-columns"):
+        for mode in ("data-parallel", "hybrid", "hybrid-rows", "hybrid-columns"):
             b = bytes_per_step(world, 2048, CRITEO_CARDINALITIES, mode)
-            est.append([world, mode, f"{b['total'] / 2**20:,.1f}",
-                        ", ".join(f"{k} {v / 2**20:,.1f}" for k, v in b.items() if k != "total")])
-    print(format_table(["W", "mode", "MiB/step", "of which"], est, markdown=True))
+            memory = b.pop("max_rank_table_bytes")
+            est.append([world, mode, f"{b.pop('total') / 2**20:,.1f}",
+                        ", ".join(f"{k} {v / 2**20:,.1f}" for k, v in b.items()),
+                        f"{memory / 2**30:.2f}"])
+    print(format_table(["W", "mode", "MiB/step", "of which", "table GiB (max rank)"], est,
+                       markdown=True))
 
 
 if __name__ == "__main__":
