@@ -189,14 +189,15 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 
 def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(epochs completed, batches done in the next epoch)`` of the checkpoint in
-    ``checkpoint_dir``, or ``None`` when there is none.
+    ``checkpoint_dir`` (``checkpoint.pt``, or a sharded one), or ``None`` when there
+    is none.
 
     >>> checkpoint_position("ck/")     # 2 epochs done, then 40 batches of the third
     (2, 40)
     """
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.exists():
-        return None
+        return _sharded_position(Path(checkpoint_dir))
     ckpt = _load_checkpoint(path, torch.device("cpu"))
     return int(ckpt["epoch"]), int(ckpt["step"])
 
@@ -569,3 +570,12 @@ def _gather_evaluation(
     if not any(r.shape[1] for r in rows):
         return total, int(n_all), [], []
     return total, int(n_all), [r[1] for r in rows], [r[0] for r in rows]
+
+
+def _sharded_position(checkpoint_dir: Path) -> tuple[int, int] | None:
+    from tabstream.train.torch.sharded_checkpoint import read_plain_values, sharded_exists
+
+    if not sharded_exists(checkpoint_dir):
+        return None
+    values = read_plain_values(checkpoint_dir)
+    return int(values["epoch"]), int(values["step"])

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.metadata import (
 
 from tabstream.errors import DataError, SchemaError
 
-__all__ = ["POINTER_FILE", "load_sharded", "save_sharded", "sharded_exists"]
+__all__ = ["POINTER_FILE", "load_sharded", "read_plain_values", "save_sharded", "sharded_exists"]
 
 POINTER_FILE = "checkpoint.dcp.json"
 _META = ".metadata.json"
@@ -224,3 +224,21 @@ def load_sharded(directory: str | os.PathLike[str], group: Any = None) -> dict[s
     _slots(skeleton, tensors)
     dcp.load(tensors, storage_reader=_JsonReader(folder), process_group=group)
     return _decode(skeleton, tensors)
+
+
+def read_plain_values(directory: str | os.PathLike[str], rank: int = 0) -> dict[str, Any]:
+    """Rank ``rank``'s payload with every tensor left out (``None``): its positions and
+    history, readable without a process group."""
+    pointer = Path(directory) / POINTER_FILE
+    folder = Path(directory) / _read_pointer(pointer)["folder"]
+    path = folder / f"rank{rank}.json"
+    try:
+        skeleton = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    return _decode(skeleton, _NoTensors())
+
+
+class _NoTensors(dict):
+    def __missing__(self, key: str) -> None:
+        return None

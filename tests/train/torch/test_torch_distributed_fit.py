@@ -13,6 +13,8 @@ import torch
 from dist_helpers import build, launch, read_all, write_parquet
 from torch_data import _auc
 
+from tabstream.train.torch.fit import checkpoint_position
+
 
 def _scores(state: dict, kind: str, optimizer: str, combiner: str, data) -> tuple[float, float]:
     """AUC (pairwise, brute force) and log-loss (numpy) of a model holding ``state``
@@ -75,3 +77,6 @@ def test_fit_hybrid_parallel_sharded_checkpoint_resume(tmp_path):
     assert pointer["world_size"] == 2 and (folder / ".metadata.json").exists()
     assert not (folder / ".metadata").exists()
     assert len(list((tmp_path / "ck").glob("*.dcp"))) == 1   # older ones removed
+    batches = -(-41 // (2 * 4))          # 41 rows, 2 ranks, batches of 4: per rank and epoch
+    assert checkpoint_position(tmp_path / "ck") == (2, 0)
+    assert pointer["folder"] == f"checkpoint-{2 * batches:09d}.dcp"   # global step in the name
