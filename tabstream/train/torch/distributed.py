@@ -57,6 +57,7 @@ __all__ = [
     "ShardedEmbeddingTables",
     "ShardingPlan",
     "TablePlacement",
+    "comm_device",
     "plan_sharding",
 ]
 
@@ -301,6 +302,14 @@ def _all_to_all(x: torch.Tensor, out_sizes: list[int], in_sizes: list[int],
     return wait_tensor(all_to_all_single_autograd(x, out_sizes, in_sizes, group))
 
 
+def comm_device(group: Any = None) -> torch.device:
+    """Where tensors handed to a collective of ``group`` must live: the current CUDA
+    device under NCCL, the CPU otherwise (gloo)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _gather_uneven(x: torch.Tensor, sizes: list[int], group: Any = None) -> list[torch.Tensor]:
     """All-gather 1-D tensors whose lengths (``sizes``, known everywhere) differ."""
     longest = max(sizes) if sizes else 0
@@ -397,8 +406,9 @@ class ShardedEmbeddingTables(nn.Module):
         device = _device(features, self.shards)
         w, nf = self.world_size, len(self.sharded_features)
         # 1. sizes: [B, nnz per sharded feature] of every rank
+        where = comm_device(self.group)
         meta = torch.tensor([batch] + [int(ragged[f][0].numel()) for f in self.sharded_features],
-                            dtype=torch.long)
+                            dtype=torch.long, device=where)
         metas = [torch.empty_like(meta) for _ in range(w)]
         dist.all_gather(metas, meta, group=self.group)
         sizes = torch.stack(metas).tolist()
@@ -407,7 +417,7 @@ class ShardedEmbeddingTables(nn.Module):
             return {}
         # 2. ids: every sharded feature's values, then its lengths, of every rank
         mine = torch.cat([torch.cat([v, torch.diff(o)]) for v, o in
-                          (ragged[f] for f in self.sharded_features)]).to("cpu", torch.long)
+                          (ragged[f] for f in self.sharded_features)]).to(where, torch.long)
         lengths = [sum(s[1:]) + nf * s[0] for s in sizes]
         gathered = _gather_uneven(mine, lengths, group=self.group)
         # 3. pool what this rank owns, for every rank's rows
@@ -680,7 +690,8 @@ class HybridParallel(nn.Module):
         """Collective: the mean over all ranks' rows of the last batch, from this
         rank's mean over its own rows."""
         sizes = self.batch_sizes
-        value = torch.tensor([float(local_mean) * sizes[self.rank]], dtype=torch.float64)
+        value = torch.tensor([float(local_mean) * sizes[self.rank]], dtype=torch.float64,
+                             device=comm_device())
         dist.all_reduce(value)
         total = sum(sizes)
         return float(value) / total if total else float("nan")
@@ -714,7 +725,8 @@ class HybridParallel(nn.Module):
             else:
                 shape = (cfg.cardinality, b - a)
             buf = (mine.detach().clone() if k == self.rank and mine is not None
-                   else torch.empty(shape, dtype=torch.float32))
+                   else torch.empty(shape, dtype=torch.float32,
+                                    device=comm_device(self._exchange_group)))
             dist.broadcast(buf, src=k, group=self._exchange_group)
             parts.append(buf)
         if place.kind == "column_wise":

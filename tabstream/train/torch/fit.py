@@ -458,7 +458,9 @@ def _checkpointed(model: nn.Module) -> nn.Module:
 def _all_reduce(values: list[float]) -> list[float]:
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    from tabstream.train.torch.distributed import comm_device
+
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t)
     return t.tolist()
 
@@ -556,20 +558,23 @@ def _gather_evaluation(
         return total, n, logits, labels
     import torch.distributed as dist
 
+    from tabstream.train.torch.distributed import comm_device
+
+    where = comm_device()
     total, n_all = _all_reduce([total, float(n)])
     mine = torch.stack([torch.cat(labels) if labels else torch.zeros(0),
-                        torch.cat(logits) if logits else torch.zeros(0)]).float()
-    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([mine.shape[1]]))
+                        torch.cat(logits) if logits else torch.zeros(0)]).float().to(where)
+    sizes = [torch.zeros(1, dtype=torch.long, device=where) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.shape[1]], device=where))
     longest = max(int(s) for s in sizes)
-    padded = torch.zeros(2, longest)
+    padded = torch.zeros(2, longest, device=where)
     padded[:, : mine.shape[1]] = mine
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
     rows = [p[:, : int(s)] for p, s in zip(parts, sizes)]
     if not any(r.shape[1] for r in rows):
         return total, int(n_all), [], []
-    return total, int(n_all), [r[1] for r in rows], [r[0] for r in rows]
+    return total, int(n_all), [r[1].cpu() for r in rows], [r[0].cpu() for r in rows]
 
 
 def _sharded_position(checkpoint_dir: Path) -> tuple[int, int] | None:
