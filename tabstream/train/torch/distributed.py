@@ -642,8 +642,8 @@ class HybridParallel(nn.Module):
         self._original_keys = list(model.state_dict())
         # a group of its own, so that the embedding exchange never interleaves with
         # DDP's gradient all-reduces on one communicator
-        self._exchange_group = dist.new_group(list(range(self.world_size)),
-                                              backend=dist.get_backend(group))
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        self._exchange_group = dist.new_group(ranks, backend=dist.get_backend(group))
         self._sharded: dict[str, ShardedEmbeddingTables] = {}
         for prefix, tables in [(n, m) for n, m in model.named_modules()
                                if isinstance(m, EmbeddingTables)]:

@@ -511,8 +511,15 @@ def _checkpoint_sums(loss_sum: float, samples: int) -> tuple[float, int]:
 
 def _checkpoint_exists(path: Path, model: nn.Module) -> bool:
     if _is_sharded(model):
-        from tabstream.train.torch.sharded_checkpoint import sharded_exists
+        from tabstream.train.torch.sharded_checkpoint import POINTER_FILE, sharded_exists
 
+        if not sharded_exists(path.parent) and path.exists():
+            raise SchemaError(
+                f"fit: {path} holds a whole-model checkpoint, but a HybridParallel model "
+                f"resumes from a sharded one ({path.parent / POINTER_FILE}). Load its "
+                "'model' state into the plain model before wrapping it (and train on with "
+                "resume=False), or use another checkpoint_dir"
+            )
         return sharded_exists(path.parent)
     return path.exists()
 

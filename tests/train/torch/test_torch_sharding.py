@@ -185,3 +185,52 @@ def test_one_rank_errors(one_rank):
     with pytest.raises(ValueError, match="the plan is for 3 ranks, but the process group has 1"):
         HybridParallel(DLRM(_schema(), embedding_dim=8),
                        plan=plan_sharding(DLRM(_schema(), embedding_dim=8), 3))
+
+
+def _batches(n_batches=4, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_batches):
+        features = _layouts()[0]
+        features = {**features, "a": torch.as_tensor(rng.integers(0, 40, 6)),
+                    "x": torch.as_tensor(rng.normal(size=6), dtype=torch.float32)}
+        out.append((features, torch.as_tensor(rng.integers(0, 2, 6), dtype=torch.float32)))
+    return out
+
+
+def test_one_rank_fit_sharded_checkpoint_and_resume(one_rank, tmp_path):
+    from tabstream.train.torch import LazyAdam, fit
+    from tabstream.train.torch.fit import checkpoint_position
+
+    def make(seed):
+        torch.manual_seed(seed)
+        hp = HybridParallel(DLRM(_schema(), embedding_dim=8, sparse=True),
+                            plan={"a": "row_wise", "b": "column_wise", "tags": "table_wise"})
+        return hp, LazyAdam(hp.parameters(), lr=0.05)
+
+    data = _batches()
+    hp, opt = make(0)
+    straight = fit(hp, data, opt, epochs=2, progress=False)
+    expected = hp.full_state_dict()
+    hp, opt = make(0)
+    fit(hp, data, opt, epochs=1, checkpoint_dir=tmp_path, progress=False)
+    assert checkpoint_position(tmp_path) == (1, 0)
+    assert (tmp_path / "checkpoint.dcp.json").exists() and not (tmp_path / "checkpoint.pt").exists()
+    hp, opt = make(5)  # other weights: only the checkpoint makes the result match
+    resumed = fit(hp, data, opt, epochs=2, checkpoint_dir=tmp_path, resume=True, progress=False)
+    assert resumed["loss"] == pytest.approx(straight["loss"], abs=1e-6)
+    for key, value in expected.items():
+        torch.testing.assert_close(hp.full_state_dict()[key], value, rtol=0, atol=1e-6)
+
+
+def test_one_rank_refuses_a_whole_model_checkpoint(one_rank, tmp_path):
+    from tabstream.train.torch import LazyAdam, fit
+
+    torch.manual_seed(0)
+    plain = DLRM(_schema(), embedding_dim=8)
+    fit(plain, _batches(1), LazyAdam(plain.parameters()), checkpoint_dir=tmp_path, progress=False)
+    hp = HybridParallel(DLRM(_schema(), embedding_dim=8), plan={"a": "row_wise"})
+    with pytest.raises(SchemaError, match="checkpoint.pt holds a whole-model checkpoint, but a "
+                       "HybridParallel model resumes from a sharded one"):
+        fit(hp, _batches(1), LazyAdam(hp.parameters()), checkpoint_dir=tmp_path, resume=True,
+            progress=False)
