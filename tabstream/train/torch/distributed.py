@@ -654,16 +654,26 @@ class HybridParallel(nn.Module):
         if unknown:
             raise ValueError(f"HybridParallel: the plan names tables {sorted(unknown)} that "
                              "the model does not have")
-        ignored = [f"{p}.shards.{k}.weight" for p, s in self._sharded.items() for k in s.shards]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+        ignored = [f"model.{p}.shards.{k}.weight" for p, s in self._sharded.items()
+                   for k in s.shards]
+        entry = _Entry(model)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(entry, ignored)
         self.module = model
         # kept out of the module tree: the state_dict and parameters are the model's
         # own (keys "module.…"), not listed twice
         object.__setattr__(self, "ddp", DistributedDataParallel(
-            model, process_group=group, **ddp_kwargs))
+            entry, process_group=group, **ddp_kwargs))
+        if callable(getattr(model, "compute_loss", None)):
+            # fit trains a model's own objective (TwoTower's in-batch softmax); it must
+            # run through DDP's forward too, or the dense gradients are not averaged
+            object.__setattr__(self, "compute_loss", self._compute_loss)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
+
+    def _compute_loss(self, features: Mapping[str, Any], labels: Any = None) -> torch.Tensor:
+        """The wrapped model's ``compute_loss``, run through DDP."""
+        return self.ddp(features, labels, _loss=True)
 
     def train(self, mode: bool = True) -> HybridParallel:
         super().train(mode)
@@ -735,6 +745,19 @@ class HybridParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, world_size={self.world_size}"
+
+
+class _Entry(nn.Module):
+    """What DDP wraps: the model's forward, or its ``compute_loss`` when asked."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, _loss: bool = False, **kwargs: Any) -> Any:
+        if _loss:
+            return self.model.compute_loss(*args, **kwargs)
+        return self.model(*args, **kwargs)
 
 
 def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:

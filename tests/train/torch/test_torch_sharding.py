@@ -234,3 +234,32 @@ def test_one_rank_refuses_a_whole_model_checkpoint(one_rank, tmp_path):
                        "HybridParallel model resumes from a sharded one"):
         fit(hp, _batches(1), LazyAdam(hp.parameters()), checkpoint_dir=tmp_path, resume=True,
             progress=False)
+
+
+def test_one_rank_two_tower_trains_its_own_objective(one_rank):
+    """fit uses the wrapped model's compute_loss (in-batch softmax), through DDP."""
+    from tabstream.pipeline.schema import Tags
+    from tabstream.train.torch import LazyAdam, TwoTower, fit
+
+    schema = Schema([categorical("user", 30, tags=[Tags.USER, Tags.USER_ID]),
+                     categorical("item", 25, tags=[Tags.ITEM, Tags.ITEM_ID]), target()])
+    rng = np.random.default_rng(2)
+    data = [({"user": torch.as_tensor(rng.integers(0, 30, 8)),
+              "item": torch.as_tensor(rng.integers(0, 25, 8))},
+             torch.as_tensor(rng.integers(0, 2, 8), dtype=torch.float32)) for _ in range(3)]
+
+    def make():
+        torch.manual_seed(0)
+        return TwoTower(schema, query_tower=(8,), item_tower=(8,), output_dim=8)
+
+    plain = make()
+    expected = fit(plain, data, LazyAdam(plain.parameters(), lr=0.05), epochs=1, progress=False)
+    hp = HybridParallel(make(), plan={"user": "row_wise", "item": "column_wise"})
+    assert callable(hp.compute_loss)
+    got = fit(hp, data, LazyAdam(hp.parameters(), lr=0.05), epochs=1, progress=False)
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+    state = hp.full_state_dict()
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(state[key], value, rtol=0, atol=1e-6)
+    # a model without compute_loss gets none: fit then scores logits with BCE
+    assert not hasattr(HybridParallel(DLRM(_schema(), embedding_dim=8)), "compute_loss")
