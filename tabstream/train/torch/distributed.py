@@ -35,7 +35,6 @@ batch of ``B_r`` rows):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -767,12 +766,3 @@ def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
     parent_name, _, child = path.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)
-
-
-def plan_summary(plan: ShardingPlan) -> str:
-    """One JSON line with the plan's per-rank bytes (for logs and benchmarks)."""
-    return json.dumps({"world_size": plan.world_size, "rank_bytes": plan.rank_bytes(),
-                       "replicated_bytes": plan.replicated_bytes(),
-                       "tables": dict(plan)})
-
-
