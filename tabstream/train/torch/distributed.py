@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -389,7 +389,7 @@ class ShardedEmbeddingTables(nn.Module):
     def shard_weights(self) -> dict[str, torch.Tensor]:
         """``{table name: this rank's shard weight}``."""
         keys = {v: k for k, v in self._table_keys.items()}
-        return {keys[k]: bag.weight for k, bag in self.shards.items()}
+        return {keys[k]: cast(nn.EmbeddingBag, bag).weight for k, bag in self.shards.items()}
 
     # -- the forward pass -----------------------------------------------------
 
@@ -471,13 +471,13 @@ class ShardedEmbeddingTables(nn.Module):
 
     def _pool_piece(self, name: str, piece: tuple[int, int, int], values: torch.Tensor,
                     counts: torch.Tensor) -> torch.Tensor:
-        bag = self.shards[self._table_keys[name]]
+        bag = cast(nn.EmbeddingBag, self.shards[self._table_keys[name]])
         kind = self.plan[name]
         if kind != "row_wise" and values.numel() == counts.numel() and bool((counts == 1).all()):
             # single-hot: a plain gather is ~4x faster than bags of one (as in EmbeddingTables)
             return F.embedding(values, bag.weight, sparse=bag.sparse)
         offsets = F.pad(counts.cumsum(0), (1, 0))
-        mode = bag.mode
+        mode: str = bag.mode
         if kind == "row_wise":
             start, stop = piece[1], piece[2]
             keep = (values >= start) & (values < stop)
@@ -520,7 +520,7 @@ class ShardedEmbeddingTables(nn.Module):
 
 def _device(features: Mapping[str, Any], shards: nn.ModuleDict) -> torch.device:
     for bag in shards.values():
-        return bag.weight.device
+        return cast(nn.EmbeddingBag, bag).weight.device
     for value in features.values():
         if isinstance(value, torch.Tensor):
             return value.device
@@ -595,6 +595,7 @@ def _batch_rows(ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
 
 
 class HybridParallel(nn.Module):
+    ddp: DistributedDataParallel
     """Shards ``model``'s embedding tables over the ranks and wraps the rest in DDP.
 
     Build it on every rank from the same seed (the shards are cut from the
@@ -755,7 +756,7 @@ class _Entry(nn.Module):
 
     def forward(self, *args: Any, _loss: bool = False, **kwargs: Any) -> Any:
         if _loss:
-            return self.model.compute_loss(*args, **kwargs)
+            return cast(Any, self.model).compute_loss(*args, **kwargs)
         return self.model(*args, **kwargs)
 
 

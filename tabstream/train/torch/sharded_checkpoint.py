@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
@@ -74,7 +75,7 @@ def _slots(skeleton: Any, out: dict[str, torch.Tensor]) -> None:
             dtype = getattr(torch, skeleton["dtype"])
             out[skeleton["__tensor__"]] = torch.empty(skeleton["shape"], dtype=dtype)
             return
-        for part in skeleton.get("__dict__", skeleton.get("__tuple__", [])):
+        for part in skeleton.get("__dict__") or skeleton.get("__tuple__") or []:
             _slots(part, out)
     elif isinstance(skeleton, list):
         for part in skeleton:
@@ -135,7 +136,7 @@ class _JsonReader(FileSystemReader):
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read sharded checkpoint index {path}: {exc}") from exc
-        entries = {
+        entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
             name: TensorStorageMetadata(
                 properties=TensorProperties(dtype=getattr(torch, e["dtype"])),
                 size=torch.Size(e["size"]),
