@@ -160,6 +160,7 @@ def evaluate(
                 all_labels.append(labels.reshape(-1).float().cpu())
     finally:
         model.train(was_training)
+    total, n, all_logits, all_labels = _gather_evaluation(total, n, all_logits, all_labels)
     out = {"loss": total / n if n else float("nan"), "samples": float(n)}
     if all_labels:
         y, z = torch.cat(all_labels).numpy(), torch.cat(all_logits).numpy()
@@ -188,14 +189,15 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 
 def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(epochs completed, batches done in the next epoch)`` of the checkpoint in
-    ``checkpoint_dir``, or ``None`` when there is none.
+    ``checkpoint_dir`` (``checkpoint.pt``, or a sharded one), or ``None`` when there
+    is none.
 
     >>> checkpoint_position("ck/")     # 2 epochs done, then 40 batches of the third
     (2, 40)
     """
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.exists():
-        return None
+        return _sharded_position(Path(checkpoint_dir))
     ckpt = _load_checkpoint(path, torch.device("cpu"))
     return int(ckpt["epoch"]), int(ckpt["step"])
 
@@ -293,10 +295,12 @@ def fit(
     history: dict[str, list[float]] = {k: [] for k in keys}
     start_epoch, skip, global_step = 0, 0, 0
     loss_sum, samples = 0.0, 0
-    if resume and path is not None and path.exists():
-        ckpt = _load_checkpoint(path, device)
-        _check_same_model(path, model, ckpt)
-        model.load_state_dict(ckpt["model"])
+    rank, _ = _ranks()
+    progress = progress and rank == 0  # one progress bar and one summary line per run
+    if resume and path is not None and _checkpoint_exists(path, model):
+        ckpt = _read_checkpoint(path, model, device)
+        _check_same_model(path, _checkpointed(model), ckpt)
+        _checkpointed(model).load_state_dict(ckpt["model"])
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
         except (ValueError, KeyError, RuntimeError) as exc:
@@ -322,12 +326,13 @@ def fit(
     def checkpoint(epoch: int, step: int) -> None:
         if path is None:
             return
-        _save(path, {
-            "format": _FORMAT, "model_class": type(model).__qualname__,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        rank_loss_sum, rank_samples = _checkpoint_sums(loss_sum, samples)
+        _write_checkpoint(path, model, {
+            "format": _FORMAT, "model_class": type(_checkpointed(model)).__qualname__,
+            "model": _checkpointed(model).state_dict(), "optimizer": optimizer.state_dict(),
             "rng": torch.random.get_rng_state(),
             "epoch": epoch, "step": step, "global_step": global_step,
-            "loss_sum": loss_sum, "samples": samples, "history": history,
+            "loss_sum": rank_loss_sum, "samples": rank_samples, "history": history,
         })
 
     for epoch in range(start_epoch, epochs):
@@ -348,17 +353,18 @@ def fit(
                 features, labels = move_to_device(features, device), move_to_device(labels, device)
                 loss, _ = _loss(model, features, labels, loss_fn)
                 value = float(loss.detach())
-                if not math.isfinite(value):
+                size = _batch_size(features, labels)
+                global_size, finite = _agree_on_step(value, size)
+                if not finite:  # on every rank together: a rank left alone would hang
                     raise NonFiniteLossError(
-                        f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "
+                        f"loss is {_nonfinite_text(value)} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "
                         f"step {global_step + 1}); this step was not applied. Lower the learning "
                         "rate, clip gradients, or check the batch for NaN/inf inputs (e.g. "
                         "FillMissing/Normalize on continuous columns)"
                     )
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                _backward(model, loss, size, global_size)
                 _step(optimizer)
-                size = _batch_size(features, labels)
                 loss_sum += value * size
                 samples += size
                 run_samples += size
@@ -384,6 +390,7 @@ def fit(
             )
         elapsed = time.perf_counter() - started
         skip = 0
+        loss_sum, samples, run_samples = _global_sums(loss_sum, samples, run_samples)
         history["epoch"].append(epoch + 1)
         history["loss"].append(loss_sum / samples if samples else float("nan"))
         history["samples"].append(samples)
@@ -419,3 +426,172 @@ def _step(optimizer: Any) -> None:
             "use tabstream.train.torch.LazyAdam (takes dense and sparse gradients) or a "
             "MultiOptimizer, or build the model with sparse=False"
         ) from exc
+
+
+# ----------------------------------------------------------------------------------
+# Rank awareness. Under torch.distributed (world size > 1, every rank calling fit with
+# the same arguments) fit trains the global-mean loss, keeps one progress bar, reports
+# epoch and validation figures over all ranks' rows, and writes checkpoints once:
+# rank 0 writes checkpoint.pt for a replicated (DDP) model; a HybridParallel model
+# saves its shards from every rank through torch.distributed.checkpoint.
+
+
+def _ranks() -> tuple[int, int]:
+    """``(rank, world size)``; ``(0, 1)`` outside torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    from tabstream.train.torch.distributed import HybridParallel
+
+    return isinstance(model, HybridParallel)
+
+
+def _checkpointed(model: nn.Module) -> nn.Module:
+    """The module whose state a checkpoint holds: a DDP model's inner module (its
+    checkpoint then loads into the plain model too), else the model itself."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _all_reduce(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    from tabstream.train.torch.distributed import comm_device
+
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _agree_on_step(value: float, size: int) -> tuple[int, bool]:
+    """``(rows in the global batch, loss finite on every rank)``: one small all-reduce."""
+    if _ranks()[1] == 1:
+        return size, math.isfinite(value)
+    total, bad = _all_reduce([float(size), 0.0 if math.isfinite(value) else 1.0])
+    return int(total), bad == 0
+
+
+def _nonfinite_text(value: float) -> str:
+    return str(value) if not math.isfinite(value) else "NaN or infinite on another rank"
+
+
+def _backward(model: nn.Module, loss: torch.Tensor, size: int, global_size: int) -> None:
+    """Backpropagate this rank's share of the global-mean loss. DDP (and
+    HybridParallel's dense part) average gradients over ranks, so the local mean is
+    scaled by ``B_rank * W / B_global``: with batches of unequal size (a last
+    batch) the result is still the gradient of the mean over all rows."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    _, world = _ranks()
+    if world > 1 and global_size and (
+        _is_sharded(model) or isinstance(model, DistributedDataParallel)
+    ):
+        loss = loss * (size * world / global_size)
+    loss.backward()
+
+
+def _global_sums(loss_sum: float, samples: int, run_samples: int) -> tuple[float, int, int]:
+    if _ranks()[1] == 1:
+        return loss_sum, samples, run_samples
+    a, b, c = _all_reduce([loss_sum, float(samples), float(run_samples)])
+    return a, int(b), int(c)
+
+
+def _checkpoint_sums(loss_sum: float, samples: int) -> tuple[float, int]:
+    """The running sums a checkpoint keeps: over all ranks, on rank 0 only (the
+    other ranks resume from zero, so the end-of-epoch sum over ranks is right)."""
+    rank, world = _ranks()
+    if world == 1:
+        return loss_sum, samples
+    total, n = _all_reduce([loss_sum, float(samples)])
+    return (total, int(n)) if rank == 0 else (0.0, 0)
+
+
+def _checkpoint_exists(path: Path, model: nn.Module) -> bool:
+    if _is_sharded(model):
+        from tabstream.train.torch.sharded_checkpoint import POINTER_FILE, sharded_exists
+
+        if not sharded_exists(path.parent) and path.exists():
+            raise SchemaError(
+                f"fit: {path} holds a whole-model checkpoint, but a HybridParallel model "
+                f"resumes from a sharded one ({path.parent / POINTER_FILE}). Load its "
+                "'model' state into the plain model before wrapping it (and train on with "
+                "resume=False), or use another checkpoint_dir"
+            )
+        return sharded_exists(path.parent)
+    return path.exists()
+
+
+def _write_checkpoint(path: Path, model: nn.Module, payload: dict[str, Any]) -> None:
+    rank, world = _ranks()
+    if _is_sharded(model):
+        from tabstream.train.torch.sharded_checkpoint import save_sharded
+
+        save_sharded(path.parent, payload, tag=f"checkpoint-{payload['global_step']:09d}")
+        return
+    if rank == 0:
+        _save(path, payload)
+    if world > 1:  # nobody reads (or resumes from) a file still being written
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _read_checkpoint(path: Path, model: nn.Module, device: torch.device) -> dict[str, Any]:
+    if _is_sharded(model):
+        from tabstream.train.torch.sharded_checkpoint import POINTER_FILE, load_sharded
+
+        ckpt = load_sharded(path.parent)
+        if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
+            raise DataError(f"fit: {path.parent / POINTER_FILE} does not point at a tabstream "
+                            f"checkpoint (expected format {_FORMAT!r})")
+        return move_to_device(ckpt, device) if device.type != "cpu" else ckpt
+    ckpt = _load_checkpoint(path, device)
+    rank, world = _ranks()
+    if world > 1 and rank > 0:  # rank 0's file holds the sums over all ranks
+        ckpt["loss_sum"], ckpt["samples"] = 0.0, 0
+    return ckpt
+
+
+def _gather_evaluation(
+    total: float, n: int, logits: list[torch.Tensor], labels: list[torch.Tensor]
+) -> tuple[float, int, list[torch.Tensor], list[torch.Tensor]]:
+    """Under torch.distributed: every rank's rows, in rank order, on every rank, so
+    AUC and log-loss are those of the whole validation set and identical everywhere."""
+    rank, world = _ranks()
+    if world == 1:
+        return total, n, logits, labels
+    import torch.distributed as dist
+
+    from tabstream.train.torch.distributed import comm_device
+
+    where = comm_device()
+    total, n_all = _all_reduce([total, float(n)])
+    mine = torch.stack([torch.cat(labels) if labels else torch.zeros(0),
+                        torch.cat(logits) if logits else torch.zeros(0)]).float().to(where)
+    sizes = [torch.zeros(1, dtype=torch.long, device=where) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.shape[1]], device=where))
+    longest = max(int(s) for s in sizes)
+    padded = torch.zeros(2, longest, device=where)
+    padded[:, : mine.shape[1]] = mine
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    rows = [p[:, : int(s)] for p, s in zip(parts, sizes)]
+    if not any(r.shape[1] for r in rows):
+        return total, int(n_all), [], []
+    return total, int(n_all), [r[1].cpu() for r in rows], [r[0].cpu() for r in rows]
+
+
+def _sharded_position(checkpoint_dir: Path) -> tuple[int, int] | None:
+    from tabstream.train.torch.sharded_checkpoint import read_plain_values, sharded_exists
+
+    if not sharded_exists(checkpoint_dir):
+        return None
+    values = read_plain_values(checkpoint_dir)
+    return int(values["epoch"]), int(values["step"])

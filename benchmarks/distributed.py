@@ -1,0 +1,229 @@
+"""Hybrid-parallel vs data-parallel DLRM, 26 Criteo-like tables, W ranks on loopback.
+
+For each world size (``--world-sizes 1 2``) and mode, ``W`` gloo processes on
+127.0.0.1 train the same DLRM (embedding_dim 16, LazyAdam; tables of 100,000 rows or more
+have sparse gradients, the others dense: the models' default) on
+pre-generated random batches of ``--batch`` rows per rank:
+
+    data-parallel   DistributedDataParallel(model): every table on every rank
+    hybrid          HybridParallel(model, plan_sharding(model, W)): big tables
+                    row-/table-wise over the ranks, small ones replicated
+
+Each rank reports steps/s over ``--steps`` timed steps (after 3 warm-up steps) and
+its own peak RSS (``ru_maxrss``); the table shows the slowest rank's steps/s and
+the largest peak, medians of ``--repeats`` runs in which the two modes alternate. Table sizes are the Criteo Kaggle (1 TB day) cardinalities, capped
+at ``--max-rows`` so that the run fits a small machine.
+
+Then it prints, from the same table sizes, the bytes each rank sends per step in
+either mode at 8 and 64 ranks (the paper estimate in docs/distributed-training.md).
+
+    python benchmarks/distributed.py                          # W = 1, 2
+    python benchmarks/distributed.py --max-rows 20000 --steps 10 --batch 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import format_table, machine_note, median  # noqa: E402
+
+#: the 26 categorical cardinalities of the Criteo Kaggle data set (C1..C26)
+CRITEO_CARDINALITIES = [
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+]
+DIM = 16
+N_CONT = 13
+
+
+def _cardinalities(max_rows: int) -> list[int]:
+    return [min(c, max_rows) for c in CRITEO_CARDINALITIES]
+
+
+def _schema(max_rows: int):
+    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+
+    cats = [ColumnSchema(f"C{i + 1}", "int64", tags=[Tags.CATEGORICAL],
+                         properties={"domain": {"min": 0, "max": c - 1}})
+            for i, c in enumerate(_cardinalities(max_rows))]
+    conts = [ColumnSchema(f"I{i + 1}", "float32", tags=[Tags.CONTINUOUS]) for i in range(N_CONT)]
+    return Schema([*cats, *conts, ColumnSchema("click", "float32", tags=[Tags.TARGET])])
+
+
+def rank_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
+    """One rank (RANK/WORLD_SIZE/MASTER_* in the environment)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tabstream.train.torch import DLRM, LazyAdam
+    from tabstream.train.torch.distributed import HybridParallel, plan_sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DLRM(_schema(max_rows), embedding_dim=DIM)
+    plan = plan_sharding(model, world)
+    if mode == "hybrid":
+        model = HybridParallel(model, plan=plan)
+    else:
+        model = DistributedDataParallel(model)
+    optimizer = LazyAdam(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(rank)
+    cards = _cardinalities(max_rows)
+    batches = []
+    for _ in range(min(steps + 3, 8)):  # a few batches, cycled: generation is not measured
+        f = {f"C{i + 1}": torch.as_tensor(rng.integers(0, c, batch)) for i, c in enumerate(cards)}
+        f.update({f"I{i + 1}": torch.as_tensor(rng.normal(size=batch), dtype=torch.float32)
+                  for i in range(N_CONT)})
+        batches.append((f, torch.as_tensor(rng.integers(0, 2, batch), dtype=torch.float32)))
+
+    def step(i: int) -> None:
+        features, labels = batches[i % len(batches)]
+        loss = F.binary_cross_entropy_with_logits(model(features), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for i in range(3):
+        step(i)
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(json.dumps({"rank": rank, "steps_per_s": steps / elapsed, "param_bytes": held,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "plan_rank_bytes": plan.rank_bytes()[rank] + plan.replicated_bytes()}))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(world: int, mode: str, args: argparse.Namespace) -> list[dict]:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE=str(world), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    argv = [sys.executable, __file__, "--rank-main", mode, "--max-rows", str(args.max_rows),
+            "--batch", str(args.batch), "--steps", str(args.steps)]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            raise SystemExit(f"{mode} W={world} failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def bytes_per_step(world: int, batch: int, cards: list[int], mode: str,
+                   sparse_threshold: int = 100_000) -> dict[str, float]:
+    """Bytes one rank sends per training step, by kind (int64 ids, float32 vectors).
+    Gradients of replicated tables: a sparse one (``sparse_threshold`` rows or more)
+    is all-gathered by DDP (each rank's ``B`` rows of index + DIM floats to the
+    W-1 others), a dense one is ring-all-reduced (2 (W-1)/W of the table). Dense MLP
+    weights are left out: the same in both modes."""
+    if world == 1:
+        return {"total": 0.0, "max_rank_table_bytes": float(sum(c * DIM * 12 for c in cards))}
+
+    def replicated_cost(rows: int) -> float:
+        if rows >= sparse_threshold:
+            return (world - 1) * batch * (8 + 4 * DIM)
+        return 2 * (world - 1) / world * rows * DIM * 4
+
+    if mode == "data-parallel":
+        grads = sum(replicated_cost(c) for c in cards)
+        return {"table_grads": float(grads), "total": float(grads),
+                "max_rank_table_bytes": float(sum(c * DIM * 4 * 3 for c in cards))}
+    from tabstream.train import TableConfig
+    from tabstream.train.torch.distributed import plan_sharding
+
+    configs = [TableConfig(f"C{i}", c, DIM, (f"C{i}",)) for i, c in enumerate(cards)]
+    plan = plan_sharding(configs, world)
+    # "hybrid-rows" / "hybrid-columns": every table auto splits over all ranks is split
+    # by rows / by columns instead (repeated: with those taken out of the balance,
+    # auto may split further tables)
+    split = {"hybrid-rows": "row_wise", "hybrid-columns": "column_wise"}.get(mode)
+    overrides: dict[str, str] = {}
+    while split and any(plan[n] in ("row_wise", "column_wise") and n not in overrides
+                        for n in plan):
+        overrides.update({n: split for n in plan if plan[n] in ("row_wise", "column_wise")})
+        plan = plan_sharding(configs, world, overrides=overrides)
+    sharded = [name for name in plan if plan[name] != "data_parallel"]
+    ids = (world - 1) * batch * len(sharded) * 16          # ids + list lengths, all-gathered
+    # forward: this rank's pooled pieces for the other ranks' rows; backward: the same
+    # volume of gradients back. A row-wise table sends a partial sum to every other
+    # rank; a whole table is on another rank for (W-1)/W of the tables.
+    pieces = sum((world - 1) if plan[s] == "row_wise" else (world - 1) / world for s in sharded)
+    vectors = 2 * batch * pieces * DIM * 4
+    small = sum(replicated_cost(plan.configs[n].cardinality) for n in plan
+                if plan[n] == "data_parallel")
+    return {"ids": float(ids), "vectors": float(vectors), "replicated_grads": float(small),
+            "total": float(ids + vectors + small),
+            "max_rank_table_bytes": float(max(plan.rank_bytes()) + plan.replicated_bytes())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--max-rows", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
+    parser.add_argument("--rank-main", choices=["hybrid", "data-parallel"])
+    args = parser.parse_args()
+    if args.rank_main:
+        rank_main(args.rank_main, args.max_rows, args.batch, args.steps)
+        return
+
+    print(f"# {machine_note()}")
+    print(f"# 26 tables capped at {args.max_rows:,} rows x {DIM}, batch {args.batch}/rank, "
+          f"{args.steps} timed steps")
+    rows = []
+    for world in args.world_sizes:
+        runs: dict[str, list[list[dict]]] = {"data-parallel": [], "hybrid": []}
+        for _ in range(args.repeats):  # the modes alternate, so load changes hit both
+            for mode in runs:
+                runs[mode].append(run(world, mode, args))
+        base = None
+        for mode, reps in runs.items():
+            sps = median([min(r["steps_per_s"] for r in res) for res in reps])
+            base = base or sps
+            rows.append([world, mode, f"{sps:.1f}", f"{sps / base:.2f}x",
+                         f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
+                         f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
+    print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel",
+                        "peak RSS MB (max rank)", "param MB (max rank)"], rows, markdown=True))
+    print("\n# bytes sent per rank per step, full Criteo cardinalities, batch 2048/rank")
+    est = []
+    for world in (8, 64):
+        for mode in ("data-parallel", "hybrid", "hybrid-rows", "hybrid-columns"):
+            b = bytes_per_step(world, 2048, CRITEO_CARDINALITIES, mode)
+            memory = b.pop("max_rank_table_bytes")
+            est.append([world, mode, f"{b.pop('total') / 2**20:,.1f}",
+                        ", ".join(f"{k} {v / 2**20:,.1f}" for k, v in b.items()),
+                        f"{memory / 2**30:.2f}"])
+    print(format_table(["W", "mode", "MiB/step", "of which", "table GiB (max rank)"], est,
+                       markdown=True))
+
+
+if __name__ == "__main__":
+    main()

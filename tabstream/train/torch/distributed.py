@@ -1,0 +1,769 @@
+"""Model-parallel embedding tables and hybrid-parallel training under torch.distributed.
+
+Embedding tables are split over the ranks (whole tables, row ranges or column
+slices) while the dense part of the model runs data-parallel under DDP::
+
+    >>> dist.init_process_group("gloo")               # torchrun sets RANK/WORLD_SIZE
+    >>> torch.manual_seed(0)                          # the same model on every rank
+    >>> plan = plan_sharding(DLRM(schema), world_size=2)
+    >>> print(plan)
+    ShardingPlan for 2 ranks (bytes = weights + 2 optimizer slots, float32)
+      C1    1,000,000 x 16   column_wise   columns 0:8, 8:16
+      C2       50,000 x 16   table_wise    on rank 0
+      C3          100 x 16   data_parallel replicated
+      rank 0: 105,600,000 bytes   rank 1: 96,000,000 bytes   (+19,200 replicated on each)
+    >>> model = HybridParallel(DLRM(schema), plan=plan)   # or plan={"C1": "row_wise"}
+    >>> loss = F.binary_cross_entropy_with_logits(model(features), labels)
+    >>> (loss * model.loss_scale).backward()         # exact global-mean gradient
+    >>> model.full_state_dict()                       # collective: the unwrapped state
+
+How a step flows, for the sharded tables (``W`` ranks, rank ``r`` holding a
+batch of ``B_r`` rows):
+
+1. every rank turns its ids into ``(values, offsets)`` and all-gathers them (one
+   collective for the sizes, one for the ids of every sharded feature);
+2. each rank pools, for every rank's rows, the part it owns: the whole table
+   (``table_wise``), the ids falling in its row range (``row_wise``; partial sums)
+   or its column slice (``column_wise``);
+3. one autograd all-to-all sends each pooled piece to the rank whose rows it
+   belongs to, which sums the row-wise partials (dividing by the list lengths for
+   ``combiner="mean"``) and concatenates the column slices. Gradients travel back
+   the same way, so each shard receives exactly the gradient of its rows.
+
+``data_parallel`` tables stay inside the DDP-wrapped module like any dense weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tabstream.errors import DataError, SchemaError
+from tabstream.train.tables import TableConfig
+from tabstream.train.torch.embeddings import EmbeddingTables
+
+__all__ = [
+    "SHARDING_TYPES",
+    "HybridParallel",
+    "ShardedEmbeddingTables",
+    "ShardingPlan",
+    "TablePlacement",
+    "comm_device",
+    "plan_sharding",
+]
+
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
+_STRATEGIES = ("auto", *SHARDING_TYPES)
+_FLOAT_BYTES = 4
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class TablePlacement:
+    """Where one table lives. ``ranges[k]`` is rank ``k``'s ``(start, stop)`` row
+    range (``row_wise``) or column range (``column_wise``); ``owner`` is the rank of
+    a ``table_wise`` table."""
+
+    kind: str
+    owner: int | None = None
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """``[(rank, start, stop), ...]`` of the non-empty shards (ranks ascending)."""
+        if self.kind == "table_wise":
+            return [(int(self.owner or 0), 0, -1)]
+        return [(k, a, b) for k, (a, b) in enumerate(self.ranges) if b > a]
+
+
+@dataclass
+class ShardingPlan(Mapping[str, str]):
+    """A mapping ``{table name: sharding type}`` plus where each shard lives and
+    how many bytes (weights + ``optimizer_slots`` same-sized optimizer tensors)
+    each rank holds. ``print(plan)`` explains it."""
+
+    world_size: int
+    configs: dict[str, TableConfig]
+    placements: dict[str, TablePlacement]
+    optimizer_slots: int = 2
+    _bytes: list[int] = field(default_factory=list, repr=False)
+
+    def __getitem__(self, table: str) -> str:
+        return self.placements[table].kind
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.placements)
+
+    def __len__(self) -> int:
+        return len(self.placements)
+
+    def table_bytes(self, table: str) -> int:
+        cfg = self.configs[table]
+        return cfg.cardinality * cfg.dim * _FLOAT_BYTES * (1 + self.optimizer_slots)
+
+    def rank_bytes(self) -> list[int]:
+        """Bytes of sharded tables held by each rank (replicated tables not counted)."""
+        out = [0] * self.world_size
+        for name, place in self.placements.items():
+            cfg = self.configs[name]
+            per_value = _FLOAT_BYTES * (1 + self.optimizer_slots)
+            if place.kind == "table_wise":
+                out[int(place.owner or 0)] += self.table_bytes(name)
+            elif place.kind == "row_wise":
+                for k, (a, b) in enumerate(place.ranges):
+                    out[k] += (b - a) * cfg.dim * per_value
+            elif place.kind == "column_wise":
+                for k, (a, b) in enumerate(place.ranges):
+                    out[k] += (b - a) * cfg.cardinality * per_value
+        return out
+
+    def replicated_bytes(self) -> int:
+        """Bytes of the ``data_parallel`` tables, held whole by every rank."""
+        return sum(self.table_bytes(n) for n, p in self.placements.items()
+                   if p.kind == "data_parallel")
+
+    def __str__(self) -> str:
+        lines = [f"ShardingPlan for {self.world_size} ranks (bytes = weights + "
+                 f"{self.optimizer_slots} optimizer slots, float32)"]
+        width = max((len(n) for n in self.placements), default=0)
+        for name, place in self.placements.items():
+            cfg = self.configs[name]
+            where = {
+                "table_wise": f"on rank {place.owner}",
+                "row_wise": "rows " + ", ".join(f"{a}:{b}" for a, b in place.ranges),
+                "column_wise": "columns " + ", ".join(f"{a}:{b}" for a, b in place.ranges),
+                "data_parallel": "replicated",
+            }[place.kind]
+            lines.append(f"  {name:<{width}}  {cfg.cardinality:>11,} x {cfg.dim:<4} "
+                         f"{place.kind:<13} {where}")
+        per_rank = "   ".join(f"rank {k}: {b:,} bytes" for k, b in enumerate(self.rank_bytes()))
+        lines.append(f"  {per_rank}   (+{self.replicated_bytes():,} replicated on each)")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _table_configs(model_or_tables: Any) -> list[TableConfig]:
+    if isinstance(model_or_tables, EmbeddingTables):
+        return list(model_or_tables.configs)
+    if isinstance(model_or_tables, nn.Module):
+        configs: list[TableConfig] = []
+        for module in model_or_tables.modules():
+            if isinstance(module, (EmbeddingTables, ShardedEmbeddingTables)):
+                configs.extend(module.configs)
+        if not configs:
+            raise ValueError(
+                f"plan_sharding: {type(model_or_tables).__name__} has no EmbeddingTables "
+                "module; build the model from a schema (DLRM, DCN, ...) or pass table configs"
+            )
+        return configs
+    items = list(model_or_tables)
+    bad = [type(t).__name__ for t in items if not isinstance(t, TableConfig)]
+    if bad:
+        raise TypeError(
+            "plan_sharding takes a model, an EmbeddingTables or TableConfigs, got "
+            f"{bad[0]} items"
+        )
+    return items
+
+
+def _even_ranges(n: int, parts: int) -> tuple[tuple[int, int], ...]:
+    # np.array_split sizes: the first n % parts parts one longer
+    sizes = [len(a) for a in np.array_split(np.arange(n), parts)]
+    bounds = [0, *np.cumsum(sizes).tolist()]
+    return tuple((bounds[k], bounds[k + 1]) for k in range(parts))
+
+
+def plan_sharding(
+    model_or_tables: Any,
+    world_size: int,
+    strategy: str = "auto",
+    overrides: Mapping[str, str] | None = None,
+    optimizer_slots: int = 2,
+    data_parallel_bytes: int = 1 << 20,
+) -> ShardingPlan:
+    """Decide how each embedding table is split over ``world_size`` ranks.
+
+    ``strategy="auto"``: tables under ``data_parallel_bytes`` (weights + optimizer
+    state) are replicated (``data_parallel``), tables larger than an even share of
+    all the sharded bytes are split over every rank, by columns (``column_wise``)
+    when ``dim >= world_size``, else by rows (``row_wise``), and the others are
+    placed whole (``table_wise``), largest first, each on the rank holding the
+    fewest bytes so far. Any other strategy gives every table that type;
+    ``overrides`` (``{table: type}``) win over the strategy. Deterministic: every
+    rank computes the same plan.
+
+    >>> plan = plan_sharding(model, world_size=2, overrides={"C7": "column_wise"})
+    >>> dict(plan)
+    {'C1': 'column_wise', 'C2': 'table_wise', 'C7': 'column_wise', 'C9': 'data_parallel'}
+    >>> plan.rank_bytes()          # 1M, 50k, 20k and 100 rows x 16: weights + Adam state
+    [107520000, 97920000]
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"plan_sharding: world_size must be an int, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"plan_sharding: world_size must be >= 1, got {world_size}")
+    if strategy not in _STRATEGIES:
+        raise ValueError(f"plan_sharding: strategy must be one of {list(_STRATEGIES)}, "
+                         f"got {strategy!r}")
+    configs = {c.name: c for c in _table_configs(model_or_tables)}
+    overrides = dict(overrides or {})
+    for name, kind in overrides.items():
+        if name not in configs:
+            raise ValueError(f"plan_sharding: the plan names table {name!r}, which the model "
+                             f"does not have; its tables are {sorted(configs)}")
+        if kind not in SHARDING_TYPES:
+            raise ValueError(f"plan_sharding: table {name!r}: sharding type must be one of "
+                             f"{list(SHARDING_TYPES)}, got {kind!r}")
+    plan = ShardingPlan(world_size, configs, {}, optimizer_slots)
+    kinds: dict[str, str] = {}
+    for name in configs:
+        if name in overrides:
+            kinds[name] = overrides[name]
+        elif strategy != "auto":
+            kinds[name] = strategy
+        elif plan.table_bytes(name) < data_parallel_bytes:
+            kinds[name] = "data_parallel"
+    auto = [n for n in configs if n not in kinds]
+    sharded_total = sum(plan.table_bytes(n) for n in auto)
+    for name in auto:
+        big = plan.table_bytes(name) > sharded_total / world_size and world_size > 1
+        # a big table is split over all ranks: by columns when each rank gets one at
+        # least (a rank then sends B x dim/W floats per table and step, where a row
+        # split sends partial sums of B x dim to every other rank), else by rows
+        if not big:
+            kinds[name] = "table_wise"
+        else:
+            kinds[name] = "column_wise" if configs[name].dim >= world_size else "row_wise"
+
+    load = [0] * world_size
+    for name in configs:  # fixed costs first: row/column splits spread over all ranks
+        cfg, kind = configs[name], kinds[name]
+        if kind == "row_wise":
+            if cfg.cardinality < world_size:
+                raise ValueError(f"plan_sharding: table {name!r} has {cfg.cardinality} rows, "
+                                 f"fewer than {world_size} ranks: it cannot be row_wise")
+            ranges = _even_ranges(cfg.cardinality, world_size)
+        elif kind == "column_wise":
+            ranges = _even_ranges(cfg.dim, world_size)
+        else:
+            continue
+        plan.placements[name] = TablePlacement(kind, ranges=ranges)
+    load = plan.rank_bytes()
+    by_size = sorted((n for n in configs if kinds[n] == "table_wise"),
+                     key=lambda n: (-plan.table_bytes(n), n))
+    for name in by_size:
+        owner = int(np.argmin(load))
+        load[owner] += plan.table_bytes(name)
+        plan.placements[name] = TablePlacement("table_wise", owner=owner)
+    for name in configs:
+        if kinds[name] == "data_parallel":
+            plan.placements[name] = TablePlacement("data_parallel")
+    plan.placements = {n: plan.placements[n] for n in configs}  # the model's table order
+    return plan
+
+
+# ----------------------------------------------------------------- autograd pieces
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient is multiplied by ``scale`` on the way back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def _all_to_all(x: torch.Tensor, out_sizes: list[int], in_sizes: list[int],
+                group: Any) -> torch.Tensor:
+    """Autograd-aware ``all_to_all_single`` of a flat tensor with uneven splits."""
+    # torch's functional collective: differentiable, its backward is the reverse
+    # all-to-all (torch.distributed.nn.functional's version is deprecated in 2.13)
+    from torch.distributed._functional_collectives import (
+        all_to_all_single_autograd,
+        wait_tensor,
+    )
+
+    return wait_tensor(all_to_all_single_autograd(x, out_sizes, in_sizes, group))
+
+
+def comm_device(group: Any = None) -> torch.device:
+    """Where tensors handed to a collective of ``group`` must live: the current CUDA
+    device under NCCL, the CPU otherwise (gloo)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _gather_uneven(x: torch.Tensor, sizes: list[int], group: Any = None) -> list[torch.Tensor]:
+    """All-gather 1-D tensors whose lengths (``sizes``, known everywhere) differ."""
+    longest = max(sizes) if sizes else 0
+    padded = torch.zeros(longest, dtype=x.dtype, device=x.device)
+    padded[: x.numel()] = x
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded, group=group)
+    return [t[:n] for t, n in zip(out, sizes)]
+
+
+# ------------------------------------------------------------------ sharded tables
+
+
+class ShardedEmbeddingTables(nn.Module):
+    """Stands in for an :class:`EmbeddingTables` inside a model wrapped by
+    :class:`HybridParallel`: same ``forward(features) -> {feature: (B, dim)}``, in
+    the same feature order, but the sharded tables keep only this rank's shard.
+
+    ``self.replicated`` is an :class:`EmbeddingTables` of the ``data_parallel``
+    tables (trained by DDP); ``self.shards[name]`` is this rank's
+    ``nn.EmbeddingBag`` piece of a sharded table (absent when it holds none).
+    """
+
+    def __init__(self, tables: EmbeddingTables, plan: ShardingPlan, rank: int,
+                 group: Any) -> None:
+        super().__init__()
+        self.configs = tables.configs
+        self.feature_to_table = dict(tables.feature_to_table)
+        self._config_by_name = {c.name: c for c in self.configs}
+        self._table_keys = {c.name: tables._keys[c.name] for c in self.configs}
+        self.plan = plan
+        self.rank = rank
+        self.world_size = plan.world_size
+        self.group = group
+        replicated = [c for c in self.configs if plan[c.name] == "data_parallel"]
+        self.replicated = EmbeddingTables(replicated)
+        for cfg in replicated:  # copy the model's weights and sparse flag
+            src, dst = tables[cfg.name], self.replicated[cfg.name]
+            dst.sparse = src.sparse
+            with torch.no_grad():
+                dst.weight.copy_(src.weight)
+        self.shards = nn.ModuleDict()
+        self.sharded_tables = [c.name for c in self.configs if plan[c.name] != "data_parallel"]
+        for name in self.sharded_tables:
+            src = tables[name]
+            for k, a, b in plan.placements[name].pieces():
+                if k != rank:
+                    continue
+                kind = plan[name]
+                if kind == "table_wise":
+                    weight = src.weight
+                elif kind == "row_wise":
+                    weight = src.weight[a:b]
+                else:
+                    weight = src.weight[:, a:b]
+                bag = nn.EmbeddingBag(weight.shape[0], weight.shape[1], mode=src.mode,
+                                      sparse=src.sparse)
+                with torch.no_grad():
+                    bag.weight.copy_(weight)
+                self.shards[self._table_keys[name]] = bag
+        self.sharded_features = [f for f, t in self.feature_to_table.items()
+                                 if t in self.sharded_tables]
+        self.loss_scale_world = 1.0 / self.world_size
+        self.batch_sizes: list[int] = []
+
+    @property
+    def table_names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.feature_to_table)
+
+    @property
+    def output_dims(self) -> dict[str, int]:
+        return {f: self._config_by_name[t].dim for f, t in self.feature_to_table.items()}
+
+    def shard_weights(self) -> dict[str, torch.Tensor]:
+        """``{table name: this rank's shard weight}``."""
+        keys = {v: k for k, v in self._table_keys.items()}
+        return {keys[k]: cast(nn.EmbeddingBag, bag).weight for k, bag in self.shards.items()}
+
+    # -- the forward pass -----------------------------------------------------
+
+    def forward(self, features: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        local = self.replicated(features) if len(self.replicated.configs) else {}
+        sharded = self._sharded_forward(features)
+        return {f: (local[f] if f in local else sharded[f]) for f in self.feature_to_table}
+
+    def _sharded_forward(self, features: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        ragged = {f: _to_ragged(f, self._config_by_name[self.feature_to_table[f]], features)
+                  for f in self.sharded_features}
+        batch = _batch_rows(ragged, features)
+        device = _device(features, self.shards)
+        w, nf = self.world_size, len(self.sharded_features)
+        # 1. sizes: [B, nnz per sharded feature] of every rank
+        where = comm_device(self.group)
+        meta = torch.tensor([batch] + [int(ragged[f][0].numel()) for f in self.sharded_features],
+                            dtype=torch.long, device=where)
+        metas = [torch.empty_like(meta) for _ in range(w)]
+        dist.all_gather(metas, meta, group=self.group)
+        sizes = torch.stack(metas).tolist()
+        self.batch_sizes = [int(s[0]) for s in sizes]
+        if not nf:
+            return {}
+        # 2. ids: every sharded feature's values, then its lengths, of every rank
+        mine = torch.cat([torch.cat([v, torch.diff(o)]) for v, o in
+                          (ragged[f] for f in self.sharded_features)]).to(where, torch.long)
+        lengths = [sum(s[1:]) + nf * s[0] for s in sizes]
+        gathered = _gather_uneven(mine, lengths, group=self.group)
+        # 3. pool what this rank owns, for every rank's rows
+        pieces: list[torch.Tensor] = []
+        send_sizes = []
+        for src in range(w):
+            b = self.batch_sizes[src]
+            flat = gathered[src]
+            pos = 0
+            per_feature = {}
+            for j, f in enumerate(self.sharded_features):
+                nnz = int(sizes[src][1 + j])
+                values = flat[pos:pos + nnz]
+                counts = flat[pos + nnz:pos + nnz + b]
+                pos += nnz + b
+                per_feature[f] = (values.to(device), counts.to(device))
+            total = 0
+            for f, name, piece in self._owned_pieces():
+                values, counts = per_feature[f]
+                pooled = self._pool_piece(name, piece, values, counts)
+                pieces.append(pooled.reshape(-1))
+                total += pooled.numel()
+            send_sizes.append(total)
+        recv_sizes = [self._received_width(src) * self.batch_sizes[self.rank] for src in range(w)]
+        send = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
+        received = _all_to_all(send, recv_sizes, send_sizes, self.group)
+        received = _ScaleGrad.apply(received, self.loss_scale_world)
+        # 4. assemble this rank's rows
+        return self._assemble(received, ragged, batch, device)
+
+    def _owned_pieces(self) -> list[tuple[str, str, tuple[int, int, int]]]:
+        """``(feature, table, (rank, start, stop))`` this rank computes, in the order
+        it sends them (the same order every rank expects them)."""
+        return [t for t in self._all_pieces() if t[2][0] == self.rank]
+
+    def _all_pieces(self) -> list[tuple[str, str, tuple[int, int, int]]]:
+        out = []
+        for f in self.sharded_features:
+            name = self.feature_to_table[f]
+            for piece in self.plan.placements[name].pieces():
+                out.append((f, name, piece))
+        return out
+
+    def _piece_width(self, name: str, piece: tuple[int, int, int]) -> int:
+        cfg = self._config_by_name[name]
+        if self.plan[name] == "column_wise":
+            return piece[2] - piece[1]
+        return cfg.dim
+
+    def _received_width(self, src: int) -> int:
+        return sum(self._piece_width(n, p) for _, n, p in self._all_pieces() if p[0] == src)
+
+    def _pool_piece(self, name: str, piece: tuple[int, int, int], values: torch.Tensor,
+                    counts: torch.Tensor) -> torch.Tensor:
+        bag = cast(nn.EmbeddingBag, self.shards[self._table_keys[name]])
+        kind = self.plan[name]
+        if kind != "row_wise" and values.numel() == counts.numel() and bool((counts == 1).all()):
+            # single-hot: a plain gather is ~4x faster than bags of one (as in EmbeddingTables)
+            return F.embedding(values, bag.weight, sparse=bag.sparse)
+        offsets = F.pad(counts.cumsum(0), (1, 0))
+        mode: str = bag.mode
+        if kind == "row_wise":
+            start, stop = piece[1], piece[2]
+            keep = (values >= start) & (values < stop)
+            row = torch.repeat_interleave(torch.arange(counts.numel(), device=values.device),
+                                          counts)
+            offsets = F.pad(torch.bincount(row[keep], minlength=counts.numel()).cumsum(0), (1, 0))
+            values = values[keep] - start
+            mode = "sum"  # partial sums; the requesting rank divides for "mean"
+        return F.embedding_bag(values, bag.weight, offsets, mode=mode, sparse=bag.sparse,
+                               include_last_offset=True)
+
+    def _assemble(self, received: torch.Tensor, ragged: dict[str, tuple[torch.Tensor,
+                  torch.Tensor]], batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+        # received = for src in ranks: for each of src's pieces: (B, width) row-major
+        order = [(f, src, self._piece_width(name, piece))
+                 for src in range(self.world_size)
+                 for f, name, piece in self._all_pieces() if piece[0] == src]
+        # one split (its backward is one cat), not a slice per piece (each slice's
+        # backward would fill a zero tensor the size of the whole message)
+        parts_flat = received.split([batch * width for _, _, width in order])
+        chunks = {(f, src): part.view(batch, width)
+                  for (f, src, width), part in zip(order, parts_flat)}
+        out = {}
+        for f in self.sharded_features:
+            name = self.feature_to_table[f]
+            kind, cfg = self.plan[name], self._config_by_name[name]
+            parts = [chunks[(f, p[0])] for p in self.plan.placements[name].pieces()]
+            if kind == "table_wise":
+                out[f] = parts[0]
+            elif kind == "column_wise":
+                out[f] = torch.cat(parts, dim=1)
+            else:
+                total = torch.stack(parts).sum(dim=0)
+                if cfg.combiner == "mean":
+                    counts = torch.diff(ragged[f][1]).clamp(min=1).to(total.dtype)
+                    total = total / counts[:, None]
+                out[f] = total
+        return out
+
+
+def _device(features: Mapping[str, Any], shards: nn.ModuleDict) -> torch.device:
+    for bag in shards.values():
+        return cast(nn.EmbeddingBag, bag).weight.device
+    for value in features.values():
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def _to_ragged(feature: str, cfg: TableConfig,
+               features: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any accepted layout of a categorical feature as ``(values, offsets)`` int64,
+    with every id checked against the table size (a row-wise shard would otherwise
+    drop an id that no rank owns)."""
+    if feature in features:
+        x = features[feature]
+    elif f"{feature}__values" in features and f"{feature}__offsets" in features:
+        x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
+    else:
+        raise SchemaError(
+            f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
+            f"from the batch; the batch has {sorted(features)}"
+        )
+    if isinstance(x, tuple) and len(x) == 2:
+        first, second = x
+        if first.dim() == 1:
+            values, offsets = first.long(), second.long()
+        else:
+            if first.shape != second.shape:
+                raise ValueError(f"list feature {feature!r}: padded ids {tuple(first.shape)} "
+                                 f"and mask {tuple(second.shape)} differ in shape")
+            mask = second.to(torch.bool)
+            values, offsets = first[mask].long(), F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
+    elif isinstance(x, torch.Tensor):
+        if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
+            mask = features.get(f"{feature}__mask")
+            if mask is None:
+                raise ValueError(
+                    f"list feature {feature!r} arrived as padded ids of shape {tuple(x.shape)} "
+                    "without a mask; pass (padded, mask), the key "
+                    f"{feature + '__mask'!r}, or (values, offsets)"
+                )
+            return _to_ragged(feature, cfg, {feature: (x, mask)})
+        if x.dim() > 2:
+            raise ValueError(f"categorical feature {feature!r}: expected shape (B,), (B, 1) or "
+                             f"(B, L), got {tuple(x.shape)}")
+        values = x.reshape(-1).long()
+        offsets = torch.arange(values.numel() + 1, device=values.device)
+    else:
+        raise TypeError(f"categorical feature {feature!r}: expected an int64 tensor or a "
+                        f"(values, offsets) tuple, got {type(x).__name__}")
+    if values.numel():
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= cfg.cardinality:
+            bad = low if low < 0 else high
+            raise DataError(
+                f"categorical feature {feature!r}: id {bad} is outside table {cfg.name!r} "
+                f"(expected 0 <= id < {cfg.cardinality}); was the data encoded with another "
+                "workflow than the schema the model was built from?"
+            )
+    return values, offsets.long()
+
+
+def _batch_rows(ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                features: Mapping[str, Any]) -> int:
+    for _, offsets in ragged.values():
+        return int(offsets.numel()) - 1
+    for value in features.values():
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[0])
+    return 0
+
+
+# ------------------------------------------------------------------ the wrapper
+
+
+class HybridParallel(nn.Module):
+    ddp: DistributedDataParallel
+    """Shards ``model``'s embedding tables over the ranks and wraps the rest in DDP.
+
+    Build it on every rank from the same seed (the shards are cut from the
+    model's own initial weights; DDP broadcasts rank 0's dense weights). Trained
+    with the global-mean loss, it follows exactly the path of one process
+    training ``model`` on the concatenation of all ranks' batches (rank 0's rows
+    first). Each rank's local mean loss times :attr:`loss_scale` is that global
+    mean's share: ``(loss * model.loss_scale).backward()``;
+    :func:`~tabstream.train.torch.fit` does this itself. When every rank's batch
+    has the same size, ``loss_scale`` is 1.
+
+    Args:
+        model: a module holding :class:`EmbeddingTables` (``DLRM``, ``DCN``, ...).
+        plan: a :class:`ShardingPlan`, or ``{table: type}`` overriding
+            :func:`plan_sharding`'s ``"auto"`` choice for those tables.
+        group: the process group (default: the world).
+        **ddp_kwargs: passed on to ``DistributedDataParallel``.
+
+    Any optimizer works on ``model.parameters()``: shards are ordinary
+    ``nn.EmbeddingBag`` weights (sparse gradients when the table was sparse), so
+    :class:`LazyAdam` and :class:`MultiOptimizer` (``split_embeddings_on_size``
+    finds the shards) apply as on one process.
+    """
+
+    def __init__(self, model: nn.Module, plan: ShardingPlan | Mapping[str, str] | None = None,
+                 group: Any = None, **ddp_kwargs: Any) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"HybridParallel wraps an nn.Module, got {type(model).__name__}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "HybridParallel needs torch.distributed: call "
+                "torch.distributed.init_process_group('gloo' or 'nccl') first (torchrun "
+                "sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+            )
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if not isinstance(plan, ShardingPlan):
+            plan = plan_sharding(model, self.world_size, overrides=plan)
+        elif plan.world_size != self.world_size:
+            raise ValueError(f"HybridParallel: the plan is for {plan.world_size} ranks, but "
+                             f"the process group has {self.world_size}")
+        self.plan = plan
+        self._original_keys = list(model.state_dict())
+        # a group of its own, so that the embedding exchange never interleaves with
+        # DDP's gradient all-reduces on one communicator
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        self._exchange_group = dist.new_group(ranks, backend=dist.get_backend(group))
+        self._sharded: dict[str, ShardedEmbeddingTables] = {}
+        for prefix, tables in [(n, m) for n, m in model.named_modules()
+                               if isinstance(m, EmbeddingTables)]:
+            sharded = ShardedEmbeddingTables(tables, plan, self.rank, self._exchange_group)
+            _set_submodule(model, prefix, sharded)
+            self._sharded[prefix] = sharded
+        unknown = set(plan) - {c.name for s in self._sharded.values() for c in s.configs}
+        if unknown:
+            raise ValueError(f"HybridParallel: the plan names tables {sorted(unknown)} that "
+                             "the model does not have")
+        ignored = [f"model.{p}.shards.{k}.weight" for p, s in self._sharded.items()
+                   for k in s.shards]
+        entry = _Entry(model)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(entry, ignored)
+        self.module = model
+        # kept out of the module tree: the state_dict and parameters are the model's
+        # own (keys "module.…"), not listed twice
+        object.__setattr__(self, "ddp", DistributedDataParallel(
+            entry, process_group=group, **ddp_kwargs))
+        if callable(getattr(model, "compute_loss", None)):
+            # fit trains a model's own objective (TwoTower's in-batch softmax); it must
+            # run through DDP's forward too, or the dense gradients are not averaged
+            object.__setattr__(self, "compute_loss", self._compute_loss)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ddp(*args, **kwargs)
+
+    def _compute_loss(self, features: Mapping[str, Any], labels: Any = None) -> torch.Tensor:
+        """The wrapped model's ``compute_loss``, run through DDP."""
+        return self.ddp(features, labels, _loss=True)
+
+    def train(self, mode: bool = True) -> HybridParallel:
+        super().train(mode)
+        self.ddp.train(mode)
+        return self
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Every rank's batch size in the last forward pass."""
+        for s in self._sharded.values():
+            return s.batch_sizes
+        return []
+
+    @property
+    def loss_scale(self) -> float:
+        """``B_rank * W / B_global`` of the last forward pass: the local mean loss
+        times this, averaged over ranks (as DDP averages gradients), is the mean
+        over the global batch."""
+        sizes = self.batch_sizes
+        total = sum(sizes)
+        return sizes[self.rank] * self.world_size / total if total else 0.0
+
+    def global_mean(self, local_mean: float | torch.Tensor) -> float:
+        """Collective: the mean over all ranks' rows of the last batch, from this
+        rank's mean over its own rows."""
+        sizes = self.batch_sizes
+        value = torch.tensor([float(local_mean) * sizes[self.rank]], dtype=torch.float64,
+                             device=comm_device())
+        dist.all_reduce(value)
+        total = sum(sizes)
+        return float(value) / total if total else float("nan")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective (every rank calls it): the wrapped model's ``state_dict`` as
+        if it had never been sharded, with every table whole, on every rank."""
+        state = self.module.state_dict()
+        for prefix, sharded in self._sharded.items():
+            p = f"{prefix}." if prefix else ""
+            for key in [k for k in state if k.startswith(p + "replicated.")
+                        or k.startswith(p + "shards.")]:
+                del state[key]
+            for cfg in sharded.configs:
+                key = f"{p}{sharded._table_keys[cfg.name]}.weight"
+                if self.plan[cfg.name] == "data_parallel":
+                    state[key] = sharded.replicated[cfg.name].weight.detach().clone()
+                else:
+                    state[key] = self._gather_table(sharded, cfg)
+        return {k: state[k] for k in self._original_keys}
+
+    def _gather_table(self, sharded: ShardedEmbeddingTables, cfg: TableConfig) -> torch.Tensor:
+        place = self.plan.placements[cfg.name]
+        mine = sharded.shard_weights().get(cfg.name)
+        parts = []
+        for k, a, b in place.pieces():
+            if place.kind == "table_wise":
+                shape: tuple[int, int] = (cfg.cardinality, cfg.dim)
+            elif place.kind == "row_wise":
+                shape = (b - a, cfg.dim)
+            else:
+                shape = (cfg.cardinality, b - a)
+            buf = (mine.detach().clone() if k == self.rank and mine is not None
+                   else torch.empty(shape, dtype=torch.float32,
+                                    device=comm_device(self._exchange_group)))
+            dist.broadcast(buf, src=k, group=self._exchange_group)
+            parts.append(buf)
+        if place.kind == "column_wise":
+            return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=0)
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, world_size={self.world_size}"
+
+
+class _Entry(nn.Module):
+    """What DDP wraps: the model's forward, or its ``compute_loss`` when asked."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, _loss: bool = False, **kwargs: Any) -> Any:
+        if _loss:
+            return cast(Any, self.model).compute_loss(*args, **kwargs)
+        return self.model(*args, **kwargs)
+
+
+def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    if not path:
+        raise ValueError("HybridParallel wraps a model that holds EmbeddingTables, not an "
+                         "EmbeddingTables itself")
+    parent_name, _, child = path.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
