@@ -257,7 +257,6 @@ class ParameterServer:
             self._committed = self._mark_state()
         folder = self.path if storage == "disk" else None
         self._tables = {cfg.name: _Table(cfg, self._n_state, folder) for cfg in configs}
-        self._undo: Any = None
         if _meta is None:
             self._write_meta()
         else:
@@ -334,18 +333,16 @@ class ParameterServer:
     # -- undo log (disk) ----------------------------------------------------
 
     def _log(self, index: int, ids: np.ndarray, table: _Table) -> None:
-        if self._undo is None:
-            folder = self.path / _UNDO
-            folder.mkdir(exist_ok=True)
-            self._undo = open(folder / f"from_{self.mark:012d}.log", "ab")
+        folder = self.path / _UNDO
+        folder.mkdir(exist_ok=True)
         body = b"".join([
             np.int64(index).tobytes(), np.int64(len(ids)).tobytes(), ids.tobytes(),
             table.weight[ids].tobytes(), table.state[ids].tobytes(), table.version[ids].tobytes(),
         ])
         # a record counts only when its trailer (length) is there: a write cut short
         # by a crash is recognised and skipped (its rows were not overwritten yet)
-        self._undo.write(_MAGIC + body + np.int64(len(body)).tobytes())
-        self._undo.flush()
+        with open(folder / f"from_{self.mark:012d}.log", "ab") as f:
+            f.write(_MAGIC + body + np.int64(len(body)).tobytes())
 
     def _read_log(self, log: Path) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         data = log.read_bytes()
@@ -399,7 +396,6 @@ class ParameterServer:
                 f"parameter server {self.path} keeps memory snapshots only of its last "
                 f"flush (version {self.mark}); it cannot go back to version {version}"
             )
-        self._close_undo()
         log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
         if log.exists():
             self._roll_back(log)
@@ -411,11 +407,6 @@ class ParameterServer:
         self._committed = self._mark_state()
         self._write_meta()
         self._notify("reset")
-
-    def _close_undo(self) -> None:
-        if self._undo is not None:
-            self._undo.close()
-            self._undo = None
 
     # -- memory snapshots ---------------------------------------------------
 
@@ -604,7 +595,6 @@ class ParameterServer:
         if self.storage == "disk":
             for table in self._tables.values():
                 table.sync()
-            self._close_undo()
         else:
             self._write_snapshot()
         stale = None
@@ -666,7 +656,6 @@ class ParameterServer:
         return counts
 
     def close(self) -> None:
-        self._close_undo()
         for table in self._tables.values():
             table.close()
 
