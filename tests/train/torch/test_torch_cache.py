@@ -190,3 +190,95 @@ def test_fit_checkpoint_and_server_stay_together(tmp_path):
     ckpt["model"]["inputs.embeddings.ps_version"] = torch.tensor(1)
     with pytest.raises(DataError, match="cannot go back to version 1"):
         model2.load_state_dict(ckpt["model"])
+
+
+class Batches(list):
+    """A list of batches that names its data, as a file list would."""
+
+    def __init__(self, batches, data_id):
+        super().__init__(batches)
+        self.data_id = data_id
+
+
+def test_fit_trains_each_new_file_list_as_a_new_pass(tmp_path):
+    import warnings
+
+    torch.manual_seed(0)
+    model = DLRM(schema(), embedding_dim=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    days = [Batches(make_batches(s, n_batches=2), f"day{s}") for s in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NothingToTrainWarning
+        for day in days:
+            history = fit(model, day, opt, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+    ckpt = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)
+    assert ckpt["data_pass"] == 2 and ckpt["data_id"] == "day2" and ckpt["global_step"] == 6
+    assert len(history["loss"]) == 3
+    # the same as training the three lists one after the other without checkpoints
+    torch.manual_seed(0)
+    reference = DLRM(schema(), embedding_dim=8)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for day in days:
+        fit(reference, day, ref_opt, progress=False)
+    for k, v in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v)
+    # the same list again: already trained
+    with pytest.warns(UserWarning, match="nothing to train"):
+        fit(model, days[2], opt, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+
+
+class Crashing(Batches):
+    """Yields its batches, then fails before batch ``at`` (a crash mid-list)."""
+
+    def __init__(self, batches, data_id, at):
+        super().__init__(batches, data_id)
+        self.at = at
+
+    def __iter__(self):
+        for i, batch in enumerate(list.__iter__(self)):
+            if i == self.at:
+                raise KeyboardInterrupt("crash")
+            yield batch
+
+
+def test_fit_refuses_another_file_list_while_one_is_unfinished(tmp_path):
+    torch.manual_seed(0)
+    model = DLRM(schema(), embedding_dim=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, Crashing(make_batches(0, n_batches=4), "day0", at=3), opt,
+            checkpoint_dir=tmp_path / "ck", checkpoint_every=1, progress=False)
+    with pytest.raises(DataError, match=r"stopped inside another file list \(epoch 1, after 3 batches; "
+                                        r"data day0, this loader's data day1\)"):
+        fit(model, Batches(make_batches(1), "day1"), opt, checkpoint_dir=tmp_path / "ck",
+            resume=True, progress=False)
+
+
+@pytest.mark.parametrize("storage", ["disk", "memory"])
+def test_resume_inside_a_file_list_through_the_server_equals_an_uninterrupted_run(tmp_path, storage):
+    configs = table_configs_from_schema(schema().without(["click"]), dim=8)
+    day0, day1 = make_batches(0, n_batches=3), make_batches(1, n_batches=5)
+
+    def build(folder, reopen=False):
+        ps = (ParameterServer.open(folder) if reopen else
+              ParameterServer(folder, configs, storage=storage, optimizer="adam", lr=0.05))
+        torch.manual_seed(0)
+        model = DLRM(schema(), embedding_dim=8, embeddings=CachedEmbeddings(ps, 7))
+        return ps, model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+    ps, model, opt = build(tmp_path / "ref")
+    for i, day in enumerate((day0, day1)):
+        fit(model, Batches(day, f"d{i}"), opt, progress=False)
+    expected = ps.lookup("C2", np.arange(25)), {k: v.clone() for k, v in model.state_dict().items()}
+
+    ps, model, opt = build(tmp_path / "ps")
+    fit(model, Batches(day0, "d0"), opt, checkpoint_dir=tmp_path / "ck", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, Crashing(day1, "d1", at=4), opt, checkpoint_dir=tmp_path / "ck", resume=True,
+            checkpoint_every=2, progress=False)
+    ps.close()  # batch 3 was applied to the server after the last checkpoint: rolled back
+    ps, model, opt = build(tmp_path / "ps", reopen=True)
+    fit(model, Batches(day1, "d1"), opt, checkpoint_dir=tmp_path / "ck", resume=True, progress=False)
+    np.testing.assert_allclose(ps.lookup("C2", np.arange(25)), expected[0], rtol=1e-6, atol=1e-7)
+    for k, v in expected[1].items():
+        torch.testing.assert_close(model.state_dict()[k], v)
