@@ -282,3 +282,20 @@ def test_resume_inside_a_file_list_through_the_server_equals_an_uninterrupted_ru
     np.testing.assert_allclose(ps.lookup("C2", np.arange(25)), expected[0], rtol=1e-6, atol=1e-7)
     for k, v in expected[1].items():
         torch.testing.assert_close(model.state_dict()[k], v)
+
+
+def test_data_identity_of_a_loader_is_its_file_list(tmp_path):
+    import pandas as pd
+
+    import tabstream as ts
+    from tabstream.loaders.torch import Loader
+    from tabstream.train.torch.fit import data_identity
+
+    for day in ("a", "b"):
+        (tmp_path / day).mkdir()
+        pd.DataFrame({"x": np.arange(4.0), "y": np.zeros(4)}).to_parquet(tmp_path / day / "p.parquet")
+    ids = [data_identity(Loader(ts.Dataset(str(tmp_path / d / "p.parquet")), batch_size=2,
+                                labels=["y"])) for d in ("a", "b", "a")]
+    assert ids[0] == ids[2] != ids[1] and ids[0].startswith("files:")
+    assert data_identity([1, 2]) is None
+    assert data_identity(Batches([], "day7")) == "day7"
