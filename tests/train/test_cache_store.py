@@ -239,3 +239,61 @@ def test_kill_9_during_training_reopens_at_a_committed_step(tmp_path, delay):
     np.testing.assert_array_equal(ps.lookup("C1", ids), expected.lookup("C1", ids))
     np.testing.assert_array_equal(ps.optimizer_state("C1", ids), expected.optimizer_state("C1", ids))
     np.testing.assert_array_equal(ps.touched("C1"), expected.touched("C1"))
+
+
+_EXPORTER = textwrap.dedent("""
+    import sys, numpy as np
+    from pathlib import Path
+    from tabstream.train.cache_store import ParameterServer
+    from tabstream.train.tables import TableConfig
+    ps = ParameterServer(sys.argv[1], [TableConfig("C1", 100_000, 8, ("C1",)),
+                                       TableConfig("C2", 1000, 4, ("C2",))])
+    rng = np.random.default_rng(0)
+    k = 0
+    while True:
+        for _ in range(2):
+            ps.apply("C1", rng.integers(0, 100_000, 5000), rng.normal(size=(5000, 8)))
+            ps.apply("C2", rng.integers(0, 1000, 500), rng.normal(size=(500, 4)))
+        ps.export_delta(Path(sys.argv[2]) / f"d{k:04d}")
+        k += 1
+        print(k, flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.11])
+def test_kill_9_during_exports_leaves_complete_chained_deltas(tmp_path, delay):
+    import json
+
+    script = tmp_path / "exporter.py"
+    script.write_text(_EXPORTER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    deltas = tmp_path / "deltas"
+    with subprocess.Popen([sys.executable, str(script), str(tmp_path / "ps"), str(deltas)],
+                          stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            for _ in range(3):
+                proc.stdout.readline()
+            time.sleep(delay)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    ps = ParameterServer.open(tmp_path / "ps")
+    ps.apply("C1", [1], np.ones((1, 8), np.float32))
+    ps.export_delta(deltas / "zfinal")
+    done = sorted(d for d in deltas.iterdir() if not d.name.startswith("."))
+    chain = [json.loads((d / "_delta.json").read_text()) for d in done]
+    # every visible folder is complete, and consecutive exports neither overlap nor miss
+    assert chain[0]["from_version"] == 0
+    for before, after in zip(chain, chain[1:]):
+        assert after["from_version"] == before["to_version"]
+    for d, info in zip(done, chain):
+        for table, rows in info["rows"].items():
+            keys = pd.read_parquet(d / table)["key"]
+            assert len(keys) == rows and keys.is_unique
+    # all rows ever updated are in some delta; the last delta's values are the server's
+    for table in ("C1", "C2"):
+        exported = pd.concat(pd.read_parquet(d / table) for d in done).drop_duplicates("key", keep="last")
+        assert sorted(exported["key"]) == list(ps.touched(table))
+        np.testing.assert_array_equal(np.stack(exported.sort_values("key")["value"].to_numpy()),
+                                      ps.lookup(table, ps.touched(table)))
