@@ -297,3 +297,25 @@ def test_kill_9_during_exports_leaves_complete_chained_deltas(tmp_path, delay):
         assert sorted(exported["key"]) == list(ps.touched(table))
         np.testing.assert_array_equal(np.stack(exported.sort_values("key")["value"].to_numpy()),
                                       ps.lookup(table, ps.touched(table)))
+
+
+def _rss_kb(kind):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(kind)).split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("storage,kind", [("memory", "RssAnon"), ("disk", "RssFile")])
+def test_resident_memory_follows_touched_rows_not_the_table(tmp_path, storage, kind):
+    rows, dim, touched = 10_000_000, 16, 2000
+    ps = ParameterServer(tmp_path / "ps", [TableConfig("C1", rows, dim, ("C1",))], storage=storage,
+                         release_bytes=8 << 20)
+    ids = np.random.default_rng(0).choice(rows, touched, replace=False)
+    before = _rss_kb(kind)
+    for part in np.array_split(ids, 10):
+        ps.apply("C1", part, np.ones((len(part), dim), np.float32))
+    grown_mb = (_rss_kb(kind) - before) / 1024
+    table_mb = rows * dim * 4 * 2 / 2**20  # weights + adagrad state: 1,220 MB
+    # about 3 pages of 4 KB per touched row (weight, state, version) at most
+    assert grown_mb < touched * 3 * 4 / 1024 + 16, (grown_mb, table_mb)
+    np.testing.assert_array_equal(ps.touched("C1"), np.sort(ids))
