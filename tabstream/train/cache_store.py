@@ -44,11 +44,13 @@ rows have been touched since the last release.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import mmap
 import os
 import shutil
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -597,18 +599,24 @@ class ParameterServer:
         for table, parts in per_table.items():
             uniq = np.unique(np.concatenate(parts))
             rows = self.lookup(table, uniq)
-            for listener in list(self._listeners):
-                listener("stage", table, uniq, rows)
+            self._notify("stage", table, uniq, rows)
             staged[table] = len(uniq)
         return staged
 
     def attach(self, listener: Any) -> None:
-        """Register ``listener(event, *args)`` (a cache) for staged rows and resets."""
-        self._listeners.append(listener)
+        """Register ``listener(event, *args)`` (a cache) for staged rows and resets.
+        A bound method is held weakly: attaching does not keep its cache alive."""
+        ref = weakref.WeakMethod(listener) if inspect.ismethod(listener) else (lambda: listener)
+        self._listeners.append(ref)
 
     def _notify(self, event: str, *args: Any) -> None:
-        for listener in list(self._listeners):
-            listener(event, *args)
+        alive = []
+        for ref in self._listeners:
+            listener = ref()
+            if listener is not None:
+                listener(event, *args)
+                alive.append(ref)
+        self._listeners = alive
 
     # -- commit and export ---------------------------------------------------
 

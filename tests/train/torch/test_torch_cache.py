@@ -299,3 +299,17 @@ def test_data_identity_of_a_loader_is_its_file_list(tmp_path):
     assert ids[0] == ids[2] != ids[1] and ids[0].startswith("files:")
     assert data_identity([1, 2]) is None
     assert data_identity(Batches([], "day7")) == "day7"
+
+
+def test_a_dropped_cache_is_not_kept_alive_by_its_server(tmp_path):
+    import gc
+    import weakref
+
+    configs = table_configs_from_schema(schema().without(["click"]), dim=4)
+    ps = ParameterServer(tmp_path / "ps", configs, storage="memory")
+    emb = CachedEmbeddings(ps, cache_rows=4)
+    ref = weakref.ref(emb)
+    del emb
+    gc.collect()
+    assert ref() is None
+    assert ps.prefetch({"C1": [1, 2]}) == {"C1": 2}
