@@ -42,10 +42,10 @@ class CrashingLoader:
     """Wraps a loader and raises after ``after`` batches: a stand-in for a crash."""
 
     def __init__(self, loader: Any, after: int) -> None:
-        self.loader, self.after = loader, after
-        self.data_id = None
         from tabstream.train.torch.fit import data_identity
-        self.data_id = data_identity(loader)
+
+        self.loader, self.after = loader, after
+        self.data_id = data_identity(loader)  # the same file list as the loader it wraps
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
