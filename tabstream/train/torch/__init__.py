@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
+from tabstream.train.torch.cache import CachedEmbeddings, ParameterServer
 from tabstream.train.torch.embeddings import (
     DEFAULT_SPARSE_THRESHOLD,
     EmbeddingTables,
@@ -36,6 +37,7 @@ from tabstream.train.torch.models import DCN, DLRM, TwoTower, WideAndDeep, recal
 from tabstream.train.torch.optimizers import LazyAdam, MultiOptimizer
 
 __all__ = [
+    "CachedEmbeddings",
     "DCN",
     "DEFAULT_SPARSE_THRESHOLD",
     "DLRM",
@@ -48,6 +50,7 @@ __all__ = [
     "MultiOptimizer",
     "NonFiniteLossError",
     "NothingToTrainWarning",
+    "ParameterServer",
     "TableConfig",
     "TwoTower",
     "WideAndDeep",

@@ -38,14 +38,27 @@ class FeatureInputs(nn.Module):
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
         init_scale: float = 0.05,
+        embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
         features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
-        self.embeddings: EmbeddingTables = embedding_tables_from_schema(
-            features, dim=embedding_dim, multiplier=multiplier, sparse=sparse,
-            sparse_threshold=sparse_threshold, combiner=combiner, init_scale=init_scale,
-        )
         categorical = set(features.select_by_tag(Tags.CATEGORICAL).column_names)
+        if embeddings is None:
+            self.embeddings: EmbeddingTables = embedding_tables_from_schema(
+                features, dim=embedding_dim, multiplier=multiplier, sparse=sparse,
+                sparse_threshold=sparse_threshold, combiner=combiner, init_scale=init_scale,
+            )
+        else:
+            # given tables (e.g. CachedEmbeddings): they must serve exactly the
+            # schema's categorical features
+            have = set(getattr(embeddings, "feature_names", ()))
+            if have != categorical:
+                raise SchemaError(
+                    f"embeddings= serves features {sorted(have)} but the schema's categorical "
+                    f"features are {sorted(categorical)}: missing {sorted(categorical - have)}, "
+                    f"extra {sorted(have - categorical)}"
+                )
+            self.embeddings = embeddings  # type: ignore[assignment]
         continuous = [c for c in features.select_by_tag(Tags.CONTINUOUS) if c.name not in categorical]
         lists = [c.name for c in continuous if c.is_list]
         if lists:

@@ -22,10 +22,17 @@ stopped, given a loader that yields the same batches for the same epoch
 model or schema is refused (:class:`~tabstream.errors.SchemaError` naming the file
 and the first differences); a resume that leaves nothing to train says so with a
 :class:`NothingToTrainWarning`.
+
+Continuous training: the checkpoint also records which data it was trained on
+(:func:`data_identity`: the loader's file list). ``fit(resume=True)`` with the same
+``checkpoint_dir`` on *another* file list, after the previous one was trained to
+the end, starts a new pass on it (from epoch 0, with the checkpointed model and
+optimizer); a crash inside a file list resumes inside it on that file list.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -47,6 +54,7 @@ __all__ = [
     "NonFiniteLossError",
     "NothingToTrainWarning",
     "checkpoint_position",
+    "data_identity",
     "evaluate",
     "fit",
     "move_to_device",
@@ -297,6 +305,7 @@ def fit(
     loss_sum, samples = 0.0, 0
     rank, _ = _ranks()
     progress = progress and rank == 0  # one progress bar and one summary line per run
+    data_id, data_pass = data_identity(train_loader), 0
     if resume and path is not None and _checkpoint_exists(path, model):
         ckpt = _read_checkpoint(path, model, device)
         _check_same_model(path, _checkpointed(model), ckpt)
@@ -314,6 +323,7 @@ def fit(
         start_epoch, skip, global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         loss_sum, samples = ckpt["loss_sum"], ckpt["samples"]
         history = {k: list(ckpt["history"].get(k, [])) for k in keys}
+        start_epoch, skip, data_pass = _continue_on(path, ckpt, data_id, start_epoch, skip, epochs)
         if start_epoch >= epochs:
             warnings.warn(
                 f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) and "
@@ -333,6 +343,7 @@ def fit(
             "rng": torch.random.get_rng_state(),
             "epoch": epoch, "step": step, "global_step": global_step,
             "loss_sum": rank_loss_sum, "samples": rank_samples, "history": history,
+            "data_id": data_id or "", "data_pass": data_pass,
         })
 
     for epoch in range(start_epoch, epochs):
@@ -408,6 +419,42 @@ def fit(
         loss_sum, samples = 0.0, 0
         checkpoint(epoch + 1, 0)
     return history
+
+
+def data_identity(loader: Any) -> str | None:
+    """What a checkpoint records of the data it was trained on: ``loader.data_id``
+    when the loader has one, else a hash of a tabstream loader's file list and row
+    count; ``None`` (unknown) for other iterables."""
+    given = getattr(loader, "data_id", None)
+    if given is not None:
+        return str(given)
+    source = getattr(getattr(loader, "core", None), "source", None)
+    files = getattr(source, "files", None)
+    if not files:
+        return None
+    text = "\n".join(sorted(str(f) for f in files)) + f"\n{getattr(source, 'num_rows', '')}"
+    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _continue_on(path: Path | None, ckpt: dict[str, Any], data_id: str | None,
+                 start_epoch: int, skip: int, epochs: int) -> tuple[int, int, int]:
+    """``(start epoch, batches to skip, pass)`` for a resume: continuous training.
+
+    The same data (or data of unknown identity) resumes where the checkpoint
+    stopped. Other data after a finished one starts a new pass over it (epoch 0,
+    model and optimizer as checkpointed); other data while the checkpoint stopped
+    inside its own is refused."""
+    saved, data_pass = ckpt.get("data_id") or None, int(ckpt.get("data_pass", 0))
+    if saved is None or data_id is None or saved == data_id:
+        return start_epoch, skip, data_pass
+    if skip == 0 and start_epoch >= epochs:
+        return 0, 0, data_pass + 1
+    raise DataError(
+        f"fit: checkpoint {path} stopped inside another file list (epoch {start_epoch + 1}, "
+        f"after {skip} batches; data {saved}, this loader's data {data_id})",
+        hint="resume on the file list the checkpoint was written with to finish it first, "
+        "or start over with resume=False",
+    )
 
 
 def _postfix(bar: Any, loss: float, rate: float) -> None:

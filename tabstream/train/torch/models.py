@@ -11,7 +11,10 @@ names (categorical ids int64, continuous float; list columns as in
 
 Common keyword arguments: ``sparse`` / ``sparse_threshold`` (which tables get
 sparse gradients, see :class:`EmbeddingTables`) and ``combiner`` ("sum" or
-"mean", for list columns).
+"mean", for list columns). ``DLRM``, ``DCN`` and ``WideAndDeep`` (its deep part)
+also take ``embeddings=``: ready-made tables serving the schema's categorical
+features, such as a :class:`~tabstream.train.torch.CachedEmbeddings` for tables
+larger than memory.
 """
 
 from __future__ import annotations
@@ -50,12 +53,19 @@ class DLRM(nn.Module):
         sparse: bool | None = None,
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
+        embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, sparse=sparse,
-            sparse_threshold=sparse_threshold, combiner=combiner,
+            sparse_threshold=sparse_threshold, combiner=combiner, embeddings=embeddings,
         )
+        other = {f: d for f, d in self.inputs.embedding_dims.items() if d != embedding_dim}
+        if other:
+            raise ValueError(
+                f"DLRM: every embedding must be embedding_dim={embedding_dim} wide for the dot "
+                f"interaction; the given embeddings have {other}"
+            )
         n_cont = self.inputs.num_continuous
         self.bottom = (
             MLP(n_cont, [*bottom_mlp, embedding_dim], final_activation=True) if n_cont else None
@@ -99,6 +109,7 @@ class DCN(nn.Module):
         sparse: bool | None = None,
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
+        embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if structure not in ("stacked", "parallel"):
@@ -106,7 +117,7 @@ class DCN(nn.Module):
         self.structure = structure
         self.inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
-            sparse_threshold=sparse_threshold, combiner=combiner,
+            sparse_threshold=sparse_threshold, combiner=combiner, embeddings=embeddings,
         )
         width = self.inputs.output_dim
         self.cross = CrossNetwork(width, cross_layers, low_rank=low_rank)
@@ -141,11 +152,12 @@ class WideAndDeep(nn.Module):
         sparse: bool | None = None,
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
+        embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.deep_inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
-            sparse_threshold=sparse_threshold, combiner=combiner,
+            sparse_threshold=sparse_threshold, combiner=combiner, embeddings=embeddings,
         )
         self.deep = MLP(self.deep_inputs.output_dim, [*deep, 1], final_activation=False)
         wide_schema = schema if wide_columns is None else schema.select_by_name(list(wide_columns))

@@ -10,7 +10,7 @@ import tabstream.train.torch as tt  # noqa: E402
 EXPORTED = {
     "DCN", "DEFAULT_SPARSE_THRESHOLD", "DLRM", "MLP", "CrossNetwork", "DotInteraction",
     "EmbeddingTables", "FeatureInputs", "LazyAdam", "MultiOptimizer", "NonFiniteLossError",
-    "NothingToTrainWarning",
+    "NothingToTrainWarning", "CachedEmbeddings", "ParameterServer",
     "TableConfig", "TwoTower", "WideAndDeep", "embedding_tables_from_schema", "evaluate", "fit",
     "infer_embedding_dim", "log_loss", "move_to_device", "recall_at_k", "roc_auc",
     "split_embeddings_on_size", "table_configs_from_schema",

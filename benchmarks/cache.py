@@ -1,0 +1,168 @@
+"""A table larger than memory trained from the on-disk parameter server (issue 13).
+
+A DLRM over one ``rows x 16`` table (``item_id``, Zipf-distributed ids), one
+1,000-row table and 4 continuous features, batch 4096, trained for ``--steps``
+steps in each of these setups, each in a fresh child process:
+
+    disk + cache    ParameterServer(storage="disk", optimizer="adagrad") +
+                    CachedEmbeddings(cache_rows=--cache-rows); MLPs with Adam
+    memory + cache  the same with storage="memory"
+    in memory       DLRM(sparse=True): nn.EmbeddingBag tables + torch Adagrad on
+                    them, Adam on the MLPs (the speed reference)
+
+Each child reports steps/s (after 5 warm-up steps), the cache hit rate, its peak
+RSS (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
+(``st_blocks``) against their apparent size. The ids of every step are drawn
+fresh: ``zipf(a) - 1`` scattered over the table by a multiplicative hash, so hot
+rows are not neighbours on disk.
+
+Usage::
+
+    python benchmarks/cache.py                          # 50M x 16, batch 4096, 200 steps
+    python benchmarks/cache.py --rows 5000000 --steps 100 --skip-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _schema(rows: int):
+    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+
+    def cat(name: str, n: int) -> ColumnSchema:
+        return ColumnSchema(name, "int64", tags=frozenset({Tags.CATEGORICAL}),
+                            properties={"domain": {"min": 0, "max": n - 1}})
+
+    conts = [ColumnSchema(f"x{i}", "float32", tags=frozenset({Tags.CONTINUOUS})) for i in range(4)]
+    label = ColumnSchema("click", "float32", tags=frozenset({Tags.TARGET}))
+    return Schema([cat("item_id", rows), cat("category", 1000), *conts, label])
+
+
+def _batch(rng, rows: int, batch: int, zipf_a: float):
+    import numpy as np
+    import torch
+
+    z = rng.zipf(zipf_a, batch).astype(np.uint64) - np.uint64(1)
+    ids = (z * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(11)) % np.uint64(rows)
+    features = {"item_id": torch.as_tensor(ids.astype(np.int64)),
+                "category": torch.as_tensor(rng.integers(0, 1000, batch))}
+    for i in range(4):
+        features[f"x{i}"] = torch.as_tensor(rng.normal(size=batch), dtype=torch.float32)
+    return features, torch.as_tensor(rng.integers(0, 2, batch), dtype=torch.float32)
+
+
+def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from tabstream.train import table_configs_from_schema
+    from tabstream.train.torch import DLRM, CachedEmbeddings, ParameterServer
+
+    torch.set_num_threads(1)
+    schema = _schema(args.rows)
+    torch.manual_seed(0)
+    out: dict = {"setup": setup}
+    if setup == "in memory":
+        model = DLRM(schema, embedding_dim=16, sparse=True)
+        tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.EmbeddingBag)]
+        table_ids = {id(t) for t in tables}
+        optimizers = [torch.optim.Adagrad(tables, lr=0.05),
+                      torch.optim.Adam([p for p in model.parameters() if id(p) not in table_ids])]
+        emb = None
+    else:
+        storage = "disk" if setup.startswith("disk") else "memory"
+        configs = table_configs_from_schema(schema.without(["click"]), dim=16)
+        ps = ParameterServer(os.path.join(workdir, "ps"), configs, storage=storage,
+                             optimizer="adagrad", lr=0.05)
+        emb = CachedEmbeddings(ps, cache_rows=args.cache_rows)
+        model = DLRM(schema, embedding_dim=16, embeddings=emb)
+        optimizers = [torch.optim.Adam(model.parameters())]
+    rng = np.random.default_rng(0)
+    elapsed = 0.0
+    for step in range(args.steps + 5):
+        features, labels = _batch(rng, args.rows, args.batch, args.zipf)
+        start = time.perf_counter()
+        for o in optimizers:
+            o.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(model(features), labels)
+        loss.backward()
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            for o in optimizers:
+                o.step()
+        if emb is not None and (step + 1) % args.flush_every == 0:
+            emb.ps.flush()
+        if step >= 5:
+            elapsed += time.perf_counter() - start
+    out["steps_per_s"] = args.steps / elapsed
+    out["hit_rate"] = emb.hit_rate if emb is not None else None
+    if setup.startswith("disk"):
+        emb.ps.flush()
+        files = [os.path.join(workdir, "ps", f) for f in os.listdir(os.path.join(workdir, "ps"))
+                 if f.startswith("item_id.")]
+        out["disk_apparent_gb"] = sum(os.stat(f).st_size for f in files) / 1e9
+        out["disk_used_gb"] = sum(os.stat(f).st_blocks * 512 for f in files) / 1e9
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=50_000_000)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--cache-rows", type=int, default=500_000)
+    parser.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent a (> 1)")
+    parser.add_argument("--flush-every", type=int, default=100, help="commit the server every N steps")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the in-memory reference")
+    parser.add_argument("--setups", default="disk + cache,memory + cache,in memory")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args, args.workdir)), flush=True)
+        return
+    setups = [s.strip() for s in args.setups.split(",")]
+    if args.skip_memory:
+        setups = [s for s in setups if s != "in memory"]
+    print(f"table {args.rows:,} x 16 (weights {args.rows * 64 / 1e9:.2f} GB), batch {args.batch}, "
+          f"{args.steps} steps, zipf a={args.zipf}, cache_rows {args.cache_rows:,}", flush=True)
+    results = []
+    for setup in setups:
+        workdir = tempfile.mkdtemp(prefix="tabstream-cache-bench-")
+        try:
+            argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
+            for k in ("rows", "batch", "steps", "cache_rows", "zipf", "flush_every"):
+                argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"{setup}: failed\n{proc.stderr[-2000:]}", flush=True)
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        results.append(r)
+        line = f"{setup:15s} {r['steps_per_s']:8.2f} steps/s  peak RSS {r['peak_rss_gb']:.2f} GB"
+        if r.get("hit_rate") is not None:
+            line += f"  hit rate {r['hit_rate']:.3f}"
+        if "disk_used_gb" in r:
+            line += f"  disk {r['disk_used_gb']:.2f} GB used of {r['disk_apparent_gb']:.2f} GB"
+        print(line, flush=True)
+    reference = next((r for r in results if r["setup"] == "in memory"), None)
+    if reference:
+        for r in results:
+            if r is not reference:
+                print(f"{r['setup']} / in memory steps/s: {r['steps_per_s'] / reference['steps_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

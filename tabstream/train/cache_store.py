@@ -1,0 +1,728 @@
+"""A parameter server for embedding tables larger than memory (no framework needed).
+
+Every table's rows and their optimizer state live here, in memory-mapped files
+(``storage="disk"``) or in host memory (``storage="memory"``); a model reads rows
+with :meth:`ParameterServer.lookup` and hands back one gradient per row with
+:meth:`ParameterServer.apply`, which runs the sparse optimizer on those rows only
+(the "fused" update). ``tabstream.train.torch.CachedEmbeddings`` puts a bounded
+cache of hot rows in front of it::
+
+    >>> ps = ParameterServer("ps/", configs, storage="disk", seed=0, optimizer="adagrad", lr=0.05)
+    >>> ps.lookup("C1", [0, 7])                  # never trained: the initial rows
+    array([[ 0.031, -0.012, ...], [...]], dtype=float32)
+    >>> ps.apply("C1", [7], grads)               # grads: (1, dim) float32
+    >>> ps.flush(); ps.export_delta("delta/0")   # delta/0/C1/part_00000.parquet: key=[7]
+
+Layout of ``path`` (disk storage)::
+
+    _server.json        settings, tables, and the last committed mark (written atomically)
+    C1.weight.f32       cardinality x dim float32, a sparse file
+    C1.state.f32        optimizer state (adagrad: sum of squares; adam: m then v)
+    C1.version.i64      per row: the update counter when it last changed (0: never)
+    _undo/from_<n>.log  the previous values of rows changed after mark n
+
+Why a row costs nothing until it is touched: its initial value is a hash of
+(seed, table, row, column), computed when the row is read, and nothing is written
+for it until it is updated; the files are created with ``truncate``, so the
+filesystem stores holes for the untouched parts (``os.stat(...).st_blocks``).
+
+Crash safety: before a row is overwritten its old value is appended to the undo
+log; :meth:`flush` commits a mark (the files are synced, the log restarts).
+:meth:`open` rolls back everything after the last mark, so a server killed at any
+point (``kill -9`` included) reopens exactly as it was at its last ``flush``.
+The log of the interval before the last mark is kept too, so that a training
+checkpoint written just before that mark can still be matched
+(:meth:`rollback_to`).
+
+Why memory maps rather than an embedded key-value store: rows are fixed-size and
+addressed by a dense integer id, so a file offset is the index; reads and writes
+are vectorized numpy gathers/scatters. Pages the process touched count in its
+resident size until released, so the maps are released (``madvise(DONTNEED)``,
+their data stays in the page cache and the files) whenever ``release_bytes`` of
+rows have been touched since the last release.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import mmap
+import os
+import shutil
+import weakref
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tabstream.errors import DataError, SchemaError
+from tabstream.train.tables import TableConfig
+
+__all__ = ["OPTIMIZERS", "STORAGES", "ParameterServer", "initial_rows"]
+
+OPTIMIZERS = ("adagrad", "adam")
+STORAGES = ("disk", "memory")
+_FORMAT = "tabstream.ParameterServer/1"
+_META = "_server.json"
+_UNDO = "_undo"
+_SNAPSHOT = "_snapshot"
+_MAGIC = b"TSUNDO01"
+_DEFAULT_EPS = {"adagrad": 1e-10, "adam": 1e-8}
+
+
+# --------------------------------------------------------------------------
+# deterministic initial values
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def initial_rows(seed: int, table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
+    """The initial value of rows ``ids`` of ``table``: uniform in ``[-scale, scale)``,
+    a function of ``(seed, table, row, column)`` only (a SplitMix64 hash), so any
+    row can be recomputed at any time without storing it.
+
+    >>> initial_rows(0, "C1", np.array([5]), 4, 0.05).shape
+    (1, 4)
+    """
+    ids = np.asarray(ids, dtype=np.uint64)
+    key = np.uint64((int(seed) * 0x100000001B3 + zlib.crc32(table.encode())) % (1 << 64))
+    counter = ids[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
+    bits = _splitmix64(_splitmix64(counter ^ key))
+    unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # 24 bits: exact in f32
+    return ((unit * 2.0 - 1.0) * scale).astype(np.float32)
+
+
+# --------------------------------------------------------------------------
+# storage
+
+
+class _Table:
+    """One table's arrays: weight (n, dim), state (n, k * dim), version (n,)."""
+
+    def __init__(self, cfg: TableConfig, n_state: int, folder: Path | None) -> None:
+        self.cfg = cfg
+        self.n_state = n_state
+        self._maps: list[mmap.mmap] = []
+        self.in_memory = folder is None
+        n, d = cfg.cardinality, cfg.dim
+        if folder is None:  # host memory: zeroed pages are only backed once written
+            self.weight = self._anonymous(np.float32, (n, d))
+            self.state = self._anonymous(np.float32, (n, n_state * d))
+            self.version = self._anonymous(np.int64, (n,))
+        else:
+            self.weight = self._map(folder / f"{cfg.name}.weight.f32", np.float32, (n, d))
+            self.state = self._map(folder / f"{cfg.name}.state.f32", np.float32, (n, n_state * d))
+            self.version = self._map(folder / f"{cfg.name}.version.i64", np.int64, (n,))
+
+    def _anonymous(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        size = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        mm = mmap.mmap(-1, size)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            # with transparent huge pages a row written anywhere would back 2 MB, and
+            # scattered ids would soon back the whole table (measured: 7.2 GB resident
+            # for a 50M x 16 table after 100 steps)
+            mm.madvise(mmap.MADV_NOHUGEPAGE)
+        self._maps.append(mm)
+        return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+    def _map(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        with open(path, "a+b") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                if os.fstat(f.fileno()).st_size not in (0, size):
+                    raise DataError(
+                        f"parameter server file {path} has {os.fstat(f.fileno()).st_size} bytes, "
+                        f"expected {size} ({shape} {np.dtype(dtype).name}); the folder is damaged "
+                        "or was written for other table sizes"
+                    )
+                f.truncate(size)  # a sparse file: holes read as zeros and use no blocks
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE)
+        if hasattr(mmap, "MADV_RANDOM"):
+            # rows are read by scattered ids: without this every fault also maps (and
+            # reads ahead) its neighbours, which multiplied the resident size by ~4
+            mm.madvise(mmap.MADV_RANDOM)
+        self._maps.append(mm)
+        return np.frombuffer(mm, dtype=dtype).reshape(shape)
+
+    def release(self) -> None:
+        """Drop this process's mapping of the pages (the data stays in the files)."""
+        # No msync needed: in a shared file mapping, dropped pages stay in the page
+        # cache, dirty ones included, and reach the file as usual (flush() syncs).
+        if self.in_memory:
+            return  # DONTNEED on anonymous memory would zero it
+        for mm in self._maps:
+            if hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
+
+    def sync(self) -> None:
+        if self.in_memory:
+            return
+        for mm in self._maps:
+            mm.flush()
+
+    def close(self) -> None:
+        self.weight = self.state = self.version = None  # type: ignore[assignment]
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:  # a caller still holds a view; the map closes with it
+                pass
+        self._maps = []
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _config_dict(cfg: TableConfig) -> dict[str, Any]:
+    return {"name": cfg.name, "cardinality": cfg.cardinality, "dim": cfg.dim,
+            "feature_names": list(cfg.feature_names), "is_list": cfg.is_list,
+            "combiner": cfg.combiner}
+
+
+class ParameterServer:
+    """Embedding rows and their optimizer state, on disk or in host memory.
+
+    Args:
+        path: the server's folder (created; must not already hold a server, reopen
+            one with :meth:`open`). ``storage="memory"`` keeps its snapshots there.
+        table_configs: the tables (``TableConfig``, e.g. from
+            ``table_configs_from_schema``); their ``feature_names`` map batch
+            columns (and keyset columns) to tables.
+        storage: ``"disk"`` (memory-mapped sparse files) or ``"memory"``.
+        seed: with the table name, row and column, fixes every initial value.
+        optimizer: ``"adagrad"`` (``torch.optim.Adagrad``'s sparse rule) or
+            ``"adam"`` (``LazyAdam``'s rule, one step counter per table).
+        lr, betas, eps: the optimizer's settings (``eps`` defaults to 1e-10 for
+            adagrad, 1e-8 for adam, as in torch).
+        init_scale: initial rows are uniform in ``[-init_scale, init_scale)``.
+        release_bytes: release the memory maps after this many bytes of rows
+            were touched (bounds the resident size of the process).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        table_configs: Iterable[TableConfig],
+        storage: str = "disk",
+        seed: int = 0,
+        optimizer: str = "adagrad",
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float | None = None,
+        init_scale: float = 0.05,
+        release_bytes: int = 256 << 20,
+        _meta: dict[str, Any] | None = None,
+    ) -> None:
+        if storage not in STORAGES:
+            raise ValueError(f"ParameterServer: storage must be one of {STORAGES}, got {storage!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"ParameterServer: optimizer must be one of {OPTIMIZERS}, got {optimizer!r}"
+            )
+        if not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"ParameterServer: lr must be a positive number, got {lr!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"ParameterServer: seed must be an int, got {seed!r}")
+        configs = tuple(table_configs)
+        for cfg in configs:
+            if not isinstance(cfg, TableConfig):
+                raise TypeError(
+                    f"ParameterServer: table_configs must be TableConfig objects, got "
+                    f"{type(cfg).__name__}"
+                )
+            if "/" in cfg.name or cfg.name.startswith(("_", ".")) or not cfg.name:
+                raise ValueError(
+                    f"ParameterServer: table name {cfg.name!r} cannot name a file (no '/', "
+                    "not starting with '_' or '.')"
+                )
+        if not configs:
+            raise ValueError("ParameterServer: no tables given")
+        self.path = Path(path)
+        self.configs = configs
+        self.storage, self.seed, self.optimizer = storage, int(seed), optimizer
+        self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
+        self.eps = float(_DEFAULT_EPS[optimizer] if eps is None else eps)
+        self.init_scale = float(init_scale)
+        self.release_bytes = int(release_bytes)
+        self._by_name = {cfg.name: cfg for cfg in configs}
+        self.feature_to_table = {f: cfg.name for cfg in configs for f in cfg.feature_names}
+        self._n_state = 1 if optimizer == "adagrad" else 2
+        self._touched = 0
+        self._listeners: list[Any] = []
+        if _meta is None:
+            if (self.path / _META).exists():
+                raise DataError(
+                    f"{self.path} already holds a parameter server; reopen it with "
+                    f"ParameterServer.open({str(self.path)!r}) or use another folder"
+                )
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.version = 0  # update counter: +1 per apply()
+            self.table_steps = {cfg.name: 0 for cfg in configs}
+            self.last_export = 0
+            self.mark, self.previous_mark = 0, None
+            self._previous_state: dict[str, Any] | None = None
+            self._committed = self._mark_state()
+        folder = self.path if storage == "disk" else None
+        self._tables = {cfg.name: _Table(cfg, self._n_state, folder) for cfg in configs}
+        if _meta is None:
+            self._write_meta()
+        else:
+            self._restore(_meta)
+
+    # -- persistence --------------------------------------------------------
+
+    def _settings(self) -> dict[str, Any]:
+        return {"format": _FORMAT, "storage": self.storage, "seed": self.seed,
+                "optimizer": self.optimizer, "lr": self.lr, "betas": list(self.betas),
+                "eps": self.eps, "init_scale": self.init_scale,
+                "tables": [_config_dict(c) for c in self.configs]}
+
+    def _mark_state(self) -> dict[str, Any]:
+        return {"version": self.version, "table_steps": dict(self.table_steps),
+                "last_export": self.last_export}
+
+    def _write_meta(self) -> None:
+        meta = self._settings()
+        meta["mark"] = self._committed
+        meta["previous"] = self._previous_state
+        _write_json(self.path / _META, meta)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], release_bytes: int = 256 << 20) -> ParameterServer:
+        """Reopen the server in ``path`` as it was at its last :meth:`flush` (changes
+        made after it, e.g. by a process that was killed, are rolled back)."""
+        meta_path = Path(path) / _META
+        if not meta_path.exists():
+            raise DataError(
+                f"{path} holds no parameter server ({_META} is missing); create one with "
+                "ParameterServer(path, table_configs, ...)"
+            )
+        try:
+            meta = json.loads(meta_path.read_text())
+            configs = [TableConfig(t["name"], int(t["cardinality"]), int(t["dim"]),
+                                   tuple(t["feature_names"]), bool(t["is_list"]), t["combiner"])
+                       for t in meta["tables"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{meta_path} is not a readable parameter server file: {exc}") from exc
+        if meta.get("format") != _FORMAT:
+            raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT!r}")
+        return cls(path, configs, storage=meta["storage"], seed=meta["seed"],
+                   optimizer=meta["optimizer"], lr=meta["lr"], betas=tuple(meta["betas"]),
+                   eps=meta["eps"], init_scale=meta["init_scale"], release_bytes=release_bytes,
+                   _meta=meta)
+
+    def _restore(self, meta: dict[str, Any]) -> None:
+        mark = meta["mark"]
+        self.version = int(mark["version"])
+        self.table_steps = {k: int(v) for k, v in mark["table_steps"].items()}
+        self.last_export = int(mark["last_export"])
+        self.mark = self.version
+        self._committed = self._mark_state()
+        self._previous_state = meta.get("previous")
+        self.previous_mark = (int(self._previous_state["version"])
+                              if self._previous_state else None)
+        pending = meta.get("pending_export")
+        if pending is not None:  # an export_delta that may have been cut short
+            if Path(pending["dir"]).exists():
+                self.last_export = int(pending["version"])
+                self._committed = self._mark_state()
+            self._write_meta()
+        if self.storage == "disk":
+            undo = self.path / _UNDO
+            for log in sorted(undo.glob("from_*.log")) if undo.exists() else []:
+                if int(log.stem.split("_")[1]) >= self.mark:  # written after the last mark
+                    self._roll_back(log)
+            for table in self._tables.values():
+                table.sync()
+        else:
+            self._load_snapshot()
+
+    # -- undo log (disk) ----------------------------------------------------
+
+    def _log(self, index: int, ids: np.ndarray, table: _Table) -> None:
+        folder = self.path / _UNDO
+        folder.mkdir(exist_ok=True)
+        body = b"".join([
+            np.int64(index).tobytes(), np.int64(len(ids)).tobytes(), ids.tobytes(),
+            table.weight[ids].tobytes(), table.state[ids].tobytes(), table.version[ids].tobytes(),
+        ])
+        # a record counts only when its trailer (length) is there: a write cut short
+        # by a crash is recognised and skipped (its rows were not overwritten yet)
+        with open(folder / f"from_{self.mark:012d}.log", "ab") as f:
+            f.write(_MAGIC + body + np.int64(len(body)).tobytes())
+
+    def _read_log(self, log: Path) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        data = log.read_bytes()
+        names = [c.name for c in self.configs]
+        records, pos = [], 0
+        while pos + 24 <= len(data):
+            if data[pos:pos + 8] != _MAGIC:
+                break
+            index, n = np.frombuffer(data, np.int64, 2, pos + 8)
+            table = self._tables[names[int(index)]]
+            d, k = table.cfg.dim, table.n_state
+            size = 16 + 8 * n + 4 * n * d + 4 * n * d * k + 8 * n
+            end = pos + 8 + size
+            if end + 8 > len(data) or int(np.frombuffer(data, np.int64, 1, end)[0]) != size:
+                break  # the last record was cut short: its rows were not touched yet
+            at = pos + 24
+            ids = np.frombuffer(data, np.int64, n, at)
+            at += 8 * n
+            w = np.frombuffer(data, np.float32, n * d, at).reshape(n, d)
+            at += 4 * n * d
+            s = np.frombuffer(data, np.float32, n * d * k, at).reshape(n, d * k)
+            at += 4 * n * d * k
+            v = np.frombuffer(data, np.int64, n, at)
+            records.append((int(index), ids, w, s, v))
+            pos = end + 8
+        return records
+
+    def _roll_back(self, log: Path) -> None:
+        names = [c.name for c in self.configs]
+        for index, ids, w, s, v in reversed(self._read_log(log)):
+            table = self._tables[names[index]]
+            table.weight[ids], table.state[ids], table.version[ids] = w, s, v
+        for table in self._tables.values():
+            table.sync()
+        log.unlink()  # rolling back twice is harmless: the values are absolute
+
+    def rollback_to(self, version: int) -> None:
+        """Return to the mark before the last one (``version ==
+        previous_mark``): used when a training checkpoint was written just before
+        the server's last :meth:`flush` and the process died in between."""
+        if version == self.mark:
+            return
+        if version != self.previous_mark or self._previous_state is None:
+            raise DataError(
+                f"parameter server {self.path} is at version {self.mark} (previous mark "
+                f"{self.previous_mark}); it cannot go back to version {version}. Is this the "
+                "server this checkpoint was trained with?"
+            )
+        if self.storage == "memory":
+            raise DataError(
+                f"parameter server {self.path} keeps memory snapshots only of its last "
+                f"flush (version {self.mark}); it cannot go back to version {version}"
+            )
+        log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
+        if log.exists():
+            self._roll_back(log)
+        state = self._previous_state
+        self.version = int(state["version"])
+        self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
+        self.last_export = int(state["last_export"])
+        self.mark, self.previous_mark, self._previous_state = self.version, None, None
+        self._committed = self._mark_state()
+        self._write_meta()
+        self._notify("reset")
+
+    # -- memory snapshots ---------------------------------------------------
+
+    def _write_snapshot(self) -> None:
+        tmp = self.path / f".{_SNAPSHOT}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, table in self._tables.items():
+            ids = np.flatnonzero(table.version)
+            np.save(tmp / f"{name}.ids.npy", ids, allow_pickle=False)
+            np.save(tmp / f"{name}.weight.npy", table.weight[ids], allow_pickle=False)
+            np.save(tmp / f"{name}.state.npy", table.state[ids], allow_pickle=False)
+            np.save(tmp / f"{name}.version.npy", table.version[ids], allow_pickle=False)
+        _write_json(tmp / "mark.json", self._mark_state())
+        final, old = self.path / _SNAPSHOT, self.path / f".{_SNAPSHOT}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _load_snapshot(self) -> None:
+        folder = self.path / _SNAPSHOT
+        if not folder.exists() and (self.path / f".{_SNAPSHOT}.old").exists():
+            folder = self.path / f".{_SNAPSHOT}.old"  # killed between the two renames
+        if not folder.exists():
+            return
+        mark = json.loads((folder / "mark.json").read_text())
+        self.version = self.mark = int(mark["version"])
+        self.table_steps = {k: int(v) for k, v in mark["table_steps"].items()}
+        self.last_export = max(self.last_export, int(mark["last_export"]))
+        self._committed = self._mark_state()
+        for name, table in self._tables.items():
+            ids = np.load(folder / f"{name}.ids.npy", allow_pickle=False)
+            table.weight[ids] = np.load(folder / f"{name}.weight.npy", allow_pickle=False)
+            table.state[ids] = np.load(folder / f"{name}.state.npy", allow_pickle=False)
+            table.version[ids] = np.load(folder / f"{name}.version.npy", allow_pickle=False)
+
+    # -- reading and updating ------------------------------------------------
+
+    def table(self, name: str) -> TableConfig:
+        if name not in self._by_name:
+            raise SchemaError(
+                f"parameter server {self.path} has no table {name!r}; it has "
+                f"{sorted(self._by_name)}"
+            )
+        return self._by_name[name]
+
+    def _ids(self, name: str, ids: Any) -> np.ndarray:
+        cfg = self.table(name)
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"table {name!r}: ids must be integers, got dtype {arr.dtype}")
+        arr = arr.reshape(-1).astype(np.int64, copy=False)
+        if arr.size and (arr.min() < 0 or arr.max() >= cfg.cardinality):
+            bad = int(arr[(arr < 0) | (arr >= cfg.cardinality)][0])
+            raise ValueError(
+                f"table {name!r}: id {bad} is out of range; the table has "
+                f"{cfg.cardinality} rows (ids 0..{cfg.cardinality - 1})"
+            )
+        return arr
+
+    def lookup(self, table: str, ids: Any) -> np.ndarray:
+        """Rows ``ids`` of ``table``, ``(len(ids), dim)`` float32 (a copy)."""
+        arr = self._ids(table, ids)
+        t = self._tables[table]
+        rows = t.weight[arr]
+        fresh = t.version[arr] == 0
+        if fresh.any():
+            rows[fresh] = initial_rows(self.seed, table, arr[fresh], t.cfg.dim, self.init_scale)
+        self._count(t, len(arr))
+        return rows
+
+    def touched(self, table: str) -> np.ndarray:
+        """Sorted ids of the rows of ``table`` that were ever updated."""
+        self.table(table)
+        return self._scan(table, 0)
+
+    def _scan(self, table: str, after: int) -> np.ndarray:
+        t = self._tables[table]
+        step = 1 << 22  # 32 MB of versions at a time, then released
+        found = [np.flatnonzero(t.version[i:i + step] > after) + i
+                 for i in range(0, t.cfg.cardinality, step)]
+        if self.storage == "disk":
+            t.release()
+        return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
+
+    def _count(self, t: _Table, n: int) -> None:
+        if self.storage != "disk":
+            return
+        # a row read or written maps whole pages of its three files: with ids spread
+        # over the table that is a page per row and file, whatever the row's size
+        self._touched += n * 3 * max(mmap.PAGESIZE, t.cfg.dim * 4 * t.n_state)
+        if self._touched >= self.release_bytes:
+            for table in self._tables.values():
+                table.release()
+            self._touched = 0
+
+    def apply(self, table: str, ids: Any, grads: Any) -> np.ndarray:
+        """One optimizer step of ``table`` on rows ``ids`` with gradients ``grads``
+        (``(len(ids), dim)``; duplicate ids are summed first). Returns the new rows
+        of ``np.unique(ids)``, in that (sorted) order."""
+        arr = self._ids(table, ids)
+        t = self._tables[table]
+        g = np.asarray(grads, dtype=np.float32).reshape(len(arr), -1)
+        if g.shape[1] != t.cfg.dim:
+            raise ValueError(
+                f"table {table!r}: gradients have {g.shape[1]} columns, the table's dim is "
+                f"{t.cfg.dim}"
+            )
+        uniq, inverse = np.unique(arr, return_inverse=True)
+        if len(uniq) != len(arr):
+            summed = np.zeros((len(uniq), g.shape[1]), np.float32)
+            np.add.at(summed, inverse, g)
+            g = summed
+        else:
+            g = g[np.argsort(arr, kind="stable")]
+        w = self.lookup(table, uniq)
+        s = t.state[uniq]
+        if self.storage == "disk":
+            self._log([c.name for c in self.configs].index(table), uniq, t)
+        self.table_steps[table] += 1
+        d = t.cfg.dim
+        if self.optimizer == "adagrad":
+            s += g * g
+            w -= self.lr * (g / (np.sqrt(s) + np.float32(self.eps)))
+        else:
+            b1, b2 = self.betas
+            step = self.table_steps[table]
+            m, v = s[:, :d], s[:, d:]
+            m += (g - m) * np.float32(1.0 - b1)  # m.lerp_(g, 1 - b1)
+            v *= np.float32(b2)
+            v += np.float32(1.0 - b2) * g * g
+            denom = np.sqrt(v) / np.float32(math.sqrt(1.0 - b2**step)) + np.float32(self.eps)
+            w -= np.float32(self.lr / (1.0 - b1**step)) * (m / denom)
+        self.version += 1
+        t.weight[uniq] = w
+        t.state[uniq] = s
+        t.version[uniq] = self.version
+        return w
+
+    def optimizer_state(self, table: str, ids: Any) -> np.ndarray:
+        """The optimizer state of rows ``ids``: ``(n, dim)`` sums of squares (adagrad)
+        or ``(n, 2 * dim)`` first then second moments (adam); zeros when untouched."""
+        arr = self._ids(table, ids)
+        return self._tables[table].state[arr].copy()
+
+    # -- staging --------------------------------------------------------------
+
+    def prefetch(self, keysets: Any) -> dict[str, int]:
+        """Stage the rows of the keysets of a file list before training on it.
+
+        ``keysets``: an export folder written with ``write_keysets=True`` (all its
+        ``_keysets/*.parquet``), one or several keyset files or folders, or a
+        mapping ``{column_or_table: ids}``. The rows are read in id order (so the
+        operating system brings their pages in ahead of training) and offered to
+        every attached ``CachedEmbeddings``, which keeps as many as fit in its cache.
+        Returns ``{table: number of distinct ids}``.
+        """
+        per_table: dict[str, list[np.ndarray]] = {}
+        for column, ids in _read_keysets(keysets):
+            table = self.feature_to_table.get(column, column if column in self._by_name else None)
+            if table is None:
+                continue  # a categorical column this server has no table for
+            per_table.setdefault(table, []).append(self._ids(table, ids))
+        staged = {}
+        for table, parts in per_table.items():
+            uniq = np.unique(np.concatenate(parts))
+            rows = self.lookup(table, uniq)
+            self._notify("stage", table, uniq, rows)
+            staged[table] = len(uniq)
+        return staged
+
+    def attach(self, listener: Any) -> None:
+        """Register ``listener(event, *args)`` (a cache) for staged rows and resets.
+        A bound method is held weakly: attaching does not keep its cache alive."""
+        ref = weakref.WeakMethod(listener) if inspect.ismethod(listener) else (lambda: listener)
+        self._listeners.append(ref)
+
+    def _notify(self, event: str, *args: Any) -> None:
+        alive = []
+        for ref in self._listeners:
+            listener = ref()
+            if listener is not None:
+                listener(event, *args)
+                alive.append(ref)
+        self._listeners = alive
+
+    # -- commit and export ---------------------------------------------------
+
+    def flush(self) -> int:
+        """Commit: make the current rows what :meth:`open` returns after a crash.
+        Returns the version committed."""
+        if self.storage == "disk":
+            for table in self._tables.values():
+                table.sync()
+        else:
+            self._write_snapshot()
+        stale = None
+        if self.version != self.mark:
+            # the log of [old mark, now) is kept for rollback_to(old mark); the one
+            # before it is no longer needed
+            stale = self.previous_mark
+            self._previous_state = self._committed
+            self.previous_mark = self.mark
+        self.mark = self.version
+        self._committed = self._mark_state()
+        self._write_meta()
+        if self.storage == "disk" and stale is not None:
+            log = self.path / _UNDO / f"from_{stale:012d}.log"
+            if log.exists():
+                log.unlink()
+        return self.version
+
+    def export_delta(self, directory: str | os.PathLike[str]) -> dict[str, int]:
+        """Write the rows updated since the previous export, per table, to
+        ``directory/<table>/part_00000.parquet`` (columns ``key`` int64, ``value``
+        list<float32>), plus ``directory/_delta.json``. The folder is written under a
+        temporary name and renamed: it is complete or absent. Commits first
+        (:meth:`flush`). Returns ``{table: rows written}``."""
+        out = Path(directory)
+        if out.exists():
+            raise DataError(
+                f"export_delta: {out} already exists; each export goes to a new folder"
+            )
+        self.flush()
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        counts = {}
+        for cfg in self.configs:
+            ids = self._scan(cfg.name, self.last_export)
+            rows = self.lookup(cfg.name, ids)
+            values = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), cfg.dim)
+            table = pa.table({"key": pa.array(ids, pa.int64()),
+                              "value": values.cast(pa.list_(pa.float32()))})
+            (tmp / cfg.name).mkdir()
+            pq.write_table(table, tmp / cfg.name / "part_00000.parquet")
+            counts[cfg.name] = len(ids)
+        _write_json(tmp / "_delta.json", {"from_version": self.last_export,
+                                         "to_version": self.version, "rows": counts})
+        # Recorded before the rename: if the process dies right after it, open()
+        # sees the folder and counts the export as done (no row is exported twice).
+        meta = self._settings()
+        meta["mark"] = self._committed
+        meta["previous"] = self._previous_state
+        meta["pending_export"] = {"dir": str(out.resolve()), "version": self.version}
+        _write_json(self.path / _META, meta)
+        os.replace(tmp, out)
+        self.last_export = self.version
+        self._committed = self._mark_state()
+        self._write_meta()
+        if self.storage == "memory":
+            self._write_snapshot()
+        return counts
+
+    def close(self) -> None:
+        for table in self._tables.values():
+            table.close()
+
+    def __repr__(self) -> str:
+        return (f"ParameterServer({str(self.path)!r}, {len(self.configs)} tables, "
+                f"storage={self.storage!r}, optimizer={self.optimizer!r}, version={self.version})")
+
+
+def _read_keysets(keysets: Any) -> Iterable[tuple[str, np.ndarray]]:
+    if isinstance(keysets, Mapping):
+        for column, ids in keysets.items():
+            yield str(column), np.asarray(ids)
+        return
+    items: Sequence[Any] = [keysets] if isinstance(keysets, (str, os.PathLike)) else list(keysets)
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            files = sorted((p / "_keysets").glob("*.parquet")) or sorted(p.glob("*.parquet"))
+            if not files:
+                raise DataError(
+                    f"prefetch: {p} holds no keyset files (_keysets/*.parquet); export it "
+                    "with to_parquet(..., write_keysets=True)"
+                )
+        elif p.exists():
+            files = [p]
+        else:
+            raise FileNotFoundError(f"prefetch: keyset file or folder {p} does not exist")
+        for f in files:
+            try:
+                table = pq.read_table(f, columns=["column", "id"])
+            except Exception as exc:
+                raise DataError(
+                    f"prefetch: {f} is not a keyset file (parquet with columns 'column' and "
+                    f"'id'): {exc}"
+                ) from exc
+            columns = table.column("column").to_numpy(zero_copy_only=False)
+            ids = table.column("id").to_numpy()
+            for name in np.unique(columns):
+                yield str(name), ids[columns == name]

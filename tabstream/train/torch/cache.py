@@ -1,0 +1,301 @@
+"""Embedding tables served by a :class:`~tabstream.train.cache_store.ParameterServer`
+through a bounded cache of hot rows, for tables larger than memory.
+
+    >>> ps = ParameterServer("ps/", table_configs_from_schema(schema, dim=16),
+    ...                      storage="disk", optimizer="adagrad", lr=0.05)
+    >>> emb = CachedEmbeddings(ps, cache_rows=1_000_000)
+    >>> model = DLRM(schema, embeddings=emb)            # dense part: any optimizer
+    >>> fit(model, loader, torch.optim.Adam(model.parameters()), checkpoint_dir="ck/")
+
+``CachedEmbeddings`` takes batches in every layout :class:`EmbeddingTables` takes
+(single-hot ids, ragged ``(values, offsets)``, padded ``(ids, mask)``, the
+``__values``/``__offsets``/``__mask`` keys) and returns ``{feature: (B, dim)}``.
+
+Per batch and table, the distinct ids are looked up in the cache (misses are
+read from the server) and gathered into a small leaf tensor; its gradient,
+once backward has summed it, goes straight to the server's fused optimizer
+(:meth:`ParameterServer.apply`), whose new rows replace the cached ones. The
+tables therefore hold no ``nn.Parameter``: the model's optimizer sees only the
+dense part, and gradient clipping does not reach the tables (as with TorchRec's
+fused optimizers).
+
+The cache is write-through: every update is in the server before the step
+ends, so evicting a row (least recently used first) writes nothing and a crash
+loses no row that was only cached. ``state_dict`` commits the server
+(``ps.flush()``) and records its version, so a ``fit`` checkpoint and the
+server always describe the same step; loading a checkpoint written just before
+the server's last commit rolls the server back to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tabstream.errors import DataError, SchemaError
+from tabstream.train.cache_store import ParameterServer
+from tabstream.train.tables import TableConfig
+
+__all__ = ["CachedEmbeddings", "ParameterServer"]
+
+Features = Mapping[str, Any]
+
+
+class _RowCache:
+    """At most ``capacity`` rows of one table, least recently used evicted first."""
+
+    def __init__(self, capacity: int, dim: int) -> None:
+        self.capacity = capacity
+        self.rows = np.zeros((capacity, dim), np.float32)
+        self.keys = np.full(capacity, -1, np.int64)
+        self.used = np.zeros(capacity, np.int64)
+        self.slot: dict[int, int] = {}
+        self.free = list(range(capacity - 1, -1, -1))
+        self.clock = 0
+        self.hits = self.misses = 0
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        get = self.slot.get
+        return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, len(ids))
+
+    def put(self, ids: np.ndarray, rows: np.ndarray, keep: np.ndarray | None = None) -> None:
+        """Cache ``rows`` of ``ids`` (not cached yet); never evicts slots in ``keep``."""
+        if len(ids) > self.capacity:
+            ids, rows = ids[: self.capacity], rows[: self.capacity]
+        need = len(ids) - len(self.free)
+        if need > 0:
+            used = self.used.copy()
+            if keep is not None and len(keep):
+                used[keep] = np.iinfo(np.int64).max
+            victims = np.argpartition(used, need - 1)[:need]
+            victims = victims[used[victims] != np.iinfo(np.int64).max]
+            for key in self.keys[victims].tolist():
+                self.slot.pop(key, None)
+            self.keys[victims] = -1
+            self.free.extend(victims.tolist())
+            if len(self.free) < len(ids):
+                ids, rows = ids[: len(self.free)], rows[: len(self.free)]
+        slots = np.array([self.free.pop() for _ in range(len(ids))], np.int64)
+        self.rows[slots] = rows
+        self.keys[slots] = ids
+        self.used[slots] = self.clock
+        self.slot.update(zip(ids.tolist(), slots.tolist()))
+
+    def clear(self) -> None:
+        self.keys[:] = -1
+        self.slot.clear()
+        self.free = list(range(self.capacity - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+
+class CachedEmbeddings(nn.Module):
+    """An ``nn.Module`` like :class:`EmbeddingTables` whose rows live in ``ps``.
+
+    Args:
+        ps: the parameter server holding every table's rows and optimizer state.
+        cache_rows: at most this many rows per table are kept in memory.
+
+    ``hit_rate`` (cache hits over lookups since construction), ``cached_rows``
+    and ``table_names``/``feature_names``/``output_dims`` describe it.
+    """
+
+    def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000) -> None:
+        super().__init__()
+        if not isinstance(ps, ParameterServer):
+            raise TypeError(f"CachedEmbeddings: ps must be a ParameterServer, got {type(ps).__name__}")
+        if isinstance(cache_rows, bool) or not isinstance(cache_rows, int) or cache_rows < 1:
+            raise ValueError(f"CachedEmbeddings: cache_rows must be an int >= 1, got {cache_rows!r}")
+        self.ps = ps
+        self.configs: tuple[TableConfig, ...] = ps.configs
+        self.feature_to_table: dict[str, str] = dict(ps.feature_to_table)
+        self._config_by_name = {c.name: c for c in self.configs}
+        self._caches = {c.name: _RowCache(min(cache_rows, c.cardinality), c.dim)
+                        for c in self.configs}
+        # the server version this module's rows belong to (checkpointed)
+        self.register_buffer("ps_version", torch.zeros((), dtype=torch.int64))
+        ps.attach(self._on_server_event)
+
+    # -- EmbeddingTables' interface -------------------------------------------
+
+    @property
+    def table_names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.feature_to_table)
+
+    @property
+    def output_dims(self) -> dict[str, int]:
+        return {f: self._config_by_name[t].dim for f, t in self.feature_to_table.items()}
+
+    @property
+    def hit_rate(self) -> float:
+        hits = sum(c.hits for c in self._caches.values())
+        total = hits + sum(c.misses for c in self._caches.values())
+        return hits / total if total else float("nan")
+
+    @property
+    def cached_rows(self) -> dict[str, int]:
+        return {name: len(c) for name, c in self._caches.items()}
+
+    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        by_table: dict[str, list[tuple[str, tuple[torch.Tensor, ...]]]] = {}
+        for feature, table in self.feature_to_table.items():
+            by_table.setdefault(table, []).append(
+                (feature, _parse(feature, self._config_by_name[table], features)))
+        out: dict[str, torch.Tensor] = {}
+        for table, parsed in by_table.items():
+            cfg = self._config_by_name[table]
+            ids = [p[1][0] for p in parsed]
+            flat = torch.cat([i.reshape(-1).to(torch.long) for i in ids]).cpu().numpy()
+            uniq, inverse = np.unique(flat, return_inverse=True)
+            rows = self._rows(table, uniq)
+            weight = torch.from_numpy(rows)
+            device = ids[0].device
+            if device.type != "cpu":
+                weight = weight.to(device)
+            if torch.is_grad_enabled() and self.training:
+                weight.requires_grad_(True)
+                weight.register_post_accumulate_grad_hook(self._updater(table, uniq))
+            local = torch.from_numpy(inverse.reshape(-1)).to(device)
+            start = 0
+            for (feature, tensors), id_tensor in zip(parsed, ids):
+                n = id_tensor.numel()
+                mapped = local[start:start + n].reshape(id_tensor.shape)
+                start += n
+                if len(tensors) == 1:
+                    out[feature] = F.embedding(mapped.reshape(-1), weight)
+                else:
+                    out[feature] = F.embedding_bag(mapped, weight, tensors[1].to(torch.long),
+                                                   mode=cfg.combiner, include_last_offset=True)
+        return out
+
+    # -- cache and server -----------------------------------------------------
+
+    def _rows(self, table: str, uniq: np.ndarray) -> np.ndarray:
+        cache = self._caches[table]
+        cache.clock += 1
+        slots = cache.find(uniq)
+        hit = slots >= 0
+        cache.hits += int(hit.sum())
+        cache.misses += int((~hit).sum())
+        rows = np.empty((len(uniq), self._config_by_name[table].dim), np.float32)
+        rows[hit] = cache.rows[slots[hit]]
+        cache.used[slots[hit]] = cache.clock
+        if (~hit).any():
+            missing = uniq[~hit]
+            fetched = self.ps.lookup(table, missing)
+            rows[~hit] = fetched
+            cache.put(missing, fetched, keep=slots[hit])
+        return rows
+
+    def _updater(self, table: str, uniq: np.ndarray) -> Any:
+        def update(weight: torch.Tensor) -> None:
+            grad = weight.grad
+            weight.grad = None
+            if grad is None:
+                return
+            new = self.ps.apply(table, uniq, grad.detach().cpu().numpy())  # uniq is sorted
+            cache = self._caches[table]
+            slots = cache.find(uniq)
+            cached = slots >= 0
+            cache.rows[slots[cached]] = new[cached]
+        return update
+
+    def _on_server_event(self, event: str, *args: Any) -> None:
+        if event == "reset":  # the server went back to an earlier version
+            for cache in self._caches.values():
+                cache.clear()
+        elif event == "stage":
+            table, ids, rows = args
+            cache = self._caches[table]
+            slots = cache.find(ids)
+            fresh = slots < 0
+            room = max(cache.capacity - len(cache), 0)
+            cache.put(ids[fresh][:room], rows[fresh][:room])
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        self.ps_version.fill_(self.ps.flush())
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        key = prefix + "ps_version"
+        if key in state_dict:
+            wanted = int(state_dict[key])
+            if wanted != self.ps.version:
+                if self.ps.version != self.ps.mark:
+                    raise DataError(
+                        f"parameter server {self.ps.path} holds uncommitted updates (version "
+                        f"{self.ps.version}, last commit {self.ps.mark}); reopen it with "
+                        "ParameterServer.open before loading a checkpoint"
+                    )
+                self.ps.rollback_to(wanted)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+def _parse(feature: str, cfg: TableConfig, features: Features) -> tuple[torch.Tensor, ...]:
+    """``(ids,)`` for single-hot features, ``(values, offsets)`` for lists."""
+    if feature in features:
+        x = features[feature]
+    elif f"{feature}__values" in features and f"{feature}__offsets" in features:
+        x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
+    else:
+        raise SchemaError(
+            f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
+            f"from the batch; the batch has {sorted(features)}"
+        )
+    if isinstance(x, tuple) and len(x) == 2:
+        first, second = x
+        if first.dim() == 1:
+            if second.dim() != 1 or second.numel() < 1:
+                raise ValueError(
+                    f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
+                    f"(arrow style), got shape {tuple(second.shape)}"
+                )
+            return first, second
+        return _ragged_from_padded(feature, first, second)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"categorical feature {feature!r}: expected an int64 tensor or a "
+            f"(values, offsets) tuple, got {type(x).__name__}"
+        )
+    if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
+        if not cfg.is_list:
+            raise ValueError(
+                f"categorical feature {feature!r} is not a list column in the schema "
+                f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
+            )
+        mask = features.get(f"{feature}__mask")
+        if mask is None:
+            raise ValueError(
+                f"list feature {feature!r} arrived as padded ids of shape {tuple(x.shape)} "
+                "without a mask; id 0 is a real id, so padding cannot be told from the ids. "
+                f"Pass (padded, mask), the key {feature + '__mask'!r}, or (values, offsets)"
+            )
+        return _ragged_from_padded(feature, x, mask)
+    if x.dim() > 2:
+        raise ValueError(
+            f"categorical feature {feature!r}: expected shape (B,), (B, 1) or (B, L), "
+            f"got {tuple(x.shape)}"
+        )
+    return (x.reshape(-1),)
+
+
+def _ragged_from_padded(feature: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if ids.shape != mask.shape:
+        raise ValueError(
+            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
+            f"{tuple(mask.shape)} differ in shape"
+        )
+    mask = mask.to(torch.bool)
+    return ids[mask], F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
