@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
-__all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "DotInteraction"]
+__all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction"]
 
 
 def kernel_initializer(seed: int | None, offset: int = 0) -> Any:
@@ -153,6 +153,11 @@ class CrossNetV2(keras.layers.Layer):
         config = super().get_config()
         config.update({"num_layers": self.num_layers, "low_rank": self.low_rank, "seed": self.seed})
         return config
+
+
+#: The name both frameworks use (``tabstream.train.torch.CrossNetwork``); ``CrossNetV2``
+#: stays for code and saved models written before.
+CrossNetwork = CrossNetV2
 
 
 class ContinuousFeatures:
