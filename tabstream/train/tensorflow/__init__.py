@@ -14,8 +14,8 @@ Importing this package imports TensorFlow; ``import tabstream`` alone does not.
 """
 
 from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
-from tabstream.train.tensorflow.blocks import CrossNetV2 as CrossNetV2  # the old name, kept
 from tabstream.train.tensorflow.blocks import MLP, CrossNetwork, DotInteraction
+from tabstream.train.tensorflow.blocks import CrossNetV2 as CrossNetV2  # the old name, kept
 from tabstream.train.tensorflow.embeddings import (
     EmbeddingTable,
     EmbeddingTables,
