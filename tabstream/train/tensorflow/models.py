@@ -2,7 +2,8 @@
 
 Input is ``features: dict[str, Tensor]`` (int ids for categorical columns, floats for
 continuous ones; list columns as in :mod:`.embeddings`). The ranking models
-(:class:`DLRM`, :class:`DCN`, :class:`WideAndDeep`) return **logits** ``[B, 1]``:
+(:class:`DLRM`, :class:`DCN`, :class:`WideAndDeep`) return **logits** ``[B]`` (as the
+torch models do):
 compile them with ``keras.losses.BinaryCrossentropy(from_logits=True)`` and
 :func:`~tabstream.train.tensorflow.binary_classification_metrics` (AUC and log-loss
 with ``from_logits=True``); ``keras.ops.sigmoid(model(x))`` gives probabilities.
@@ -27,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.spec import feature_spec
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (
     MLP,
@@ -53,17 +55,10 @@ def _as_schema(schema: Schema | Mapping[str, Any]) -> Schema:
 
 
 def _features(schema: Schema) -> tuple[Schema, list[str]]:
-    """(categorical feature schema, continuous feature names), targets excluded."""
-    targets = {c.name for c in schema.select_by_tag(Tags.TARGET)}
-    cats = schema.select_by_tag(Tags.CATEGORICAL).without(targets)
-    conts = [c for c in schema.select_by_tag(Tags.CONTINUOUS) if c.name not in targets]
-    lists = [c.name for c in conts if c.is_list]
-    if lists:
-        raise ValueError(
-            f"continuous list columns {lists} are not supported by the bundled models; "
-            "drop them from the schema or reduce them to scalars"
-        )
-    return cats, [c.name for c in conts]
+    """(categorical feature schema, continuous feature names), targets excluded; the
+    shared rules of :func:`tabstream.train.spec.feature_spec`."""
+    spec = feature_spec(schema)
+    return schema.select_by_name(list(spec.categorical)), list(spec.continuous)
 
 
 class _SchemaModel(keras.Model):
@@ -120,7 +115,7 @@ class _SchemaModel(keras.Model):
 class DLRM(_SchemaModel):
     """DLRM: continuous features -> bottom MLP -> a ``embedding_dim`` vector; it and
     every categorical embedding (all ``embedding_dim`` wide) -> pairwise dot products
-    -> concatenated with the bottom output -> top MLP -> logit ``[B, 1]``.
+    -> concatenated with the bottom output -> top MLP -> logit ``[B]``.
 
     ``bottom_mlp`` lists the hidden widths; a final layer of ``embedding_dim`` is added.
     """
@@ -166,7 +161,7 @@ class DLRM(_SchemaModel):
             vectors = [dense, *vectors]
             parts.append(dense)
         parts.append(self.interaction(tf.stack(vectors, axis=1)))
-        return self.head(self.top_mlp(tf.concat(parts, axis=1)))
+        return tf.squeeze(self.head(self.top_mlp(tf.concat(parts, axis=1))), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -182,7 +177,7 @@ class DCN(_SchemaModel):
     """DCN-v2: ``x0`` = concatenated embeddings and continuous features -> cross
     network (``cross_layers`` layers, optionally ``low_rank``) and a deep MLP,
     ``structure="stacked"`` (cross then deep) or ``"parallel"`` (both on ``x0``,
-    concatenated) -> logit ``[B, 1]``. ``embedding_dim=None`` infers each table's size.
+    concatenated) -> logit ``[B]``. ``embedding_dim=None`` infers each table's size.
     """
 
     def __init__(
@@ -227,7 +222,7 @@ class DCN(_SchemaModel):
             out = self.deep(crossed)
         else:
             out = tf.concat([crossed, self.deep(x0)], axis=1)
-        return self.head(out)
+        return tf.squeeze(self.head(out), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -245,7 +240,7 @@ class WideAndDeep(_SchemaModel):
     """Wide & Deep: logit = wide + deep. Wide is a linear model: one weight per
     categorical id (1-wide tables named ``wide_<table>``, zero-initialized, sparse
     gradients) plus a linear layer on the continuous features. Deep is embeddings and
-    continuous features -> MLP -> 1. Output: logit ``[B, 1]``.
+    continuous features -> MLP -> 1. Output: logit ``[B]``.
     """
 
     def __init__(
@@ -287,7 +282,7 @@ class WideAndDeep(_SchemaModel):
             dense = self.continuous(features)
             wide = wide + self.wide_continuous(dense)
             parts.append(dense)
-        return wide + self.head(self.deep(tf.concat(parts, axis=1)))
+        return tf.squeeze(wide + self.head(self.deep(tf.concat(parts, axis=1))), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "embedding_dim": self.embedding_dim, "deep": self.deep_units}

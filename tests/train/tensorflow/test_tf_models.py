@@ -77,7 +77,7 @@ def test_list_feature_layouts_give_the_same_logits(model_cls):
     tuple_mask = {k: v for k, v in padded.items() if k != "tags__mask"}
     tuple_mask["tags"] = (padded["tags"], padded["tags__mask"])
     out_padded = model(padded).numpy()
-    assert out_padded.shape == (64, 1)
+    assert out_padded.shape == (64,)  # as the torch models: one logit per row
     np.testing.assert_allclose(model(ragged).numpy(), out_padded, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model(tuple_mask).numpy(), out_padded, rtol=1e-5, atol=1e-6)
 
