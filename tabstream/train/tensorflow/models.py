@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
-from tabstream.train.spec import feature_spec
+from tabstream.train.spec import check_positive, feature_spec
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (
     MLP,
@@ -315,7 +315,7 @@ class TwoTower(_SchemaModel):
         super().__init__(schema, seed=seed, name=name, **kwargs)
         self.tower_units = list(tower)
         self.embedding_dim = embedding_dim
-        self.temperature = float(temperature)
+        self.temperature = check_positive(temperature, "TwoTower: temperature")
         self.normalize = normalize
         targets = {c.name for c in self.schema.select_by_tag(Tags.TARGET)}
         user = self.schema.select_by_tag(Tags.USER).without(targets)

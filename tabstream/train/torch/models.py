@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.spec import check_positive
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD
 
@@ -218,9 +219,7 @@ class TwoTower(nn.Module):
         both = sorted(set(user.column_names) & set(item.column_names))
         if both:
             raise ValueError(f"TwoTower: columns {both} are tagged both USER and ITEM")
-        if temperature <= 0:
-            raise ValueError(f"TwoTower: temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_positive(temperature, "TwoTower: temperature")
         self.l2_normalize = l2_normalize
 
         def inputs(part: Schema) -> FeatureInputs:
