@@ -310,6 +310,7 @@ class TwoTower(_SchemaModel):
         normalize: bool = True,
         seed: int | None = None,
         name: str = "two_tower",
+        logq_correction: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
@@ -333,6 +334,13 @@ class TwoTower(_SchemaModel):
                 f"duplicate in-batch items and to rank candidates); found {item_ids.column_names}"
             )
         self.item_id = item_ids.column_names[0]
+        self.logq_correction = bool(logq_correction)
+        # Rows seen per item id in training: how often each item is drawn as an
+        # in-batch negative, for the log-Q correction (saved with the weights).
+        self.item_counts = self.add_weight(
+            shape=(int(item_ids[self.item_id].cardinality),), initializer="zeros",
+            trainable=False, name="item_counts", aggregation="only_first_replica",
+        )
         user_cats, user_conts = _features(user)
         item_cats, item_conts = _features(item)
         self.user_continuous = ContinuousFeatures(user_conts)
@@ -393,8 +401,12 @@ class TwoTower(_SchemaModel):
         logits = logits / self.temperature
         batch = tf.shape(logits)[0]
         if x is not None:
-            # Another row with the same item is not a negative: drop it from the softmax.
             item_id = tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
+            if self.logq_correction:
+                # Popular items are in-batch negatives more often: subtract log Q(item)
+                # so the scores estimate the softmax over all items, popularity included.
+                logits = logits - self._log_q(item_id, training)[None, :]
+            # Another row with the same item is not a negative: drop it from the softmax.
             duplicate = tf.logical_and(
                 tf.equal(item_id[:, None], item_id[None, :]),
                 tf.logical_not(tf.eye(batch, dtype=tf.bool)),
@@ -413,6 +425,16 @@ class TwoTower(_SchemaModel):
             loss = loss + tf.add_n(self.losses)
         return loss
 
+    def _log_q(self, item_id: tf.Tensor, training: bool) -> tf.Tensor:
+        """log of each in-batch item's share of the rows seen so far (this batch
+        included when training, so never log 0)."""
+        counts = self.item_counts.value
+        if training:
+            counts.scatter_add(tf.IndexedSlices(tf.ones(tf.shape(item_id), counts.dtype),
+                                                tf.cast(item_id, tf.int64)))
+        share = tf.maximum(tf.gather(counts, item_id), 1.0) / tf.maximum(tf.reduce_sum(counts), 1.0)
+        return tf.math.log(share)
+
     def recall_at_k(
         self,
         data: Iterable[Any],
@@ -425,8 +447,9 @@ class TwoTower(_SchemaModel):
 
         ``data`` yields ``(features, labels)`` (rows with label > 0 count) or
         ``features`` (every row counts). ``candidates`` maps the ITEM columns to arrays
-        with one row per candidate item; by default, every distinct item id seen in
-        ``data`` with its first row's attributes.
+        with one row per candidate item; by default, every distinct item id of the
+        positive rows of ``data`` with its first such row's attributes (the candidates
+        of ``tabstream.train.torch.recall_at_k``).
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -466,7 +489,9 @@ class TwoTower(_SchemaModel):
 
     def _candidates_from(self, batches: list[tuple[Any, Any]]) -> dict[str, np.ndarray]:
         columns: dict[str, list[np.ndarray]] = {n: [] for n in self.item_feature_names}
-        for features, _ in batches:
+        for features, labels in batches:
+            # the items of the positive rows, as tabstream.train.torch.recall_at_k ranks
+            keep = slice(None) if labels is None else np.asarray(labels).reshape(-1) > 0
             for n in self.item_feature_names:
                 value = features[n]
                 if isinstance(value, (tf.RaggedTensor, tf.SparseTensor, tuple, list)):
@@ -474,7 +499,7 @@ class TwoTower(_SchemaModel):
                         f"recall_at_k cannot collect candidates from list column {n!r}; "
                         "pass candidates= with one row per item"
                     )
-                columns[n].append(np.asarray(value))
+                columns[n].append(np.asarray(value)[keep])
         merged = {n: np.concatenate(v) for n, v in columns.items()}
         _, first = np.unique(merged[self.item_id].reshape(-1), return_index=True)
         return {n: v[np.sort(first)] for n, v in merged.items()}
@@ -486,4 +511,5 @@ class TwoTower(_SchemaModel):
             "embedding_dim": self.embedding_dim,
             "temperature": self.temperature,
             "normalize": self.normalize,
+            "logq_correction": self.logq_correction,
         }

@@ -206,6 +206,7 @@ class TwoTower(nn.Module):
         sparse: bool | None = None,
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
+        logq_correction: bool = True,
     ) -> None:
         super().__init__()
         features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
@@ -232,6 +233,12 @@ class TwoTower(nn.Module):
         ids = [c.name for c in item.select_by_tag([Tags.ITEM, Tags.ID]) if not c.is_list]
         cats = [c.name for c in item.select_by_tag(Tags.CATEGORICAL) if not c.is_list]
         self.item_id_column: str | None = next(iter(ids + cats), None)
+        self.logq_correction = bool(logq_correction) and self.item_id_column is not None
+        # Clicks per item id seen in training: the in-batch sampling frequency of
+        # each item as a negative, for the log-Q correction (kept in the state dict,
+        # so a checkpoint resumes with it).
+        cardinality = item[self.item_id_column].cardinality if self.item_id_column else 0
+        self.register_buffer("item_counts", torch.zeros(int(cardinality or 0), dtype=torch.float64))
 
     def query_embeddings(self, features: Features) -> torch.Tensor:
         q = self.query_tower(features)
@@ -260,12 +267,27 @@ class TwoTower(nn.Module):
         if q.shape[0] == 0:  # no positives: a zero loss that leaves every .grad None
             return torch.zeros((), device=q.device, requires_grad=True)
         logits = q @ i.T / self.temperature
+        if ids is not None and len(self.item_counts):
+            log_q = self._log_q(ids)
+            if self.logq_correction:
+                logits = logits - log_q[None, :]
         if ids is not None:
             same_item = ids[:, None] == ids[None, :]
             same_item.fill_diagonal_(False)
             logits = logits.masked_fill(same_item, float("-inf"))
         target = torch.arange(q.shape[0], device=q.device)
         return F.cross_entropy(logits, target)
+
+    def _log_q(self, ids: torch.Tensor) -> torch.Tensor:
+        """log of each in-batch item's share of the positives seen so far (this batch
+        included, so never log 0)."""
+        if self.training:
+            with torch.no_grad():
+                self.item_counts.index_add_(
+                    0, ids, torch.ones(ids.shape, dtype=self.item_counts.dtype, device=ids.device)
+                )
+        counts = self.item_counts[ids].clamp_min(1.0)
+        return torch.log(counts / self.item_counts.sum().clamp_min(1.0)).to(torch.float32)
 
     def recall_at_k(self, loader: Iterable[Any], k: int = 10, device: Any = None) -> float:
         """See :func:`recall_at_k`."""

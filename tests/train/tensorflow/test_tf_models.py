@@ -155,7 +155,7 @@ def test_recall_at_k_equals_brute_force():
 
 def test_in_batch_loss_equals_manual_softmax():
     schema, features, labels = retrieval_data(seed=5, rows=8)
-    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0)
+    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0, logq_correction=False)
     x = {k: tf.constant(v) for k, v in features.items()}
     labels = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
     out = model(x)
@@ -170,6 +170,32 @@ def test_in_batch_loss_equals_manual_softmax():
     expected = np.sum(np.array(expected_rows) * labels) / labels.sum()
     loss = model.compute_loss(x=x, y=tf.constant(labels), y_pred=out)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_in_batch_loss_with_logq_correction_equals_manual_softmax(steps):
+    schema, features, _ = retrieval_data(seed=5, rows=8)
+    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0)
+    x = {k: tf.constant(v) for k, v in features.items()}
+    labels = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
+    out = model(x)
+    for _ in range(steps - 1):  # an earlier training step counted the same items once
+        model.compute_loss(x=x, y=tf.constant(labels), y_pred=out, training=True)
+    q, c = out["query"].numpy(), out["candidate"].numpy()
+    ids = features["item_id"]
+    # every row's item, counted once per step seen (this one included)
+    counts = steps * np.bincount(ids, minlength=int(model.item_counts.shape[0])).astype(np.float64)
+    log_q = np.log(counts[ids] / counts.sum())
+    logits = q @ c.T / 0.5 - log_q[None, :]
+    expected_rows = []
+    for i in range(8):
+        keep = [j for j in range(8) if j == i or ids[j] != ids[i]]
+        row = logits[i, keep]
+        expected_rows.append(np.log(np.exp(row).sum()) - logits[i, i])
+    expected = np.sum(np.array(expected_rows) * labels) / labels.sum()
+    loss = model.compute_loss(x=x, y=tf.constant(labels), y_pred=out, training=True)
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_array_equal(model.item_counts.numpy(), counts)
 
 
 @pytest.mark.slow
