@@ -294,11 +294,15 @@ class TwoTower(_SchemaModel):
     candidate tower (embeddings + continuous -> MLP ``tower``, L2-normalized).
 
     ``model(features)`` returns ``{"query": [B, d], "candidate": [B, d]}``. Training
-    uses in-batch negatives: for row ``i`` the logits are ``<q_i, c_j> / temperature``
-    over the batch's candidates ``j``, the target is ``j = i`` (other rows with the same
-    item id are masked out), and the softmax cross-entropy of a row is weighted by its
-    label when labels are given (rows with label 0 are not positives, but their items
-    still serve as negatives). Compile without a loss: ``model.compile(optimizer=...)``.
+    uses in-batch negatives: for positive row ``i`` the logits are ``<q_i, c_j> /
+    temperature - log Q(item_j)`` over the batch's positive rows ``j``, the target is
+    ``j = i`` (other rows with the same item id are masked out), and the softmax
+    cross-entropy of a row is weighted by its label. Rows with label 0 take no part
+    (all rows are positives without labels). ``Q(item)`` is the item's share of the
+    positives seen in training so far (``item_counts``); the log-Q correction makes the
+    scores estimate the softmax over all items, popularity included, rather than
+    penalizing popular items for being frequent negatives (``logq_correction=False``
+    turns it off). Compile without a loss: ``model.compile(optimizer=...)``.
     """
 
     def __init__(
@@ -397,11 +401,22 @@ class TwoTower(_SchemaModel):
     ) -> tf.Tensor:
         if y_pred is None:
             y_pred = self(x, training=training)
-        logits = tf.matmul(y_pred["query"], y_pred["candidate"], transpose_b=True)
+        query, candidate = y_pred["query"], y_pred["candidate"]
+        item_id = None if x is None else tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
+        if y is not None:
+            # Only the positive rows take part, as queries and as negatives (as in
+            # tabstream.train.torch.TwoTower); a row's loss is weighted by its label.
+            positive = tf.reshape(y, [-1]) > 0
+            query, candidate = tf.boolean_mask(query, positive), tf.boolean_mask(candidate, positive)
+            if item_id is not None:
+                item_id = tf.boolean_mask(item_id, positive)
+            if sample_weight is not None:
+                sample_weight = tf.boolean_mask(tf.reshape(sample_weight, [-1]), positive)
+            y = tf.boolean_mask(tf.reshape(y, [-1]), positive)
+        logits = tf.matmul(query, candidate, transpose_b=True)
         logits = logits / self.temperature
         batch = tf.shape(logits)[0]
-        if x is not None:
-            item_id = tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
+        if item_id is not None:
             if self.logq_correction:
                 # Popular items are in-batch negatives more often: subtract log Q(item)
                 # so the scores estimate the softmax over all items, popularity included.
