@@ -174,6 +174,13 @@ def _rows(features: Any, labels: Any) -> tf.Tensor:
     return tf.shape(first)[0]
 
 
+def _open_spec(structure: Any) -> Any:
+    """``tf.TensorSpec`` of each tensor in ``structure``, every dimension ``None``."""
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), structure
+    )
+
+
 def _worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
     """(this worker's index, number of workers); (0, 1) without a cluster."""
     resolver = getattr(strategy, "cluster_resolver", None)
@@ -237,16 +244,21 @@ def evaluate(
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
     loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
 
-    @tf.function(reduce_retracing=True)
     def predict(features: Any) -> tf.Tensor:
-        return tf.reshape(model(features, training=False), [-1])
+        per_replica = strategy.run(lambda f: tf.reshape(model(f, training=False), [-1]),
+                                   args=(features,))
+        return strategy.experimental_local_results(per_replica)[0]
 
+    compiled: list[Any] = []
     scores, targets, losses = [], [], []
     for batch in loader:
         features, labels = _unpack(batch, "evaluate")
         if labels is None:
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
-        logits = strategy.experimental_local_results(strategy.run(predict, args=(features,)))[0]
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        if not compiled:  # one trace: every dimension open
+            compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
+        logits = compiled[0](features)
         y = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
         scores.append(logits.numpy())
         targets.append(y.numpy())
@@ -385,7 +397,7 @@ def fit(
     per_row_loss = loss_fn if loss_fn is not None else _binary_crossentropy
     checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
 
-    def replica_step(features: Any, labels: Any) -> tf.Tensor:
+    def replica_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
         local = tf.cast(_rows(features, labels), tf.float32)
         total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
         with tf.GradientTape() as tape:
@@ -397,21 +409,30 @@ def fit(
             loss = loss_sum / tf.maximum(total, 1.0)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
-        return loss_sum
+        return loss_sum, local
 
-    @tf.function(reduce_retracing=True)
-    def train_step(features: Any, labels: Any) -> tf.Tensor:
-        per_replica = strategy.run(replica_step, args=(features, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    def global_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        loss_sum, rows = strategy.run(replica_step, args=(features, labels))
+        total = tf.distribute.ReduceOp.SUM
+        return (strategy.reduce(total, loss_sum, axis=None),
+                strategy.reduce(total, rows, axis=None))
 
-    @tf.function(reduce_retracing=True)
-    def count_rows(features: Any, labels: Any) -> tf.Tensor:
-        def rows(f: Any, y: Any) -> tf.Tensor:
-            return tf.cast(_rows(f, y), tf.float32)
+    compiled: list[Any] = []
 
-        return strategy.reduce(
-            tf.distribute.ReduceOp.SUM, strategy.run(rows, args=(features, labels)), axis=None
-        )
+    def train_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        # One trace for every batch: the signature of the first batch with every
+        # dimension left open (list columns change length from batch to batch).
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        if labels is None:
+            if not compiled:
+                compiled.append(tf.function(lambda f: global_step(f, None),
+                                            input_signature=[_open_spec(features)]))
+            return compiled[0](features)
+        labels = tf.convert_to_tensor(labels)
+        if not compiled:
+            compiled.append(tf.function(
+                global_step, input_signature=[_open_spec(features), _open_spec(labels)]))
+        return compiled[0](features, labels)
 
     def build(features: Any) -> None:
         # Variables made here, inside the scope, are mirrored (and, under
@@ -458,8 +479,7 @@ def fit(
                 raise ValueError("fit: the loader yields no labels; build it with labels=")
             if not optimizer.built:
                 build(features)
-            value = float(train_step(features, labels))
-            rows = float(count_rows(features, labels))
+            value, rows = (float(v) for v in train_step(features, labels))
             if not math.isfinite(value):
                 raise NonFiniteLossError(
                     f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1}. Lower "
