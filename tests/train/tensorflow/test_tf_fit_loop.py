@@ -160,3 +160,26 @@ def test_one_replica_mirrored_strategy_trains_like_the_default_strategy():
     fit(mirrored, train, optimizer, epochs=1, strategy=strategy, progress=False)
     for a, b in zip(plain.get_weights(), mirrored.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_two_tower_trains_with_its_own_loss_under_a_strategy():
+    from tf_synthetic import retrieval_data
+
+    from tabstream.train.tensorflow import TwoTower
+
+    schema, features, labels = retrieval_data(seed=0, rows=512)
+    data = [({k: tf.constant(v[i:i + 128]) for k, v in features.items()},
+             tf.constant(labels[i:i + 128])) for i in range(0, 512, 128)]
+    plain = TwoTower(schema, tower=(8,), seed=0)
+    expected = fit(plain, data, LazyAdam(0.01), progress=False)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        mirrored = TwoTower(schema, tower=(8,), seed=0)
+        mirrored(mirrored.example_batch())
+        optimizer = LazyAdam(0.01)
+    got = fit(mirrored, data, optimizer, strategy=strategy, progress=False)
+    assert got["loss"] == [pytest.approx(expected["loss"][0], rel=1e-5)]
+    # the log-Q item counts saw every positive row once
+    counts = np.bincount(features["item_id"][labels > 0], minlength=plain.item_counts.shape[0])
+    np.testing.assert_array_equal(mirrored.item_counts.numpy(), counts)
+    np.testing.assert_array_equal(plain.item_counts.numpy(), counts)
