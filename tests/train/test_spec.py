@@ -186,6 +186,18 @@ def test_ranking_models_return_one_logit_per_row(side, model_name, layout):
     assert np.isfinite(out).all()
 
 
+@pytest.mark.parametrize("column", ["C1", "x"])
+def test_a_feature_missing_from_the_batch_is_a_schema_error(side, column):
+    from tabstream.errors import SchemaError
+
+    model = side.models()["DLRM"](mixed_schema())
+    batch = feature_spec(mixed_schema()).example_batch(3)
+    side.run(model, batch)  # built on a whole batch first
+    del batch[column]
+    with pytest.raises(SchemaError, match=rf"'{column}'.* missing from the (batch|input)"):
+        side.run(model, batch)
+
+
 def test_embedding_tables_follow_the_spec(side):
     schema = mixed_schema()
     spec = feature_spec(schema)

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tabstream.errors import SchemaError
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
 __all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction"]
@@ -173,7 +174,7 @@ class ContinuousFeatures:
     def __call__(self, features: Mapping[str, Any]) -> tf.Tensor:
         missing = [n for n in self.names if n not in features]
         if missing:
-            raise KeyError(
+            raise SchemaError(  # a KeyError, as torch's FeatureInputs raises
                 f"continuous features {missing} are missing from the input; got {sorted(features)}"
             )
         cols = []

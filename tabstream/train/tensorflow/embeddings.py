@@ -43,6 +43,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tabstream.errors import SchemaError
 from tabstream.pipeline.schema import Schema
 from tabstream.train.spec import check_threshold, feature_spec
 from tabstream.train.tables import TableConfig
@@ -337,7 +338,7 @@ class EmbeddingTables(keras.layers.Layer):
             if f not in features and f + VALUES_SUFFIX not in features
         ]
         if missing:
-            raise KeyError(
+            raise SchemaError(  # a KeyError, as torch's EmbeddingTables raises
                 f"EmbeddingTables: features {missing} are missing from the input; "
                 f"got {sorted(features)}"
             )
