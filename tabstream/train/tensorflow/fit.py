@@ -244,9 +244,18 @@ def evaluate(
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
     loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
 
+    def replica_logits(features: Any) -> tf.Tensor:
+        out = model(features, training=False)
+        if not tf.is_tensor(out):
+            raise TypeError(
+                f"evaluate: {type(model).__name__} returns {type(out).__name__}, not logits; "
+                "AUC and log-loss need a model with one logit per row (evaluate a TwoTower "
+                "with its recall_at_k)"
+            )
+        return tf.reshape(out, [-1])
+
     def predict(features: Any) -> tf.Tensor:
-        per_replica = strategy.run(lambda f: tf.reshape(model(f, training=False), [-1]),
-                                   args=(features,))
+        per_replica = strategy.run(replica_logits, args=(features,))
         return strategy.experimental_local_results(per_replica)[0]
 
     compiled: list[Any] = []

@@ -186,7 +186,12 @@ class TwoTower(nn.Module):
     :func:`~tabstream.train.torch.fit`) is the in-batch softmax: each positive row's
     item against the items of the other positive rows (rows with ``label > 0.5``;
     all rows when ``labels`` is None); another row holding the same item id is not
-    counted as a negative. :meth:`recall_at_k` evaluates retrieval on a loader.
+    counted as a negative. With ``logq_correction`` (the default) each negative's
+    logit is lowered by ``log Q(item)``, the item's share of the positives seen in
+    training so far (the buffer ``item_counts``, saved in the state dict): popular
+    items are in-batch negatives more often, and without the correction the model
+    learns to rank them too low (recall@10 far below ranking by popularity).
+    :meth:`recall_at_k` evaluates retrieval on a loader.
 
     >>> model = TwoTower(schema, output_dim=32)       # user_id, age: USER; item_id, cat: ITEM
     >>> model.query_embeddings(features).shape, model.item_embeddings(features).shape

@@ -183,3 +183,15 @@ def test_two_tower_trains_with_its_own_loss_under_a_strategy():
     counts = np.bincount(features["item_id"][labels > 0], minlength=plain.item_counts.shape[0])
     np.testing.assert_array_equal(mirrored.item_counts.numpy(), counts)
     np.testing.assert_array_equal(plain.item_counts.numpy(), counts)
+
+
+def test_validating_a_model_without_logits_is_refused():
+    from tf_synthetic import retrieval_data
+
+    from tabstream.train.tensorflow import TwoTower
+
+    schema, features, labels = retrieval_data(seed=0, rows=128)
+    data = [({k: tf.constant(v) for k, v in features.items()}, tf.constant(labels))]
+    model = TwoTower(schema, tower=(8,), seed=0)
+    with pytest.raises(TypeError, match=r"evaluate: TwoTower returns dict, not logits"):
+        fit(model, data, LazyAdam(0.01), valid_loader=data, progress=False)
