@@ -266,6 +266,22 @@ def test_two_tower_temperature_must_be_a_number(side):
         side.pkg.TwoTower(two_tower_schema(), temperature="0.1")
 
 
+def test_two_tower_vectors_have_the_same_names_and_shapes(side):
+    schema = two_tower_schema()
+    model = side.pkg.TwoTower(schema)
+    batch = feature_spec(schema).example_batch(5)
+    if side.name == "torch":
+        with side.torch.no_grad():
+            q = model.query_embeddings(side.batch(batch)).numpy()
+            c = model.candidate_embeddings(side.batch(batch)).numpy()
+    else:
+        q = np.asarray(model.query_embeddings(side.batch(batch)))
+        c = np.asarray(model.candidate_embeddings(side.batch(batch)))
+    assert q.shape == c.shape == (5, 32)  # both default to 32-wide, L2-normalized vectors
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(c, axis=1), 1.0, rtol=1e-5)
+
+
 def test_cross_network_has_one_name(side):
     block = side.pkg.CrossNetwork
     assert block.__name__ in ("CrossNetwork", "CrossNetV2")

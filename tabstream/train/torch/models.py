@@ -253,6 +253,11 @@ class TwoTower(nn.Module):
         i = self.item_tower(features)
         return F.normalize(i, dim=1) if self.l2_normalize else i
 
+    def candidate_embeddings(self, features: Features) -> torch.Tensor:
+        """``(B, output_dim)`` item vectors: the name Keras' ``TwoTower`` uses too
+        (``item_embeddings`` is the same)."""
+        return self.item_embeddings(features)
+
     def forward(self, features: Features) -> torch.Tensor:
         q, i = self.query_embeddings(features), self.item_embeddings(features)
         return (q * i).sum(dim=1) / self.temperature
