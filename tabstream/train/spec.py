@@ -24,7 +24,7 @@ continuous column is ``(B,)`` float32::
     >>> spec.output_dims, spec.concat_dim      # dims from floor(card ** 0.25 * 2) -> multiple of 8
     ({'C1': 16, 'tags': 8}, 25)
     >>> {k: v.shape for k, v in spec.example_batch(4).items()}     # numpy, ragged lists
-    {'C1': (4,), 'tags__values': (4,), 'tags__offsets': (5,), 'x': (4,)}
+    {'C1': (4,), 'tags__values': (nnz,), 'tags__offsets': (5,), 'x': (4,)}
 
 ``tabstream.train.torch`` and ``tabstream.train.tensorflow`` both call
 :func:`feature_spec` (and the argument checks below), so a schema gives the same
