@@ -10,9 +10,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tabstream.errors import SchemaError
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
-__all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "DotInteraction"]
+__all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction"]
 
 
 def kernel_initializer(seed: int | None, offset: int = 0) -> Any:
@@ -155,6 +156,11 @@ class CrossNetV2(keras.layers.Layer):
         return config
 
 
+#: The name both frameworks use (``tabstream.train.torch.CrossNetwork``); ``CrossNetV2``
+#: stays for code and saved models written before.
+CrossNetwork = CrossNetV2
+
+
 class ContinuousFeatures:
     """Concatenates scalar continuous features into ``[B, n]`` float32 (no weights)."""
 
@@ -168,7 +174,7 @@ class ContinuousFeatures:
     def __call__(self, features: Mapping[str, Any]) -> tf.Tensor:
         missing = [n for n in self.names if n not in features]
         if missing:
-            raise KeyError(
+            raise SchemaError(  # a KeyError, as torch's FeatureInputs raises
                 f"continuous features {missing} are missing from the input; got {sorted(features)}"
             )
         cols = []

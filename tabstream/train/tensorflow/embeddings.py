@@ -50,8 +50,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tabstream.pipeline.schema import Schema, Tags
-from tabstream.train.tables import TableConfig, table_configs_from_schema
+from tabstream.errors import SchemaError
+from tabstream.pipeline.schema import Schema
+from tabstream.train.spec import check_threshold, feature_spec
+from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
 __all__ = [
@@ -413,7 +415,7 @@ class EmbeddingTables(keras.layers.Layer):
             if f not in features and f + VALUES_SUFFIX not in features
         ]
         if missing:
-            raise KeyError(
+            raise SchemaError(  # a KeyError, as torch's EmbeddingTables raises
                 f"EmbeddingTables: features {missing} are missing from the input; "
                 f"got {sorted(features)}"
             )
@@ -449,18 +451,15 @@ def embedding_tables_from_schema(
     :func:`tabstream.train.table_configs_from_schema` (inferred dim =
     ``floor(cardinality ** 0.25 * multiplier)`` rounded up to a multiple of 8).
     """
-    cats = schema.select_by_tag(Tags.CATEGORICAL)
-    cats = cats.without([c.name for c in cats if Tags.TARGET in c.tags])
-    if len(cats) == 0:
+    spec = feature_spec(schema, dim=dim, infer_sizes=infer_sizes, multiplier=multiplier,
+                        combiner=combiner)
+    if not spec.tables:
         raise ValueError(
             f"schema has no categorical feature columns to embed; columns: {schema.column_names}"
         )
-    configs = table_configs_from_schema(
-        cats, dim=dim, infer_sizes=infer_sizes, multiplier=multiplier, combiner=combiner
-    )
-    list_features = [c.name for c in cats if c.is_list]
     return EmbeddingTables(
-        configs, list_features=list_features, initializer=initializer, seed=seed, name=name
+        list(spec.tables), list_features=list(spec.lists), initializer=initializer, seed=seed,
+        name=name,
     )
 
 
@@ -484,8 +483,7 @@ def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], li
         large, small = split_embeddings_on_size(model.embeddings, threshold=100_000)
         optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(), large)])
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise ValueError(f"threshold must be a positive int (rows), got {threshold!r}")
+    check_threshold(threshold)
     large: list[Any] = []
     small: list[Any] = []
     for t in _as_table_list(tables):

@@ -1,5 +1,15 @@
-"""Keras ``fit`` helpers: binary-classification metrics for logit models and a
-callback that measures training throughput.
+"""Training Keras models: :func:`fit`, a custom loop that also runs data-parallel
+under ``tf.distribute`` strategies, and helpers for Keras' own ``model.fit``
+(binary-classification metrics for logit models, a throughput callback).
+
+>>> history = fit(model, train, LazyAdam(1e-3), epochs=2, valid_loader=valid,
+...               checkpoint_dir="ck/")
+>>> history["val_auc"]                             # exact AUC over every validation row
+[0.71, 0.74]
+
+Keras 3's ``model.fit`` does not run under ``MultiWorkerMirroredStrategy`` (it fails
+converting ``PerReplica`` values); :func:`fit` does (see ``docs/keras-distributed.md``).
+Keras' own loop works on one process:
 
 >>> model.compile(optimizer, loss=keras.losses.BinaryCrossentropy(from_logits=True),
 ...               metrics=binary_classification_metrics())
@@ -11,13 +21,31 @@ callback that measures training throughput.
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import time
+import warnings
+from collections.abc import Callable, Iterable, Sized
+from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["LogLoss", "ThroughputCallback", "binary_classification_metrics"]
+from tabstream.errors import SchemaError
+from tabstream.train.metrics import log_loss, roc_auc
+
+__all__ = [
+    "LogLoss",
+    "NonFiniteLossError",
+    "NothingToTrainWarning",
+    "ThroughputCallback",
+    "binary_classification_metrics",
+    "evaluate",
+    "fit",
+]
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
@@ -96,3 +124,396 @@ class ThroughputCallback(keras.callbacks.Callback):
             logs["samples_per_sec"] = rate
         if self.verbose:
             print(f"epoch {epoch + 1}: {samples} samples in {elapsed:.2f} s, {rate:,.0f} samples/s")
+
+
+# -- the custom training loop -------------------------------------------------
+
+CHECKPOINT_PREFIX = "checkpoint"
+_FORMAT = 1
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the step was not applied."""
+
+
+class NothingToTrainWarning(UserWarning):
+    """``fit(resume=True)`` found a checkpoint that already covers every epoch asked for."""
+
+
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def _binary_crossentropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Per-row binary cross-entropy from logits, ``[B]``."""
+    logits = tf.reshape(logits, [-1])
+    labels = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def _has_own_loss(model: Any) -> bool:
+    return type(model).compute_loss is not keras.Model.compute_loss
+
+
+def _unpack(batch: Any, where: str) -> tuple[Any, Any]:
+    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], dict):
+        return batch
+    if isinstance(batch, dict):
+        return batch, None
+    raise TypeError(
+        f"{where}: each batch must be (features dict, labels) or a features dict, got "
+        f"{type(batch).__name__}"
+    )
+
+
+def _rows(features: Any, labels: Any) -> tf.Tensor:
+    if labels is not None:
+        return tf.shape(tf.reshape(labels, [-1]))[0]
+    first = next(iter(features.values()))
+    if isinstance(first, tuple):  # (values, offsets) or (padded, mask)
+        return tf.shape(first[1])[0] - (1 if first[1].shape.rank == 1 else 0)
+    return tf.shape(first)[0]
+
+
+def _open_spec(structure: Any) -> Any:
+    """``tf.TensorSpec`` of each tensor in ``structure``, every dimension ``None``."""
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), structure
+    )
+
+
+def _worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
+    """(this worker's index, number of workers); (0, 1) without a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0, 1
+    jobs = resolver.cluster_spec().as_dict()
+    chiefs = len(jobs.get("chief", []))
+    workers = chiefs + len(jobs.get("worker", []))
+    if resolver.task_type == "chief":
+        return 0, workers
+    return chiefs + int(resolver.task_id), workers
+
+
+def _check_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
+    for var in model.trainable_variables:
+        value = getattr(var, "value", var)
+        if not strategy.extended.variable_created_in_scope(value):
+            raise ValueError(
+                f"fit: variable {var.path!r} of {type(model).__name__} was not created under "
+                f"the strategy {type(strategy).__name__} given to fit; create the model (and "
+                "the optimizer) inside `with strategy.scope():`, or leave it unbuilt and "
+                "fit builds it there"
+            )
+
+
+def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Concatenate 1-D float arrays of every worker, worker 0 first; the same on
+    every worker. Workers may hold different numbers of rows: each puts its rows at
+    its own offset of a zero buffer and one all-reduce (sum) assembles the whole."""
+    rank, workers = _worker(strategy)
+    if workers == 1:
+        return arrays
+
+    @tf.function
+    def all_sum(x: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(x,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    mine = np.zeros(workers, np.float32)
+    mine[rank] = len(arrays[0])
+    counts = all_sum(tf.constant(mine)).numpy().round().astype(np.int64)
+    offsets = np.r_[0, np.cumsum(counts)]
+    out = []
+    for array in arrays:
+        buffer = np.zeros(int(offsets[-1]), np.float32)
+        buffer[offsets[rank]:offsets[rank + 1]] = array
+        out.append(all_sum(tf.constant(buffer)).numpy())
+    return out
+
+
+def evaluate(
+    model: Any,
+    loader: Iterable[Any],
+    loss_fn: LossFn | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+) -> dict[str, float]:
+    """``{"loss", "log_loss", "auc"}`` of a logit model over every row of ``loader``,
+    all workers' rows together under a multi-worker ``strategy`` (the same numbers on
+    every worker). AUC and log-loss are exact (:mod:`tabstream.train.metrics`);
+    ``loss`` is ``loss_fn``'s mean (binary cross-entropy by default)."""
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
+
+    def replica_logits(features: Any) -> tf.Tensor:
+        out = model(features, training=False)
+        if not tf.is_tensor(out):
+            raise TypeError(
+                f"evaluate: {type(model).__name__} returns {type(out).__name__}, not logits; "
+                "AUC and log-loss need a model with one logit per row (evaluate a TwoTower "
+                "with its recall_at_k)"
+            )
+        return tf.reshape(out, [-1])
+
+    def predict(features: Any) -> tf.Tensor:
+        per_replica = strategy.run(replica_logits, args=(features,))
+        return strategy.experimental_local_results(per_replica)[0]
+
+    compiled: list[Any] = []
+    scores, targets, losses = [], [], []
+    for batch in loader:
+        features, labels = _unpack(batch, "evaluate")
+        if labels is None:
+            raise ValueError("evaluate: the loader yields no labels; build it with labels=")
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        if not compiled:  # one trace: every dimension open
+            compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
+        logits = compiled[0](features)
+        y = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
+        scores.append(logits.numpy())
+        targets.append(y.numpy())
+        losses.append(tf.reshape(loss_fn(logits, y), [-1]).numpy())
+    local = [np.concatenate(a) if a else np.zeros(0, np.float32) for a in (scores, targets, losses)]
+    s, y, per_row = _gather_rows(strategy, local)
+    if y.size == 0:
+        raise ValueError("evaluate: the loader yielded no rows")
+    return {"loss": float(np.mean(per_row)), "log_loss": log_loss(y, s), "auc": roc_auc(y, s)}
+
+
+class _Checkpoints:
+    """Weights (``.weights.h5``), optimizer variables (``.npz``, no pickle) and the
+    loop's state (``.json``), written by the chief worker alone; every worker reads."""
+
+    def __init__(self, directory: str | os.PathLike[str], model: Any, optimizer: Any) -> None:
+        self.dir = Path(directory)
+        self.model, self.optimizer = model, optimizer
+        self.weights = self.dir / f"{CHECKPOINT_PREFIX}.weights.h5"
+        self.slots = self.dir / f"{CHECKPOINT_PREFIX}.optimizer.npz"
+        self.state = self.dir / f"{CHECKPOINT_PREFIX}.json"
+
+    def exists(self) -> bool:
+        return self.state.exists()
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Write beside, then rename: a crash mid-write leaves the old checkpoint whole.
+        tmp_weights = self.dir / f".{CHECKPOINT_PREFIX}.tmp.weights.h5"
+        tmp_slots = self.dir / f".{CHECKPOINT_PREFIX}.tmp.optimizer.npz"
+        self.model.save_weights(tmp_weights)
+        slots = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
+        np.savez(tmp_slots, **slots)
+        os.replace(tmp_weights, self.weights)
+        os.replace(tmp_slots, self.slots)
+        tmp_state = self.dir / f".{CHECKPOINT_PREFIX}.tmp.json"
+        tmp_state.write_text(json.dumps({"format": _FORMAT, **state}))
+        os.replace(tmp_state, self.state)
+
+    def load(self) -> dict[str, Any]:
+        try:
+            state = json.loads(self.state.read_text())
+            self.model.load_weights(self.weights)
+            with np.load(self.slots, allow_pickle=False) as slots:
+                values = [slots[k] for k in sorted(slots.files)]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SchemaError(
+                f"checkpoint {self.dir}: cannot restore {type(self.model).__name__} from it "
+                f"({exc}); resume with the model it was written with, or start over with "
+                "resume=False"
+            ) from exc
+        variables = list(self.optimizer.variables)
+        if len(values) != len(variables) or any(
+            tuple(v.shape) != tuple(a.shape) for v, a in zip(variables, values, strict=False)
+        ):
+            raise SchemaError(
+                f"checkpoint {self.slots}: it holds {len(values)} optimizer variables but this "
+                f"{type(self.optimizer).__name__} has {len(variables)} (or their shapes "
+                "differ); resume with the optimizer the checkpoint was written with, or start "
+                "over with resume=False"
+            )
+        for var, value in zip(variables, values, strict=True):
+            var.assign(value)
+        return state
+
+
+def fit(
+    model: Any,
+    train_loader: Iterable[Any],
+    optimizer: Any,
+    epochs: int = 1,
+    valid_loader: Iterable[Any] | None = None,
+    loss_fn: LossFn | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    strategy: tf.distribute.Strategy | None = None,
+) -> dict[str, list[float]]:
+    """Train a Keras ``model`` with a custom loop; return the history.
+
+    The same loop as :func:`tabstream.train.torch.fit`, for Keras 3. With a
+    ``strategy`` (default: the one in scope, else TensorFlow's default strategy)
+    every step runs through ``strategy.run``: under
+    ``tf.distribute.MultiWorkerMirroredStrategy`` each worker reads its own shard
+    (``tabstream.loaders.tensorflow.Loader`` built inside ``strategy.scope()`` picks
+    it) and the gradients are summed over workers, so W workers on batches of ``b``
+    rows train like one process on batches of ``W * b`` (the loss is the mean over
+    the global batch, a short last batch included).
+
+    Args:
+        model: a Keras model returning logits (``[B]`` or ``[B, 1]``), or one with
+            its own ``compute_loss`` (``TwoTower``), taken as the mean over its rows.
+            Under a strategy, create and build it inside ``strategy.scope()``.
+        train_loader: batches ``(features dict, labels)``, e.g. a tabstream
+            ``Loader``; every worker must yield the same number (the loader does).
+        optimizer: a Keras optimizer (``LazyAdam``, ``MultiOptimizer``, ...),
+            created inside ``strategy.scope()`` under a strategy.
+        loss_fn: ``(logits, labels) -> per-row loss [B]``; default binary
+            cross-entropy on logits.
+        checkpoint_dir: after each epoch the chief worker writes the weights, the
+            optimizer's variables and the history there (nothing is pickled).
+        resume: continue after the last epoch in ``checkpoint_dir`` (start afresh
+            when there is no checkpoint yet).
+        progress: a Keras progress bar per epoch and a summary line (chief only).
+
+    Returns:
+        ``{"epoch", "loss", "samples", "samples_per_sec", "time_s"}`` plus, with a
+        ``valid_loader``, ``{"val_loss", "val_log_loss", "val_auc"}`` (computed over
+        all workers' rows: identical on every worker); one entry per epoch, the
+        epochs before a resume included. ``loss`` and ``samples`` count all workers.
+
+    Raises:
+        NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
+            infinite, naming the epoch and step.
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int):
+        raise TypeError(f"fit: epochs must be an int, got {epochs!r}")
+    if epochs < 0:
+        raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("fit: resume needs a checkpoint_dir")
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"fit: model must be a keras.Model, got {type(model).__name__}")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"fit: optimizer must be a keras optimizer (LazyAdam, MultiOptimizer, ...), got "
+            f"{type(optimizer).__name__}"
+        )
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"fit: strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
+        )
+    rank, _ = _worker(strategy)
+    own_loss = loss_fn is None and _has_own_loss(model)
+    per_row_loss = loss_fn if loss_fn is not None else _binary_crossentropy
+    checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
+
+    def replica_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        local = tf.cast(_rows(features, labels), tf.float32)
+        total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+        with tf.GradientTape() as tape:
+            if own_loss:
+                loss_sum = model.compute_loss(x=features, y=labels, training=True) * local
+            else:
+                loss_sum = tf.reduce_sum(per_row_loss(model(features, training=True), labels))
+            # The mean over the global batch: Keras sums the replicas' gradients.
+            loss = loss_sum / tf.maximum(total, 1.0)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss_sum, local
+
+    def global_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        loss_sum, rows = strategy.run(replica_step, args=(features, labels))
+        total = tf.distribute.ReduceOp.SUM
+        return (strategy.reduce(total, loss_sum, axis=None),
+                strategy.reduce(total, rows, axis=None))
+
+    compiled: list[Any] = []
+
+    def train_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        # One trace for every batch: the signature of the first batch with every
+        # dimension left open (list columns change length from batch to batch).
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        if labels is None:
+            if not compiled:
+                compiled.append(tf.function(lambda f: global_step(f, None),
+                                            input_signature=[_open_spec(features)]))
+            return compiled[0](features)
+        labels = tf.convert_to_tensor(labels)
+        if not compiled:
+            compiled.append(tf.function(
+                global_step, input_signature=[_open_spec(features), _open_spec(labels)]))
+        return compiled[0](features, labels)
+
+    def build(features: Any) -> None:
+        # Variables made here, inside the scope, are mirrored (and, under
+        # MultiWorkerMirroredStrategy, start from the chief's initial values).
+        with strategy.scope():
+            if not model.built:
+                model(features, training=False)
+            _check_strategy(model, strategy)
+            if not optimizer.built:
+                optimizer.build(model.trainable_variables)
+
+    if model.built:
+        build(None)
+    elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
+        build(model.example_batch())
+    keys = ["epoch", "loss", "samples", "samples_per_sec", "time_s"]
+    if valid_loader is not None:
+        keys += ["val_loss", "val_log_loss", "val_auc"]
+    history: dict[str, list[float]] = {k: [] for k in keys}
+    start_epoch = 0
+    if resume and checkpoints is not None and checkpoints.exists():
+        state = checkpoints.load()
+        start_epoch = int(state["epoch"])
+        history = {k: list(state["history"].get(k, [])) for k in keys}
+        if start_epoch >= epochs:
+            warnings.warn(
+                f"fit: checkpoint {checkpoint_dir} already holds {start_epoch} trained "
+                f"epoch(s) and epochs={epochs} were asked for: nothing to train. Pass epochs > "
+                f"{start_epoch} to train on, or resume=False to start over",
+                NothingToTrainWarning, stacklevel=2,
+            )
+
+    show = progress and rank == 0
+    for epoch in range(start_epoch, epochs):
+        if hasattr(train_loader, "set_epoch"):
+            train_loader.set_epoch(epoch)
+        total = len(train_loader) if isinstance(train_loader, Sized) else None
+        bar = keras.utils.Progbar(total, stateful_metrics=["loss"], verbose=1) if show else None
+        loss_sum, samples = 0.0, 0.0
+        started = time.perf_counter()
+        for step, batch in enumerate(train_loader):
+            features, labels = _unpack(batch, "fit")
+            if labels is None and not own_loss:
+                raise ValueError("fit: the loader yields no labels; build it with labels=")
+            if not optimizer.built:
+                build(features)
+            value, rows = (float(v) for v in train_step(features, labels))
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1}. Lower "
+                    "the learning rate, clip gradients (clipnorm=), or check the batch for "
+                    "NaN/inf inputs (FillMissing/Normalize on continuous columns)"
+                )
+            loss_sum += value
+            samples += rows
+            if bar is not None:
+                bar.update(step + 1, values=[("loss", loss_sum / max(samples, 1.0))])
+        elapsed = time.perf_counter() - started
+        history["epoch"].append(epoch + 1)
+        history["loss"].append(loss_sum / samples if samples else float("nan"))
+        history["samples"].append(int(samples))
+        history["samples_per_sec"].append(samples / elapsed if elapsed > 0 else float("nan"))
+        history["time_s"].append(elapsed)
+        line = f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}"
+        if valid_loader is not None:
+            metrics = evaluate(model, valid_loader, loss_fn=loss_fn, strategy=strategy)
+            history["val_loss"].append(metrics["loss"])
+            history["val_log_loss"].append(metrics["log_loss"])
+            history["val_auc"].append(metrics["auc"])
+            line += f"  val_loss {metrics['loss']:.4f}  val_auc {metrics['auc']:.4f}"
+        if show:
+            print(f"{line}  {history['samples_per_sec'][-1]:,.0f} samples/s", flush=True)
+        if checkpoints is not None and rank == 0:
+            checkpoints.save({"epoch": epoch + 1, "history": history})
+    return history

@@ -2,7 +2,8 @@
 
 Input is ``features: dict[str, Tensor]`` (int ids for categorical columns, floats for
 continuous ones; list columns as in :mod:`.embeddings`). The ranking models
-(:class:`DLRM`, :class:`DCN`, :class:`WideAndDeep`) return **logits** ``[B, 1]``:
+(:class:`DLRM`, :class:`DCN`, :class:`WideAndDeep`) return **logits** ``[B]`` (as the
+torch models do):
 compile them with ``keras.losses.BinaryCrossentropy(from_logits=True)`` and
 :func:`~tabstream.train.tensorflow.binary_classification_metrics` (AUC and log-loss
 with ``from_logits=True``); ``keras.ops.sigmoid(model(x))`` gives probabilities.
@@ -27,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.spec import check_positive, feature_spec
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (
     MLP,
@@ -53,17 +55,10 @@ def _as_schema(schema: Schema | Mapping[str, Any]) -> Schema:
 
 
 def _features(schema: Schema) -> tuple[Schema, list[str]]:
-    """(categorical feature schema, continuous feature names), targets excluded."""
-    targets = {c.name for c in schema.select_by_tag(Tags.TARGET)}
-    cats = schema.select_by_tag(Tags.CATEGORICAL).without(targets)
-    conts = [c for c in schema.select_by_tag(Tags.CONTINUOUS) if c.name not in targets]
-    lists = [c.name for c in conts if c.is_list]
-    if lists:
-        raise ValueError(
-            f"continuous list columns {lists} are not supported by the bundled models; "
-            "drop them from the schema or reduce them to scalars"
-        )
-    return cats, [c.name for c in conts]
+    """(categorical feature schema, continuous feature names), targets excluded; the
+    shared rules of :func:`tabstream.train.spec.feature_spec`."""
+    spec = feature_spec(schema)
+    return schema.select_by_name(list(spec.categorical)), list(spec.continuous)
 
 
 class _SchemaModel(keras.Model):
@@ -152,7 +147,7 @@ class _SchemaModel(keras.Model):
 class DLRM(_SchemaModel):
     """DLRM: continuous features -> bottom MLP -> a ``embedding_dim`` vector; it and
     every categorical embedding (all ``embedding_dim`` wide) -> pairwise dot products
-    -> concatenated with the bottom output -> top MLP -> logit ``[B, 1]``.
+    -> concatenated with the bottom output -> top MLP -> logit ``[B]``.
 
     ``bottom_mlp`` lists the hidden widths; a final layer of ``embedding_dim`` is added.
     """
@@ -198,7 +193,7 @@ class DLRM(_SchemaModel):
             vectors = [dense, *vectors]
             parts.append(dense)
         parts.append(self.interaction(tf.stack(vectors, axis=1)))
-        return self.head(self.top_mlp(tf.concat(parts, axis=1)))
+        return tf.squeeze(self.head(self.top_mlp(tf.concat(parts, axis=1))), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -214,7 +209,7 @@ class DCN(_SchemaModel):
     """DCN-v2: ``x0`` = concatenated embeddings and continuous features -> cross
     network (``cross_layers`` layers, optionally ``low_rank``) and a deep MLP,
     ``structure="stacked"`` (cross then deep) or ``"parallel"`` (both on ``x0``,
-    concatenated) -> logit ``[B, 1]``. ``embedding_dim=None`` infers each table's size.
+    concatenated) -> logit ``[B]``. ``embedding_dim=None`` infers each table's size.
     """
 
     def __init__(
@@ -259,7 +254,7 @@ class DCN(_SchemaModel):
             out = self.deep(crossed)
         else:
             out = tf.concat([crossed, self.deep(x0)], axis=1)
-        return self.head(out)
+        return tf.squeeze(self.head(out), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -277,7 +272,7 @@ class WideAndDeep(_SchemaModel):
     """Wide & Deep: logit = wide + deep. Wide is a linear model: one weight per
     categorical id (1-wide tables named ``wide_<table>``, zero-initialized, sparse
     gradients) plus a linear layer on the continuous features. Deep is embeddings and
-    continuous features -> MLP -> 1. Output: logit ``[B, 1]``.
+    continuous features -> MLP -> 1. Output: logit ``[B]``.
     """
 
     def __init__(
@@ -319,7 +314,7 @@ class WideAndDeep(_SchemaModel):
             dense = self.continuous(features)
             wide = wide + self.wide_continuous(dense)
             parts.append(dense)
-        return wide + self.head(self.deep(tf.concat(parts, axis=1)))
+        return tf.squeeze(wide + self.head(self.deep(tf.concat(parts, axis=1))), axis=1)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "embedding_dim": self.embedding_dim, "deep": self.deep_units}
@@ -331,11 +326,15 @@ class TwoTower(_SchemaModel):
     candidate tower (embeddings + continuous -> MLP ``tower``, L2-normalized).
 
     ``model(features)`` returns ``{"query": [B, d], "candidate": [B, d]}``. Training
-    uses in-batch negatives: for row ``i`` the logits are ``<q_i, c_j> / temperature``
-    over the batch's candidates ``j``, the target is ``j = i`` (other rows with the same
-    item id are masked out), and the softmax cross-entropy of a row is weighted by its
-    label when labels are given (rows with label 0 are not positives, but their items
-    still serve as negatives). Compile without a loss: ``model.compile(optimizer=...)``.
+    uses in-batch negatives: for positive row ``i`` the logits are ``<q_i, c_j> /
+    temperature - log Q(item_j)`` over the batch's positive rows ``j``, the target is
+    ``j = i`` (other rows with the same item id are masked out), and the softmax
+    cross-entropy of a row is weighted by its label. Rows with label 0 take no part
+    (all rows are positives without labels). ``Q(item)`` is the item's share of the
+    positives seen in training so far (``item_counts``); the log-Q correction makes the
+    scores estimate the softmax over all items, popularity included, rather than
+    penalizing popular items for being frequent negatives (``logq_correction=False``
+    turns it off). Compile without a loss: ``model.compile(optimizer=...)``.
     """
 
     def __init__(
@@ -347,12 +346,13 @@ class TwoTower(_SchemaModel):
         normalize: bool = True,
         seed: int | None = None,
         name: str = "two_tower",
+        logq_correction: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
         self.tower_units = list(tower)
         self.embedding_dim = embedding_dim
-        self.temperature = float(temperature)
+        self.temperature = check_positive(temperature, "TwoTower: temperature")
         self.normalize = normalize
         targets = {c.name for c in self.schema.select_by_tag(Tags.TARGET)}
         user = self.schema.select_by_tag(Tags.USER).without(targets)
@@ -370,6 +370,13 @@ class TwoTower(_SchemaModel):
                 f"duplicate in-batch items and to rank candidates); found {item_ids.column_names}"
             )
         self.item_id = item_ids.column_names[0]
+        self.logq_correction = bool(logq_correction)
+        # Rows seen per item id in training: how often each item is drawn as an
+        # in-batch negative, for the log-Q correction (saved with the weights).
+        self.item_counts = self.add_weight(
+            shape=(int(item_ids[self.item_id].cardinality),), initializer="zeros",
+            trainable=False, name="item_counts", aggregation="only_first_replica",
+        )
         user_cats, user_conts = _features(user)
         item_cats, item_conts = _features(item)
         self.user_continuous = ContinuousFeatures(user_conts)
@@ -426,12 +433,27 @@ class TwoTower(_SchemaModel):
     ) -> tf.Tensor:
         if y_pred is None:
             y_pred = self(x, training=training)
-        logits = tf.matmul(y_pred["query"], y_pred["candidate"], transpose_b=True)
+        query, candidate = y_pred["query"], y_pred["candidate"]
+        item_id = None if x is None else tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
+        if y is not None:
+            # Only the positive rows take part, as queries and as negatives (as in
+            # tabstream.train.torch.TwoTower); a row's loss is weighted by its label.
+            positive = tf.reshape(y, [-1]) > 0
+            query, candidate = tf.boolean_mask(query, positive), tf.boolean_mask(candidate, positive)
+            if item_id is not None:
+                item_id = tf.boolean_mask(item_id, positive)
+            if sample_weight is not None:
+                sample_weight = tf.boolean_mask(tf.reshape(sample_weight, [-1]), positive)
+            y = tf.boolean_mask(tf.reshape(y, [-1]), positive)
+        logits = tf.matmul(query, candidate, transpose_b=True)
         logits = logits / self.temperature
         batch = tf.shape(logits)[0]
-        if x is not None:
+        if item_id is not None:
+            if self.logq_correction:
+                # Popular items are in-batch negatives more often: subtract log Q(item)
+                # so the scores estimate the softmax over all items, popularity included.
+                logits = logits - self._log_q(item_id, training)[None, :]
             # Another row with the same item is not a negative: drop it from the softmax.
-            item_id = tf.reshape(tf.convert_to_tensor(x[self.item_id]), [-1])
             duplicate = tf.logical_and(
                 tf.equal(item_id[:, None], item_id[None, :]),
                 tf.logical_not(tf.eye(batch, dtype=tf.bool)),
@@ -450,6 +472,16 @@ class TwoTower(_SchemaModel):
             loss = loss + tf.add_n(self.losses)
         return loss
 
+    def _log_q(self, item_id: tf.Tensor, training: bool) -> tf.Tensor:
+        """log of each in-batch item's share of the rows seen so far (this batch
+        included when training, so never log 0)."""
+        counts = self.item_counts.value
+        if training:
+            counts.scatter_add(tf.IndexedSlices(tf.ones(tf.shape(item_id), counts.dtype),
+                                                tf.cast(item_id, tf.int64)))
+        share = tf.maximum(tf.gather(counts, item_id), 1.0) / tf.maximum(tf.reduce_sum(counts), 1.0)
+        return tf.math.log(share)
+
     def recall_at_k(
         self,
         data: Iterable[Any],
@@ -462,8 +494,9 @@ class TwoTower(_SchemaModel):
 
         ``data`` yields ``(features, labels)`` (rows with label > 0 count) or
         ``features`` (every row counts). ``candidates`` maps the ITEM columns to arrays
-        with one row per candidate item; by default, every distinct item id seen in
-        ``data`` with its first row's attributes.
+        with one row per candidate item; by default, every distinct item id of the
+        positive rows of ``data`` with its first such row's attributes (the candidates
+        of ``tabstream.train.torch.recall_at_k``).
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -503,7 +536,9 @@ class TwoTower(_SchemaModel):
 
     def _candidates_from(self, batches: list[tuple[Any, Any]]) -> dict[str, np.ndarray]:
         columns: dict[str, list[np.ndarray]] = {n: [] for n in self.item_feature_names}
-        for features, _ in batches:
+        for features, labels in batches:
+            # the items of the positive rows, as tabstream.train.torch.recall_at_k ranks
+            keep = slice(None) if labels is None else np.asarray(labels).reshape(-1) > 0
             for n in self.item_feature_names:
                 value = features[n]
                 if isinstance(value, (tf.RaggedTensor, tf.SparseTensor, tuple, list)):
@@ -511,7 +546,7 @@ class TwoTower(_SchemaModel):
                         f"recall_at_k cannot collect candidates from list column {n!r}; "
                         "pass candidates= with one row per item"
                     )
-                columns[n].append(np.asarray(value))
+                columns[n].append(np.asarray(value)[keep])
         merged = {n: np.concatenate(v) for n, v in columns.items()}
         _, first = np.unique(merged[self.item_id].reshape(-1), return_index=True)
         return {n: v[np.sort(first)] for n, v in merged.items()}
@@ -523,4 +558,5 @@ class TwoTower(_SchemaModel):
             "embedding_dim": self.embedding_dim,
             "temperature": self.temperature,
             "normalize": self.normalize,
+            "logq_correction": self.logq_correction,
         }

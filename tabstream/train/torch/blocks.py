@@ -9,12 +9,9 @@ import torch
 from torch import nn
 
 from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema, Tags
-from tabstream.train.torch.embeddings import (
-    DEFAULT_SPARSE_THRESHOLD,
-    EmbeddingTables,
-    embedding_tables_from_schema,
-)
+from tabstream.pipeline.schema import Schema
+from tabstream.train.spec import feature_spec
+from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD, EmbeddingTables
 
 __all__ = ["CrossNetwork", "DotInteraction", "FeatureInputs", "MLP"]
 
@@ -41,16 +38,18 @@ class FeatureInputs(nn.Module):
         embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
-        categorical = set(features.select_by_tag(Tags.CATEGORICAL).column_names)
+        # which columns are embedded and which are floats: the rules both frameworks share
+        self.spec = feature_spec(schema, dim=embedding_dim, multiplier=multiplier,
+                                 combiner=combiner)
         if embeddings is None:
-            self.embeddings: EmbeddingTables = embedding_tables_from_schema(
-                features, dim=embedding_dim, multiplier=multiplier, sparse=sparse,
-                sparse_threshold=sparse_threshold, combiner=combiner, init_scale=init_scale,
+            self.embeddings: EmbeddingTables = EmbeddingTables(
+                self.spec.tables, sparse=sparse, sparse_threshold=sparse_threshold,
+                init_scale=init_scale,
             )
         else:
             # given tables (e.g. CachedEmbeddings): they must serve exactly the
             # schema's categorical features
+            categorical = {f for t in self.spec.tables for f in t.feature_names}
             have = set(getattr(embeddings, "feature_names", ()))
             if have != categorical:
                 raise SchemaError(
@@ -59,14 +58,7 @@ class FeatureInputs(nn.Module):
                     f"extra {sorted(have - categorical)}"
                 )
             self.embeddings = embeddings  # type: ignore[assignment]
-        continuous = [c for c in features.select_by_tag(Tags.CONTINUOUS) if c.name not in categorical]
-        lists = [c.name for c in continuous if c.is_list]
-        if lists:
-            raise ValueError(
-                f"continuous list columns {lists} are not supported by the bundled models; "
-                "drop them from the schema or pool them into scalars first"
-            )
-        self.continuous_names: list[str] = [c.name for c in continuous]
+        self.continuous_names: list[str] = list(self.spec.continuous)
 
     @property
     def embedding_dims(self) -> dict[str, int]:

@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema, Tags
-from tabstream.train.tables import TableConfig, table_configs_from_schema
+from tabstream.pipeline.schema import Schema
+from tabstream.train.spec import check_threshold, feature_spec
+from tabstream.train.tables import TableConfig
 
 __all__ = [
     "DEFAULT_SPARSE_THRESHOLD",
@@ -303,13 +304,14 @@ def embedding_tables_from_schema(
     >>> tables["user_id"], tables["user_id"].sparse        # floor(1e6 ** 0.25 * 2) = 63 -> 64
     (EmbeddingBag(1000000, 64, mode='sum'), True)
     """
-    targets = schema.select_by_tag(Tags.TARGET).column_names
-    configs = table_configs_from_schema(
-        schema.without(targets), dim=dim, infer_sizes=infer_sizes,
-        multiplier=multiplier, combiner=combiner,
-    )
+    spec = feature_spec(schema, dim=dim, infer_sizes=infer_sizes, multiplier=multiplier,
+                        combiner=combiner)
+    if not spec.tables:
+        raise ValueError(
+            f"schema has no categorical feature columns to embed; columns: {schema.column_names}"
+        )
     return EmbeddingTables(
-        configs, sparse=sparse, sparse_threshold=sparse_threshold, init_scale=init_scale
+        spec.tables, sparse=sparse, sparse_threshold=sparse_threshold, init_scale=init_scale
     )
 
 
@@ -325,8 +327,7 @@ def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], li
     >>> [m.num_embeddings for m in large]
     [1000000]
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, int):
-        raise TypeError(f"threshold must be an int number of rows, got {threshold!r}")
+    check_threshold(threshold)
     if isinstance(tables, nn.Module):
         items: Sequence[Any] = [
             m for m in tables.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tabstream.pipeline.schema import Schema, Tags
+from tabstream.train.spec import check_positive
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD
 
@@ -197,7 +198,12 @@ class TwoTower(nn.Module):
     :func:`~tabstream.train.torch.fit`) is the in-batch softmax: each positive row's
     item against the items of the other positive rows (rows with ``label > 0.5``;
     all rows when ``labels`` is None); another row holding the same item id is not
-    counted as a negative. :meth:`recall_at_k` evaluates retrieval on a loader.
+    counted as a negative. With ``logq_correction`` (the default) each negative's
+    logit is lowered by ``log Q(item)``, the item's share of the positives seen in
+    training so far (the buffer ``item_counts``, saved in the state dict): popular
+    items are in-batch negatives more often, and without the correction the model
+    learns to rank them too low (recall@10 far below ranking by popularity).
+    :meth:`recall_at_k` evaluates retrieval on a loader.
 
     >>> model = TwoTower(schema, output_dim=32)       # user_id, age: USER; item_id, cat: ITEM
     >>> model.query_embeddings(features).shape, model.item_embeddings(features).shape
@@ -217,6 +223,7 @@ class TwoTower(nn.Module):
         sparse: bool | None = None,
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
+        logq_correction: bool = True,
     ) -> None:
         super().__init__()
         features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
@@ -230,9 +237,7 @@ class TwoTower(nn.Module):
         both = sorted(set(user.column_names) & set(item.column_names))
         if both:
             raise ValueError(f"TwoTower: columns {both} are tagged both USER and ITEM")
-        if temperature <= 0:
-            raise ValueError(f"TwoTower: temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_positive(temperature, "TwoTower: temperature")
         self.l2_normalize = l2_normalize
 
         def inputs(part: Schema) -> FeatureInputs:
@@ -245,6 +250,12 @@ class TwoTower(nn.Module):
         ids = [c.name for c in item.select_by_tag([Tags.ITEM, Tags.ID]) if not c.is_list]
         cats = [c.name for c in item.select_by_tag(Tags.CATEGORICAL) if not c.is_list]
         self.item_id_column: str | None = next(iter(ids + cats), None)
+        self.logq_correction = bool(logq_correction) and self.item_id_column is not None
+        # Clicks per item id seen in training: the in-batch sampling frequency of
+        # each item as a negative, for the log-Q correction (kept in the state dict,
+        # so a checkpoint resumes with it).
+        cardinality = item[self.item_id_column].cardinality if self.item_id_column else 0
+        self.register_buffer("item_counts", torch.zeros(int(cardinality or 0), dtype=torch.float64))
 
     def query_embeddings(self, features: Features) -> torch.Tensor:
         q = self.query_tower(features)
@@ -253,6 +264,11 @@ class TwoTower(nn.Module):
     def item_embeddings(self, features: Features) -> torch.Tensor:
         i = self.item_tower(features)
         return F.normalize(i, dim=1) if self.l2_normalize else i
+
+    def candidate_embeddings(self, features: Features) -> torch.Tensor:
+        """``(B, output_dim)`` item vectors: the name Keras' ``TwoTower`` uses too
+        (``item_embeddings`` is the same)."""
+        return self.item_embeddings(features)
 
     def forward(self, features: Features) -> torch.Tensor:
         q, i = self.query_embeddings(features), self.item_embeddings(features)
@@ -273,12 +289,27 @@ class TwoTower(nn.Module):
         if q.shape[0] == 0:  # no positives: a zero loss that leaves every .grad None
             return torch.zeros((), device=q.device, requires_grad=True)
         logits = q @ i.T / self.temperature
+        if ids is not None and len(self.item_counts):
+            log_q = self._log_q(ids)
+            if self.logq_correction:
+                logits = logits - log_q[None, :]
         if ids is not None:
             same_item = ids[:, None] == ids[None, :]
             same_item.fill_diagonal_(False)
             logits = logits.masked_fill(same_item, float("-inf"))
         target = torch.arange(q.shape[0], device=q.device)
         return F.cross_entropy(logits, target)
+
+    def _log_q(self, ids: torch.Tensor) -> torch.Tensor:
+        """log of each in-batch item's share of the positives seen so far (this batch
+        included, so never log 0)."""
+        if self.training:
+            with torch.no_grad():
+                self.item_counts.index_add_(
+                    0, ids, torch.ones(ids.shape, dtype=self.item_counts.dtype, device=ids.device)
+                )
+        counts = self.item_counts[ids].clamp_min(1.0)
+        return torch.log(counts / self.item_counts.sum().clamp_min(1.0)).to(torch.float32)
 
     def recall_at_k(self, loader: Iterable[Any], k: int = 10, device: Any = None) -> float:
         """See :func:`recall_at_k`."""

@@ -218,7 +218,7 @@ def test_split_embeddings_on_size_by_cardinality():
 
     with pytest.raises(TypeError, match="takes EmbeddingTables"):
         split_embeddings_on_size(["t10"], 100)
-    with pytest.raises(ValueError, match="threshold must be a positive int"):
+    with pytest.raises(ValueError, match="threshold must be >= 1, got 0"):
         split_embeddings_on_size(configs, 0)
 
 

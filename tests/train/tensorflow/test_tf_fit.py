@@ -1,3 +1,5 @@
+import importlib
+
 import numpy as np
 import pytest
 
@@ -6,7 +8,8 @@ keras = pytest.importorskip("keras")
 
 from tf_synthetic import ranking_data, roc_auc  # noqa: E402
 
-import tabstream.train.tensorflow.fit as fit_module  # noqa: E402
+# the module (the package's attribute ``fit`` is the function)
+fit_module = importlib.import_module("tabstream.train.tensorflow.fit")
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
     LazyAdam,

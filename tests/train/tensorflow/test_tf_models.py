@@ -77,7 +77,7 @@ def test_list_feature_layouts_give_the_same_logits(model_cls):
     tuple_mask = {k: v for k, v in padded.items() if k != "tags__mask"}
     tuple_mask["tags"] = (padded["tags"], padded["tags__mask"])
     out_padded = model(padded).numpy()
-    assert out_padded.shape == (64, 1)
+    assert out_padded.shape == (64,)  # as the torch models: one logit per row
     np.testing.assert_allclose(model(ragged).numpy(), out_padded, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model(tuple_mask).numpy(), out_padded, rtol=1e-5, atol=1e-6)
 
@@ -155,21 +155,51 @@ def test_recall_at_k_equals_brute_force():
 
 def test_in_batch_loss_equals_manual_softmax():
     schema, features, labels = retrieval_data(seed=5, rows=8)
-    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0)
+    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0, logq_correction=False)
     x = {k: tf.constant(v) for k, v in features.items()}
     labels = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
     out = model(x)
     q, c = out["query"].numpy(), out["candidate"].numpy()
     logits = q @ c.T / 0.5
     ids = features["item_id"]
+    pos = np.flatnonzero(labels > 0)  # only positive rows: queries and negatives
     expected_rows = []
-    for i in range(8):
-        keep = [j for j in range(8) if j == i or ids[j] != ids[i]]
+    for i in pos:
+        keep = [j for j in pos if j == i or ids[j] != ids[i]]
         row = logits[i, keep]
         expected_rows.append(np.log(np.exp(row).sum()) - logits[i, i])
-    expected = np.sum(np.array(expected_rows) * labels) / labels.sum()
+    expected = np.mean(expected_rows)
     loss = model.compute_loss(x=x, y=tf.constant(labels), y_pred=out)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_in_batch_loss_with_logq_correction_equals_manual_softmax(steps):
+    schema, features, _ = retrieval_data(seed=5, rows=8)
+    model = TwoTower(schema, tower=(8,), temperature=0.5, seed=0)
+    x = {k: tf.constant(v) for k, v in features.items()}
+    labels = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
+    out = model(x)
+    for _ in range(steps - 1):  # an earlier training step counted the same items once
+        model.compute_loss(x=x, y=tf.constant(labels), y_pred=out, training=True)
+    q, c = out["query"].numpy(), out["candidate"].numpy()
+    ids = features["item_id"]
+    # the positive rows' items, counted once per step seen (this one included)
+    counts = steps * np.bincount(ids[labels > 0],
+                                 minlength=int(model.item_counts.shape[0])).astype(np.float64)
+    with np.errstate(divide="ignore"):  # a label-0 row's item may have no count: unused
+        log_q = np.log(counts[ids] / counts.sum())
+    logits = q @ c.T / 0.5 - log_q[None, :]
+    pos = np.flatnonzero(labels > 0)  # only positive rows: queries and negatives
+    expected_rows = []
+    for i in pos:
+        keep = [j for j in pos if j == i or ids[j] != ids[i]]
+        row = logits[i, keep]
+        expected_rows.append(np.log(np.exp(row).sum()) - logits[i, i])
+    expected = np.mean(expected_rows)
+    loss = model.compute_loss(x=x, y=tf.constant(labels), y_pred=out, training=True)
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_array_equal(model.item_counts.numpy(), counts)
 
 
 @pytest.mark.slow

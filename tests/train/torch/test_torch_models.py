@@ -109,7 +109,7 @@ def test_two_tower_loss_is_in_batch_softmax():
     labels = labels.clone()
     labels[::4] = 0  # a quarter of the rows are not positives
     torch.manual_seed(0)
-    model = TwoTower(data.schema, output_dim=8, temperature=0.2)
+    model = TwoTower(data.schema, output_dim=8, temperature=0.2, logq_correction=False)
     loss = model.compute_loss(features, labels)
 
     q = model.query_embeddings(features).detach().numpy()
@@ -124,6 +124,43 @@ def test_two_tower_loss_is_in_batch_softmax():
         total += np.log(np.exp(scores).sum()) - q[a] @ i[a] / 0.2
     np.testing.assert_allclose(loss.detach().item(), total / len(pos), rtol=1e-4)
     np.testing.assert_allclose(model(features).detach().numpy(), (q * i).sum(1) / 0.2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_two_tower_loss_with_logq_correction(steps):
+    data = make_retrieval_data(seed=1, n_train=64, n_valid=0, batch_size=64, n_items=20)
+    features, labels = data.train[0]
+    labels = labels.clone()
+    labels[::4] = 0
+    torch.manual_seed(0)
+    model = TwoTower(data.schema, output_dim=8, temperature=0.2)
+    for _ in range(steps - 1):  # an earlier step saw the same positives
+        model.compute_loss(features, labels)
+    loss = model.compute_loss(features, labels)
+
+    q = model.query_embeddings(features).detach().numpy()
+    i = model.item_embeddings(features).detach().numpy()
+    items = features["item_id"].numpy()
+    pos = np.flatnonzero(labels.numpy() > 0.5)
+    # positives' items counted once per step (this one included)
+    counts = steps * np.bincount(items[pos], minlength=len(model.item_counts)).astype(np.float64)
+    np.testing.assert_array_equal(model.item_counts.numpy(), counts)
+    with np.errstate(divide="ignore"):  # items no positive holds: log 0, never looked up
+        log_q = np.log(counts / counts.sum())
+    total = 0.0
+    for a in pos:
+        others = [b for b in pos if b == a or items[b] != items[a]]
+        scores = np.array([q[a] @ i[b] / 0.2 - log_q[items[b]] for b in others])
+        total += np.log(np.exp(scores).sum()) - (q[a] @ i[a] / 0.2 - log_q[items[a]])
+    np.testing.assert_allclose(loss.detach().item(), total / len(pos), rtol=1e-4)
+
+
+def test_two_tower_does_not_count_items_in_eval_mode():
+    data = make_retrieval_data(seed=1, n_train=64, n_valid=0, batch_size=64, n_items=20)
+    features, labels = data.train[0]
+    model = TwoTower(data.schema, output_dim=8).eval()
+    model.compute_loss(features, labels)
+    assert float(model.item_counts.sum()) == 0.0
 
 
 def test_recall_at_k_matches_brute_force():
