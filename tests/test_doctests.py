@@ -23,6 +23,7 @@ RUNNABLE = [
     "tabstream.pipeline.hashing",
     "tabstream.pipeline.inspect",
     "tabstream.pipeline.merlin",
+    "tabstream.train.metrics",
     "tabstream.train.tables",
     "tabstream.train.torch.metrics",
     "tabstream.train.tensorflow.embeddings",
@@ -38,6 +39,8 @@ NOT_YET_RUNNABLE = {
     "tabstream.train.tensorflow.models", "tabstream.train.torch",
     "tabstream.train.torch.blocks", "tabstream.train.torch.embeddings",
     "tabstream.train.torch.fit", "tabstream.train.torch.models",
+    "tabstream.train.cache_store", "tabstream.train.spec", "tabstream.train.torch.cache",
+    "tabstream.train.torch.distributed",
 }
 
 _NEEDS = {"tabstream.train.torch": "torch", "tabstream.train.tensorflow": "tensorflow"}

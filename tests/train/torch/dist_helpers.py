@@ -120,7 +120,7 @@ def build(kind: str, optimizer: str, combiner: str, seed: int = 0):
             return torch.optim.SGD(m.parameters(), lr=0.5)
         if optimizer == "lazyadam":
             return LazyAdam(m.parameters(), lr=0.05)
-        large, _ = split_embeddings_on_size(m, threshold=0)
+        large, _ = split_embeddings_on_size(m, threshold=1)
         return MultiOptimizer(partial(torch.optim.Adam, lr=0.02),
                               [(partial(LazyAdam, lr=0.05), large)], model=m)
 
