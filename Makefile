@@ -26,6 +26,7 @@ demo: $(VENV)/.demo-installed
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check tabstream tests benchmarks examples
+	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.dev-installed lint
 	$(PY) -m pytest -m "not gpu" -q

@@ -14,7 +14,7 @@ Missing is missing: null and NaN are the same missing value (id 1) whatever the
 input (a pandas frame turns NaN into null, parquet keeps NaN: both give 1), and
 ``-0.0`` is the value ``0.0`` (one vocabulary entry, one hash). An empty string
 and ``inf``/``-inf`` are ordinary values. See
-:func:`tabstream.pipeline.hashing.normalize_missing`.
+:func:`tabstream.core.hashing.normalize_missing`.
 
 ``max_size=N`` bounds the embedding table at ``N`` rows, NVTabular's meaning: the
 ``2 + num_buckets`` reserved rows (``2 + 1`` without ``num_buckets``) plus the
@@ -60,10 +60,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tabstream.ops.base import StatOperator
-from tabstream.pipeline.hashing import list_offsets_and_values, murmur3_32, normalize_missing
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
-from tabstream.train.tables import infer_embedding_dim
+from tabstream.core.hashing import list_offsets_and_values, murmur3_32, normalize_missing
+from tabstream.core.operators import StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
 

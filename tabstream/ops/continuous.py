@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.ops.base import ColumnOperator, Operator, StatOperator
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.operators import ColumnOperator, Operator, StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["Clip", "FillMissing", "LogOp", "Normalize"]
 

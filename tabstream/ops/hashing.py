@@ -1,7 +1,7 @@
 """Hash-based categorical ops: HashBucket and HashedCross.
 
 ``HashBucket(num_buckets)`` maps each value to ``murmur3_32(value) % num_buckets``
-(see :mod:`tabstream.pipeline.hashing` for the exact byte encoding), so a value
+(see :mod:`tabstream.core.hashing` for the exact byte encoding), so a value
 gets the same id in every row, partition, process and run, and on any backend
 that implements MurmurHash3 x86_32. A missing value (null, or NaN in a float
 column) gets its own id ``num_buckets``, which no value can hash to; the table
@@ -21,7 +21,7 @@ the null id). Cardinality ``num_buckets + 1``. List columns cross element by
 element (all lists of a row must have the same length; scalars broadcast).
 
 Before hashing, ``-0.0`` becomes ``0.0`` and NaN becomes missing
-(:func:`~tabstream.pipeline.hashing.normalize_missing`); ``""`` and ``inf`` are values.
+(:func:`~tabstream.core.hashing.normalize_missing`); ``""`` and ``inf`` are values.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.ops.base import ColumnOperator, Operator
-from tabstream.pipeline.hashing import (
+from tabstream.core.hashing import (
     hash_combine,
     list_offsets_and_values,
     murmur3_32_with_nulls,
     normalize_missing,
 )
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
-from tabstream.train.tables import infer_embedding_dim
+from tabstream.core.operators import ColumnOperator, Operator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["HashBucket", "HashedCross"]
 

@@ -26,12 +26,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError, NotFittedError, SchemaError
-from tabstream.ops.base import Operator, StatOperator
+from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.core.errors import DataError, NotFittedError, SchemaError
+from tabstream.core.hashing import murmur3_32
+from tabstream.core.operators import Operator, StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.statistics import check_numeric, plain, to_float64
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-from tabstream.pipeline.hashing import murmur3_32
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["DifferenceLag", "JoinExternal", "JoinGroupby", "TargetEncoding"]
 

@@ -20,12 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError
-from tabstream.ops.base import Operator, StatOperator
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
-from tabstream.pipeline.hashing import murmur3_32
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
-from tabstream.train.tables import infer_embedding_dim
+from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
+from tabstream.core.errors import DataError
+from tabstream.core.hashing import murmur3_32
+from tabstream.core.operators import Operator, StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["Bucketize", "DataStats", "DropLowCardinality", "FillMedian", "NormalizeMinMax",
            "ReduceDtypeSize"]
@@ -365,7 +364,7 @@ class DropLowCardinality(StatOperator):
         return "drop" if largest <= self.min_cardinality else "keep"
 
     def _dropped(self, schema: Schema) -> list[str]:
-        from tabstream.errors import SchemaError
+        from tabstream.core.errors import SchemaError
 
         out = []
         for col in schema:
@@ -436,7 +435,7 @@ class ReduceDtypeSize(StatOperator):
     int64 range stays uint64), and float columns to ``float_dtype``; list columns likewise by element type;
     other columns pass unchanged. Before fit, integer columns keep their dtype in
     the declared schema. A transformed value outside the fitted range raises
-    :class:`~tabstream.errors.DataError` instead of wrapping around, and so does a
+    :class:`~tabstream.core.errors.DataError` instead of wrapping around, and so does a
     finite float64 beyond float32's range (it would become inf). NaN, null, ±inf
     and -0.0 are kept as they are.
     """

@@ -58,11 +58,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError, SchemaError, TabstreamError
-from tabstream.ops.base import Operator
-from tabstream.pipeline.dataset import arrow_to_pandas
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags, normalize_tags
+from tabstream.core.dtypes import arrow_to_pandas, arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.core.errors import DataError, SchemaError, TabstreamError
+from tabstream.core.operators import Operator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, normalize_tags
 
 __all__ = [
     "DENIED_MODULES",

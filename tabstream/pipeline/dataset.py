@@ -45,9 +45,9 @@ import pyarrow.parquet as pq
 from fsspec.core import get_fs_token_paths
 from fsspec.utils import read_block
 
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-from tabstream.pipeline.schema import ColumnSchema, Schema
+from tabstream.core.dtypes import arrow_to_pandas, arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import ColumnSchema, Schema
 
 __all__ = ["Dataset", "parse_bytes"]
 
@@ -801,18 +801,6 @@ class _ReadPandas:
 
 def _count_rows(ds: Dataset, piece: Any) -> int:
     return ds.read_piece(piece).num_rows
-
-
-def arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
-    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
-    lists become ArrowDtype lists, strings pandas' string dtype."""
-
-    def mapper(t: pa.DataType) -> Any:
-        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-            return pd.ArrowDtype(t)
-        return None
-
-    return table.to_pandas(types_mapper=mapper, self_destruct=False)
 
 
 def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:

@@ -55,10 +55,10 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import ExportError, TabstreamError
+from tabstream.core.errors import ExportError, TabstreamError
+from tabstream.core.schema import Schema, Tags
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute, num_workers
-from tabstream.pipeline.schema import Schema, Tags
 
 __all__ = ["ExportResult", "export"]
 

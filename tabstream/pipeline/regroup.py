@@ -40,9 +40,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
 
+from tabstream.core.graph import Node, _check_produced, _concat_tables
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute
-from tabstream.pipeline.graph import Node, _check_produced, _concat_tables
 from tabstream.pipeline.workflow import TransformedDataset, Workflow, _conform
 
 __all__ = ["GroupedTransformedDataset", "check_graph", "find_groupby"]

@@ -25,11 +25,11 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import DataError, NotFittedError, SchemaError, TabstreamError
+from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
+from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.core.schema import Schema
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, tree_reduce
-from tabstream.pipeline.graph import ColumnSelector, Node, _concat_tables, as_node
-from tabstream.pipeline.schema import Schema
 
 __all__ = ["TransformedDataset", "Workflow"]
 
@@ -374,7 +374,7 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:
     """Cast input columns to the types the workflow was fitted on when they differ
     only in representation (pandas turns nullable ints into float64, say)."""
-    from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+    from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 
     columns = []
     for name, col in zip(table.column_names, table.columns):
@@ -492,7 +492,8 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
 
 
 def _load_op(entry: dict[str, Any]) -> Any:
-    from tabstream.ops.base import Operator
+    import tabstream.ops  # noqa: F401  (registers the whole op catalog)
+    from tabstream.core.operators import Operator
 
     config = entry.get("op")
     name = config.get("class") if isinstance(config, dict) else None
@@ -557,7 +558,7 @@ def _with_prefix(exc: Exception, prefix: str) -> Exception:
 def _empty_table(schema: Schema) -> pa.Table | None:
     """A table of no rows with the columns of ``schema``; None when a dtype has no
     Arrow type (then nothing can be checked without data)."""
-    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+    from tabstream.core.dtypes import dtype_to_arrow_type
 
     fields = []
     for col in schema:
@@ -574,7 +575,7 @@ def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> Non
     hold it to its declared output: state that type-checks but does not fit the graph
     (a mean for another column, a stats table without a column the op reads) fails
     here, at load, naming the node, instead of at the first transform."""
-    from tabstream.pipeline.graph import _check_produced, _concat_schemas
+    from tabstream.core.graph import _check_produced, _concat_schemas
 
     cache: dict[int, Schema] = {}
     for saved_id, node in built.items():

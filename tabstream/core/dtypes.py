@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type"]
+__all__ = ["arrow_to_pandas", "arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type"]
 
 _NAMED = {
     "string": pa.string(),
@@ -70,3 +70,16 @@ def dtype_to_arrow_type(dtype: Any) -> pa.DataType:
             f"unsupported dtype {dtype!r}; use a numpy dtype name such as 'int64', "
             "'float32', 'string' or 'bool', or a pyarrow DataType"
         ) from exc
+
+
+def arrow_to_pandas(table: pa.Table) -> Any:
+    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
+    lists become ArrowDtype lists, strings pandas' string dtype."""
+    import pandas as pd  # here, so that schemas and dtypes import without pandas
+
+    def mapper(t: pa.DataType) -> Any:
+        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pd.ArrowDtype(t)
+        return None
+
+    return table.to_pandas(types_mapper=mapper, self_destruct=False)

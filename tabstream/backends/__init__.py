@@ -1,0 +1,1 @@
+"""Backends (filled in by the next step)."""
