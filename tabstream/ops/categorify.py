@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tabstream.core.hashing import list_offsets_and_values, murmur3_32, normalize_missing
+from tabstream.backends import current as backend
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
@@ -82,14 +82,7 @@ def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
 
     NaN is missing like null and ``-0.0`` counts as ``0.0``.
     """
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    column = normalize_missing(column)
-    if _is_list(column.type):
-        column = pc.list_flatten(column)
-    vc = pc.value_counts(column)
-    table = pa.table({"values": vc.field("values"), "counts": vc.field("counts").cast(pa.int64())})
-    return table.filter(pc.is_valid(table["values"]))
+    return backend().value_counts(column)
 
 
 def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
@@ -97,9 +90,8 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     nonempty = [t for t in tables if t.num_rows]
     if len(nonempty) <= 1:
         return nonempty[0] if nonempty else tables[0]
-    merged = pa.concat_tables(nonempty, promote_options="permissive")
-    out = merged.group_by("values").aggregate([("counts", "sum")])
-    return pa.table({"values": out["values"], "counts": out["counts_sum"]})
+    kernels = backend()
+    return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
 
 
 @dataclass
@@ -116,7 +108,7 @@ def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
         col = table.column(name)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
-        col = normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
+        col = backend().normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
         parts.append(pc.fill_null(col.cast(pa.string()), _COMBO_NULL))
         all_null = col.is_null() if all_null is None else pc.and_(all_null, col.is_null())
     key = pc.binary_join_element_wise(*parts, _COMBO_SEP)
@@ -305,7 +297,7 @@ class Categorify(StatOperator):
         folder = os.path.join(self.spill_dir or tempfile.gettempdir(),
                               f"tabstream-categorify-{uuid.uuid4().hex}")
         os.makedirs(folder)
-        bucket = murmur3_32(table["values"]) % np.uint32(self.spill_buckets)
+        bucket = backend().murmur3(table["values"]).hashes % np.uint32(self.spill_buckets)
         sizes = np.bincount(bucket, minlength=self.spill_buckets)
         table = table.take(np.argsort(bucket, kind="stable"))
         start = 0
@@ -350,7 +342,7 @@ class Categorify(StatOperator):
                 table = table.slice(0, limit)
             tables[name] = table.combine_chunks()
         for name, values in (self.vocabs or {}).items():
-            arr = normalize_missing(pa.array(values))
+            arr = backend().normalize_missing(pa.array(values))
             if arr.null_count:
                 raise ValueError(f"Categorify: the vocabulary given for {name!r} contains a missing "
                                  "value (None or NaN); missing values always get id 1")
@@ -386,9 +378,10 @@ class Categorify(StatOperator):
             column = column.combine_chunks()
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
-        column = normalize_missing(column)
+        kernels = backend()
+        column = kernels.normalize_missing(column)
         if _is_list(column.type):
-            offsets, child = list_offsets_and_values(column)
+            offsets, child = kernels.list_offsets(column), kernels.list_flatten(column)
             ids = self._encode_flat(name, child)
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return self._encode_flat(name, column)
@@ -402,9 +395,10 @@ class Categorify(StatOperator):
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
-        ids = pc.add(pc.index_in(column, value_set=vocab).cast(pa.int64()), self.start_index)
+        kernels = backend()
+        ids = pc.add(kernels.encode(column, vocab), self.start_index)
         if self.num_buckets:
-            oov: Any = pa.array(murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID)
+            oov: Any = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         else:
             oov = pa.scalar(OOV_ID, pa.int64())
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))

@@ -58,7 +58,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.core.dtypes import arrow_to_pandas, arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.backends import current as backend
+from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.core.errors import DataError, SchemaError, TabstreamError
 from tabstream.core.operators import Operator
 from tabstream.core.schema import ColumnSchema, Schema, Tags, normalize_tags
@@ -391,15 +392,15 @@ class Filter(_FunctionOp):
     def transform(self, table: pa.Table) -> pa.Table:
         if table.num_rows == 0:
             return table
-        mask = self.f(arrow_to_pandas(table))
+        mask = self.f(backend().to_frame(table))
         if isinstance(mask, pd.DataFrame) or np.ndim(mask) != 1 or len(mask) != table.num_rows:
             raise TypeError(
                 f"Filter: f={_describe(self.f)} must return one boolean per row ({table.num_rows}), "
                 f"got {type(mask).__name__} of shape {np.shape(mask)}")
-        arr = pa.array(mask, from_pandas=True)
+        arr = backend().from_user_column(mask)
         if not pa.types.is_boolean(arr.type):
             raise TypeError(f"Filter: f={_describe(self.f)} must return booleans, got {arr.type}")
-        return table.filter(pc.fill_null(arr, False))
+        return backend().filter(table, arr)
 
 
 class Dropna(Operator):
@@ -460,7 +461,7 @@ class LambdaOp(_FunctionOp):
         return len(positional) == 2
 
     def transform(self, table: pa.Table) -> pa.Table:
-        df = arrow_to_pandas(table)
+        df = backend().to_frame(table)
         takes_frame = self._takes_frame()
         out = {}
         for name in table.column_names:
@@ -474,7 +475,7 @@ class LambdaOp(_FunctionOp):
             raise TypeError(f"LambdaOp: f={fname} must return a Series for column {name!r}, "
                             f"got {type(result).__name__}")
         try:
-            arr = pa.array(result, from_pandas=True)
+            arr = backend().from_user_column(result)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise DataError(f"LambdaOp: f={fname} returned values for column {name!r} that "
                             f"do not convert to Arrow: {exc}") from exc

@@ -288,7 +288,7 @@ class _Plan:
     def read(self, piece_index: int) -> pa.Table:
         table = self.dataset.read_piece(self.dataset.pieces[piece_index], self.columns)
         if self.workflow is not None:
-            table = self.workflow.transform_table(table)
+            table = self.workflow.transform_table(table, self.dataset.backend_name)
         return table
 
     def rng(self, *key: int) -> np.random.Generator:

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
+from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
 from tabstream.core.schema import Schema
@@ -121,15 +122,17 @@ class Workflow:
             )
 
     # -- transform ----------------------------------------------------------
-    def transform_table(self, table: pa.Table) -> pa.Table:
-        """Transform one in-memory Arrow table (one partition)."""
+    def transform_table(self, table: pa.Table, backend: str = "arrow") -> pa.Table:
+        """Transform one in-memory Arrow table (one partition) with the kernels of
+        ``backend`` (the Dataset's ``backend_name``; arrow for in-memory input)."""
         self._check_fitted()
         assert self.input_schema is not None
         missing = [c for c in self.input_columns if c not in table.column_names]
         if missing:
             raise SchemaError(f"input is missing columns {missing}; it has {table.column_names}")
         table = _conform(table.select(self.input_columns), self.input_schema)
-        return self.output_node.transform(table, self.input_schema)
+        with backends.use(backend):
+            return self.output_node.transform(table, self.input_schema)
 
     def transform(self, data: Any) -> Any:
         """Lazy on a :class:`Dataset` (returns a :class:`TransformedDataset`), eager on a
@@ -316,7 +319,7 @@ class TransformedDataset:
 
     def read_piece(self, piece: Any) -> pa.Table:
         table = self.dataset.read_piece(piece, self.workflow.input_columns)
-        return self.workflow.transform_table(table)
+        return self.workflow.transform_table(table, self.dataset.backend_name)
 
     def to_iter(self):
         for piece in self.dataset.pieces:
@@ -365,9 +368,10 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
     out = []
-    for node in nodes:
-        parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
-        out.append(node.op.fit_partition(_concat_tables(parents)))
+    with backends.use(ds.backend_name):
+        for node in nodes:
+            parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
+            out.append(node.op.fit_partition(_concat_tables(parents)))
     return out
 
 
