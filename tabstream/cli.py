@@ -19,9 +19,6 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tabstream.reporting import print_timings as _print_timings
-from tabstream.reporting import schema_summary as _schema_summary
-
 __all__ = ["main"]
 
 _HINTS = {
@@ -62,6 +59,24 @@ def _phase(timings: dict[str, float], name: str):
     start = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - start
+
+
+def _print_timings(timings: dict[str, float], rows: int | None = None) -> None:
+    print("\nphase                     seconds" + ("     rows/s" if rows else ""))
+    for name, secs in timings.items():
+        rate = f"  {rows / secs:>9,.0f}" if rows and secs > 0 else ""
+        print(f"  {name:<22} {secs:>8.2f}{rate}")
+
+
+def _schema_summary(schema: Any) -> str:
+    lines = [f"{'column':<14} {'dtype':<8} {'tags':<40} cardinality  emb.dim"]
+    for col in schema:
+        emb = col.properties.get("embedding_sizes") or {}
+        card = str(col.cardinality) if col.cardinality is not None else ""
+        tags = ",".join(sorted(t.value for t in col.tags))
+        lines.append(f"{col.name:<14} {col.dtype + ('[]' if col.is_list else ''):<8} "
+                     f"{tags:<40} {card:>11}  {emb.get('dimension', ''):>7}")
+    return "\n".join(lines)
 
 
 def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
