@@ -25,6 +25,7 @@ DOCUMENTED = {
                          "TabstreamError"],
     "tabstream.pipeline.schema": ["ColumnSchema", "Schema", "Tags"],
     "tabstream.train": ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"],
+    "tabstream.backends": ["registered", "available"],
 }
 
 MOVED = {

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from tabstream.backends import current as backend
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.bucketize import Bucketize
 from tabstream.ops.cardinality import DropLowCardinality
 from tabstream.ops.datastats import DataStats
-from tabstream.ops.numeric import _finite, _missing, check_numeric, plain, to_float64
+from tabstream.ops.numeric import _finite, check_numeric, plain, to_float64
 from tabstream.ops.reduce_dtype import ReduceDtypeSize
 
 __all__ = ["Bucketize", "DataStats", "DropLowCardinality", "FillMedian", "NormalizeMinMax",
@@ -78,11 +78,11 @@ class NormalizeMinMax(StatOperator):
 
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()
+        kernels = backend()
         data = {}
         for name in table.column_names:
-            span = self.maxs[name] - self.mins[name]
-            x = pc.subtract(plain(table.column(name)).cast(pa.float64()), self.mins[name])
-            data[name] = pc.divide(x, span if span > 0 else 1.0).cast(pa.float32())
+            span = self.maxs[name] - self.mins[name]  # 0: only shifted (every value is the min)
+            data[name] = kernels.standardize(plain(table.column(name)), self.mins[name], max(span, 0.0))
         return pa.table(data)
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
@@ -163,16 +163,17 @@ class FillMedian(StatOperator):
 
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()
+        kernels = backend()
         data: dict[str, Any] = {}
         for name in table.column_names:
             column = plain(table.column(name))
             out_type = column.type if pa.types.is_floating(column.type) else pa.float64()
-            missing = _missing(column)
+            missing = kernels.is_missing(column)
             median = self.medians[name]
             if median is None:
                 data[name] = column.cast(out_type)
             else:
-                data[name] = pc.if_else(missing, pa.scalar(median, out_type), column.cast(out_type))
+                data[name] = kernels.fill_missing(column.cast(out_type), median)
             if self.add_binary_cols:
                 data[f"{name}_filled"] = missing if median is not None else pa.array(
                     np.zeros(len(column), dtype=bool))

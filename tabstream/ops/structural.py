@@ -145,13 +145,12 @@ class Dropna(Operator):
     """
 
     def transform(self, table: pa.Table) -> pa.Table:
-        keep = None
+        kernels = backend()
+        drop = None
         for column in table.columns:
-            ok = pc.is_valid(column)
-            if pa.types.is_floating(column.type):
-                ok = pc.and_(ok, pc.invert(pc.fill_null(pc.is_nan(column), True)))
-            keep = ok if keep is None else pc.and_(keep, ok)
-        return table if keep is None else table.filter(keep)
+            missing = kernels.is_missing(column)
+            drop = missing if drop is None else pc.or_(drop, missing)
+        return table if drop is None else kernels.filter(table, pc.invert(drop))
 
 
 class LambdaOp(_FunctionOp):
