@@ -95,8 +95,7 @@ class CudfBackend(Backend):
             from tabstream.core.hashing import normalize_missing
 
             return normalize_missing(column)
-        s = _series(column)
-        s = s.where(s != 0, 0.0)  # -0.0 -> 0.0 (nulls stay null)
+        s = _series(column) + 0.0  # -0.0 + 0.0 is +0.0 (IEEE 754); nulls stay null
         return _arrow(s.nans_to_nulls(), t)
 
     def is_missing(self, column: Column) -> Column:
@@ -161,7 +160,7 @@ class CudfBackend(Backend):
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
         cudf, cupy = _libs()
         positions = cudf.Series(cupy.arange(len(vocabulary), dtype="int64"),
-                                index=cudf.Series.from_arrow(vocabulary))
+                                index=cudf.Index(cudf.Series.from_arrow(vocabulary)))
         return _arrow(_series(column).map(positions), pa.int64())
 
     def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:
@@ -193,13 +192,19 @@ class CudfBackend(Backend):
              how: str = "left") -> pa.Table:
         if how not in ("left", "inner"):
             raise ValueError(f"join: how must be 'left' or 'inner', got {how!r}")
-        _, cupy = _libs()
+        cudf, cupy = _libs()
         order = "__tabstream_row__"
         while order in left.column_names or order in right.column_names:
             order += "_"
         lf = _frame(left)
         lf[order] = cupy.arange(left.num_rows, dtype="int64")
-        joined = lf.merge(_frame(right), on=list(keys), how=how, sort=False)
+        # a null key matches nothing (cudf's merge, like pandas', would match null to
+        # null): only rows with every key present are merged, the others rejoin after
+        has_keys = lf[list(keys)].notnull().all(axis=1)
+        right_frame = _frame(right).dropna(subset=list(keys))
+        joined = lf[has_keys].merge(right_frame, on=list(keys), how=how, sort=False)
+        if how == "left":
+            joined = cudf.concat([joined, lf[~has_keys]], ignore_index=True)
         joined = joined.sort_values(order)
         names = left.column_names + [c for c in right.column_names if c not in keys]
         return joined[names].to_arrow(preserve_index=False)
