@@ -50,7 +50,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.tables import TableConfig, table_configs_from_schema
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.tables import TableConfig, table_configs_from_schema
 
 __all__ = [
