@@ -34,6 +34,7 @@ MOVED = {
     "tabstream.pipeline.dtypes": "tabstream.core.dtypes",
     "tabstream.pipeline.graph": "tabstream.core.graph",
     "tabstream.pipeline.hashing": "tabstream.core.hashing",
+    "tabstream.pipeline.merlin": "tabstream.core.merlin",
     "tabstream.ops.base": "tabstream.core.operators",
 }
 
@@ -75,6 +76,7 @@ def test_moved_modules_keep_their_old_path(old):
 def test_core_imports_without_pandas_dask_or_frameworks():
     code = ("import sys, tabstream.core.schema, tabstream.core.dtypes, tabstream.core.errors, "
             "tabstream.core.graph, tabstream.core.operators, tabstream.core.hashing, "
+            "tabstream.core.merlin, "
             "tabstream.pipeline.schema;"
             "print(','.join(m for m in ('pandas', 'dask', 'torch', 'tensorflow', 'cudf') "
             "if m in sys.modules))")
