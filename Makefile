@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pip prints one warning per missing local index folder; keep the output readable
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test test-gpu lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,9 +35,19 @@ demo: $(VENV)/.demo-installed
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check tabstream tests benchmarks examples tools
+	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.dev-installed lint
 	$(PY) -m pytest -m "not gpu" -q
+
+# On a machine with an NVIDIA GPU: the gpu extra, then every test marked gpu, which
+# includes the backend contract suite (tests/backends) on the cudf backend. Refuses to
+# "pass" by skipping: it stops first when the cudf backend cannot run here.
+test-gpu: $(VENV)/.dev-installed
+	$(PIP) -e ".[dev,torch,gpu]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c "import sys, tabstream.backends as b; r = b.gpu_status(); print('cudf backend:', r or 'available'); sys.exit(1 if r else 0)"
+	$(PY) -m pytest -m gpu -q -rs
+	$(PY) -m pytest tests/backends -q -rs
 
 bench: $(VENV)/.dev-installed
 	$(PY) benchmarks/etl.py

@@ -7,9 +7,21 @@ batches into PyTorch and Keras 3.
 
 from __future__ import annotations
 
+import sys as _sys
 from typing import Any
 
-from tabstream.errors import DataError, ExportError, NotFittedError, SchemaError, TabstreamError
+from tabstream.core import alias_modules as _alias_modules
+from tabstream.core import errors as _errors
+from tabstream.core.errors import (
+    DataError,
+    ExportError,
+    NotFittedError,
+    SchemaError,
+    TabstreamError,
+)
+
+# ``tabstream.errors`` moved to ``tabstream.core.errors``; the old path still works.
+_alias_modules(_sys.modules[__name__], {"errors": _errors})
 
 __version__ = "0.1.0"
 

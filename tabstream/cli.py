@@ -73,7 +73,7 @@ def _parse_names(names: str) -> list[str]:
 
 
 def _parse_dtypes(dtypes: str) -> dict[str, str]:
-    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+    from tabstream.core.dtypes import dtype_to_arrow_type
 
     out: dict[str, str] = {}
     for item in dtypes.split(","):
@@ -133,7 +133,7 @@ def _check_header_line(path: str, engine: str | None, sep: str | None) -> None:
         sep = "\t" if files[0].endswith((".tsv", ".tsv.gz")) else ","
     why = _looks_like_data(first.split(sep))
     if why is not None:
-        from tabstream.errors import DataError
+        from tabstream.core.errors import DataError
 
         raise DataError(
             f"{files[0]}, line 1 holds {why}, so it is a row of data, not column names "
@@ -187,24 +187,6 @@ def _phase(timings: dict[str, float], name: str):
     start = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - start
-
-
-def _print_timings(timings: dict[str, float], rows: int | None = None) -> None:
-    print("\nphase                     seconds" + ("     rows/s" if rows else ""))
-    for name, secs in timings.items():
-        rate = f"  {rows / secs:>9,.0f}" if rows and secs > 0 else ""
-        print(f"  {name:<22} {secs:>8.2f}{rate}")
-
-
-def _schema_summary(schema: Any) -> str:
-    lines = [f"{'column':<14} {'dtype':<8} {'tags':<40} cardinality  emb.dim"]
-    for col in schema:
-        emb = col.properties.get("embedding_sizes") or {}
-        card = str(col.cardinality) if col.cardinality is not None else ""
-        tags = ",".join(sorted(t.value for t in col.tags))
-        lines.append(f"{col.name:<14} {col.dtype + ('[]' if col.is_list else ''):<8} "
-                     f"{tags:<40} {card:>11}  {emb.get('dimension', ''):>7}")
-    return "\n".join(lines)
 
 
 def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
@@ -280,8 +262,10 @@ def cmd_fit(args: argparse.Namespace) -> None:
                                         shuffle=args.shuffle, overwrite=args.overwrite,
                                         progress=not args.quiet)
         print(f"exported to {args.output}")
-    print(_schema_summary(wf.output_schema))
-    _print_timings(timings)
+    from tabstream.reporting import print_timings, schema_summary
+
+    print(schema_summary(wf.output_schema))
+    print_timings(timings)
 
 
 def cmd_transform(args: argparse.Namespace) -> None:

@@ -19,9 +19,9 @@ __all__ = ["run_demo"]
 def run_demo(rows: int = 1_000_000, output: str = "demo_out", days: int = 4, seed: int = 0,
              train: bool = True, progress: bool | None = None) -> dict[str, Any]:
     from tabstream import Dataset
-    from tabstream.cli import _print_timings, _schema_summary
     from tabstream.datasets.synthetic import CRITEO_COLUMNS, CRITEO_DTYPES, write_data
     from tabstream.recipes import criteo_workflow
+    from tabstream.reporting import print_timings, schema_summary
 
     if days < 2:
         raise ValueError(f"demo needs at least 2 days (train + valid), got {days}")
@@ -56,11 +56,11 @@ def run_demo(rows: int = 1_000_000, output: str = "demo_out", days: int = 4, see
     print(f"train: {train_out.num_rows:,} rows in {len(train_out.files)} files; "
           f"valid: {valid_out.num_rows:,} rows in {len(valid_out.files)} files")
     print()
-    print(_schema_summary(wf.output_schema))
+    print(schema_summary(wf.output_schema))
     result: dict[str, Any] = {"timings": timings, "train": train_out, "valid": valid_out, "workflow": wf}
     if train:
         result.update(_train(output, raw, files, timings, seed, progress))
-    _print_timings(timings)
+    print_timings(timings)
     return result
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from tabstream import ops
+from tabstream.core.graph import Node
+from tabstream.core.schema import Tags
 from tabstream.datasets.synthetic import CRITEO_CATEGORICAL, CRITEO_CONTINUOUS, CRITEO_LABEL
-from tabstream.pipeline.graph import Node
-from tabstream.pipeline.schema import Tags
 from tabstream.pipeline.workflow import Workflow
 
 __all__ = ["RECIPES", "criteo_graph", "criteo_workflow"]

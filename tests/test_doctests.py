@@ -15,14 +15,15 @@ import pytest
 import tabstream
 
 RUNNABLE = [
+    "tabstream.backends",
+    "tabstream.core.dtypes",
+    "tabstream.core.errors",
+    "tabstream.core.hashing",
+    "tabstream.core.merlin",
     "tabstream.datasets.synthetic",
-    "tabstream.errors",
     "tabstream.loaders.core",
     "tabstream.loaders.plan",
-    "tabstream.pipeline.dtypes",
-    "tabstream.pipeline.hashing",
     "tabstream.pipeline.inspect",
-    "tabstream.pipeline.merlin",
     "tabstream.train.metrics",
     "tabstream.train.tables",
     "tabstream.train.torch.metrics",
@@ -30,10 +31,11 @@ RUNNABLE = [
 ]
 
 NOT_YET_RUNNABLE = {
+    "tabstream.backends.arrow", "tabstream.core.graph", "tabstream.ops.bucketize",
     "tabstream.loaders.torch", "tabstream.ops.categorify", "tabstream.ops.continuous",
     "tabstream.ops.groupby", "tabstream.ops.hashing", "tabstream.ops.joins",
     "tabstream.ops.lists", "tabstream.ops.statistics", "tabstream.ops.structural",
-    "tabstream.ops.tags", "tabstream.pipeline.dataset", "tabstream.pipeline.graph",
+    "tabstream.ops.tags", "tabstream.pipeline.dataset",
     "tabstream.pipeline.workflow", "tabstream.testing", "tabstream.train.runner",
     "tabstream.train.tensorflow", "tabstream.train.tensorflow.fit",
     "tabstream.train.tensorflow.models", "tabstream.train.torch",

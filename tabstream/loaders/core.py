@@ -58,11 +58,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError, NotFittedError, SchemaError
+from tabstream.core.dtypes import is_list_type
+from tabstream.core.errors import DataError, NotFittedError, SchemaError
+from tabstream.core.schema import Schema, Tags
 from tabstream.loaders import plan
 from tabstream.loaders.source import ParquetSource, open_source
-from tabstream.pipeline.dtypes import is_list_type
-from tabstream.pipeline.schema import Schema, Tags
 
 __all__ = ["Batch", "BatchIterator", "Layout", "Loader", "pad_lists", "pad_nested"]
 

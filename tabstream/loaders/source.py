@@ -26,9 +26,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import is_list_type
-from tabstream.pipeline.schema import ColumnSchema, Schema
+from tabstream.core.dtypes import is_list_type
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import ColumnSchema, Schema
 
 __all__ = ["ParquetSource", "Unit", "as_dataset", "open_source"]
 

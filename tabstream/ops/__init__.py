@@ -1,6 +1,13 @@
-"""Workflow ops. ``columns >> op`` applies one; see each op's docstring."""
+"""Workflow ops. ``columns >> op`` applies one; see each op's docstring.
 
-from tabstream.ops.base import ColumnOperator, Operator, StatOperator, registered_ops
+The operator bases moved to :mod:`tabstream.core.operators`; ``tabstream.ops.base``
+still works and names the same module.
+"""
+
+import sys
+
+from tabstream.core import alias_modules, operators
+from tabstream.core.operators import ColumnOperator, Operator, StatOperator, registered_ops
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
 from tabstream.ops.groupby import Groupby
@@ -66,3 +73,5 @@ __all__ = [
     "registered_ops",
     "Groupby",
 ]
+
+alias_modules(sys.modules[__name__], {"base": operators})

@@ -14,7 +14,7 @@ Missing is missing: null and NaN are the same missing value (id 1) whatever the
 input (a pandas frame turns NaN into null, parquet keeps NaN: both give 1), and
 ``-0.0`` is the value ``0.0`` (one vocabulary entry, one hash). An empty string
 and ``inf``/``-inf`` are ordinary values. See
-:func:`tabstream.pipeline.hashing.normalize_missing`.
+:func:`tabstream.core.hashing.normalize_missing`.
 
 ``max_size=N`` bounds the embedding table at ``N`` rows, NVTabular's meaning: the
 ``2 + num_buckets`` reserved rows (``2 + 1`` without ``num_buckets``) plus the
@@ -60,11 +60,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tabstream.ops.base import StatOperator
-from tabstream.pipeline.dtypes import sort_indices, widen_half
-from tabstream.pipeline.hashing import list_offsets_and_values, murmur3_32, normalize_missing
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
-from tabstream.train.tables import infer_embedding_dim
+from tabstream.backends import current as backend
+from tabstream.core.dtypes import sort_indices, widen_half
+from tabstream.core.operators import StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
 
@@ -84,14 +83,7 @@ def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
 
     NaN is missing like null and ``-0.0`` counts as ``0.0``.
     """
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    column = normalize_missing(column)
-    if _is_list(column.type):
-        column = pc.list_flatten(column)
-    vc = pc.value_counts(column)
-    table = pa.table({"values": vc.field("values"), "counts": vc.field("counts").cast(pa.int64())})
-    return table.filter(pc.is_valid(table["values"]))
+    return backend().value_counts(column)
 
 
 def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
@@ -99,9 +91,8 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     nonempty = [t for t in tables if t.num_rows]
     if len(nonempty) <= 1:
         return nonempty[0] if nonempty else tables[0]
-    merged = pa.concat_tables(nonempty, promote_options="permissive")
-    out = merged.group_by("values").aggregate([("counts", "sum")])
-    return pa.table({"values": out["values"], "counts": out["counts_sum"]})
+    kernels = backend()
+    return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
 
 
 @dataclass
@@ -118,7 +109,7 @@ def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
         col = table.column(name)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
-        col = normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
+        col = backend().normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
         parts.append(pc.fill_null(col.cast(pa.string()), _COMBO_NULL))
         all_null = col.is_null() if all_null is None else pc.and_(all_null, col.is_null())
     key = pc.binary_join_element_wise(*parts, _COMBO_SEP)
@@ -319,7 +310,7 @@ class Categorify(StatOperator):
         folder = os.path.join(self.spill_dir or tempfile.gettempdir(),
                               f"tabstream-categorify-{uuid.uuid4().hex}")
         os.makedirs(folder)
-        bucket = murmur3_32(table["values"]) % np.uint32(self.spill_buckets)
+        bucket = backend().murmur3(table["values"]).hashes % np.uint32(self.spill_buckets)
         sizes = np.bincount(bucket, minlength=self.spill_buckets)
         table = table.take(np.argsort(bucket, kind="stable"))
         start = 0
@@ -364,7 +355,7 @@ class Categorify(StatOperator):
                 table = table.slice(0, limit)
             tables[name] = table.combine_chunks()
         for name, values in (self.vocabs or {}).items():
-            arr = normalize_missing(pa.array(values))
+            arr = backend().normalize_missing(pa.array(values))
             if arr.null_count:
                 raise ValueError(f"Categorify: the vocabulary given for {name!r} contains a missing "
                                  "value (None or NaN); missing values always get id 1")
@@ -400,9 +391,10 @@ class Categorify(StatOperator):
             column = column.combine_chunks()
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
-        column = normalize_missing(column)
+        kernels = backend()
+        column = kernels.normalize_missing(column)
         if _is_list(column.type):
-            offsets, child = list_offsets_and_values(column)
+            offsets, child = kernels.list_offsets(column), kernels.list_flatten(column)
             ids = self._encode_flat(name, child)
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return self._encode_flat(name, column)
@@ -416,9 +408,10 @@ class Categorify(StatOperator):
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
-        ids = pc.add(pc.index_in(widen_half(column), value_set=widen_half(vocab)).cast(pa.int64()), self.start_index)
+        kernels = backend()
+        ids = pc.add(kernels.encode(column, vocab), self.start_index)
         if self.num_buckets:
-            oov: Any = pa.array(murmur3_32(column).astype(np.int64) % self.num_buckets + OOV_ID)
+            oov: Any = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         else:
             oov = pa.scalar(OOV_ID, pa.int64())
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))

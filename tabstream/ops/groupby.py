@@ -58,11 +58,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import SchemaError
-from tabstream.ops.base import Operator
-from tabstream.pipeline.dtypes import dtype_to_arrow_type, is_list_type, sort_indices
-from tabstream.pipeline.hashing import hash_combine, murmur3_32, normalize_missing
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type, sort_indices
+from tabstream.core.errors import SchemaError
+from tabstream.core.hashing import hash_combine, murmur3_32, normalize_missing
+from tabstream.core.operators import Operator
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["AGGREGATIONS", "Groupby", "key_buckets"]
 
@@ -212,7 +212,7 @@ class Groupby(Operator):
 
     # -- transform ----------------------------------------------------------
     def transform(self, table: pa.Table) -> pa.Table:
-        from tabstream.pipeline.dtypes import arrow_type_to_dtype
+        from tabstream.core.dtypes import arrow_type_to_dtype
 
         schema = Schema(ColumnSchema(n, *arrow_type_to_dtype(t)[:1], is_list=is_list_type(t))
                         for n, t in zip(table.column_names, table.schema.types))

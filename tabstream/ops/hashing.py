@@ -1,7 +1,7 @@
 """Hash-based categorical ops: HashBucket and HashedCross.
 
 ``HashBucket(num_buckets)`` maps each value to ``murmur3_32(value) % num_buckets``
-(see :mod:`tabstream.pipeline.hashing` for the exact byte encoding), so a value
+(see :mod:`tabstream.core.hashing` for the exact byte encoding), so a value
 gets the same id in every row, partition, process and run, and on any backend
 that implements MurmurHash3 x86_32. A missing value (null, or NaN in a float
 column) gets its own id ``num_buckets``, which no value can hash to; the table
@@ -25,7 +25,7 @@ the null id). Cardinality ``num_buckets + 1``. List columns cross element by
 element (all lists of a row must have the same length; scalars broadcast).
 
 Before hashing, ``-0.0`` becomes ``0.0`` and NaN becomes missing
-(:func:`~tabstream.pipeline.hashing.normalize_missing`); ``""`` and ``inf`` are values.
+(:func:`~tabstream.core.hashing.normalize_missing`); ``""`` and ``inf`` are values.
 """
 
 from __future__ import annotations
@@ -36,15 +36,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.ops.base import ColumnOperator, Operator
-from tabstream.pipeline.hashing import (
-    hash_combine,
-    list_offsets_and_values,
-    murmur3_32_with_nulls,
-    normalize_missing,
-)
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
-from tabstream.train.tables import infer_embedding_dim
+from tabstream.backends import current as backend
+from tabstream.core.hashing import hash_combine
+from tabstream.core.operators import ColumnOperator, Operator
+from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["HashBucket", "HashedCross"]
 
@@ -77,9 +72,10 @@ class HashBucket(ColumnOperator):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         n = self._buckets(name)
-        column = normalize_missing(column)
+        kernels = backend()
+        column = kernels.normalize_missing(column)
         if _is_list(column.type):
-            offsets, values = list_offsets_and_values(column)
+            offsets, values = kernels.list_offsets(column), kernels.list_flatten(column)
             ids = pa.array(_bucket(values, n))
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return pa.array(_bucket(column, n))
@@ -110,7 +106,7 @@ def _hashed_properties(n: int, name: str) -> dict[str, Any]:
 
 def _bucket(values: pa.Array, n: int) -> np.ndarray:
     """``hash % n`` per value, ``n`` where missing (``values`` already normalized)."""
-    hashes, is_null = murmur3_32_with_nulls(values)
+    hashes, is_null = backend().murmur3(values)
     ids = (hashes % np.uint32(n)).astype(np.int64)
     ids[is_null] = n
     return ids
@@ -166,10 +162,10 @@ class HashedCross(Operator):
         for group in self._groups(table.column_names):
             name = "_X_".join(group)
             n = self._buckets(name)
-            columns = [normalize_missing(table.column(c).combine_chunks()) for c in group]
+            columns = [backend().normalize_missing(table.column(c).combine_chunks()) for c in group]
             list_names = [c for c, col in zip(group, columns) if _is_list(col.type)]
             if not list_names:
-                out[name] = pa.array(_cross([murmur3_32_with_nulls(c) for c in columns], n))
+                out[name] = pa.array(_cross([backend().murmur3(c) for c in columns], n))
                 continue
             template = columns[group.index(list_names[0])]
             lengths = pc.list_value_length(template).fill_null(0).to_numpy(zero_copy_only=False)
@@ -183,9 +179,9 @@ class HashedCross(Operator):
             for c in columns:
                 if _is_list(c.type):
                     # flatten() drops the slots of null lists, as the lengths above do
-                    parts.append(murmur3_32_with_nulls(pc.list_flatten(c)))
+                    parts.append(backend().murmur3(pc.list_flatten(c)))
                 else:
-                    hashes, is_null = murmur3_32_with_nulls(c)
+                    hashes, is_null = backend().murmur3(c)
                     parts.append((np.repeat(hashes, lengths), np.repeat(is_null, lengths)))
             ids = pa.array(_cross(parts, n))
             offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.errors import DataError
-from tabstream.ops.base import ColumnOperator, Operator, StatOperator
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-from tabstream.pipeline.schema import ColumnSchema, Tags
+from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+from tabstream.core.errors import DataError
+from tabstream.core.operators import ColumnOperator, Operator, StatOperator
+from tabstream.core.schema import ColumnSchema, Tags
 
 __all__ = ["ListSlice", "SplitList", "ValueCount"]
 

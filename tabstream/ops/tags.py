@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from tabstream.ops.base import Operator
-from tabstream.pipeline.schema import ColumnSchema, Tags, normalize_tags
+from tabstream.core.operators import Operator
+from tabstream.core.schema import ColumnSchema, Tags, normalize_tags
 
 __all__ = ["AddMetadata", "AddTags"]
 

@@ -46,10 +46,16 @@ import pyarrow.parquet as pq
 from fsspec.core import get_fs_token_paths
 from fsspec.utils import glob_translate, read_block
 
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
-from tabstream.pipeline.merlin import read_merlin_schema
-from tabstream.pipeline.schema import ColumnSchema, Schema
+from tabstream import backends
+from tabstream.core.dtypes import (
+    arrow_to_pandas,
+    arrow_type_to_dtype,
+    dtype_to_arrow_type,
+    is_list_type,
+)
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.merlin import read_merlin_schema
+from tabstream.core.schema import ColumnSchema, Schema
 
 __all__ = ["Dataset", "parse_bytes"]
 
@@ -114,8 +120,11 @@ class Dataset:
     part_size:
         Target in-memory size of one partition (``"64MB"`` by default).
     cpu:
-        ``None`` or ``True``: the CPU backend (pyarrow kernels in dask tasks).
-        ``False`` asks for the GPU backend, which this release does not have yet.
+        Which backend's kernels the ops run with (see :mod:`tabstream.backends`):
+        ``True`` the arrow (CPU) backend; ``None`` the cudf backend when cudf imports
+        and a GPU is present, else arrow; ``False`` cudf, or a
+        :class:`~tabstream.core.errors.BackendUnavailableError` naming what is missing.
+        The choice is ``backend_name``.
     cache:
         ``"disk"`` keeps each partition, as read, in an Arrow IPC file under
         ``cache_dir`` (a temporary folder removed with the Dataset), so the second
@@ -151,7 +160,9 @@ class Dataset:
         self._cache_dir = cache_dir
         self.part_size = parse_bytes(part_size)
         self.storage_options = dict(storage_options or {})
-        self.cpu = _resolve_cpu(cpu)
+        #: the backend whose kernels the ops run with on this data (chosen once, here)
+        self.backend_name = backends.choose(cpu)
+        self.cpu = self.backend_name == "arrow"
         self.read_kwargs = read_kwargs
         self.fs: fsspec.AbstractFileSystem | None = None
         self.files: list[str] = []
@@ -843,18 +854,6 @@ def _count_rows(ds: Dataset, piece: Any) -> int:
     return ds.read_piece(piece).num_rows
 
 
-def arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
-    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
-    lists become ArrowDtype lists, strings pandas' string dtype."""
-
-    def mapper(t: pa.DataType) -> Any:
-        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-            return pd.ArrowDtype(t)
-        return None
-
-    return table.to_pandas(types_mapper=mapper, self_destruct=False)
-
-
 def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pandas(df, preserve_index=False)
 
@@ -867,17 +866,6 @@ def _is_local(fs: Any) -> bool:
 def _is_dask_dataframe(obj: Any) -> bool:
     mod = type(obj).__module__
     return mod.startswith("dask") and hasattr(obj, "npartitions")
-
-
-def _resolve_cpu(cpu: bool | None) -> bool:
-    """Only the CPU backend (pandas/pyarrow) exists in this release; say so plainly
-    when the GPU one is asked for."""
-    if cpu is None or cpu:
-        return True
-    raise ValueError(
-        "Dataset(cpu=False) asks for the GPU (cudf) backend, which this release of "
-        "tabstream does not have yet; use cpu=None or cpu=True"
-    )
 
 
 def _expand_paths(path: Any, storage_options: dict,

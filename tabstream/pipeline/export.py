@@ -55,10 +55,10 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import ExportError, TabstreamError
+from tabstream.core.errors import ExportError, TabstreamError
+from tabstream.core.schema import Schema, Tags
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute, num_workers
-from tabstream.pipeline.schema import Schema, Tags
 
 __all__ = ["ExportResult", "export"]
 
@@ -293,7 +293,7 @@ class _Plan:
     def read(self, piece_index: int) -> pa.Table:
         table = self.dataset.read_piece(self.dataset.pieces[piece_index], self.columns)
         if self.workflow is not None:
-            table = self.workflow.transform_table(table)
+            table = self.workflow.transform_table(table, self.dataset.backend_name)
         return table
 
     def rng(self, *key: int) -> np.random.Generator:

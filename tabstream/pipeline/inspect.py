@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dask import delayed
 
+from tabstream.core.hashing import murmur3_32, normalize_missing
 from tabstream.ops.categorify import merge_counts, value_counts
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute, tree_reduce
-from tabstream.pipeline.hashing import murmur3_32, normalize_missing
 
 __all__ = ["HyperLogLog", "QuantileSummary", "inspect_dataset", "write_plots"]
 

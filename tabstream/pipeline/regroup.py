@@ -42,9 +42,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
 
+from tabstream import backends
+from tabstream.core.graph import Node, _check_produced, _concat_tables
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute
-from tabstream.pipeline.graph import Node, _check_produced, _concat_tables
 from tabstream.pipeline.workflow import TransformedDataset, Workflow, _conform
 
 __all__ = ["GroupedTransformedDataset", "check_graph", "find_groupby"]
@@ -84,8 +85,10 @@ def check_graph(output_node: Node) -> None:
 class _BucketDataset:
     """The scattered rows as a dataset whose pieces are buckets (what export reads)."""
 
-    def __init__(self, fs: Any, root: str, schema: pa.Schema, pieces_of: list[list[int]]) -> None:
+    def __init__(self, fs: Any, root: str, schema: pa.Schema, pieces_of: list[list[int]],
+                 backend_name: str = "arrow") -> None:
         self.fs = fs
+        self.backend_name = backend_name  # the scattered Dataset's
         self.root = root
         self.arrow_schema = schema
         self.pieces_of = pieces_of  # bucket -> input partitions that sent it rows
@@ -125,16 +128,17 @@ class _AfterScatter:
     def input_columns(self) -> None:
         return None
 
-    def transform_table(self, table: pa.Table) -> pa.Table:
+    def transform_table(self, table: pa.Table, backend: str = "arrow") -> pa.Table:
         wf = self.workflow
         assert wf.input_schema is not None
         schemas: dict[int, Any] = {}
-        grouped = self.node.op.transform(table)
-        _check_produced(self.node.op, self.node.output_schema(wf.input_schema, schemas), grouped)
-        # Nodes after the Groupby read it from the cache; any branch that bypasses it
-        # sees no raw rows, and concatenating it with the groups fails loudly.
-        return wf.output_node.transform(self.raw_schema.empty_table(), wf.input_schema,
-                                        {self.node.id: grouped}, schemas)
+        with backends.use(backend):
+            grouped = self.node.op.transform(table)
+            _check_produced(self.node.op, self.node.output_schema(wf.input_schema, schemas), grouped)
+            # Nodes after the Groupby read it from the cache; any branch that bypasses it
+            # sees no raw rows, and concatenating it with the groups fails loudly.
+            return wf.output_node.transform(self.raw_schema.empty_table(), wf.input_schema,
+                                            {self.node.id: grouped}, schemas)
 
 
 def _spill_file(root: str, bucket: int, piece: int) -> str:
@@ -152,8 +156,9 @@ def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int,
     table = _conform(table.select(workflow.input_columns), schema)
     cache: dict[int, pa.Table] = {}
     schemas: dict[int, Any] = {}
-    rows = _concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
-    bucket = key_buckets(rows, node.op.groupby_cols, buckets)
+    with backends.use(dataset.backend_name):
+        rows = _concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
+        bucket = key_buckets(rows, node.op.groupby_cols, buckets)
     # rows keep their input order inside a bucket
     sent = scatter_write(fs, rows, bucket, buckets, lambda b: _spill_file(root, b, index), keep_empty=False)
     return sent, rows.schema, table.schema
@@ -215,7 +220,8 @@ class GroupedTransformedDataset(TransformedDataset):
             for b in sent:
                 pieces_of[b].append(index)
         _, rows_schema, raw_schema = results[0]
-        return _BucketDataset(fs, root, rows_schema, pieces_of), _AfterScatter(self.workflow, self.node, raw_schema)
+        return (_BucketDataset(fs, root, rows_schema, pieces_of, self.dataset.backend_name),
+                _AfterScatter(self.workflow, self.node, raw_schema))
 
     def _scattered_locally(self) -> tuple[_BucketDataset, _AfterScatter]:
         if self._local is None:
@@ -227,7 +233,7 @@ class GroupedTransformedDataset(TransformedDataset):
     def read_piece(self, piece: Any) -> pa.Table:
         """The grouped output of bucket ``piece`` (``0 <= piece < npartitions``)."""
         buckets, after = self._scattered_locally()
-        return after.transform_table(buckets.read_piece(piece))
+        return after.transform_table(buckets.read_piece(piece), buckets.backend_name)
 
     def to_iter(self):
         for b in range(self.npartitions):

@@ -25,11 +25,12 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.errors import DataError, NotFittedError, SchemaError, TabstreamError
+from tabstream import backends
+from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
+from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.core.schema import Schema
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, tree_reduce
-from tabstream.pipeline.graph import ColumnSelector, Node, _concat_tables, as_node
-from tabstream.pipeline.schema import Schema
 
 __all__ = ["TransformedDataset", "Workflow"]
 
@@ -126,15 +127,17 @@ class Workflow:
             )
 
     # -- transform ----------------------------------------------------------
-    def transform_table(self, table: pa.Table) -> pa.Table:
-        """Transform one in-memory Arrow table (one partition)."""
+    def transform_table(self, table: pa.Table, backend: str = "arrow") -> pa.Table:
+        """Transform one in-memory Arrow table (one partition) with the kernels of
+        ``backend`` (the Dataset's ``backend_name``; arrow for in-memory input)."""
         self._check_fitted()
         assert self.input_schema is not None
         missing = [c for c in self.input_columns if c not in table.column_names]
         if missing:
             raise SchemaError(f"input is missing columns {missing}; it has {table.column_names}")
         table = _conform(table.select(self.input_columns), self.input_schema)
-        return self.output_node.transform(table, self.input_schema)
+        with backends.use(backend):
+            return self.output_node.transform(table, self.input_schema)
 
     def transform(self, data: Any) -> Any:
         """Lazy on a :class:`Dataset` (returns a :class:`TransformedDataset`), eager on a
@@ -323,7 +326,7 @@ class TransformedDataset:
 
     def read_piece(self, piece: Any) -> pa.Table:
         table = self.dataset.read_piece(piece, self.workflow.input_columns)
-        return self.workflow.transform_table(table)
+        return self.workflow.transform_table(table, self.dataset.backend_name)
 
     def to_iter(self):
         for piece in self.dataset.pieces:
@@ -375,9 +378,10 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
     out = []
-    for node in nodes:
-        parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
-        out.append(node.op.fit_partition(_concat_tables(parents)))
+    with backends.use(ds.backend_name):
+        for node in nodes:
+            parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
+            out.append(node.op.fit_partition(_concat_tables(parents)))
     if count_rows:
         out.append(table.num_rows)
     return out
@@ -395,7 +399,7 @@ def _check_has_rows(ds: Dataset, rows: int) -> None:
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:
     """Cast input columns to the types the workflow was fitted on when they differ
     only in representation (pandas turns nullable ints into float64, say)."""
-    from tabstream.pipeline.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+    from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 
     columns = []
     for name, col in zip(table.column_names, table.columns):
@@ -513,7 +517,8 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
 
 
 def _load_op(entry: dict[str, Any]) -> Any:
-    from tabstream.ops.base import Operator
+    import tabstream.ops  # noqa: F401  (registers the whole op catalog)
+    from tabstream.core.operators import Operator
 
     config = entry.get("op")
     name = config.get("class") if isinstance(config, dict) else None
@@ -588,7 +593,7 @@ def _with_prefix(exc: Exception, prefix: str) -> Exception:
 def _empty_table(schema: Schema) -> pa.Table | None:
     """A table of no rows with the columns of ``schema``; None when a dtype has no
     Arrow type (then nothing can be checked without data)."""
-    from tabstream.pipeline.dtypes import dtype_to_arrow_type
+    from tabstream.core.dtypes import dtype_to_arrow_type
 
     fields = []
     for col in schema:
@@ -605,7 +610,7 @@ def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> Non
     hold it to its declared output: state that type-checks but does not fit the graph
     (a mean for another column, a stats table without a column the op reads) fails
     here, at load, naming the node, instead of at the first transform."""
-    from tabstream.pipeline.graph import _check_produced, _concat_schemas
+    from tabstream.core.graph import _check_produced, _concat_schemas
 
     cache: dict[int, Schema] = {}
     for saved_id, node in built.items():

@@ -60,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.tables import TableConfig
 
 __all__ = ["OPTIMIZERS", "STORAGES", "ParameterServer", "initial_rows"]

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.tables import TableConfig, table_configs_from_schema
 
 __all__ = [

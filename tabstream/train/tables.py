@@ -9,20 +9,11 @@ embedding modules from these plain configs and never mutate them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.schema import Schema, Tags, infer_embedding_dim
 
 __all__ = ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"]
-
-
-def infer_embedding_dim(cardinality: int, multiplier: float = 2.0, multiple_of: int = 8) -> int:
-    """``floor(cardinality ** 0.25 * multiplier)`` rounded up to a multiple of ``multiple_of``."""
-    if cardinality <= 0:
-        raise ValueError(f"cardinality must be positive, got {cardinality}")
-    raw = math.floor(cardinality**0.25 * multiplier)
-    return max(multiple_of, int(math.ceil(raw / multiple_of) * multiple_of))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 
 import tabstream as ts
 from tabstream.errors import DataError, SchemaError
-from tabstream.ops import structural
+from tabstream.ops import functions
 from tabstream.ops.structural import (
     Dropna,
     Filter,
@@ -203,12 +203,12 @@ def test_lambda_cannot_be_saved(frame, tmp_path):
 
 
 def test_registered_lambda_round_trips(frame, tmp_path, monkeypatch):
-    monkeypatch.setattr(structural, "_REGISTRY", {})
+    monkeypatch.setattr(functions, "_REGISTRY", {})
     triple = register_function(lambda s: s * 3, name="triple")
     wf, out = run(["price"] >> LambdaOp(triple), frame)
     wf.save(str(tmp_path / "wf"))
     np.testing.assert_allclose(out["price"], frame["price"] * 3)
-    monkeypatch.setattr(structural, "_REGISTRY", {})
+    monkeypatch.setattr(functions, "_REGISTRY", {})
     with pytest.raises(FunctionResolutionError, match="'triple' is not an importable 'module:function' name"):
         ts.Workflow.load(str(tmp_path / "wf"))
     with provided_functions({"triple": lambda s: s * 3}):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
 __all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction"]

@@ -50,8 +50,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema
 from tabstream.train.spec import check_threshold, feature_spec
 from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph

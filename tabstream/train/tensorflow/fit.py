@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 from tabstream.train.metrics import log_loss, roc_auc
 
 __all__ = [

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.spec import check_positive, feature_spec
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema
 from tabstream.train.spec import feature_spec
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD, EmbeddingTables
 

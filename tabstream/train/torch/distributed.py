@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables
 

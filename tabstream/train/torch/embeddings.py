@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import Schema
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema
 from tabstream.train.spec import check_threshold, feature_spec
 from tabstream.train.tables import TableConfig
 

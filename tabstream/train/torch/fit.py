@@ -19,7 +19,7 @@ training continues from the last checkpoint, mid-epoch ones included (the batche
 already trained are skipped), and ends with the same parameters as a run that never
 stopped, given a loader that yields the same batches for the same epoch
 (``set_epoch`` is called when the loader has it). A checkpoint written for another
-model or schema is refused (:class:`~tabstream.errors.SchemaError` naming the file
+model or schema is refused (:class:`~tabstream.core.errors.SchemaError` naming the file
 and the first differences); a resume that leaves nothing to train says so with a
 :class:`NothingToTrainWarning`.
 
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from tabstream.errors import DataError, SchemaError, TabstreamError
+from tabstream.core.errors import DataError, SchemaError, TabstreamError
 from tabstream.train.torch.metrics import log_loss, roc_auc
 
 __all__ = [

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tabstream.pipeline.schema import Schema, Tags
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.spec import check_positive
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD

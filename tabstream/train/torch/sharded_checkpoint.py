@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 
 __all__ = ["POINTER_FILE", "load_sharded", "read_plain_values", "save_sharded", "sharded_exists"]
 

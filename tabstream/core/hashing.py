@@ -100,7 +100,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.pipeline.dtypes import is_list_type
+from tabstream.core.dtypes import is_list_type
 
 __all__ = [
     "DEFAULT_SEED",

@@ -26,8 +26,8 @@ from typing import Any, ClassVar, Union
 
 import pyarrow as pa
 
-from tabstream.errors import NotFittedError
-from tabstream.pipeline.schema import ColumnSchema, Schema
+from tabstream.core.errors import NotFittedError
+from tabstream.core.schema import ColumnSchema, Schema
 
 __all__ = ["ColumnOperator", "Operator", "StatOperator", "get_op_class", "registered_ops"]
 
@@ -49,13 +49,15 @@ def registered_ops() -> dict[str, type[Operator]]:
 
 
 def get_op_class(name: str) -> type[Operator]:
-    import tabstream.ops  # noqa: F401  (imports every op module)
-
+    """The registered op class called ``name``. Ops register by being imported:
+    ``tabstream.ops`` (which ``tabstream.ops.base`` and ``Workflow.load`` import)
+    brings in the whole catalog; an op of your own, the module that defines it."""
     ops = registered_ops()
     try:
         return ops[name]
     except KeyError:
-        raise ValueError(f"unknown op {name!r}; registered ops: {sorted(ops)}") from None
+        raise ValueError(f"unknown op {name!r}; registered ops: {sorted(ops)} "
+                         "(an op of your own registers when its module is imported)") from None
 
 
 def check_params(op_cls: type[Operator], params: dict[str, Any]) -> None:
@@ -217,7 +219,7 @@ class Operator(metaclass=_OpMeta):
 
     # -- graph building -----------------------------------------------------
     def __rrshift__(self, other: Any):
-        from tabstream.pipeline.graph import as_node
+        from tabstream.core.graph import as_node
 
         return as_node(other) >> self
 

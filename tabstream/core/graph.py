@@ -18,9 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype
-from tabstream.pipeline.schema import Schema, Tags, normalize_tags
+from tabstream.core.dtypes import arrow_type_to_dtype
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema, Tags, normalize_tags
 
 __all__ = ["ColumnSelector", "Node", "as_node"]
 
@@ -107,7 +107,7 @@ class Node:
 
     # -- building -----------------------------------------------------------
     def __rshift__(self, op: Any) -> Node:
-        from tabstream.ops.base import Operator
+        from tabstream.core.operators import Operator
 
         if isinstance(op, type) and issubclass(op, Operator):
             raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")

@@ -3,7 +3,8 @@ line, value) and what was expected."""
 
 from __future__ import annotations
 
-__all__ = ["DataError", "NotFittedError", "SchemaError", "TabstreamError", "ExportError"]
+__all__ = ["BackendUnavailableError", "DataError", "NotFittedError", "SchemaError", "TabstreamError",
+           "ExportError"]
 
 
 class TabstreamError(Exception):
@@ -38,3 +39,8 @@ class NotFittedError(TabstreamError, RuntimeError):
 
 class ExportError(TabstreamError, RuntimeError):
     """Writing an export failed; nothing that looks complete was left behind."""
+
+
+class BackendUnavailableError(TabstreamError, ValueError):
+    """A backend was asked for that cannot run here (a library or the GPU is missing);
+    the hint says what to install."""

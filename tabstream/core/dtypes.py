@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type", "sort_indices"]
+__all__ = ["arrow_to_pandas", "arrow_type_to_dtype", "dtype_to_arrow_type", "is_list_type", "list_value_type", "sort_indices"]
 
 _NAMED = {
     "string": pa.string(),
@@ -84,3 +84,16 @@ def sort_indices(table: pa.Table, sort_keys: list[tuple[str, ...]]) -> pa.Array:
     names = list(dict.fromkeys(k[0] for k in sort_keys))
     keys = pa.table({n: widen_half(table.column(n)) for n in names})
     return pc.sort_indices(keys, sort_keys=sort_keys)
+
+
+def arrow_to_pandas(table: pa.Table) -> Any:
+    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
+    lists become ArrowDtype lists, strings pandas' string dtype."""
+    import pandas as pd  # here, so that schemas and dtypes import without pandas
+
+    def mapper(t: pa.DataType) -> Any:
+        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pd.ArrowDtype(t)
+        return None
+
+    return table.to_pandas(types_mapper=mapper, self_destruct=False)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
 
-__all__ = ["ColumnSchema", "Schema", "Tags"]
+__all__ = ["ColumnSchema", "Schema", "Tags", "infer_embedding_dim"]
 
 
 class Tags(str, enum.Enum):
@@ -243,15 +244,15 @@ class Schema:
         return text
 
     def to_merlin_pbtxt(self) -> str:
-        """NVTabular/Merlin ``schema.pbtxt`` text (see :mod:`tabstream.pipeline.merlin`)."""
-        from tabstream.pipeline.merlin import schema_to_pbtxt
+        """NVTabular/Merlin ``schema.pbtxt`` text (see :mod:`tabstream.core.merlin`)."""
+        from tabstream.core.merlin import schema_to_pbtxt
 
         return schema_to_pbtxt(self)
 
     @classmethod
     def from_merlin_pbtxt(cls, text: str) -> Schema:
         """A schema from NVTabular/Merlin ``schema.pbtxt`` text, keeping tags and domains."""
-        from tabstream.pipeline.merlin import schema_from_pbtxt
+        from tabstream.core.merlin import schema_from_pbtxt
 
         return schema_from_pbtxt(text)
 
@@ -268,3 +269,13 @@ class Schema:
             return cls.from_dict(json.loads(text))
         except (json.JSONDecodeError, KeyError) as exc:
             raise ValueError(f"not a tabstream schema ({text_or_path[:200]!r}): {exc}") from exc
+
+
+# The embedding-size rule lives here, below ops (which write it into the schema) and
+# train (which reads it), so neither imports the other.
+def infer_embedding_dim(cardinality: int, multiplier: float = 2.0, multiple_of: int = 8) -> int:
+    """``floor(cardinality ** 0.25 * multiplier)`` rounded up to a multiple of ``multiple_of``."""
+    if cardinality <= 0:
+        raise ValueError(f"cardinality must be positive, got {cardinality}")
+    raw = math.floor(cardinality**0.25 * multiplier)
+    return max(multiple_of, int(math.ceil(raw / multiple_of) * multiple_of))

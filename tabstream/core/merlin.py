@@ -28,7 +28,7 @@ length-delimited fields). Merlin tags that tabstream has no :class:`Tags` member
 for (``session_id``, ``sequence``, ...) are kept in the column's
 ``properties["merlin_tags"]`` and written back as tags.
 
->>> from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+>>> from tabstream.core.schema import ColumnSchema, Schema, Tags
 >>> s = Schema([ColumnSchema("C1", "int64", [Tags.CATEGORICAL],
 ...                          {"domain": {"min": 0, "max": 41, "name": "C1"}})])
 >>> text = schema_to_pbtxt(s)
@@ -46,8 +46,8 @@ import re
 import struct
 from typing import Any
 
-from tabstream.errors import DataError
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import DataError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["read_merlin_schema", "schema_from_merlin_json", "schema_from_pbtxt", "schema_to_pbtxt"]
 

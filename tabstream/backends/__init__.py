@@ -1,0 +1,103 @@
+"""Backends: the kernels ops call, one module per backend, chosen once per Dataset.
+
+>>> import tabstream.backends as backends
+>>> backends.registered()          # every backend the package ships
+['arrow', 'cudf']
+>>> backends.available()           # those usable here (cudf needs cudf + a GPU)
+['arrow']
+
+The executor runs each partition's ops inside ``with backends.use(name):``; an op
+asks :func:`current` for the backend and calls its kernels. Ops never branch on the
+backend and never import cudf, cupy or pandas internals themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+from tabstream.backends.base import Backend
+from tabstream.backends.cudf import gpu_status
+from tabstream.core.errors import BackendUnavailableError
+
+__all__ = ["Backend", "BackendUnavailableError", "available", "choose", "current", "get",
+           "gpu_status", "registered", "use"]
+
+# name -> (module, class); modules are imported on first use
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "arrow": ("tabstream.backends.arrow", "ArrowBackend"),
+    "cudf": ("tabstream.backends.cudf", "CudfBackend"),
+}
+_INSTANCES: dict[str, Backend] = {}
+_CURRENT: ContextVar[str] = ContextVar("tabstream_backend", default="arrow")
+
+
+def registered() -> list[str]:
+    """Every backend the package ships, usable here or not."""
+    return list(_REGISTRY)
+
+
+def _unavailable_reason(name: str) -> str | None:
+    return gpu_status() if name == "cudf" else None
+
+
+def available() -> list[str]:
+    """The registered backends that can run on this machine."""
+    return [name for name in _REGISTRY if _unavailable_reason(name) is None]
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``; an error saying what to install when it cannot
+    run here."""
+    if not isinstance(name, str):
+        raise TypeError(f"a backend is named by a string, one of {registered()}; got {name!r}")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown backend {name!r}; registered backends: {registered()}")
+    reason = _unavailable_reason(name)
+    if reason is not None:
+        from tabstream.backends.cudf import INSTALL_HINT
+
+        raise BackendUnavailableError(f"the {name} backend cannot run here: {reason}",
+                                      hint=INSTALL_HINT)
+    if name not in _INSTANCES:
+        module, cls = _REGISTRY[name]
+        _INSTANCES[name] = getattr(importlib.import_module(module), cls)()
+    return _INSTANCES[name]
+
+
+def choose(cpu: bool | None) -> str:
+    """The backend a Dataset uses: ``cpu=True`` the arrow (CPU) backend; ``cpu=None``
+    cudf when it imports and a GPU is present, else arrow; ``cpu=False`` cudf, and a
+    clear error naming what is missing when it cannot run here."""
+    if cpu is not None and not isinstance(cpu, bool):
+        raise TypeError(f"cpu must be True, False or None, got {type(cpu).__name__} {cpu!r}")
+    if cpu:
+        return "arrow"
+    reason = gpu_status()
+    if reason is None:
+        return "cudf"
+    if cpu is None:
+        return "arrow"
+    from tabstream.backends.cudf import INSTALL_HINT
+
+    raise BackendUnavailableError(
+        f"Dataset(cpu=False) asks for the GPU (cudf) backend, which cannot run here: {reason}",
+        hint=INSTALL_HINT)
+
+
+def current() -> Backend:
+    """The backend of the partition being processed (arrow outside any :func:`use`)."""
+    return get(_CURRENT.get())
+
+
+@contextlib.contextmanager
+def use(name: str) -> Iterator[Backend]:
+    """Run the block's kernels on backend ``name`` (this thread or task only)."""
+    backend = get(name)
+    token = _CURRENT.set(name)
+    try:
+        yield backend
+    finally:
+        _CURRENT.reset(token)

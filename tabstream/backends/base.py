@@ -1,0 +1,163 @@
+"""The kernel interface every backend implements.
+
+Ops see a partition as a ``pyarrow.Table`` and call these kernels for the work
+itself; a backend runs them on its own device (the arrow backend with pyarrow and
+numpy on the CPU, the cudf backend with cudf and cupy on a GPU) and hands back
+Arrow. Partial statistics and fitted state are therefore Arrow tables or JSON on
+every backend, and a workflow fitted on one backend transforms on another with the
+same ids.
+
+The contract suite in ``tests/backends/`` is the specification: every kernel and
+every op of the catalog must give the arrow backend's result (ids exactly, floats
+to 1e-6). A new backend subclasses :class:`Backend`, implements each abstract
+method and registers in :mod:`tabstream.backends`.
+
+Conventions, shared by all kernels:
+
+* ``column`` is a ``pyarrow.Array`` or ``ChunkedArray``; a kernel returns an Arrow
+  array (chunked or not) of the same length unless it says otherwise.
+* *missing* means null or NaN; ``-0.0`` and ``0.0`` are one value.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from tabstream.core.hashing import DEFAULT_SEED, HashResult
+
+__all__ = ["AGGREGATIONS", "Backend", "Column"]
+
+Column = pa.Array | pa.ChunkedArray
+
+#: aggregation names :meth:`Backend.groupby_aggregate` accepts; "count" counts
+#: non-null values, "size" counts rows
+AGGREGATIONS = ("sum", "count", "size", "mean", "min", "max", "first", "last")
+
+
+class Backend(abc.ABC):
+    """Kernels ops call. One instance per backend; stateless and thread-safe."""
+
+    #: registry name ("arrow", "cudf")
+    name: ClassVar[str]
+    #: True when the kernels run on a GPU
+    gpu: ClassVar[bool] = False
+
+    def __repr__(self) -> str:
+        return f"<tabstream backend {self.name!r}>"
+
+    # -- missing values --------------------------------------------------------
+    @abc.abstractmethod
+    def normalize_missing(self, column: Column) -> Column:
+        """NaN (also inside lists) becomes null and ``-0.0`` becomes ``0.0``; other
+        values and types pass through. The one definition of "missing" of every op."""
+
+    @abc.abstractmethod
+    def is_missing(self, column: Column) -> Column:
+        """bool per row, never null: True where the value is null or NaN."""
+
+    @abc.abstractmethod
+    def fill_missing(self, column: Column, value: Any) -> Column:
+        """Nulls (and NaN of a float column) replaced by ``value``; the column's type
+        is kept, so cast first when ``value`` needs a wider one."""
+
+    # -- element-wise arithmetic ---------------------------------------------
+    @abc.abstractmethod
+    def clip(self, column: Column, lower: Any | None, upper: Any | None) -> Column:
+        """Values limited to ``[lower, upper]`` (either may be None); nulls and NaN are
+        kept, ±inf is bounded like any value. Bounds are of the column's type."""
+
+    @abc.abstractmethod
+    def log1p(self, column: Column) -> Column:
+        """``log(1 + x)`` as float32 computed in float64; nulls stay null; below -1 NaN,
+        at -1 -inf (numpy's log1p)."""
+
+    @abc.abstractmethod
+    def moments(self, column: Column) -> tuple[int, float, float]:
+        """``(n, mean, m2)`` of the finite values (nulls, NaN and ±inf left out), ``m2``
+        the sum of squared deviations from the mean; ``(0, 0.0, 0.0)`` when none."""
+
+    @abc.abstractmethod
+    def standardize(self, column: Column, mean: float, std: float) -> Column:
+        """``(x - mean) / std`` (only ``x - mean`` when ``std`` is 0) as float32,
+        computed in float64; nulls stay null."""
+
+    # -- categorical -----------------------------------------------------------
+    @abc.abstractmethod
+    def value_counts(self, column: Column) -> pa.Table:
+        """Distinct non-missing values and their counts, ``(values, counts int64)``, in
+        any order; list columns count their elements. Missing values are normalized
+        first (NaN is missing, ``-0.0`` counts as ``0.0``)."""
+
+    @abc.abstractmethod
+    def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
+        """int64 position of each value in ``vocabulary`` (same type as ``column``),
+        null where the value is not in it or is null."""
+
+    @abc.abstractmethod
+    def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:
+        """MurmurHash3 (x86, 32 bit) of each value as numpy uint32 plus a numpy bool
+        null mask: the exact function of :func:`tabstream.core.hashing.murmur3_32`
+        (pinned by known-answer tests), so ids agree on every backend."""
+
+    # -- relational ------------------------------------------------------------
+    @abc.abstractmethod
+    def groupby_aggregate(self, table: pa.Table, keys: Sequence[str],
+                          aggregations: Sequence[tuple[str, str, str]]) -> pa.Table:
+        """One row per distinct key (nulls form one group), columns ``keys`` then one
+        per ``(column, aggregation, output_name)``; ``aggregation`` is one of
+        :data:`AGGREGATIONS`. Row order is unspecified."""
+
+    @abc.abstractmethod
+    def join(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+             how: str = "left") -> pa.Table:
+        """``left`` joined with ``right`` on ``keys`` (``how``: "left" or "inner"),
+        keeping ``left``'s row order; a null key matches nothing. ``right`` must have
+        one row per key (a lookup table): the result has at most ``left``'s rows."""
+
+    # -- lists -----------------------------------------------------------------
+    @abc.abstractmethod
+    def list_flatten(self, column: Column) -> pa.Array:
+        """The child values a list column's offsets cover, in order (a null list may
+        cover some; they are kept, so that ``from_arrays(list_offsets(c), f(values))``
+        re-wraps any element-wise ``f`` exactly)."""
+
+    @abc.abstractmethod
+    def list_offsets(self, column: Column) -> pa.Array:
+        """int32/int64 offsets (length rows + 1, starting at 0) into
+        :meth:`list_flatten`'s result."""
+
+    # -- rows ------------------------------------------------------------------
+    @abc.abstractmethod
+    def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
+        """The rows at ``indices``, in that order."""
+
+    @abc.abstractmethod
+    def filter(self, table: pa.Table, mask: Column | np.ndarray) -> pa.Table:
+        """The rows where ``mask`` is True (null counts as False)."""
+
+    @abc.abstractmethod
+    def concat(self, tables: Sequence[pa.Table]) -> pa.Table:
+        """Rows of ``tables`` one after another; columns missing in some are null, and
+        types are widened where they differ (int32 + int64 -> int64)."""
+
+    # -- user functions (LambdaOp, Filter) -----------------------------------------
+    @abc.abstractmethod
+    def to_frame(self, table: pa.Table) -> Any:
+        """The partition as the DataFrame a user's function receives (pandas on the
+        arrow backend, cudf on the cudf backend); nulls stay nulls."""
+
+    @abc.abstractmethod
+    def from_frame(self, frame: Any) -> pa.Table:
+        """A user function's DataFrame result back as Arrow (the index is dropped)."""
+
+    @abc.abstractmethod
+    def from_user_column(self, values: Any) -> pa.Array:
+        """One column a user's function returned (a Series of :meth:`to_frame`'s kind,
+        an array or a list) as an Arrow array; missing values (None, NA, NaN of
+        non-float data) become nulls. Raises ``pyarrow.ArrowInvalid`` or
+        ``ArrowTypeError`` when the values do not convert."""

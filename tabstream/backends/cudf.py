@@ -1,0 +1,253 @@
+"""The GPU backend: the same kernels on cudf and cupy.
+
+Partitions stay Arrow at the op boundary (so partials, fitted state and saved
+workflows are the same on both backends); each kernel moves its columns to the GPU
+with ``cudf.Series.from_arrow``, computes there and hands Arrow back.
+
+cudf and cupy are imported on first use, never at import time: ``import
+tabstream.backends.cudf`` works on a machine without them, and using the backend
+there raises :class:`BackendUnavailableError` saying what to install.
+
+Not yet run on a GPU in this repository's CI: ``make test-gpu`` runs the backend
+contract suite (``tests/backends``) on this backend and compares every kernel and
+every op with the arrow backend.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tabstream.backends.base import AGGREGATIONS, Backend, Column
+from tabstream.core.errors import BackendUnavailableError
+from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
+
+__all__ = ["BackendUnavailableError", "CudfBackend", "gpu_status"]
+
+INSTALL_HINT = ("install the GPU extra (pip install 'tabstream[gpu]': cudf and dask-cudf for "
+                "CUDA 12) on a machine with an NVIDIA GPU and its driver, or use cpu=True")
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> str | None:
+    """None when cudf, cupy and a CUDA GPU are all usable; otherwise what is missing."""
+    try:
+        import cudf  # noqa: F401
+        import cupy
+    except ImportError as exc:
+        return f"cudf/cupy do not import ({exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - any CUDA runtime failure means "no GPU"
+        return f"no CUDA GPU is visible ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return "no CUDA GPU is visible (0 devices)"
+    return None
+
+
+def _libs() -> tuple[Any, Any]:
+    missing = gpu_status()
+    if missing is not None:
+        raise BackendUnavailableError(f"the cudf backend cannot run here: {missing}",
+                                      hint=INSTALL_HINT)
+    import cudf
+    import cupy
+
+    return cudf, cupy
+
+
+def _series(column: Column) -> Any:
+    cudf, _ = _libs()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return cudf.Series.from_arrow(column)
+
+
+def _frame(table: pa.Table) -> Any:
+    cudf, _ = _libs()
+    return cudf.DataFrame.from_arrow(table)
+
+
+def _arrow(series: Any, like: pa.DataType | None = None) -> pa.Array:
+    out = series.to_arrow()
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    return out.cast(like) if like is not None and out.type != like else out
+
+
+class CudfBackend(Backend):
+    """cudf + cupy on one GPU (several GPUs: one per dask-cuda worker)."""
+
+    name = "cudf"
+    gpu = True
+
+    # -- missing values --------------------------------------------------------
+    def normalize_missing(self, column: Column) -> Column:
+        t = column.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_dictionary(t) \
+                or not pa.types.is_floating(t) or t == pa.float16():
+            # nested and dictionary columns: the reference (host) normalization keeps
+            # their exact layout; the flat float case below is the hot one
+            from tabstream.core.hashing import normalize_missing
+
+            return normalize_missing(column)
+        s = _series(column) + 0.0  # -0.0 + 0.0 is +0.0 (IEEE 754); nulls stay null
+        return _arrow(s.nans_to_nulls(), t)
+
+    def is_missing(self, column: Column) -> Column:
+        s = _series(column)
+        if pa.types.is_floating(column.type):
+            s = s.nans_to_nulls()
+        return _arrow(s.isnull(), pa.bool_())
+
+    def fill_missing(self, column: Column, value: Any) -> Column:
+        s = _series(column)
+        if pa.types.is_floating(column.type):
+            s = s.nans_to_nulls()
+        return _arrow(s.fillna(value), column.type)
+
+    # -- element-wise arithmetic ---------------------------------------------
+    def clip(self, column: Column, lower: Any | None, upper: Any | None) -> Column:
+        s = _series(column)
+        out = s.clip(lower=lower, upper=upper)
+        if pa.types.is_floating(column.type):
+            _, cupy = _libs()
+            nan = cupy.isnan(s.fillna(0).values)
+            out = out.where(~nan, s)  # NaN stays NaN (pandas' clip)
+        return _arrow(out, column.type)
+
+    def log1p(self, column: Column) -> Column:
+        s = _series(column)
+        if pa.types.is_boolean(column.type):
+            s = s.astype("int8")
+        return _arrow(np.log1p(s.astype("float64")).astype("float32"), pa.float32())
+
+    def moments(self, column: Column) -> tuple[int, float, float]:
+        _, cupy = _libs()
+        x = _series(column).astype("float64").nans_to_nulls().dropna().values
+        x = x[cupy.isfinite(x)]
+        n = int(x.size)
+        if n == 0:
+            return 0, 0.0, 0.0
+        mean = float(x.mean())
+        return n, mean, float(((x - mean) ** 2).sum())
+
+    def standardize(self, column: Column, mean: float, std: float) -> Column:
+        x = _series(column).astype("float64") - mean
+        if std > 0:
+            x = x / std
+        return _arrow(x.astype("float32"), pa.float32())
+
+    # -- categorical -----------------------------------------------------------
+    def value_counts(self, column: Column) -> pa.Table:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        column = self.normalize_missing(column)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            column = self.list_flatten(column)
+        s = _series(column)
+        vc = s.value_counts(dropna=True)
+        frame = vc.reset_index()
+        frame.columns = ["values", "counts"]
+        table = frame.to_arrow(preserve_index=False)
+        return pa.table({"values": table.column("values").cast(column.type),
+                         "counts": table.column("counts").cast(pa.int64())})
+
+    def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
+        cudf, cupy = _libs()
+        positions = cudf.Series(cupy.arange(len(vocabulary), dtype="int64"),
+                                index=cudf.Index(cudf.Series.from_arrow(vocabulary)))
+        return _arrow(_series(column).map(positions), pa.int64())
+
+    def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:
+        # The ids must equal the arrow backend's bit for bit (a workflow fitted on one
+        # backend transforms on the other). cudf's own murmur3 hashes its internal
+        # representation, whose byte layout for floats, strings and nulls is not the
+        # one the reference pins, so the reference runs here on the host copy.
+        return murmur3_32_with_nulls(column, seed)
+
+    # -- relational ------------------------------------------------------------
+    def groupby_aggregate(self, table: pa.Table, keys: Sequence[str],
+                          aggregations: Sequence[tuple[str, str, str]]) -> pa.Table:
+        df = _frame(table)
+        grouped = df.groupby(list(keys), dropna=False, sort=False)
+        out = grouped.size().reset_index(name="__size__") if not aggregations else None
+        parts = {}
+        for column, agg, out_name in aggregations:
+            if agg not in AGGREGATIONS:
+                raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
+            part = grouped.size() if agg == "size" else getattr(grouped[column], agg)()
+            parts[out_name] = part
+        if aggregations:
+            cudf, _ = _libs()
+            out = cudf.DataFrame(parts).reset_index()
+        result = out.to_arrow(preserve_index=False)
+        return result.select(list(keys) + [name for _, _, name in aggregations])
+
+    def join(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+             how: str = "left") -> pa.Table:
+        if how not in ("left", "inner"):
+            raise ValueError(f"join: how must be 'left' or 'inner', got {how!r}")
+        cudf, cupy = _libs()
+        order = "__tabstream_row__"
+        while order in left.column_names or order in right.column_names:
+            order += "_"
+        lf = _frame(left)
+        lf[order] = cupy.arange(left.num_rows, dtype="int64")
+        # a null key matches nothing (cudf's merge, like pandas', would match null to
+        # null): only rows with every key present are merged, the others rejoin after
+        has_keys = lf[list(keys)].notnull().all(axis=1)
+        right_frame = _frame(right).dropna(subset=list(keys))
+        joined = lf[has_keys].merge(right_frame, on=list(keys), how=how, sort=False)
+        if how == "left":
+            joined = cudf.concat([joined, lf[~has_keys]], ignore_index=True)
+        joined = joined.sort_values(order)
+        names = left.column_names + [c for c in right.column_names if c not in keys]
+        return joined[names].to_arrow(preserve_index=False)
+
+    # -- lists -----------------------------------------------------------------
+    def list_flatten(self, column: Column) -> pa.Array:
+        from tabstream.core.hashing import list_offsets_and_values
+
+        return list_offsets_and_values(_arrow(_series(column)))[1]
+
+    def list_offsets(self, column: Column) -> pa.Array:
+        from tabstream.core.hashing import list_offsets_and_values
+
+        return list_offsets_and_values(_arrow(_series(column)))[0]
+
+    # -- rows ------------------------------------------------------------------
+    def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
+        _, cupy = _libs()
+        idx = indices.to_numpy(zero_copy_only=False) if isinstance(indices, pa.Array) else indices
+        return _frame(table).take(cupy.asarray(idx)).to_arrow(preserve_index=False)
+
+    def filter(self, table: pa.Table, mask: Column | np.ndarray) -> pa.Table:
+        cudf, _ = _libs()
+        m = mask if isinstance(mask, np.ndarray) else _series(mask).fillna(False).values
+        return _frame(table)[cudf.Series(m)].to_arrow(preserve_index=False)
+
+    def concat(self, tables: Sequence[pa.Table]) -> pa.Table:
+        cudf, _ = _libs()
+        return cudf.concat([_frame(t) for t in tables], ignore_index=True).to_arrow(preserve_index=False)
+
+    # -- user functions ----------------------------------------------------------
+    def to_frame(self, table: pa.Table) -> Any:
+        return _frame(table)
+
+    def from_frame(self, frame: Any) -> pa.Table:
+        cudf, _ = _libs()
+        if isinstance(frame, cudf.DataFrame):
+            return frame.to_arrow(preserve_index=False)
+        return pa.Table.from_pandas(frame, preserve_index=False)
+
+    def from_user_column(self, values: Any) -> pa.Array:
+        if hasattr(values, "to_arrow"):  # a cudf Series (or anything else Arrow-aware)
+            return _arrow(values)
+        if hasattr(values, "get"):  # a cupy array
+            values = values.get()
+        return pa.array(values, from_pandas=True)

@@ -1,0 +1,204 @@
+"""JoinGroupby: statistics of continuous columns per category, joined back to the rows.
+
+    ["user", "price"] >> JoinGroupby(cont_cols=["price"], stats=["count", "mean"])
+
+The continuous columns must be part of the op's selection; the op outputs only the
+columns it creates. Null and NaN are one category, ``-0.0`` is ``0.0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tabstream.core.dtypes import sort_indices
+from tabstream.core.operators import StatOperator
+from tabstream.core.schema import ColumnSchema, Schema, Tags
+from tabstream.ops.keys import (
+    _check_scalar_categories,
+    _groups,
+    _names,
+    _require,
+    _resolve_groups,
+    _with_columns,
+    group_codes,
+    lookup,
+)
+from tabstream.ops.numeric import check_numeric, to_float64
+
+__all__ = ["JoinGroupby"]
+
+
+# -- JoinGroupby --------------------------------------------------------------------------
+_STATS = ("count", "sum", "mean", "std", "var", "min", "max")
+
+
+class JoinGroupby(StatOperator):
+    """Statistics of continuous columns per category, joined back to each row.
+
+    Select the categories and ``cont_cols``: ``["user", "price"] >> JoinGroupby(
+    cont_cols=["price"], stats=["count", "mean"])`` outputs ``user_count`` (rows of
+    the category, int64) and ``user_price_mean`` (float32); in general
+    ``<group><sep><cont><sep><stat>`` (``out_dtype``, float32 by default) for ``stats``
+    among sum, mean, std, var (sample, ddof=1), min, max, as ``pandas``
+    ``groupby(dropna=False)`` computes them after mapping NaN keys to null and
+    ``-0.0`` keys to ``0.0``: null and NaN keys are one category, nulls and NaN of a
+    continuous column are skipped, ±inf counts as a value. A category unseen at fit
+    gets null in every output (``FillMissing``
+    after the op turns that into 0 or any value); so do mean/min/max of a category
+    without values and std/var of one with fewer than two. The fitted statistics
+    (one row per category, float64) are saved as parquet. Counts, min and max are
+    identical for any partitioning; float64 sums and moments can differ in the last
+    bits (addition order), far below float32 resolution.
+    """
+
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
+    state_types = {"groups": list[str]}
+    state_tables = {"stats.{groups}": {}}
+
+    def __init__(self, cont_cols: list[str] | None = None, stats: Sequence[str] = ("count",),
+                 cat_groups: list[str | list[str]] | None = None, name_sep: str = "_",
+                 out_dtype: str = "float32") -> None:
+        super().__init__()
+        op = "JoinGroupby"
+        cont = [] if cont_cols is None else _names(cont_cols, "cont_cols", op)
+        stats_list = [stats] if isinstance(stats, str) else list(stats)
+        bad = [s for s in stats_list if s not in _STATS]
+        if bad or not stats_list:
+            raise ValueError(f"{op}: unknown stats {bad or stats_list!r}; choose from {list(_STATS)}")
+        if not cont and any(s != "count" for s in stats_list):
+            raise ValueError(f"{op}: stats {[s for s in stats_list if s != 'count']} need cont_cols")
+        if not isinstance(name_sep, str):
+            raise TypeError(f"{op}: name_sep must be a string, got {name_sep!r}")
+        if out_dtype not in ("float32", "float64"):
+            raise ValueError(f"{op}: out_dtype must be 'float32' or 'float64', got {out_dtype!r}")
+        self.cont_cols = cont
+        self.stats = stats_list
+        self.cat_groups = _groups(cat_groups, op)
+        self.name_sep = name_sep
+        self.out_dtype = out_dtype
+        self.tables: dict[str, pa.Table] = {}
+
+    def _outputs(self, group: str) -> list[tuple[str, str | None, str]]:
+        """(output name, continuous column, stat) of one group."""
+        out: list[tuple[str, str | None, str]] = []
+        if "count" in self.stats:
+            out.append((f"{group}{self.name_sep}count", None, "count"))
+        sep = self.name_sep
+        out += [(f"{group}{sep}{c}{sep}{s}", c, s) for c in self.cont_cols for s in self.stats if s != "count"]
+        return out
+
+    def _groups_of(self, names: Sequence[str]) -> list[list[str]]:
+        return _resolve_groups(self, names, self.cont_cols)
+
+    def compute_output_schema(self, input_schema: Schema) -> Schema:
+        names = input_schema.column_names
+        _require(self.cont_cols, names, "JoinGroupby", "cont_cols")
+        for c in self.cont_cols:
+            check_numeric(self, input_schema[c])
+        groups = self._groups_of(names)
+        _check_scalar_categories(self, input_schema, groups)
+        return Schema(ColumnSchema(name, "int64" if stat == "count" else self.out_dtype,
+                                   frozenset({Tags.CONTINUOUS}))
+                      for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
+
+    def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
+        # + 0.0 folds -0.0 into 0.0, so min/max never depend on which zero came first
+        xs = {c: to_float64(table.column(c)) + 0.0 for c in self.cont_cols}
+        out = {}
+        for g in self._groups_of(table.column_names):
+            uniq, codes = group_codes(table.select(g))
+            n_groups = uniq.num_rows
+            cols: dict[str, np.ndarray] = {"__rows": np.bincount(codes, minlength=n_groups).astype(np.int64)}
+            for c, x in xs.items():
+                ok = ~np.isnan(x)
+                k, v = codes[ok], x[ok]
+                n = np.bincount(k, minlength=n_groups).astype(np.int64)
+                s = np.bincount(k, v, n_groups)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    mean = s / n
+                    m2 = np.bincount(k, (v - mean[k]) ** 2, n_groups)
+                lo, hi = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
+                np.fmin.at(lo, k, v)
+                np.fmax.at(hi, k, v)
+                cols.update({f"__n__{c}": n, f"__sum__{c}": s, f"__m2__{c}": m2,
+                             f"__min__{c}": lo, f"__max__{c}": hi})
+            out[self.name_sep.join(g)] = _with_columns(uniq, cols)
+        return out
+
+    def combine(self, partials: Sequence[dict[str, pa.Table]]) -> dict[str, pa.Table]:
+        return {name: self._merge([p[name] for p in partials], len(first.column_names)
+                                  - 1 - 5 * len(self.cont_cols))
+                for name, first in partials[0].items()}
+
+    def _merge(self, tables: list[pa.Table], n_keys: int) -> pa.Table:
+        merged = pa.concat_tables(tables, promote_options="permissive")
+        uniq, codes = group_codes(merged.select(merged.column_names[:n_keys]))
+        size = uniq.num_rows
+
+        def col(name: str) -> np.ndarray:
+            return np.asarray(merged.column(name).to_numpy(), dtype=np.float64)
+
+        cols: dict[str, np.ndarray] = {"__rows": np.bincount(codes, col("__rows"), size).astype(np.int64)}
+        for c in self.cont_cols:
+            n_i, s_i = col(f"__n__{c}"), col(f"__sum__{c}")
+            n, s = np.bincount(codes, n_i, size), np.bincount(codes, s_i, size)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                # total M2 = sum of partial M2 + sum of n_i * (mean_i - mean)^2
+                spread = np.where(n_i > 0, n_i * (s_i / n_i - (s / n)[codes]) ** 2, 0.0)
+            m2 = np.bincount(codes, col(f"__m2__{c}") + spread, size)
+            lo, hi = np.full(size, np.nan), np.full(size, np.nan)
+            np.fmin.at(lo, codes, col(f"__min__{c}"))
+            np.fmax.at(hi, codes, col(f"__max__{c}"))
+            cols.update({f"__n__{c}": n.astype(np.int64), f"__sum__{c}": s, f"__m2__{c}": m2,
+                         f"__min__{c}": lo, f"__max__{c}": hi})
+        return _with_columns(uniq, cols)
+
+    def finalize(self, partial: dict[str, pa.Table]) -> None:
+        tables = {}
+        for name, t in partial.items():
+            n_keys = t.num_columns - 1 - 5 * len(self.cont_cols)
+            keys = t.column_names[:n_keys]
+            t = t.take(sort_indices(t, [(k, "ascending") for k in keys]))
+            cols = {}
+            for out, c, stat in self._outputs(name):
+                if stat == "count":
+                    cols[out] = t.column("__rows").combine_chunks()
+                    continue
+                n = np.asarray(t.column(f"__n__{c}").to_numpy(), dtype=np.float64)
+                s = np.asarray(t.column(f"__sum__{c}").to_numpy(), dtype=np.float64)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    var = t.column(f"__m2__{c}").to_numpy() / (n - 1)
+                    values, valid = {
+                        "sum": (s, n >= 0), "mean": (s / n, n > 0), "var": (var, n > 1),
+                        "std": (np.sqrt(var), n > 1),
+                        "min": (t.column(f"__min__{c}").to_numpy(), n > 0),
+                        "max": (t.column(f"__max__{c}").to_numpy(), n > 0),
+                    }[stat]
+                cols[out] = pa.array(np.where(valid, values, 0.0), mask=~valid)
+            tables[name] = _with_columns(t.select(keys), cols)
+        self.tables = tables
+        self.fitted = True
+
+    def transform(self, table: pa.Table) -> pa.Table:
+        self.check_fitted()
+        data = {}
+        for g in self._groups_of(table.column_names):
+            name = self.name_sep.join(g)
+            stats = self.tables[name]
+            idx = lookup(stats.select(g), table.select(g), "JoinGroupby")
+            take = pa.array(idx, mask=idx < 0)
+            for out, _, stat in self._outputs(name):
+                column = stats.column(out).take(take)
+                data[out] = column if stat == "count" else column.cast(self.out_dtype)
+        return pa.table(data)
+
+    def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        return {"groups": list(self.tables)}, {f"stats.{k}": v for k, v in self.tables.items()}
+
+    def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        self.tables = {k: tables[f"stats.{k}"] for k in values["groups"]}
+        self.fitted = True

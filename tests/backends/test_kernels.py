@@ -1,0 +1,187 @@
+"""Every kernel of the Backend interface on every available backend, against a
+reference computed a second way (numpy, pandas or plain Python)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from tabstream.core.hashing import murmur3_32
+
+FLOATS = [1.5, None, float("nan"), -0.0, 0.0, float("inf"), -float("inf"), -3.0, 7.25]
+
+
+def chunked(values, type_=None, split=4):
+    arr = pa.array(values, type_, from_pandas=False)
+    return pa.chunked_array([arr.slice(0, split), arr.slice(split)], arr.type)
+
+
+def py(column):
+    return (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).to_pylist()
+
+
+def same_floats(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        if e is None:
+            assert g is None
+        elif math.isnan(e):
+            assert g is not None and math.isnan(g)
+        else:
+            assert g == pytest.approx(e, rel=1e-6, abs=1e-6)
+
+
+def test_normalize_missing(backend):
+    got = py(backend.normalize_missing(chunked(FLOATS)))
+    assert got[1] is None and got[2] is None                    # null and NaN: missing
+    assert got[3] == 0.0 and math.copysign(1, got[3]) == 1.0    # -0.0 -> 0.0
+    assert got[5] == math.inf and got[0] == 1.5
+    assert py(backend.normalize_missing(pa.array([[float("nan"), -0.0], None]))) == [[None, 0.0], None]
+    strings = pa.array(["", None, "a"])
+    assert py(backend.normalize_missing(strings)) == ["", None, "a"]
+
+
+def test_is_missing_and_fill_missing(backend):
+    col = chunked(FLOATS)
+    assert py(backend.is_missing(col)) == [v is None or (isinstance(v, float) and math.isnan(v)) for v in FLOATS]
+    expected = pd.Series(FLOATS, dtype="float64").fillna(-1.0).tolist()
+    same_floats(py(backend.fill_missing(col, -1.0)), expected)
+    ints = chunked([1, None, 3, None, 5], pa.int32(), split=2)
+    got = backend.fill_missing(ints, 9)
+    assert py(got) == [1, 9, 3, 9, 5] and got.type == pa.int32()
+    assert py(backend.is_missing(ints)) == [False, True, False, True, False]
+
+
+def test_clip_keeps_nulls_and_nan(backend):
+    col = chunked(FLOATS)
+    expected = pd.Series(FLOATS, dtype="float64").clip(-1.0, 5.0)
+    got = py(backend.clip(col, -1.0, 5.0))
+    assert got[1] is None  # null stays null
+    same_floats([v for i, v in enumerate(got) if i != 1], [v for i, v in enumerate(expected) if i != 1])
+    ints = pa.array([-5, 0, None, 12], pa.int64())
+    assert py(backend.clip(ints, 0, None)) == [0, 0, None, 12]
+    assert py(backend.clip(ints, None, 3)) == [-5, 0, None, 3]
+
+
+def test_log1p(backend):
+    values = [0.0, 1.0, None, -1.0, -2.0, 1e6, 3.5]
+    got = backend.log1p(chunked(values))
+    assert got.type == pa.float32()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = [None if v is None else float(np.float32(np.log1p(v))) for v in values]
+    same_floats(py(got), expected)
+    assert py(backend.log1p(pa.array([True, None, False]))) == [pytest.approx(math.log(2)), None, 0.0]
+
+
+def test_moments_use_finite_values_only(backend):
+    n, mean, m2 = backend.moments(chunked(FLOATS))
+    finite = np.array([v for v in FLOATS if v is not None and math.isfinite(v)])
+    assert n == len(finite)
+    assert mean == pytest.approx(finite.mean())
+    assert m2 == pytest.approx(((finite - finite.mean()) ** 2).sum())
+    assert backend.moments(pa.array([None, float("nan")], pa.float64())) == (0, 0.0, 0.0)
+
+
+def test_standardize(backend):
+    col = pa.array([1, 2, None, 4], pa.int64())
+    got = backend.standardize(col, 2.0, 0.5)
+    assert got.type == pa.float32()
+    assert py(got) == [-2.0, 0.0, None, 4.0]
+    assert py(backend.standardize(col, 2.0, 0.0)) == [-1.0, 0.0, None, 2.0]  # std 0: only centred
+
+
+def test_value_counts(backend):
+    values = ["b", "a", None, "b", "", "a", "b"]
+    got = backend.value_counts(chunked(values, pa.string()))
+    expected = pd.Series(values).dropna().value_counts()
+    assert dict(zip(py(got["values"]), py(got["counts"]))) == expected.to_dict()
+    assert got["counts"].type == pa.int64()
+    floats = backend.value_counts(pa.array([-0.0, 0.0, float("nan"), None, 2.0]))
+    assert dict(zip(py(floats["values"]), py(floats["counts"]))) == {0.0: 2, 2.0: 1}
+    lists = backend.value_counts(pa.array([[1, 2], None, [2, 2], []]))
+    assert dict(zip(py(lists["values"]), py(lists["counts"]))) == {1: 1, 2: 3}
+
+
+def test_encode(backend):
+    vocab = pa.array(["x", "y", "z"])
+    got = backend.encode(chunked(["z", None, "q", "x", "y", "x"], pa.string()), vocab)
+    position = {v: i for i, v in enumerate(vocab.to_pylist())}
+    assert py(got) == [position.get(v) if v is not None else None for v in ["z", None, "q", "x", "y", "x"]]
+    assert got.type == pa.int64()
+
+
+def test_murmur3_is_the_reference_hash(backend):
+    for col in (pa.array(["a", None, "", "bc"]), pa.array([0, -1, None, 2**40]), pa.array([1.5, None, 0.0])):
+        hashes, is_null = backend.murmur3(col, 7)
+        np.testing.assert_array_equal(hashes, murmur3_32(col, seed=7))
+        np.testing.assert_array_equal(is_null, np.array([v is None for v in col.to_pylist()]))
+
+
+def test_groupby_aggregate(backend):
+    df = pd.DataFrame({"k": ["a", "b", None, "a", "b", "a"], "k2": [1, 1, 2, 1, 2, 1],
+                       "v": [1.0, 2.0, 3.0, None, 5.0, 6.0]})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    got = backend.groupby_aggregate(table, ["k", "k2"], [("v", "sum", "s"), ("v", "count", "c"),
+                                                         ("v", "size", "n"), ("v", "mean", "m"),
+                                                         ("v", "min", "lo"), ("v", "max", "hi")])
+    assert got.column_names == ["k", "k2", "s", "c", "n", "m", "lo", "hi"]
+    expected = df.groupby(["k", "k2"], dropna=False).agg(
+        s=("v", "sum"), c=("v", "count"), n=("v", "size"), m=("v", "mean"), lo=("v", "min"), hi=("v", "max"))
+    rows = {(r["k"], r["k2"]): r for r in got.to_pylist()}
+    assert len(rows) == len(expected)
+    for (k, k2), exp in expected.iterrows():
+        row = rows[(None if isinstance(k, float) else k, k2)]
+        for name in ["s", "c", "n", "m", "lo", "hi"]:
+            assert row[name] == pytest.approx(exp[name]), (k, k2, name)
+
+
+def test_groupby_refuses_an_unknown_aggregation(backend):
+    with pytest.raises(ValueError, match=r"unknown aggregation 'median'; expected one of \['sum'"):
+        backend.groupby_aggregate(pa.table({"k": [1], "v": [1]}), ["k"], [("v", "median", "x")])
+
+
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_join_keeps_left_order(backend, how):
+    left = pd.DataFrame({"k": [3, 1, None, 2, 1, 9], "x": list("abcdef")})
+    right = pd.DataFrame({"k": [1, 2, 3], "y": [10.0, 20.0, 30.0]})
+    got = backend.join(pa.Table.from_pandas(left, preserve_index=False).cast(
+        pa.schema([("k", pa.int64()), ("x", pa.string())])),
+        pa.Table.from_pandas(right, preserve_index=False), ["k"], how=how)
+    lookup = dict(zip(right["k"], right["y"]))
+    expected = [(None if pd.isna(k) else int(k), x, lookup.get(k)) for k, x in zip(left["k"], left["x"])]
+    if how == "inner":
+        expected = [e for e in expected if e[2] is not None]
+    assert got.column_names == ["k", "x", "y"]
+    assert list(zip(*[got[c].to_pylist() for c in got.column_names])) == expected
+    with pytest.raises(ValueError, match="how must be 'left' or 'inner', got 'outer'"):
+        backend.join(pa.table({"k": [1]}), pa.table({"k": [1]}), ["k"], how="outer")
+
+
+def test_list_flatten_and_offsets(backend):
+    col = pa.array([[1, 2], None, [], [3]]).slice(1)
+    values, offsets = backend.list_flatten(col), backend.list_offsets(col)
+    assert py(offsets)[0] == 0 and len(offsets) == len(col) + 1
+    rebuilt = pa.ListArray.from_arrays(offsets, values, mask=col.is_null())
+    assert rebuilt.to_pylist() == col.to_pylist()
+
+
+def test_take_filter_concat(backend):
+    table = pa.table({"a": [1, 2, 3, 4], "b": ["w", "x", None, "z"]})
+    assert backend.take(table, np.array([3, 0, 0])).to_pylist() == [table.slice(i, 1).to_pylist()[0] for i in [3, 0, 0]]
+    mask = pa.array([True, None, False, True])
+    assert backend.filter(table, mask).to_pylist() == [table.to_pylist()[i] for i in (0, 3)]
+    assert backend.filter(table, np.array([False, True, True, False])).column("a").to_pylist() == [2, 3]
+    other = pa.table({"a": pa.array([5], pa.int32())})
+    both = backend.concat([table, other])
+    assert both.column("a").to_pylist() == [1, 2, 3, 4, 5] and both.column("b").to_pylist()[-1] is None
+
+
+def test_frames_for_user_functions(backend):
+    table = pa.table({"n": pa.array([1, None, 3], pa.int64()), "s": ["a", None, "c"]})
+    frame = backend.to_frame(table)
+    assert len(frame) == 3 and list(frame.columns) == ["n", "s"]
+    assert int(frame["n"].isna().sum()) == 1  # the null stays missing, the ints stay ints
+    assert backend.from_frame(frame).column("n").to_pylist() == [1, None, 3]
+    assert backend.from_user_column(frame["n"] * 2).to_pylist() == [2, None, 6]

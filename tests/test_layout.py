@@ -1,0 +1,92 @@
+"""The package layout of DESIGN.md: documented names import from their documented
+places, modules that moved into ``tabstream.core`` keep their old paths, and imports
+point down only (``lint-imports`` checks the whole graph; here, its verdict)."""
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DOCUMENTED = {
+    "tabstream": ["ColumnSchema", "ColumnSelector", "DataError", "Dataset", "ExportError",
+                  "Node", "NotFittedError", "Schema", "SchemaError", "TabstreamError", "Tags",
+                  "TransformedDataset", "Workflow"],
+    "tabstream.ops": ["Categorify", "HashBucket", "HashedCross", "Normalize", "NormalizeMinMax",
+                      "FillMissing", "FillMedian", "Clip", "LogOp", "Bucketize", "LambdaOp",
+                      "Rename", "Filter", "Dropna", "ListSlice", "TargetEncoding", "JoinGroupby",
+                      "JoinExternal", "DifferenceLag", "ValueCount", "DropLowCardinality",
+                      "ReduceDtypeSize", "AddTags", "AddMetadata", "Groupby"],
+    "tabstream.errors": ["DataError", "ExportError", "NotFittedError", "SchemaError",
+                         "TabstreamError"],
+    "tabstream.pipeline.schema": ["ColumnSchema", "Schema", "Tags"],
+    "tabstream.train": ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"],
+    "tabstream.backends": ["registered", "available"],
+}
+
+MOVED = {
+    "tabstream.errors": "tabstream.core.errors",
+    "tabstream.pipeline.schema": "tabstream.core.schema",
+    "tabstream.pipeline.dtypes": "tabstream.core.dtypes",
+    "tabstream.pipeline.graph": "tabstream.core.graph",
+    "tabstream.pipeline.hashing": "tabstream.core.hashing",
+    "tabstream.pipeline.merlin": "tabstream.core.merlin",
+    "tabstream.ops.base": "tabstream.core.operators",
+}
+
+
+@pytest.mark.parametrize("module", sorted(DOCUMENTED))
+def test_documented_names_import_from_their_documented_place(module):
+    mod = importlib.import_module(module)
+    missing = [name for name in DOCUMENTED[module] if not hasattr(mod, name)]
+    assert missing == []
+
+
+def test_torch_names_import_from_their_documented_place():
+    pytest.importorskip("torch")
+    from tabstream.loaders.torch import Loader  # noqa: F401
+    from tabstream.train.torch import (  # noqa: F401
+        DCN,
+        DLRM,
+        LazyAdam,
+        MultiOptimizer,
+        TwoTower,
+        WideAndDeep,
+        embedding_tables_from_schema,
+        fit,
+        split_embeddings_on_size,
+    )
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_moved_modules_keep_their_old_path(old):
+    # the old path is the same module object (so a patch through either is seen by both)
+    new = importlib.import_module(MOVED[old])
+    assert importlib.import_module(old) is new
+    assert Path(new.__file__).resolve().is_relative_to(ROOT / "tabstream" / "core")
+    # ``import a.b.c`` then ``a.b.c.X`` works too
+    parent, _, leaf = old.rpartition(".")
+    assert getattr(importlib.import_module(parent), leaf) is new
+
+
+def test_core_imports_without_pandas_dask_or_frameworks():
+    code = ("import sys, tabstream.core.schema, tabstream.core.dtypes, tabstream.core.errors, "
+            "tabstream.core.graph, tabstream.core.operators, tabstream.core.hashing, "
+            "tabstream.core.merlin, "
+            "tabstream.pipeline.schema;"
+            "print(','.join(m for m in ('pandas', 'dask', 'torch', 'tensorflow', 'cudf') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_imports_point_down_only():
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    out = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml")], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "layers point down KEPT" in out.stdout
