@@ -147,8 +147,22 @@ class CachedEmbeddings(nn.Module):
         return {name: len(c) for name, c in self._caches.items()}
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        return self._embed(features, self.feature_to_table)
+
+    def subset(self, feature_names: Any) -> _CachedSubset:
+        """A view serving only ``feature_names`` (each tower of a two-tower model
+        looks up its own features); the rows, the cache and the server stay this
+        module's."""
+        names = list(feature_names)
+        unknown = sorted(set(names) - set(self.feature_to_table))
+        if unknown:
+            raise SchemaError(f"CachedEmbeddings.subset: features {unknown} are not served; "
+                              f"it serves {self.feature_names}")
+        return _CachedSubset(self, {f: self.feature_to_table[f] for f in names})
+
+    def _embed(self, features: Features, feature_to_table: Mapping[str, str]) -> dict[str, torch.Tensor]:
         by_table: dict[str, list[tuple[str, tuple[torch.Tensor, ...]]]] = {}
-        for feature, table in self.feature_to_table.items():
+        for feature, table in feature_to_table.items():
             by_table.setdefault(table, []).append(
                 (feature, _parse(feature, self._config_by_name[table], features)))
         out: dict[str, torch.Tensor] = {}
@@ -299,3 +313,26 @@ def _ragged_from_padded(feature: str, ids: torch.Tensor, mask: torch.Tensor) -> 
         )
     mask = mask.to(torch.bool)
     return ids[mask], F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
+
+
+class _CachedSubset(nn.Module):
+    """Some features of a :class:`CachedEmbeddings`, looked up through it."""
+
+    def __init__(self, base: CachedEmbeddings, feature_to_table: dict[str, str]) -> None:
+        super().__init__()
+        # not a submodule: the owner registers ``base`` once, so its state (and
+        # train/eval mode) is not duplicated per view
+        object.__setattr__(self, "base", base)
+        self.feature_to_table = feature_to_table
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.feature_to_table)
+
+    @property
+    def output_dims(self) -> dict[str, int]:
+        dims = self.base.output_dims
+        return {f: dims[f] for f in self.feature_to_table}
+
+    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        return self.base._embed(features, self.feature_to_table)
