@@ -1,11 +1,29 @@
 """Embedding tables served by a :class:`~tabstream.train.cache_store.ParameterServer`
 through a bounded cache of hot rows, for tables larger than memory.
 
-    >>> ps = ParameterServer("ps/", table_configs_from_schema(schema, dim=16),
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    >>> import tempfile
+    >>> from tabstream.train.torch import DLRM, fit, table_configs_from_schema
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ps = ParameterServer(tmp.name + "/ps", table_configs_from_schema(schema, dim=16),
     ...                      storage="disk", optimizer="adagrad", lr=0.05)
-    >>> emb = CachedEmbeddings(ps, cache_rows=1_000_000)
+    >>> emb = CachedEmbeddings(ps, cache_rows=100)      # at most 100 rows per table in memory
     >>> model = DLRM(schema, embeddings=emb)            # dense part: any optimizer
-    >>> fit(model, loader, torch.optim.Adam(model.parameters()), checkpoint_dir="ck/")
+    >>> history = fit(model, [(features, labels)] * 3, torch.optim.Adam(model.parameters()),
+    ...               checkpoint_dir=tmp.name + "/ck", progress=False)
+    >>> emb.cached_rows, sorted(ps.touched("C1").tolist())   # rows 3, 42 and 999 were trained
+    ({'C1': 3, 'C2': 3}, [3, 42, 999])
+    >>> tmp.cleanup()
 
 ``CachedEmbeddings`` takes batches in every layout :class:`EmbeddingTables` takes
 (single-hot ids, ragged ``(values, offsets)``, padded ``(ids, mask)``, the

@@ -4,10 +4,20 @@ Every model takes ``features: dict[str, Tensor]`` keyed by the schema's column
 names (categorical ids int64, continuous float; list columns as in
 :mod:`tabstream.train.torch.embeddings`) and returns ``(B,)`` logits::
 
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
     >>> model = DLRM(schema, embedding_dim=16)
-    >>> features, labels = next(iter(loader))
-    >>> model(features).shape
-    torch.Size([8192])
+    >>> model(features).shape                       # features, labels = next(iter(loader))
+    torch.Size([4])
 
 Common keyword arguments: ``sparse`` / ``sparse_threshold`` (which tables get
 sparse gradients, see :class:`EmbeddingTables`) and ``combiner`` ("sum" or
@@ -206,9 +216,19 @@ class TwoTower(nn.Module):
     learns to rank them too low (recall@10 far below ranking by popularity).
     :meth:`recall_at_k` evaluates retrieval on a loader.
 
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("user_id", 100, Tags.USER_ID), categorical("age", 10, Tags.USER),
+    ...                  categorical("item_id", 500, Tags.ITEM_ID), categorical("cat", 20, Tags.ITEM)])
+    >>> features = {"user_id": torch.tensor([1, 2, 3]), "age": torch.tensor([0, 9, 4]),
+    ...             "item_id": torch.tensor([10, 499, 7]), "cat": torch.tensor([3, 3, 19])}
     >>> model = TwoTower(schema, output_dim=32)       # user_id, age: USER; item_id, cat: ITEM
     >>> model.query_embeddings(features).shape, model.item_embeddings(features).shape
-    (torch.Size([B, 32]), torch.Size([B, 32]))
+    (torch.Size([3, 32]), torch.Size([3, 32]))
+    >>> model(features).shape                         # each row's own (user, item) score
+    torch.Size([3])
     """
 
     def __init__(
