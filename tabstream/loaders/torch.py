@@ -1,10 +1,24 @@
 """PyTorch adapter: the core loader's batches as tensors.
 
-    >>> loader = Loader("out/train", batch_size=4)               # doctest: +SKIP
-    >>> features, labels = next(iter(loader))                    # doctest: +SKIP
-    >>> features["C1"]            # tensor([12, 3, 3, 40])           int64
-    >>> features["tags"]          # (tensor([5, 9, 2]), tensor([0, 2, 2, 3, 3]))  values, offsets
-    >>> labels                    # tensor([1, 0, 0, 1])
+    >>> import tempfile
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> from tabstream import ops
+    >>> out = tempfile.TemporaryDirectory()
+    >>> df = pd.DataFrame({"C1": ["a", "b", "a", "c"], "tags": [["x", "y"], [], ["z"], ["x"]],
+    ...                    "label": [1, 0, 0, 1]})
+    >>> wf = ts.Workflow((["C1", "tags"] >> ops.Categorify()) + (["label"] >> ops.AddTags(["target"])))
+    >>> wf.fit_transform(ts.Dataset(df)).to_parquet(out.name + "/train")
+    ExportResult('.../train', files=1, num_rows=4)
+    >>> loader = Loader(out.name + "/train", batch_size=4, shuffle=False)
+    >>> features, labels = next(iter(loader))
+    >>> features["C1"]                           # int64 ids
+    tensor([3, 4, 3, 5])
+    >>> features["tags"]                         # (values, offsets): row 1 is empty
+    (tensor([3, 4, 5, 3]), tensor([0, 2, 2, 3, 4]))
+    >>> labels
+    tensor([1, 0, 0, 1])
+    >>> out.cleanup()
 
 Use it as an iterable, or wrap it: ``torch.utils.data.DataLoader(loader,
 batch_size=None)`` (keep ``num_workers=0``: the loader already reads in a
