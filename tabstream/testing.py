@@ -1,6 +1,11 @@
 """Assertions for tests of pipelines and ops (NaN-aware, list-aware).
 
+>>> import pyarrow as pa
 >>> assert_tables_equal(pa.table({"x": [1.0, float("nan")]}), pa.table({"x": [1.0, float("nan")]}))
+>>> assert_tables_equal(pa.table({"x": [1.0]}), pa.table({"x": [2.0]}))
+Traceback (most recent call last):
+...
+AssertionError: ...
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ def map_float_values(table: pa.Table, fn: Any) -> pa.Table:
 def nan_to_null(table: pa.Table) -> pa.Table:
     """Every NaN (in float and list-of-float columns) replaced by null.
 
-    >>> nan_to_null(pa.table({"x": [1.0, float("nan")]}))["x"]   # [1.0, null]
+    >>> nan_to_null(pa.table({"x": [1.0, float("nan")]}))["x"].to_pylist()
+    [1.0, None]
     """
     return map_float_values(table, lambda a: pc.if_else(pc.is_nan(a), pa.scalar(None, a.type), a))
 
@@ -86,8 +92,12 @@ def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6, step
     and means stay exact enough to compare statistics with a reference at a tight
     tolerance). Needs Hypothesis (a test dependency), imported on call.
 
-    >>> @given(nasty_floats())
-    ... def test_x(values): pa.array(values, pa.float64())
+    >>> from hypothesis import given, settings
+    >>> @settings(max_examples=5)
+    ... @given(nasty_floats())
+    ... def test_x(values):
+    ...     assert len(pa.array(values, pa.float64())) == len(values)
+    >>> test_x()
     """
     from hypothesis import strategies as st
 

@@ -2,8 +2,10 @@
 
 Every kernel works per chunk or per column (vectorized), never per row.
 
+>>> import pyarrow as pa
 >>> from tabstream.backends.arrow import ArrowBackend
->>> ArrowBackend().clip(pa.array([-3, None, 7]), 0, 5)      # [0, null, 5]
+>>> ArrowBackend().clip(pa.array([-3, None, 7]), 0, 5).to_pylist()
+[0, None, 5]
 """
 
 from __future__ import annotations

@@ -30,8 +30,14 @@ _ids = itertools.count()
 class ColumnSelector:
     """Select input columns by name and/or by tag.
 
-    >>> ColumnSelector(["C1", "C2"])
-    >>> ColumnSelector(tags=[Tags.CATEGORICAL])     # every column tagged categorical
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> schema = Schema([ColumnSchema("C1", "int64", tags=[Tags.CATEGORICAL]),
+    ...                  ColumnSchema("C2", "int64", tags=[Tags.CATEGORICAL]),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS])])
+    >>> ColumnSelector(["C1", "I1"]).resolve(schema)
+    ['C1', 'I1']
+    >>> ColumnSelector(tags=[Tags.CATEGORICAL]).resolve(schema)   # every column tagged categorical
+    ['C1', 'C2']
     """
 
     def __init__(self, names: Iterable[str] | str | None = None,

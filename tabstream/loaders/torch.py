@@ -1,10 +1,24 @@
 """PyTorch adapter: the core loader's batches as tensors.
 
-    >>> loader = Loader("out/train", batch_size=4)               # doctest: +SKIP
-    >>> features, labels = next(iter(loader))                    # doctest: +SKIP
-    >>> features["C1"]            # tensor([12, 3, 3, 40])           int64
-    >>> features["tags"]          # (tensor([5, 9, 2]), tensor([0, 2, 2, 3, 3]))  values, offsets
-    >>> labels                    # tensor([1, 0, 0, 1])
+    >>> import tempfile
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> from tabstream import ops
+    >>> out = tempfile.TemporaryDirectory()
+    >>> df = pd.DataFrame({"C1": ["a", "b", "a", "c"], "tags": [["x", "y"], [], ["z"], ["x"]],
+    ...                    "label": [1, 0, 0, 1]})
+    >>> wf = ts.Workflow((["C1", "tags"] >> ops.Categorify()) + (["label"] >> ops.AddTags(["target"])))
+    >>> wf.fit_transform(ts.Dataset(df)).to_parquet(out.name + "/train")
+    ExportResult('.../train', files=1, num_rows=4)
+    >>> loader = Loader(out.name + "/train", batch_size=4, shuffle=False)
+    >>> features, labels = next(iter(loader))
+    >>> features["C1"]                           # int64 ids
+    tensor([3, 4, 3, 5])
+    >>> features["tags"]                         # (values, offsets): row 1 is empty
+    (tensor([3, 4, 5, 3]), tensor([0, 2, 2, 3, 4]))
+    >>> labels
+    tensor([1, 0, 0, 1])
+    >>> out.cleanup()
 
 Use it as an iterable, or wrap it: ``torch.utils.data.DataLoader(loader,
 batch_size=None)`` (keep ``num_workers=0``: the loader already reads in a
@@ -14,7 +28,8 @@ to the process group's, and every rank gets the same number of batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,9 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 
+from tabstream.core.schema import Tags
 from tabstream.loaders import core
 
-__all__ = ["Loader"]
+__all__ = ["SPARSE_FEATURES", "Loader", "jagged_parts"]
 
 
 def _distributed_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:
@@ -63,6 +79,69 @@ def _check_device(device: Any) -> torch.device:
     return dev
 
 
+SPARSE_FEATURES = "sparse_features"
+
+
+def _keyed_jagged_class() -> Any:
+    """TorchRec's ``KeyedJaggedTensor``, imported only when asked for."""
+    try:
+        with warnings.catch_warnings():
+            # torchrec's CPU build reports its missing GPU kernels as DeprecationWarnings
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    except ImportError as exc:
+        raise ImportError(
+            "keyed_jagged=True needs torchrec (not a tabstream dependency): on CPU, "
+            "pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 plus torchrec's "
+            "small dependencies (see docs/loaders.md)"
+        ) from exc
+    return KeyedJaggedTensor
+
+
+def jagged_parts(features: Mapping[str, Any], keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(values, lengths)`` of a ``KeyedJaggedTensor`` over ``keys``: key-major,
+    each key's values for the whole batch, then the next key's.
+
+    A single-valued column has length 1 per row; a list column ``(values, offsets)``
+    the differences of its offsets; a padded or fixed-length ``(dense, mask)`` pair
+    the masked entries, row by row.
+
+    >>> features = {"C1": torch.tensor([7, 3]),
+    ...             "tags": (torch.tensor([4, 5, 6]), torch.tensor([0, 2, 3]))}
+    >>> jagged_parts(features, ["C1", "tags"])
+    (tensor([7, 3, 4, 5, 6]), tensor([1, 1, 2, 1], dtype=torch.int32))
+    """
+    values, lengths = [], []
+    for key in keys:
+        if key not in features:
+            raise ValueError(f"keyed_jagged: feature {key!r} is not in the batch; the batch has "
+                             f"{sorted(features)}")
+        column = features[key]
+        if isinstance(column, torch.Tensor):
+            if column.dim() != 1:
+                raise ValueError(f"keyed_jagged: feature {key!r} has shape {tuple(column.shape)}; "
+                                 "expected ids of shape (batch,)")
+            values.append(column)
+            lengths.append(torch.ones(len(column), dtype=torch.int32, device=column.device))
+        elif isinstance(column, tuple) and len(column) == 2 and column[1].dtype == torch.bool:
+            dense, mask = column
+            if dense.dim() != 2:
+                raise ValueError(f"keyed_jagged: feature {key!r} is a list of lists (shape "
+                                 f"{tuple(dense.shape)}); a KeyedJaggedTensor holds one level")
+            values.append(dense[mask])
+            lengths.append(mask.sum(dim=1, dtype=torch.int32))
+        elif isinstance(column, tuple) and len(column) == 2:
+            flat, offsets = column
+            values.append(flat)
+            lengths.append(offsets.diff().to(torch.int32))
+        else:
+            raise ValueError(f"keyed_jagged: feature {key!r} is a list of lists; a "
+                             "KeyedJaggedTensor holds one level of lists")
+    if not keys:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int32)
+    return torch.cat(values), torch.cat(lengths)
+
+
 def _tensor(a: Any, pin: bool) -> torch.Tensor:
     """One array as a tensor: numpy shares its memory (pinned when copying to a
     GPU); an array already on a device (cupy, cudf) is taken over through DLPack."""
@@ -91,6 +170,14 @@ class Loader(torch.utils.data.IterableDataset):
     The shuffle does not depend on the device: the same seed gives the same batches
     on CPU and GPU.
 
+    ``keyed_jagged``: ``True`` (the schema's CATEGORICAL features) or a list of
+    feature names: those features are delivered together as one TorchRec
+    ``KeyedJaggedTensor`` under the key ``"sparse_features"`` (TorchRec's name for
+    it), the other features as before. Single-valued ids have length 1, list
+    columns their lengths (padded or fixed-length ones without the padding);
+    values are int64, lengths int32. Needs torchrec, which tabstream does not
+    install (see ``docs/loaders.md``).
+
     Tensors share memory with the numpy batches (``torch.from_numpy``), so a batch
     costs no copy beyond the shuffle's gather.
     """
@@ -113,6 +200,7 @@ class Loader(torch.utils.data.IterableDataset):
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,
+        keyed_jagged: bool | Sequence[str] = False,
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
@@ -123,6 +211,32 @@ class Loader(torch.utils.data.IterableDataset):
         )
         self.device = _check_device(device)
         self._pin = self.device.type == "cuda"
+        self.keyed_jagged_keys = self._jagged_keys(keyed_jagged)
+        self._kjt = _keyed_jagged_class() if self.keyed_jagged_keys is not None else None
+
+    def _jagged_keys(self, keyed_jagged: Any) -> list[str] | None:
+        if keyed_jagged is False:
+            return None
+        features = list(self.core.feature_names)
+        if keyed_jagged is True:
+            categorical = set(self.core.schema.select_by_tag(Tags.CATEGORICAL).column_names)
+            keys = [f for f in features if f in categorical]
+            if not keys:
+                raise ValueError(f"keyed_jagged=True but none of the features {features} is "
+                                 "tagged CATEGORICAL; name them: keyed_jagged=[...]")
+        elif isinstance(keyed_jagged, (list, tuple)) and all(isinstance(k, str) for k in keyed_jagged):
+            keys = list(keyed_jagged)
+            unknown = [k for k in keys if k not in features]
+            if unknown or not keys:
+                raise ValueError(f"keyed_jagged={keys}: {unknown or 'no names'} not among the "
+                                 f"loader's features {features}")
+        else:
+            raise TypeError(f"keyed_jagged must be a bool or a list of feature names, got "
+                            f"{type(keyed_jagged).__name__}")
+        if SPARSE_FEATURES in features:
+            raise ValueError(f"keyed_jagged: a feature is already named {SPARSE_FEATURES!r}, "
+                             "the key the KeyedJaggedTensor is delivered under; rename it")
+        return keys
 
     # -- the core's settings ----------------------------------------------------
     batch_size = property(lambda self: self.core.batch_size)
@@ -150,7 +264,14 @@ class Loader(torch.utils.data.IterableDataset):
     # -- iteration ------------------------------------------------------------------
     def _to_tensors(self, batch: core.Batch) -> Any:
         # Runs in the background thread.
-        return _map(batch, lambda a: _tensor(a, self._pin))
+        features, labels = _map(batch, lambda a: _tensor(a, self._pin))
+        if self.keyed_jagged_keys is not None:
+            keys = self.keyed_jagged_keys
+            values, lengths = jagged_parts(features, keys)
+            features = {k: v for k, v in features.items() if k not in keys}
+            kjt = self._kjt.from_lengths_sync(keys, values, lengths)
+            features[SPARSE_FEATURES] = kjt.pin_memory() if self._pin else kjt
+        return features, labels
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()

@@ -1,6 +1,9 @@
 """Bucketize: the index of the bucket each value falls in, given sorted boundaries.
 
->>> Bucketize([2, 4]).transform(pa.table({"x": [1.0, None, 3.0, 5.0]}))["x"]   # [0, null, 1, 2]
+>>> import pyarrow as pa
+>>> from tabstream.ops import Bucketize
+>>> Bucketize([2, 4]).transform(pa.table({"x": [1.0, None, 3.0, 5.0]}))["x"].to_pylist()
+[0, None, 1, 2]
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ class Bucketize(Operator):
     0, +inf to bucket ``k``; nulls and NaN become null (chain ``FillMissing`` first
     to bucket them). ``boundaries`` is one list for every column or a dict per column.
 
-    >>> Bucketize([0, 10]).transform(pa.table({"x": [-5, 0, 9, 10, None]}))["x"]
-    [0, 1, 1, 2, null]
+    >>> import pyarrow as pa
+    >>> Bucketize([0, 10]).transform(pa.table({"x": [-5, 0, 9, 10, None]}))["x"].to_pylist()
+    [0, 1, 1, 2, None]
     """
 
     def __init__(self, boundaries: list[float] | dict[str, list[float]]) -> None:

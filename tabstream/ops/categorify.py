@@ -22,8 +22,10 @@ and ``inf``/``-inf`` are ordinary values. See
 most ``N``. ``Categorify(max_size=5)`` on ``["a", "a", "a", "b", "b", "c"]`` keeps
 ``a`` (id 3) and ``b`` (id 4); ``c`` is out of vocabulary (id 2).
 
+>>> import pyarrow as pa
+>>> from tabstream.ops import Categorify
 >>> op = Categorify(freq_threshold=2).fit_table(pa.table({"c": ["a", "b", "a", None, "c", "b", "b"]}))
->>> op.transform(pa.table({"c": ["b", "a", "z", None]}))["c"]
+>>> op.transform(pa.table({"c": ["b", "a", "z", None]}))["c"].to_pylist()   # z: unseen, None: null
 [3, 4, 2, 1]
 
 Column groups (nested lists in the selection, or ``column_groups=``):

@@ -1,9 +1,15 @@
 """Ops on continuous (numeric) columns: FillMissing, Clip, LogOp, Normalize.
 
+>>> import pyarrow as pa
+>>> from tabstream.ops import Clip, FillMissing, LogOp
 >>> t = pa.table({"I1": [3, None, -2]})
->>> FillMissing(0).transform(t)["I1"]        # [3, 0, -2]
->>> Clip(min_value=0).transform(t)["I1"]     # [3, null, 0]
->>> LogOp().transform(t)["I1"]               # log1p: [1.386, null, nan]  (float32)
+>>> FillMissing(0).transform(t)["I1"].to_pylist()
+[3, 0, -2]
+>>> Clip(min_value=0).transform(t)["I1"].to_pylist()
+[3, None, 0]
+>>> log = LogOp().transform(t)["I1"]          # log1p, float32; below -1 is NaN
+>>> log.type, [round(v, 4) for v in log.to_pylist()[:1]], log.to_pylist()[1:]
+(DataType(float), [1.3863], [None, nan])
 """
 
 from __future__ import annotations

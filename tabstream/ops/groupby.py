@@ -127,9 +127,16 @@ class Groupby(Operator):
     ascending:
         Sort direction of ``sort_cols``.
 
+    >>> import pyarrow as pa
     >>> t = pa.table({"s": [1, 2, 1], "ts": [20, 30, 10], "item": [7, 9, 5]})
-    >>> Groupby("s", sort_cols="ts", aggs=["list", "last"]).transform(t)
-    s: [1, 2]   ts-list: [[10, 20], [30]]   ts-last: [20, 30]   item-list: [[5, 7], [9]]   item-last: [7, 9]
+    >>> out = Groupby("s", sort_cols="ts", aggs=["list", "last"]).transform(t)
+    >>> for name, column in out.to_pydict().items():
+    ...     print(f"{name:9} {column}")
+    s         [1, 2]
+    ts-list   [[10, 20], [30]]
+    ts-last   [20, 30]
+    item-list [[5, 7], [9]]
+    item-last [7, 9]
     """
 
     def __init__(self, groupby_cols: str | Sequence[str] | None = None,

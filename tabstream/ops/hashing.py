@@ -9,8 +9,12 @@ therefore has ``num_buckets + 1`` rows (schema cardinality ``num_buckets + 1``,
 domain ``[0, num_buckets]``). Id ``0`` is an ordinary bucket here: padding of list
 columns is told apart by the loader's mask, not by an id.
 
->>> HashBucket(10).transform(pa.table({"c": ["a", "b", "a", None]}))["c"]
-[h("a") % 10, h("b") % 10, h("a") % 10, 10]
+>>> import pyarrow as pa
+>>> from tabstream.ops import HashBucket
+>>> HashBucket(10).transform(pa.table({"c": ["a", "b", "a", None]}))["c"].to_pylist()
+[0, 5, 0, 10]
+
+(``h("a") % 10``, ``h("b") % 10``, the same for ``"a"`` again, and ``10`` for null.)
 
 ``HashedCross(num_buckets)`` crosses the selected columns (or each nested group)
 into one new column ``a_X_b``: ``hash_combine(h(a), h(b)) % num_buckets``, folding

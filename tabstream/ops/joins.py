@@ -81,10 +81,14 @@ class JoinExternal(StatOperator):
     column the workflow outputs (apply it before branching), or the branches'
     row counts will differ.
 
+    >>> import pyarrow as pa
     >>> side = pa.table({"k": [1.0, 1.0, -0.0, None], "w": [5, 5, 6, 7]})
     >>> t = pa.table({"k": [1.0, 0.0, float("nan")]})
-    >>> JoinExternal(side, on="k").fit_table(t).transform(t)["w"]      # [5, 5, 6, null]
-    >>> JoinExternal(side, on="k", drop_duplicates_ext=True)          # w: [5, 6, null]
+    >>> JoinExternal(side, on="k").fit_table(t).transform(t).to_pydict()   # 1.0 twice
+    {'k': [1.0, 1.0, 0.0, nan], 'w': [5, 5, 6, None]}
+    >>> op = JoinExternal(side, on="k", drop_duplicates_ext=True)
+    >>> op.fit_table(t).transform(t).to_pydict()
+    {'k': [1.0, 0.0, nan], 'w': [5, 6, None]}
     """
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)

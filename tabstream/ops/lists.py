@@ -66,8 +66,9 @@ class SplitList(ColumnOperator):
         Element dtype of the output lists (``"string"``; ``"int64"`` for
         ``"3|17|4"``). Elements that do not parse raise :class:`DataError`.
 
-    >>> SplitList("|").transform(pa.table({"g": ["a|b", "", None]}))["g"]
-    [["a", "b"], [], null]
+    >>> import pyarrow as pa
+    >>> SplitList("|").transform(pa.table({"g": ["a|b", "", None]}))["g"].to_pylist()
+    [['a', 'b'], [], None]
     """
 
     def __init__(self, separator: str = "|", dtype: str = "string") -> None:
@@ -122,9 +123,12 @@ class ListSlice(ColumnOperator):
     the end (``[2:]``) cannot be padded. A null row stays null without padding and
     becomes a row of ``pad_value`` with padding (a missing list counts as empty).
 
+    >>> import pyarrow as pa
     >>> t = pa.table({"l": [[1, 2, 3, 4], [5], [], None]})
-    >>> ListSlice(-2).transform(t)["l"]                     # [[3, 4], [5], [], null]
-    >>> ListSlice(0, 3, pad=True).transform(t)["l"]         # [[1, 2, 3], [5, 0, 0], [0, 0, 0], [0, 0, 0]]
+    >>> ListSlice(-2).transform(t)["l"].to_pylist()
+    [[3, 4], [5], [], None]
+    >>> ListSlice(0, 3, pad=True).transform(t)["l"].to_pylist()
+    [[1, 2, 3], [5, 0, 0], [0, 0, 0], [0, 0, 0]]
     """
 
     def __init__(self, start: int, end: int | None = None, pad: bool = False,

@@ -4,10 +4,15 @@ DropLowCardinality, ReduceDtypeSize and DataStats have a module each
 :mod:`~tabstream.ops.reduce_dtype`, :mod:`~tabstream.ops.datastats`) and still import
 from here.
 
+>>> import pyarrow as pa
+>>> from tabstream.ops import Bucketize, FillMedian, NormalizeMinMax
 >>> t = pa.table({"x": [1.0, None, 3.0, float("nan"), 5.0]})
->>> NormalizeMinMax().fit_table(t).transform(t)["x"]     # [0, null, 0.5, nan, 1]  (float32)
->>> FillMedian().fit_table(t).transform(t)["x"]          # [1, 3, 3, 3, 5]
->>> Bucketize([2, 4]).transform(t)["x"]                  # [0, null, 1, null, 2]  (int64)
+>>> NormalizeMinMax().fit_table(t).transform(t)["x"].to_pylist()   # float32
+[0.0, None, 0.5, nan, 1.0]
+>>> FillMedian().fit_table(t).transform(t)["x"].to_pylist()
+[1.0, 3.0, 3.0, 3.0, 5.0]
+>>> Bucketize([2, 4]).transform(t)["x"].to_pylist()                # int64
+[0, None, 1, None, 2]
 
 Missing values are nulls and, in float columns, NaN. Statistics of continuous
 columns use finite values only (±inf is left out of min/max/median/mean).

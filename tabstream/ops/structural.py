@@ -2,10 +2,21 @@
 user/item tagging helpers TagAsUserID, TagAsItemID, TagAsUserFeatures,
 TagAsItemFeatures.
 
->>> ["price"] >> Rename(postfix="_raw")                     # column price_raw
->>> ["title"] >> LambdaOp(first_word, dtype="string")       # f(pd.Series) -> pd.Series
->>> ["user", "item"] >> Dropna()                            # rows with a null removed
->>> ["user"] >> TagAsUserID()                               # tags user_id, user, id
+>>> import pandas as pd
+>>> import tabstream as ts
+>>> from tabstream import ops
+>>> df = pd.DataFrame({"user": [1, None, 3], "item": [7, 8, None], "price": [2.5, 1.0, 4.0]})
+>>> ts.Workflow(["price"] >> ops.Rename(postfix="_raw")).fit_transform(df)
+   price_raw
+0        2.5
+1        1.0
+2        4.0
+>>> ts.Workflow(["user", "item"] >> ops.Dropna()).fit_transform(df)   # rows with a null removed
+   user  item
+0   1.0   7.0
+>>> wf = ts.Workflow(["user"] >> ops.TagAsUserID())
+>>> sorted(t.value for t in wf.fit(df).output_schema["user"].tags)
+['id', 'user', 'user_id']
 
 Functions are saved by name, never pickled: see :mod:`tabstream.ops.functions`
 (its names still import from here).
@@ -64,8 +75,15 @@ class Rename(_FunctionOp):
     Exactly one of: ``f`` (a function of the old name returning the new one),
     ``postfix`` (appended) or ``name`` (the new name of the single selected column).
 
-    >>> ["price"] >> Rename(postfix="_usd")        # price -> price_usd
-    >>> ["a", "b"] >> Rename(f=upper)              # a -> A, b -> B (upper is module-level)
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> df = pd.DataFrame({"price": [2.5], "a": [1], "b": [2]})
+    >>> ts.Workflow(["price"] >> Rename(postfix="_usd")).fit_transform(df)
+       price_usd
+    0        2.5
+    >>> ts.Workflow(["a", "b"] >> Rename(f=str.upper)).fit_transform(df)
+       A  B
+    0  1  2
     """
 
     def __init__(self, f: Callable[[str], str] | str | None = None, postfix: str | None = None,
@@ -116,7 +134,14 @@ class Filter(_FunctionOp):
     holds only the selected columns, so select every column you keep
     (``ALL >> Filter(f)``), and apply other ops after it, not beside it.
 
-    >>> ["price", "user"] >> Filter(positive_price)   # def positive_price(df): return df.price > 0
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> def positive_price(df):
+    ...     return df.price > 0
+    >>> df = pd.DataFrame({"price": [2.5, -1.0, None], "user": [1, 2, 3]})
+    >>> ts.Workflow(["price", "user"] >> Filter(positive_price)).fit_transform(df)
+       price  user
+    0    2.5     1
     """
 
     def __init__(self, f: Callable[[pd.DataFrame], Any] | str) -> None:
@@ -162,9 +187,21 @@ class LambdaOp(_FunctionOp):
     is converted back with ``dtype`` when given; with ``dtype=None`` it must keep
     the input dtype. ``tags`` and ``properties`` are added to the output columns.
 
-    >>> def first_two(s): return s.str.slice(0, 2)
-    >>> ["title"] >> LambdaOp(first_two)                    # "hello" -> "he", <NA> -> <NA>
-    >>> ["count"] >> LambdaOp(halve, dtype="float64")       # def halve(s): return s / 2
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> def first_two(s):
+    ...     return s.str.slice(0, 2)
+    >>> def halve(s):
+    ...     return s / 2
+    >>> df = pd.DataFrame({"title": ["hello", None], "count": [3, 4]})
+    >>> ts.Workflow(["title"] >> LambdaOp(first_two)).fit_transform(df)
+      title
+    0    he
+    1   NaN
+    >>> ts.Workflow(["count"] >> LambdaOp(halve, dtype="float64")).fit_transform(df)
+       count
+    0    1.5
+    1    2.0
 
     Saving stores ``f`` by name; see the module docs (a lambda cannot be saved).
     """

@@ -16,7 +16,11 @@ __all__ = ["AddMetadata", "AddTags"]
 class AddTags(Operator):
     """Add tags to the selected columns; data passes through unchanged.
 
-    >>> ["label"] >> AddTags([Tags.TARGET, Tags.BINARY_CLASSIFICATION])
+    >>> import pandas as pd
+    >>> import tabstream as ts
+    >>> wf = ts.Workflow(["label"] >> AddTags([Tags.TARGET, Tags.BINARY_CLASSIFICATION]))
+    >>> sorted(t.value for t in wf.fit(pd.DataFrame({"label": [1, 0]})).output_schema["label"].tags)
+    ['binary_classification', 'target']
     """
 
     def __init__(self, tags: Iterable[Tags | str] | Tags | str) -> None:

@@ -11,10 +11,24 @@ whose schemas differ are unified (a column a file lacks is null there). Files of
 tabstream export are checked against its ``_manifest.json``: a deleted, truncated,
 replaced or extra file is an error naming it, never a silently different dataset.
 
->>> ds = Dataset("logs/day_*.tsv", sep="\\t", names=["label", "I1", "C1"],
+Two days of a headerless TSV log, one piece per file here:
+
+>>> import os, tempfile
+>>> tmp = tempfile.TemporaryDirectory()
+>>> for day in range(2):
+...     with open(os.path.join(tmp.name, f"day_{day}.tsv"), "w") as f:
+...         _ = f.write(f"1\\t{day}\\tab\\n0\\t\\tcd\\n")
+>>> ds = Dataset(os.path.join(tmp.name, "day_*.tsv"), sep="\\t", names=["label", "I1", "C1"],
 ...              dtypes={"label": "int64", "I1": "int64", "C1": "string"})
->>> ds.npartitions, ds.schema.column_names
-(12, ['label', 'I1', 'C1'])
+>>> ds.npartitions, ds.num_rows, ds.schema.column_names
+(2, 4, ['label', 'I1', 'C1'])
+>>> ds.to_ddf().compute()
+   label    I1  C1
+0      1     0  ab
+1      0  <NA>  cd
+0      1     1  ab
+1      0  <NA>  cd
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -1,13 +1,23 @@
 """Workflow: fit an op graph on a Dataset with dask, transform lazily or eagerly,
 save and load as JSON plus parquet (never pickle).
 
->>> wf = Workflow(["C1"] >> ops.Categorify() + ["label"])
->>> wf.fit(Dataset("raw/*.parquet"))
->>> wf.transform(Dataset("raw/*.parquet")).to_parquet("out/train")
+>>> import os, tempfile
+>>> import pandas as pd
+>>> from tabstream import Dataset, Workflow, ops
+>>> tmp = tempfile.TemporaryDirectory()
+>>> raw = os.path.join(tmp.name, "raw.parquet")
+>>> pd.DataFrame({"C1": ["a", "b", "a"], "label": [1, 0, 1]}).to_parquet(raw)
+>>> wf = Workflow((["C1"] >> ops.Categorify()) + ["label"])
+>>> wf = wf.fit(Dataset(raw))
+>>> wf.transform(Dataset(raw)).to_parquet(os.path.join(tmp.name, "out", "train"))
+ExportResult('.../out/train', files=1, num_rows=3)
+>>> sorted(os.listdir(os.path.join(tmp.name, "out", "train")))
+['_manifest.json', '_metadata', '_schema.json', 'part_00000.parquet']
 >>> wf.transform(pd.DataFrame({"C1": ["a", None], "label": [1, 0]}))
    C1  label
 0   3      1
 1   1      0
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -5,13 +5,28 @@ Every table's rows and their optimizer state live here, in memory-mapped files
 with :meth:`ParameterServer.lookup` and hands back one gradient per row with
 :meth:`ParameterServer.apply`, which runs the sparse optimizer on those rows only
 (the "fused" update). ``tabstream.train.torch.CachedEmbeddings`` puts a bounded
-cache of hot rows in front of it::
+cache of hot rows in front of it:
 
-    >>> ps = ParameterServer("ps/", configs, storage="disk", seed=0, optimizer="adagrad", lr=0.05)
-    >>> ps.lookup("C1", [0, 7])                  # never trained: the initial rows
-    array([[ 0.031, -0.012, ...], [...]], dtype=float32)
-    >>> ps.apply("C1", [7], grads)               # grads: (1, dim) float32
-    >>> ps.flush(); ps.export_delta("delta/0")   # delta/0/C1/part_00000.parquet: key=[7]
+    >>> import os, tempfile
+    >>> import pyarrow.parquet as pq
+    >>> from tabstream.train.tables import TableConfig
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> configs = [TableConfig("C1", 1000, 4, ("C1",))]
+    >>> ps = ParameterServer(os.path.join(tmp.name, "ps"), configs, storage="disk", seed=0,
+    ...                      optimizer="adagrad", lr=0.05)
+    >>> before = ps.lookup("C1", [0, 7])         # never trained: the initial rows
+    >>> before.shape, before.dtype
+    ((2, 4), dtype('float32'))
+    >>> new = ps.apply("C1", [7], np.ones((1, 4), np.float32))   # one gradient row per id
+    >>> np.round(new - before[1:], 4)            # adagrad's first step: lr * g / |g|
+    array([[-0.05, -0.05, -0.05, -0.05]], dtype=float32)
+    >>> ps.flush()                               # commit (the version)
+    1
+    >>> ps.export_delta(os.path.join(tmp.name, "delta", "0"))   # rows updated per table
+    {'C1': 1}
+    >>> pq.read_table(os.path.join(tmp.name, "delta", "0", "C1", "part_00000.parquet"))["key"].to_pylist()
+    [7]
+    >>> tmp.cleanup()
 
 Layout of ``path`` (disk storage)::
 
@@ -91,8 +106,11 @@ def initial_rows(seed: int, table: str, ids: np.ndarray, dim: int, scale: float)
     a function of ``(seed, table, row, column)`` only (a SplitMix64 hash), so any
     row can be recomputed at any time without storing it.
 
-    >>> initial_rows(0, "C1", np.array([5]), 4, 0.05).shape
-    (1, 4)
+    >>> rows = initial_rows(0, "C1", np.array([5, 6]), 4, 0.05)
+    >>> rows.shape, bool((abs(rows) < 0.05).all())
+    ((2, 4), True)
+    >>> np.array_equal(initial_rows(0, "C1", np.array([6]), 4, 0.05), rows[1:])   # per row
+    True
     """
     ids = np.asarray(ids, dtype=np.uint64)
     key = np.uint64((int(seed) * 0x100000001B3 + zlib.crc32(table.encode())) % (1 << 64))

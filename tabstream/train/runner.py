@@ -1,9 +1,25 @@
 """Train a bundled PyTorch model on a tabstream export: what ``tabstream train``
 and the demo run.
 
->>> history = train_on_export("out/train", "out/valid", model="dlrm", epochs=1)
->>> history["val_auc"][-1]
-0.79
+>>> import tempfile
+>>> import pandas as pd
+>>> import torch
+>>> import tabstream as ts
+>>> from tabstream import ops
+>>> out = tempfile.TemporaryDirectory()
+>>> df = pd.DataFrame({"C1": list("abcabcab"), "I1": [0.5, 1.0, 0.0, 2.0, 1.5, 0.1, 0.7, 0.2],
+...                    "click": [1, 0, 0, 1, 1, 0, 1, 0]})
+>>> wf = ts.Workflow((["C1"] >> ops.Categorify()) + (["I1"] >> ops.Normalize())
+...                  + (["click"] >> ops.AddTags(["target", "binary_classification"])))
+>>> wf.fit_transform(ts.Dataset(df)).to_parquet(out.name + "/train")
+ExportResult('.../train', files=1, num_rows=8)
+>>> threads = torch.get_num_threads()           # train_on_export sets torch's thread count
+>>> history = train_on_export(out.name + "/train", out.name + "/train", model="dlrm",
+...                           epochs=2, batch_size=4, threads=1, progress=False)
+>>> history["epoch"], len(history["val_auc"]), type(history["model"]).__name__
+([1, 2], 2, 'DLRM')
+>>> torch.set_num_threads(threads)
+>>> out.cleanup()
 """
 
 from __future__ import annotations

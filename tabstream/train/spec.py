@@ -16,6 +16,13 @@ The batch layout is the loaders' (see ``tabstream.loaders``): per row-batch of
 ``(values (nnz,), offsets (B + 1,))`` or ``(padded (B, L), mask (B, L))``, a
 continuous column is ``(B,)`` float32::
 
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, is_list=False):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL], is_list=is_list,
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("tags", 50, is_list=True),
+    ...                  ColumnSchema("x", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET])])
     >>> spec = feature_spec(schema)     # C1: 1,000 ids; tags: list of 50 ids; x: float; click: target
     >>> spec.categorical, spec.lists, spec.continuous, spec.targets
     (('C1', 'tags'), ('tags',), ('x',), ('click',))
@@ -24,7 +31,7 @@ continuous column is ``(B,)`` float32::
     >>> spec.output_dims, spec.concat_dim      # dims from floor(card ** 0.25 * 2) -> multiple of 8
     ({'C1': 16, 'tags': 8}, 25)
     >>> {k: v.shape for k, v in spec.example_batch(4).items()}     # numpy, ragged lists
-    {'C1': (4,), 'tags__values': (nnz,), 'tags__offsets': (5,), 'x': (4,)}
+    {'C1': (4,), 'tags__values': (...,), 'tags__offsets': (5,), 'x': (4,)}
 
 ``tabstream.train.torch`` and ``tabstream.train.tensorflow`` both call
 :func:`feature_spec` (and the argument checks below), so a schema gives the same

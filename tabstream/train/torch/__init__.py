@@ -1,12 +1,26 @@
 """PyTorch training: embedding tables from a schema, LazyAdam and MultiOptimizer,
 the DLRM / DCN / Wide&Deep / TwoTower models and a fit loop.
 
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
     >>> from tabstream.train.torch import DLRM, LazyAdam, fit
-    >>> model = DLRM(schema)                       # tables >= 100,000 rows: sparse grads
-    >>> history = fit(model, train_loader, LazyAdam(model.parameters(), lr=1e-3),
-    ...               epochs=1, valid_loader=valid_loader)
-    >>> history["val_auc"]
-    [0.79]
+    >>> _ = torch.manual_seed(0)
+    >>> model = DLRM(schema, embedding_dim=8)      # tables >= 100,000 rows would get sparse grads
+    >>> history = fit(model, [(features, labels)] * 8, LazyAdam(model.parameters(), lr=1e-2),
+    ...               epochs=2, valid_loader=[(features, labels)], progress=False)
+    >>> history["epoch"], history["samples"], len(history["val_auc"])
+    ([1, 2], [32, 32], 2)
+    >>> history["val_loss"][1] < history["val_loss"][0]
+    True
 """
 
 try:

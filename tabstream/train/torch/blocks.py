@@ -20,10 +20,21 @@ class FeatureInputs(nn.Module):
     """The model-facing view of a schema: embeddings for its categorical columns
     and a ``(B, n_continuous)`` block for its continuous ones (targets left out).
 
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
     >>> inputs = FeatureInputs(schema, embedding_dim=8)    # C1, C2 categorical; I1 continuous
-    >>> embeddings, continuous = inputs({"C1": ids, "C2": ids, "I1": floats})
+    >>> embeddings, continuous = inputs(features)
     >>> {k: v.shape for k, v in embeddings.items()}, continuous.shape
-    ({'C1': torch.Size([B, 8]), 'C2': torch.Size([B, 8])}, torch.Size([B, 1]))
+    ({'C1': torch.Size([4, 8]), 'C2': torch.Size([4, 8])}, torch.Size([4, 1]))
     """
 
     def __init__(

@@ -1,11 +1,29 @@
 """Embedding tables served by a :class:`~tabstream.train.cache_store.ParameterServer`
 through a bounded cache of hot rows, for tables larger than memory.
 
-    >>> ps = ParameterServer("ps/", table_configs_from_schema(schema, dim=16),
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    >>> import tempfile
+    >>> from tabstream.train.torch import DLRM, fit, table_configs_from_schema
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ps = ParameterServer(tmp.name + "/ps", table_configs_from_schema(schema, dim=16),
     ...                      storage="disk", optimizer="adagrad", lr=0.05)
-    >>> emb = CachedEmbeddings(ps, cache_rows=1_000_000)
+    >>> emb = CachedEmbeddings(ps, cache_rows=100)      # at most 100 rows per table in memory
     >>> model = DLRM(schema, embeddings=emb)            # dense part: any optimizer
-    >>> fit(model, loader, torch.optim.Adam(model.parameters()), checkpoint_dir="ck/")
+    >>> history = fit(model, [(features, labels)] * 3, torch.optim.Adam(model.parameters()),
+    ...               checkpoint_dir=tmp.name + "/ck", progress=False)
+    >>> emb.cached_rows, sorted(ps.touched("C1").tolist())   # rows 3, 42 and 999 were trained
+    ({'C1': 3, 'C2': 3}, [3, 42, 999])
+    >>> tmp.cleanup()
 
 ``CachedEmbeddings`` takes batches in every layout :class:`EmbeddingTables` takes
 (single-hot ids, ragged ``(values, offsets)``, padded ``(ids, mask)``, the
@@ -147,8 +165,22 @@ class CachedEmbeddings(nn.Module):
         return {name: len(c) for name, c in self._caches.items()}
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        return self._embed(features, self.feature_to_table)
+
+    def subset(self, feature_names: Any) -> _CachedSubset:
+        """A view serving only ``feature_names`` (each tower of a two-tower model
+        looks up its own features); the rows, the cache and the server stay this
+        module's."""
+        names = list(feature_names)
+        unknown = sorted(set(names) - set(self.feature_to_table))
+        if unknown:
+            raise SchemaError(f"CachedEmbeddings.subset: features {unknown} are not served; "
+                              f"it serves {self.feature_names}")
+        return _CachedSubset(self, {f: self.feature_to_table[f] for f in names})
+
+    def _embed(self, features: Features, feature_to_table: Mapping[str, str]) -> dict[str, torch.Tensor]:
         by_table: dict[str, list[tuple[str, tuple[torch.Tensor, ...]]]] = {}
-        for feature, table in self.feature_to_table.items():
+        for feature, table in feature_to_table.items():
             by_table.setdefault(table, []).append(
                 (feature, _parse(feature, self._config_by_name[table], features)))
         out: dict[str, torch.Tensor] = {}
@@ -299,3 +331,26 @@ def _ragged_from_padded(feature: str, ids: torch.Tensor, mask: torch.Tensor) -> 
         )
     mask = mask.to(torch.bool)
     return ids[mask], F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
+
+
+class _CachedSubset(nn.Module):
+    """Some features of a :class:`CachedEmbeddings`, looked up through it."""
+
+    def __init__(self, base: CachedEmbeddings, feature_to_table: dict[str, str]) -> None:
+        super().__init__()
+        # not a submodule: the owner registers ``base`` once, so its state (and
+        # train/eval mode) is not duplicated per view
+        object.__setattr__(self, "base", base)
+        self.feature_to_table = feature_to_table
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.feature_to_table)
+
+    @property
+    def output_dims(self) -> dict[str, int]:
+        dims = self.base.output_dims
+        return {f: dims[f] for f in self.feature_to_table}
+
+    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        return self.base._embed(features, self.feature_to_table)

@@ -1,21 +1,28 @@
 """Model-parallel embedding tables and hybrid-parallel training under torch.distributed.
 
 Embedding tables are split over the ranks (whole tables, row ranges or column
-slices) while the dense part of the model runs data-parallel under DDP::
+slices) while the dense part of the model runs data-parallel under DDP. The plan
+is computed alike on every rank, from the model or its table configs:
 
-    >>> dist.init_process_group("gloo")               # torchrun sets RANK/WORLD_SIZE
-    >>> torch.manual_seed(0)                          # the same model on every rank
-    >>> plan = plan_sharding(DLRM(schema), world_size=2)
+    >>> from tabstream.train.tables import TableConfig
+    >>> configs = [TableConfig("C1", 1_000_000, 16, ("C1",)),
+    ...            TableConfig("C2", 50_000, 16, ("C2",)), TableConfig("C3", 100, 16, ("C3",))]
+    >>> plan = plan_sharding(configs, world_size=2)    # or plan_sharding(DLRM(schema), 2)
     >>> print(plan)
     ShardingPlan for 2 ranks (bytes = weights + 2 optimizer slots, float32)
       C1    1,000,000 x 16   column_wise   columns 0:8, 8:16
       C2       50,000 x 16   table_wise    on rank 0
       C3          100 x 16   data_parallel replicated
       rank 0: 105,600,000 bytes   rank 1: 96,000,000 bytes   (+19,200 replicated on each)
-    >>> model = HybridParallel(DLRM(schema), plan=plan)   # or plan={"C1": "row_wise"}
-    >>> loss = F.binary_cross_entropy_with_logits(model(features), labels)
-    >>> (loss * model.loss_scale).backward()         # exact global-mean gradient
-    >>> model.full_state_dict()                       # collective: the unwrapped state
+
+Then, in each process that ``torchrun`` starts (it sets RANK and WORLD_SIZE)::
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)                          # the same model on every rank
+    model = HybridParallel(DLRM(schema), plan=plan)   # or plan={"C1": "row_wise"}
+    loss = F.binary_cross_entropy_with_logits(model(features), labels)
+    (loss * model.loss_scale).backward()         # exact global-mean gradient
+    model.full_state_dict()                       # collective: the unwrapped state
 
 How a step flows, for the sharded tables (``W`` ranks, rank ``r`` holding a
 batch of ``B_r`` rows):
@@ -202,6 +209,9 @@ def plan_sharding(
     ``overrides`` (``{table: type}``) win over the strategy. Deterministic: every
     rank computes the same plan.
 
+    >>> from tabstream.train.tables import TableConfig
+    >>> model = [TableConfig(name, rows, 16, (name,))     # or a model holding these tables
+    ...          for name, rows in [("C1", 1_000_000), ("C2", 50_000), ("C7", 20_000), ("C9", 100)]]
     >>> plan = plan_sharding(model, world_size=2, overrides={"C7": "column_wise"})
     >>> dict(plan)
     {'C1': 'column_wise', 'C2': 'table_wise', 'C7': 'column_wise', 'C9': 'data_parallel'}

@@ -25,6 +25,12 @@ its id. Pooling counts real positions only; an empty list pools to zeros (with
 ``combiner="mean"`` too). A padded ``(B, L)`` list without a mask is refused: its
 padding cannot be told from its ids::
 
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> schema = Schema([
+    ...     ColumnSchema("item_id", "int64", tags=[Tags.CATEGORICAL],
+    ...                  properties={"domain": {"min": 0, "max": 999}}),
+    ...     ColumnSchema("tags", "int64", tags=[Tags.CATEGORICAL], is_list=True,
+    ...                  properties={"domain": {"min": 0, "max": 49}})])
     >>> tables = embedding_tables_from_schema(schema, dim=8)   # item_id: 1000 ids, tags: list
     >>> out = tables({"item_id": torch.tensor([3, 7]),
     ...               "tags": (torch.tensor([5, 6, 9]), torch.tensor([0, 2, 3]))})
@@ -300,9 +306,12 @@ def embedding_tables_from_schema(
     (``dim=None``: ``floor(cardinality ** 0.25 * multiplier)`` rounded up to a
     multiple of 8). See :class:`EmbeddingTables` for ``sparse``.
 
-    >>> tables = embedding_tables_from_schema(schema)       # user_id: 1,000,000 ids
-    >>> tables["user_id"], tables["user_id"].sparse        # floor(1e6 ** 0.25 * 2) = 63 -> 64
-    (EmbeddingBag(1000000, 64, mode='sum'), True)
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> schema = Schema([ColumnSchema("user_id", "int64", tags=[Tags.CATEGORICAL],
+    ...                               properties={"domain": {"min": 0, "max": 199_999}})])
+    >>> tables = embedding_tables_from_schema(schema)       # user_id: 200,000 ids
+    >>> tables["user_id"], tables["user_id"].sparse        # floor(2e5 ** 0.25 * 2) = 42 -> 48
+    (EmbeddingBag(200000, 48, mode='sum'), True)
     """
     spec = feature_spec(schema, dim=dim, infer_sizes=infer_sizes, multiplier=multiplier,
                         combiner=combiner)
@@ -323,9 +332,12 @@ def split_embeddings_on_size(tables: Any, threshold: int) -> tuple[list[Any], li
     model), or a sequence of :class:`TableConfig` or embedding modules. Modules
     come back as modules (ready for :class:`MultiOptimizer`), configs as configs.
 
+    >>> from tabstream.train.tables import TableConfig
+    >>> model = EmbeddingTables([TableConfig("C1", 200_000, 8, ("C1",)),
+    ...                          TableConfig("C2", 50, 8, ("C2",))])
     >>> large, small = split_embeddings_on_size(model, threshold=100_000)
-    >>> [m.num_embeddings for m in large]
-    [1000000]
+    >>> [m.num_embeddings for m in large], [m.num_embeddings for m in small]
+    ([200000], [50])
     """
     check_threshold(threshold)
     if isinstance(tables, nn.Module):

@@ -1,16 +1,29 @@
 """A training loop for any iterable of ``(features, labels)`` batches.
 
-    >>> from tabstream.loaders.torch import Loader
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    >>> import tempfile
     >>> from tabstream.train.torch import DLRM, LazyAdam, fit
-    >>> model = DLRM(schema)
-    >>> history = fit(model, Loader(train, batch_size=8192), LazyAdam(model.parameters()),
-    ...               epochs=2, valid_loader=Loader(valid, batch_size=65536),
-    ...               checkpoint_dir="ckpt/", resume=True)
-    epoch 1/2: 100%|████| 245/245 [00:09, 26.1batch/s, loss=0.4791, samples/s=213,512]
-    epoch 1/2: loss 0.4791  val_loss 0.4702  val_auc 0.7803  213,512 samples/s
-    ...
-    >>> history["val_auc"]
-    [0.7803, 0.7861]
+    >>> from tabstream.train.torch.fit import checkpoint_position
+    >>> ckpt = tempfile.TemporaryDirectory()
+    >>> _ = torch.manual_seed(0)
+    >>> model = DLRM(schema, embedding_dim=8)
+    >>> train = [(features, labels)] * 5            # or a tabstream.loaders.torch.Loader
+    >>> history = fit(model, train, LazyAdam(model.parameters(), lr=1e-2), epochs=2,
+    ...               valid_loader=[(features, labels)], checkpoint_dir=ckpt.name, resume=True,
+    ...               progress=False)
+    >>> history["epoch"], len(history["val_auc"]), checkpoint_position(ckpt.name)
+    ([1, 2], 2, (2, 0))
+    >>> ckpt.cleanup()
 
 Checkpoints (``checkpoint_dir/checkpoint.pt``) hold only tensors and plain values
 (model class name, model and optimizer ``state_dict``, torch's RNG state, position,
@@ -200,8 +213,12 @@ def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, in
     ``checkpoint_dir`` (``checkpoint.pt``, or a sharded one), or ``None`` when there
     is none.
 
-    >>> checkpoint_position("ck/")     # 2 epochs done, then 40 batches of the third
-    (2, 40)
+    >>> import tempfile
+    >>> checkpoint_position(tempfile.gettempdir() + "/no-such-checkpoint") is None
+    True
+
+    After two epochs and 40 batches of the third it is ``(2, 40)`` (see the
+    module's example).
     """
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.exists():

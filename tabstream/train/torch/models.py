@@ -4,17 +4,28 @@ Every model takes ``features: dict[str, Tensor]`` keyed by the schema's column
 names (categorical ids int64, continuous float; list columns as in
 :mod:`tabstream.train.torch.embeddings`) and returns ``(B,)`` logits::
 
+    >>> import torch
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("C1", 1000), categorical("C2", 50),
+    ...                  ColumnSchema("I1", "float32", tags=[Tags.CONTINUOUS]),
+    ...                  ColumnSchema("click", "float32", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])])
+    >>> features = {"C1": torch.tensor([3, 999, 3, 42]), "C2": torch.tensor([0, 7, 49, 7]),
+    ...             "I1": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    >>> labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
     >>> model = DLRM(schema, embedding_dim=16)
-    >>> features, labels = next(iter(loader))
-    >>> model(features).shape
-    torch.Size([8192])
+    >>> model(features).shape                       # features, labels = next(iter(loader))
+    torch.Size([4])
 
 Common keyword arguments: ``sparse`` / ``sparse_threshold`` (which tables get
 sparse gradients, see :class:`EmbeddingTables`) and ``combiner`` ("sum" or
-"mean", for list columns). ``DLRM``, ``DCN`` and ``WideAndDeep`` (its deep part)
-also take ``embeddings=``: ready-made tables serving the schema's categorical
-features, such as a :class:`~tabstream.train.torch.CachedEmbeddings` for tables
-larger than memory.
+"mean", for list columns). ``DLRM``, ``DCN``, ``WideAndDeep`` (its deep part)
+and ``TwoTower`` also take ``embeddings=``: ready-made tables serving the schema's
+categorical features, such as a :class:`~tabstream.train.torch.CachedEmbeddings`
+for tables larger than memory (``TwoTower`` looks up each tower's features
+through ``embeddings.subset(names)``, and refuses a table shared by both towers).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tabstream.core.schema import Schema, Tags
-from tabstream.train.spec import check_positive
+from tabstream.train.spec import check_positive, feature_spec
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD
 
@@ -205,9 +216,19 @@ class TwoTower(nn.Module):
     learns to rank them too low (recall@10 far below ranking by popularity).
     :meth:`recall_at_k` evaluates retrieval on a loader.
 
+    >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
+    >>> def categorical(name, n, *tags):
+    ...     return ColumnSchema(name, "int64", tags=[Tags.CATEGORICAL, *tags],
+    ...                         properties={"domain": {"min": 0, "max": n - 1}})
+    >>> schema = Schema([categorical("user_id", 100, Tags.USER_ID), categorical("age", 10, Tags.USER),
+    ...                  categorical("item_id", 500, Tags.ITEM_ID), categorical("cat", 20, Tags.ITEM)])
+    >>> features = {"user_id": torch.tensor([1, 2, 3]), "age": torch.tensor([0, 9, 4]),
+    ...             "item_id": torch.tensor([10, 499, 7]), "cat": torch.tensor([3, 3, 19])}
     >>> model = TwoTower(schema, output_dim=32)       # user_id, age: USER; item_id, cat: ITEM
     >>> model.query_embeddings(features).shape, model.item_embeddings(features).shape
-    (torch.Size([B, 32]), torch.Size([B, 32]))
+    (torch.Size([3, 32]), torch.Size([3, 32]))
+    >>> model(features).shape                         # each row's own (user, item) score
+    torch.Size([3])
     """
 
     def __init__(
@@ -224,6 +245,7 @@ class TwoTower(nn.Module):
         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
         combiner: str = "sum",
         logq_correction: bool = True,
+        embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
         features = schema.without(schema.select_by_tag(Tags.TARGET).column_names)
@@ -240,10 +262,16 @@ class TwoTower(nn.Module):
         self.temperature = check_positive(temperature, "TwoTower: temperature")
         self.l2_normalize = l2_normalize
 
+        views: dict[int, nn.Module | None] = {id(user): None, id(item): None}
+        if embeddings is not None:
+            views = self._tower_embeddings(embeddings, user, item, embedding_dim, multiplier,
+                                           combiner)
+            self.embeddings = embeddings  # registered once; each tower looks up through a view
+
         def inputs(part: Schema) -> FeatureInputs:
             return FeatureInputs(part, embedding_dim=embedding_dim, multiplier=multiplier,
                                  sparse=sparse, sparse_threshold=sparse_threshold,
-                                 combiner=combiner)
+                                 combiner=combiner, embeddings=views[id(part)])
 
         self.query_tower = _Tower(inputs(user), query_tower, output_dim)
         self.item_tower = _Tower(inputs(item), item_tower, output_dim)
@@ -256,6 +284,31 @@ class TwoTower(nn.Module):
         # so a checkpoint resumes with it).
         cardinality = item[self.item_id_column].cardinality if self.item_id_column else 0
         self.register_buffer("item_counts", torch.zeros(int(cardinality or 0), dtype=torch.float64))
+
+    @staticmethod
+    def _tower_embeddings(embeddings: nn.Module, user: Schema, item: Schema,
+                          embedding_dim: int | None, multiplier: float,
+                          combiner: str) -> dict[int, nn.Module | None]:
+        """Split ``embeddings=`` (e.g. :class:`CachedEmbeddings`) into a view per tower."""
+        if not hasattr(embeddings, "subset"):
+            raise TypeError(
+                f"TwoTower: embeddings= must offer subset(feature_names), one view per tower "
+                f"(CachedEmbeddings does); got {type(embeddings).__name__}"
+            )
+        names = {}
+        for key, part in (("user", user), ("item", item)):
+            spec = feature_spec(part, dim=embedding_dim, multiplier=multiplier, combiner=combiner)
+            names[key] = [f for t in spec.tables for f in t.feature_names]
+        tables = getattr(embeddings, "feature_to_table", {})
+        shared = sorted({tables.get(f) for f in names["user"]} & {tables.get(f) for f in names["item"]}
+                        - {None})
+        if shared:
+            # two towers updating one table would apply two sparse steps where
+            # in-memory training applies one
+            raise ValueError(f"TwoTower: embeddings= tables {shared} serve both USER and ITEM "
+                             "features; give each tower its own tables")
+        return {id(user): embeddings.subset(names["user"]),
+                id(item): embeddings.subset(names["item"])}
 
     def query_embeddings(self, features: Features) -> torch.Tensor:
         q = self.query_tower(features)

@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch_data import categorical, continuous, target
 
+from tabstream.core.schema import Tags
 from tabstream.errors import DataError, SchemaError
 from tabstream.pipeline.schema import Schema
+from tabstream.train.tables import TableConfig
 from tabstream.train.torch import (
     DCN,
     DLRM,
@@ -16,6 +18,7 @@ from tabstream.train.torch import (
     EmbeddingTables,
     LazyAdam,
     ParameterServer,
+    TwoTower,
     WideAndDeep,
     fit,
     table_configs_from_schema,
@@ -49,7 +52,8 @@ def make_batches(seed, n_batches=6, batch=16, layout="ragged"):
     return out
 
 
-def twin_models(tmp_path, optimizer, storage, cache_rows, combiner="sum", model_cls=DLRM, **kw):
+def twin_models(tmp_path, optimizer, storage, cache_rows, combiner="sum", model_cls=DLRM,
+                schema=schema, **kw):
     """A cached model and an in-memory model with the same initial parameters."""
     configs = table_configs_from_schema(schema().without(["click"]), dim=8, combiner=combiner)
     ps = ParameterServer(tmp_path / "ps", configs, storage=storage, optimizer=optimizer, lr=0.1)
@@ -117,6 +121,71 @@ def test_other_bundled_models_take_cached_embeddings(tmp_path, model_cls, kw):
     features, _ = make_batches(1, n_batches=1)[0]
     with torch.no_grad():
         torch.testing.assert_close(cached(features), plain(features))
+
+
+def two_tower_schema():
+    return Schema([categorical("C1", 40, [Tags.USER_ID]), categorical("C2", 25, [Tags.USER], is_list=True),
+                   continuous("I1", [Tags.USER]), categorical("item", 30, [Tags.ITEM_ID]), target()])
+
+
+@pytest.mark.parametrize("optimizer,storage,cache_rows", [("adagrad", "memory", 1000),
+                                                          ("adam", "disk", 5)])
+def test_two_tower_trained_through_the_cache_equals_training_in_memory(tmp_path, optimizer,
+                                                                        storage, cache_rows):
+    ps, cached, plain, tables = twin_models(tmp_path, optimizer, storage, cache_rows,
+                                            model_cls=TwoTower, schema=two_tower_schema,
+                                            query_tower=(8,), item_tower=(8,), output_dim=4)
+    assert {c.name for t in tables for c in t.configs} == {"C1", "C2", "item"}
+    table_params = [t[c.name].weight for t in tables for c in t.configs]
+    table_ids = {id(p) for p in table_params}
+    sparse_opt = (torch.optim.Adagrad if optimizer == "adagrad" else LazyAdam)(table_params, lr=0.1)
+    dense_plain = torch.optim.SGD([p for p in plain.parameters() if id(p) not in table_ids], lr=0.05)
+    dense_cached = torch.optim.SGD(cached.parameters(), lr=0.05)
+    rng = np.random.default_rng(3)
+    for features, labels in make_batches(0, n_batches=4):
+        features["item"] = torch.as_tensor(rng.integers(0, 30, len(labels)))
+        for model, opts in ((cached, [dense_cached]), (plain, [dense_plain, sparse_opt])):
+            for o in opts:
+                o.zero_grad()
+            model.compute_loss(features, labels).backward()
+            with torch.sparse.check_sparse_tensor_invariants(enable=True):
+                for o in opts:
+                    o.step()
+    # atol 1e-5: Adam's g / sqrt(v) step (0.1 per step here) turns float rounding in
+    # the normalized towers' gradients into differences of about 1e-6
+    for t in tables:
+        for cfg in t.configs:
+            np.testing.assert_allclose(ps.lookup(cfg.name, np.arange(cfg.cardinality)),
+                                       t[cfg.name].weight.detach().numpy(), rtol=1e-5, atol=1e-5)
+    plain_state = plain.state_dict()
+    for k, v in cached.state_dict().items():
+        if not k.endswith("ps_version"):
+            torch.testing.assert_close(v, plain_state[k], rtol=1e-5, atol=1e-5)
+    # one module holds the rows for both towers, each tower looks up only its own features
+    assert [k for k in cached.state_dict() if k.endswith("ps_version")] == ["embeddings.ps_version"]
+    assert cached.query_tower.inputs.embeddings.feature_names == ["C1", "C2"]
+    assert cached.item_tower.inputs.embeddings.feature_names == ["item"]
+    assert all(n <= cache_rows for n in cached.embeddings.cached_rows.values())
+
+
+def test_two_tower_refuses_embeddings_it_cannot_split(tmp_path):
+    configs = table_configs_from_schema(two_tower_schema().without(["click"]), dim=8)
+    ps = ParameterServer(tmp_path / "ps", configs, storage="memory")
+    with pytest.raises(TypeError, match=r"TwoTower: embeddings= must offer subset\(feature_names\).*"
+                                        r"got EmbeddingTables"):
+        TwoTower(two_tower_schema(), embedding_dim=8,
+                 embeddings=EmbeddingTables(configs))
+    with pytest.raises(SchemaError, match=r"CachedEmbeddings.subset: features \['item'\] are not served"):
+        TwoTower(two_tower_schema(), embedding_dim=8,
+                 embeddings=CachedEmbeddings(ParameterServer(tmp_path / "ps2", configs[:2]), 10))
+    # one vocabulary for a user and an item feature: two towers would step it twice
+    shared = [TableConfig("ids", 40, 8, ("C1", "item")),
+              *[c for c in configs if c.name == "C2"]]
+    with pytest.raises(ValueError, match=r"TwoTower: embeddings= tables \['ids'\] serve both USER "
+                                         r"and ITEM features"):
+        TwoTower(two_tower_schema(), embedding_dim=8,
+                 embeddings=CachedEmbeddings(ParameterServer(tmp_path / "ps3", shared), 10))
+    del ps
 
 
 def test_hit_rate_counts_cache_hits(tmp_path):
