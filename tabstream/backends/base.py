@@ -134,7 +134,7 @@ class Backend(abc.ABC):
     # -- rows ------------------------------------------------------------------
     @abc.abstractmethod
     def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
-        """The rows at ``indices``, in that order."""
+        """The rows at ``indices``, in that order; a null index gives a row of nulls."""
 
     @abc.abstractmethod
     def filter(self, table: pa.Table, mask: Column | np.ndarray) -> pa.Table:
@@ -161,3 +161,20 @@ class Backend(abc.ABC):
         an array or a list) as an Arrow array; missing values (None, NA, NaN of
         non-float data) become nulls. Raises ``pyarrow.ArrowInvalid`` or
         ``ArrowTypeError`` when the values do not convert."""
+
+    # -- kernels added for issue 9 (ops behind the backend) ---------------------------
+    @abc.abstractmethod
+    def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
+        """int64 bucket of each value: how many of the sorted ``boundaries`` are ``<= x``
+        (``numpy.digitize(x, boundaries, right=False)``); -inf is bucket 0, +inf the
+        last; null and NaN give null."""
+
+    @abc.abstractmethod
+    def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+                     how: str = "left") -> tuple[pa.Array, pa.Array]:
+        """A many-to-many join as row numbers: ``(left_rows, right_rows)``, both int64
+        of one length, one pair per match, in ``left``'s row order and, within a left
+        row, in ``right``'s row order. ``how="left"`` also keeps each left row without
+        a match once, with a null right row; ``how="inner"`` drops it. A null key
+        matches nothing; keys must be of one type on both sides (ops normalize them,
+        e.g. to group ids, before)."""

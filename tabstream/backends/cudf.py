@@ -223,6 +223,14 @@ class CudfBackend(Backend):
     # -- rows ------------------------------------------------------------------
     def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
         _, cupy = _libs()
+        if isinstance(indices, pa.ChunkedArray):
+            indices = indices.combine_chunks()
+        if isinstance(indices, pa.Array) and indices.null_count:
+            # a null index gives a row of nulls (as Arrow's take): point it at one
+            # all-null row appended to the table
+            nulls = pa.table({f.name: pa.nulls(1, f.type) for f in table.schema})
+            table = pa.concat_tables([table, nulls])
+            indices = indices.fill_null(table.num_rows - 1)
         idx = indices.to_numpy(zero_copy_only=False) if isinstance(indices, pa.Array) else indices
         return _frame(table).take(cupy.asarray(idx)).to_arrow(preserve_index=False)
 
@@ -251,3 +259,31 @@ class CudfBackend(Backend):
         if hasattr(values, "get"):  # a cupy array
             values = values.get()
         return pa.array(values, from_pandas=True)
+
+    # -- kernels added for issue 9 (ops behind the backend) ---------------------------
+    def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
+        _, cupy = _libs()
+        s = _series(column).astype("float64").fillna(np.nan)
+        x = s.values  # a cupy array; null became NaN above
+        ids = cupy.searchsorted(cupy.asarray(boundaries, dtype="float64"), x, side="right")
+        # Series.mask sets the rows where the condition holds to null
+        cudf, _ = _libs()
+        return _arrow(cudf.Series(ids.astype("int64")).mask(cupy.isnan(x)), pa.int64())
+
+    def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+                     how: str = "left") -> tuple[pa.Array, pa.Array]:
+        if how not in ("left", "inner"):
+            raise ValueError(f"join_indices: how must be 'left' or 'inner', got {how!r}")
+        _, cupy = _libs()
+        lrow, rrow = "__tabstream_left_row__", "__tabstream_right_row__"
+        lf = _frame(left.select(list(keys)))
+        lf[lrow] = cupy.arange(left.num_rows, dtype="int64")
+        rf = _frame(right.select(list(keys)))
+        rf[rrow] = cupy.arange(right.num_rows, dtype="int64")
+        # cudf's merge, like pandas', matches a null key with a null key: right rows
+        # with a null key are dropped first, so that a null key matches nothing (a
+        # left row with one stays unmatched under how="left")
+        rf = rf.dropna(subset=list(keys))
+        joined = lf.merge(rf, on=list(keys), how=how, sort=False)
+        joined = joined.sort_values([lrow, rrow], na_position="last")
+        return _arrow(joined[lrow], pa.int64()), _arrow(joined[rrow], pa.int64())

@@ -185,3 +185,53 @@ def test_frames_for_user_functions(backend):
     assert int(frame["n"].isna().sum()) == 1  # the null stays missing, the ints stay ints
     assert backend.from_frame(frame).column("n").to_pylist() == [1, None, 3]
     assert backend.from_user_column(frame["n"] * 2).to_pylist() == [2, None, 6]
+
+
+# -- kernels added for issue 9 ---------------------------------------------------------------
+def test_digitize_is_numpy_digitize(backend):
+    values = [-math.inf, -5.0, 0.0, -0.0, 2.0, 9.99, 10.0, 1e9, math.inf, None, math.nan]
+    boundaries = [0.0, 2.0, 10.0]
+    got = backend.digitize(chunked(values), boundaries)
+    x = np.array([np.nan if v is None else v for v in values])
+    expected = [None if np.isnan(v) else int(np.digitize(v, boundaries, right=False)) for v in x]
+    assert got.type == pa.int64() and py(got) == expected
+    ints = backend.digitize(pa.array([1, None, 3], pa.int32()), [2])
+    assert py(ints) == [0, None, 1]
+
+
+def _reference_join(left, right, key, how):
+    """Nested loops over plain Python lists: the specification, slowly."""
+    pairs = []
+    for i, k in enumerate(left[key]):
+        matches = [j for j, r in enumerate(right[key]) if k is not None and r == k]
+        pairs += [(i, j) for j in matches] if matches else ([(i, None)] if how == "left" else [])
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_join_indices_many_to_many_in_left_order(backend, how):
+    rng = np.random.default_rng(0)
+    left_keys = [None if v == 0 else int(v) for v in rng.integers(0, 6, 40)]
+    right_keys = [None if v == 0 else int(v) for v in rng.integers(0, 5, 15)]
+    left, right = pa.table({"k": pa.array(left_keys, pa.int64())}), pa.table({"k": pa.array(right_keys, pa.int64())})
+    rows, side_rows = backend.join_indices(left, right, ["k"], how=how)
+    assert rows.type == pa.int64() and side_rows.type == pa.int64()
+    assert (py(rows), py(side_rows)) == _reference_join({"k": left_keys}, {"k": right_keys}, "k", how)
+
+
+def test_join_indices_two_keys_and_empty_right(backend):
+    left = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"]})
+    right = pa.table({"a": [1, 2, 1], "b": ["y", "x", "y"]})
+    rows, side_rows = backend.join_indices(left, right, ["a", "b"])
+    assert (py(rows), py(side_rows)) == ([0, 1, 1, 2], [None, 0, 2, 1])
+    rows, side_rows = backend.join_indices(left, right.slice(0, 0), ["a", "b"])
+    assert (py(rows), py(side_rows)) == ([0, 1, 2], [None, None, None])
+    with pytest.raises(ValueError, match="join_indices: how must be 'left' or 'inner', got 'outer'"):
+        backend.join_indices(left, right, ["a"], how="outer")
+
+
+def test_take_with_null_indices_gives_null_rows(backend):
+    table = pa.table({"a": [1, 2], "l": pa.array([[1], [2, 3]])})
+    got = backend.take(table, pa.array([1, None, 0], pa.int64()))
+    assert got.to_pylist() == [{"a": 2, "l": [2, 3]}, {"a": None, "l": None}, {"a": 1, "l": [1]}]
+    assert backend.take(table.slice(0, 0), pa.array([None], pa.int64())).to_pylist() == [{"a": None, "l": None}]
