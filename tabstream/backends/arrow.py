@@ -30,7 +30,13 @@ __all__ = ["ArrowBackend"]
 
 # Arrow's hash aggregate names for ours
 _ARROW_AGG = {"sum": "sum", "count": "count", "size": "count_all", "mean": "mean",
-              "min": "min", "max": "max", "first": "first", "last": "last"}
+              "min": "min", "max": "max", "first": "first", "last": "last",
+              "std": "stddev", "var": "variance", "list": "list"}
+#: options of the aggregations whose Arrow defaults differ from ours
+_ARROW_OPTIONS = {"sum": pc.ScalarAggregateOptions(skip_nulls=True, min_count=0),
+                  "std": pc.VarianceOptions(ddof=1), "var": pc.VarianceOptions(ddof=1)}
+#: aggregations that depend on row order (Arrow computes them single-threaded)
+_ORDERED = ("first", "last", "list")
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -135,11 +141,11 @@ class ArrowBackend(Backend):
                 raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
             if agg == "size":
                 specs.append(([], "count_all"))
-            elif agg in ("first", "last"):
-                specs.append((column, agg))
+            elif agg in _ARROW_OPTIONS:
+                specs.append((column, _ARROW_AGG[agg], _ARROW_OPTIONS[agg]))
             else:
                 specs.append((column, _ARROW_AGG[agg]))
-        use_threads = not any(agg in ("first", "last") for _, agg, _ in aggregations)
+        use_threads = not any(agg in _ORDERED for _, agg, _ in aggregations)
         grouped = table.group_by(list(keys), use_threads=use_threads).aggregate(specs)
         # Arrow names outputs "<column>_<agg>" (or "count_all"); recent versions put
         # the keys first, older ones last: find the aggregates by position either way

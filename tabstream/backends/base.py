@@ -35,8 +35,10 @@ __all__ = ["AGGREGATIONS", "Backend", "Column"]
 Column = pa.Array | pa.ChunkedArray
 
 #: aggregation names :meth:`Backend.groupby_aggregate` accepts; "count" counts
-#: non-null values, "size" counts rows
-AGGREGATIONS = ("sum", "count", "size", "mean", "min", "max", "first", "last")
+#: non-null values, "size" counts rows; "sum" of a group without values is 0
+#: (pandas); "std"/"var" use ddof=1 (null below two values); "list" holds the
+#: group's values in row order, nulls kept
+AGGREGATIONS = ("sum", "count", "size", "mean", "min", "max", "first", "last", "std", "var", "list")
 
 
 class Backend(abc.ABC):

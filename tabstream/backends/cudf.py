@@ -180,7 +180,20 @@ class CudfBackend(Backend):
         for column, agg, out_name in aggregations:
             if agg not in AGGREGATIONS:
                 raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
-            part = grouped.size() if agg == "size" else getattr(grouped[column], agg)()
+            if agg == "size":
+                part = grouped.size()
+            elif agg == "list":
+                # collect_list runs on libcudf's sort-based groupby, whose stable
+                # sort keeps each group's rows in input order
+                part = grouped[column].agg("collect")
+            elif agg in ("std", "var"):
+                # ddof=1 as pandas; a group with fewer than two values gives null
+                part = getattr(grouped[column], agg)(ddof=1).nans_to_nulls()
+            else:
+                # cudf's groupby has every other name as a method (its documented
+                # aggregation table; first/last give the first/last non-null value, as
+                # Arrow's; sum has min_count=0, so 0 for a group without values)
+                part = getattr(grouped[column], agg)()
             parts[out_name] = part
         if aggregations:
             cudf, _ = _libs()

@@ -235,3 +235,23 @@ def test_take_with_null_indices_gives_null_rows(backend):
     got = backend.take(table, pa.array([1, None, 0], pa.int64()))
     assert got.to_pylist() == [{"a": 2, "l": [2, 3]}, {"a": None, "l": None}, {"a": 1, "l": [1]}]
     assert backend.take(table.slice(0, 0), pa.array([None], pa.int64())).to_pylist() == [{"a": None, "l": None}]
+
+
+def test_groupby_aggregate_std_var_list_first_last_and_empty_sum(backend):
+    df = pd.DataFrame({"k": [1, 2, 1, 3, 1, 2, 4], "v": [1.0, None, 4.0, 2.0, None, None, 3.5]})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    got = backend.groupby_aggregate(table, ["k"], [("v", "std", "sd"), ("v", "var", "va"), ("v", "list", "l"),
+                                                   ("v", "first", "f"), ("v", "last", "la"), ("v", "sum", "s")])
+    rows = {r["k"]: r for r in got.to_pylist()}
+    for k, part in df.groupby("k")["v"]:
+        values = part.tolist()
+        present = part.dropna()
+        row = rows[k]
+        assert [None if math.isnan(v) else v for v in values] == row["l"], k  # row order, nulls kept
+        assert row["s"] == pytest.approx(present.sum())                      # 0 for group 2 (no values)
+        assert row["f"] == (present.iloc[0] if len(present) else None)
+        assert row["la"] == (present.iloc[-1] if len(present) else None)
+        if len(present) >= 2:
+            assert row["sd"] == pytest.approx(present.std(ddof=1)) and row["va"] == pytest.approx(present.var(ddof=1))
+        else:
+            assert row["sd"] is None and row["va"] is None
