@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, slice_plan
 from tabstream.core.dtypes import arrow_to_pandas, widen_half
 from tabstream.core.hashing import (
     DEFAULT_SEED,
@@ -227,3 +227,25 @@ class ArrowBackend(Backend):
         else:
             order = pc.sort_indices(joined, [(lrow, "ascending"), (rrow, "ascending")])
         return left_rows.take(order), right_rows.take(order)
+
+    def list_lengths(self, column: Column) -> pa.Array:
+        return pc.fill_null(pc.list_value_length(_combined(column)), 0).cast(pa.int64())
+
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        arr = _combined(column)
+        list_type = arr.type if pa.types.is_large_list(arr.type) else pa.list_(arr.type.value_type)
+        arr = arr.cast(list_type)
+        offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        new_offsets, idx = slice_plan(offsets, valid, start, end, pad_length, np)
+        values = arr.values
+        if pad_length is not None:
+            # pad elements point at one pad value appended to the values
+            idx = np.where(idx < 0, len(values), idx)
+            values = pa.concat_arrays([values, pa.array([pad_value]).cast(values.type)])
+        taken = values.take(pa.array(idx, type=pa.int64()))
+        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+        offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+        mask = None if pad_length is not None else pa.array(~valid)
+        return cls.from_arrays(pa.array(new_offsets, type=offset_type), taken, mask=mask)

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from tabstream.core.hashing import DEFAULT_SEED, HashResult
 
-__all__ = ["AGGREGATIONS", "Backend", "Column"]
+__all__ = ["AGGREGATIONS", "Backend", "Column", "slice_plan"]
 
 Column = pa.Array | pa.ChunkedArray
 
@@ -180,3 +180,44 @@ class Backend(abc.ABC):
         a match once, with a null right row; ``how="inner"`` drops it. A null key
         matches nothing; keys must be of one type on both sides (ops normalize them,
         e.g. to group ids, before)."""
+
+    @abc.abstractmethod
+    def list_lengths(self, column: Column) -> pa.Array:
+        """int64 number of elements of each row of a list column; a null row is 0."""
+
+    @abc.abstractmethod
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        """Each row's ``[start:end]`` with Python's slicing rules (negative indices count
+        from the row's end; ``end=None`` is the row's end). A null row stays null. With
+        ``pad_length`` every row has exactly that many elements, the slice's followed
+        by ``pad_value`` (a null row becomes all ``pad_value``). The result is a list
+        (large_list for a large_list input) of the element type."""
+
+
+def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
+               xp: Any) -> tuple[Any, Any]:
+    """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).
+
+    ``offsets`` (rows + 1, int64) and ``valid`` (bool per row) describe the list
+    column; returns ``(new_offsets, idx)``: the output's offsets and, per output
+    element, its index into the column's flattened values, ``-1`` for a pad element.
+    """
+    lengths = xp.where(valid, offsets[1:] - offsets[:-1], 0)
+    def bound(i: int) -> Any:  # an index as Python reads it, per row, within [0, length]
+        raw = xp.full_like(lengths, i) if i >= 0 else lengths + i
+        return xp.minimum(xp.maximum(raw, 0), lengths)
+
+    s = bound(start)
+    e = lengths if end is None else bound(end)
+    kept = xp.maximum(e - s, 0)
+    first = offsets[:-1] + s  # flat index of each row's first kept element
+    rows = len(lengths)
+    if pad_length is not None:
+        pos = xp.tile(xp.arange(pad_length, dtype=xp.int64), rows)
+        idx = xp.where(pos < xp.repeat(kept, pad_length), xp.repeat(first, pad_length) + pos, -1)
+        return xp.arange(rows + 1, dtype=xp.int64) * pad_length, idx
+    new_offsets = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(kept)])
+    idx = (xp.arange(int(new_offsets[-1]), dtype=xp.int64)
+           - xp.repeat(new_offsets[:-1], kept) + xp.repeat(first, kept))
+    return new_offsets, idx

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, slice_plan
 from tabstream.core.errors import BackendUnavailableError
 from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
 
@@ -300,3 +300,28 @@ class CudfBackend(Backend):
         joined = lf.merge(rf, on=list(keys), how=how, sort=False)
         joined = joined.sort_values([lrow, rrow], na_position="last")
         return _arrow(joined[lrow], pa.int64()), _arrow(joined[rrow], pa.int64())
+
+    def list_lengths(self, column: Column) -> pa.Array:
+        # ListMethods.len: null for a null row
+        return _arrow(_series(column).list.len().fillna(0), pa.int64())
+
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        cudf, cupy = _libs()
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        list_type = arr.type if pa.types.is_large_list(arr.type) else pa.list_(arr.type.value_type)
+        # offsets and values as list_offsets/list_flatten give them (null rows may
+        # cover values; the plan uses offsets, never lengths, so that is fine)
+        offsets = cupy.asarray(self.list_offsets(arr).to_numpy(zero_copy_only=False), dtype="int64")
+        valid = cupy.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+        new_offsets, idx = slice_plan(offsets, valid, start, end, pad_length, cupy)
+        values = _series(self.list_flatten(arr))
+        if pad_length is not None:
+            values = cudf.concat([values, cudf.Series.from_arrow(pa.array([pad_value]).cast(list_type.value_type))],
+                                 ignore_index=True)
+            idx = cupy.where(idx < 0, len(values) - 1, idx)
+        taken = _arrow(values.take(idx), list_type.value_type)
+        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+        offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+        mask = None if pad_length is not None else pa.array(~valid.get())
+        return cls.from_arrays(pa.array(new_offsets.get(), type=offset_type), taken, mask=mask)

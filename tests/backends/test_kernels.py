@@ -255,3 +255,27 @@ def test_groupby_aggregate_std_var_list_first_last_and_empty_sum(backend):
             assert row["sd"] == pytest.approx(present.std(ddof=1)) and row["va"] == pytest.approx(present.var(ddof=1))
         else:
             assert row["sd"] is None and row["va"] is None
+
+
+def test_list_lengths(backend):
+    rows = [[1, 2, 3], None, [], [4]]
+    assert py(backend.list_lengths(pa.array(rows))) == [len(r or []) for r in rows]
+
+
+LIST_ROWS = [[1, 2, 3, 4, 5], None, [], [6], [7, 8]]
+
+
+@pytest.mark.parametrize("start,end", [(0, 2), (-2, None), (1, None), (1, -1), (-4, 2), (3, 1), (-9, 9)])
+def test_list_slice_is_python_slicing(backend, start, end):
+    got = backend.list_slice(pa.array(LIST_ROWS, pa.list_(pa.int64())), start, end)
+    assert got.type == pa.list_(pa.int64())
+    assert got.to_pylist() == [None if r is None else r[start:end] for r in LIST_ROWS]
+
+
+@pytest.mark.parametrize("start,end,n", [(0, 3, 3), (-2, None, 2)])
+def test_list_slice_pads(backend, start, end, n):
+    col = pa.array([[str(v) for v in r] if r is not None else None for r in LIST_ROWS], pa.large_list(pa.string()))
+    got = backend.list_slice(col, start, end, pad_length=n, pad_value="?")
+    assert got.type == pa.large_list(pa.string())
+    expected = [[str(v) for v in (r or [])[start:end]] for r in LIST_ROWS]
+    assert got.to_pylist() == [r + ["?"] * (n - len(r)) for r in expected]
