@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column, slice_plan
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
 from tabstream.core.dtypes import arrow_to_pandas, widen_half
 from tabstream.core.hashing import (
     DEFAULT_SEED,
     HashResult,
     list_offsets_and_values,
     missing_mask,
+    murmur3_32,
     murmur3_32_with_nulls,
     normalize_missing,
 )
@@ -249,3 +250,17 @@ class ArrowBackend(Backend):
         offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
         mask = None if pad_length is not None else pa.array(~valid)
         return cls.from_arrays(pa.array(new_offsets, type=offset_type), taken, mask=mask)
+
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        regs = np.zeros(1 << precision, dtype=np.uint8)
+        if column.null_count:
+            hashes, is_null = self.murmur3(column)
+            hashes = np.asarray(hashes)[~np.asarray(is_null, dtype=bool)]
+        else:
+            hashes = murmur3_32(column)  # the same hashes without a null mask
+        register, rank = hll_rho(np.asarray(hashes), precision, np)
+        np.maximum.at(regs, register, rank)
+        return regs
+
+    def distinct(self, column: Column) -> pa.Array:
+        return _combined(pc.unique(column)).drop_null()

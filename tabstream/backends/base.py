@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from tabstream.core.hashing import DEFAULT_SEED, HashResult
 
-__all__ = ["AGGREGATIONS", "Backend", "Column", "slice_plan"]
+__all__ = ["AGGREGATIONS", "Backend", "Column", "hll_rho", "slice_plan"]
 
 Column = pa.Array | pa.ChunkedArray
 
@@ -195,6 +195,20 @@ class Backend(abc.ABC):
         (large_list for a large_list input) of the element type."""
 
 
+    @abc.abstractmethod
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        """HyperLogLog registers (numpy uint8, ``2**precision`` of them) of the non-null
+        values: each value's :meth:`murmur3` hash (default seed) picks a register by its
+        top ``precision`` bits, which keeps the largest "leading zeros + 1" of the other
+        bits. The same registers on every backend, so sketches merge across them."""
+
+
+    @abc.abstractmethod
+    def distinct(self, column: Column) -> pa.Array:
+        """The distinct non-null values of a flat column, in any order (values compare
+        as they are: normalize missing values first where NaN must not count)."""
+
+
 def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
                xp: Any) -> tuple[Any, Any]:
     """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).
@@ -221,3 +235,14 @@ def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length
     idx = (xp.arange(int(new_offsets[-1]), dtype=xp.int64)
            - xp.repeat(new_offsets[:-1], kept) + xp.repeat(first, kept))
     return new_offsets, idx
+
+
+def hll_rho(hashes: Any, precision: int, xp: Any) -> tuple[Any, Any]:
+    """(register, rank) of each uint32 hash on ``xp`` arrays (numpy or cupy): the top
+    ``precision`` bits pick the register; the rank is the position of the first 1
+    bit of the other ``32 - precision`` bits (their leading zeros + 1)."""
+    h = hashes.astype(xp.uint64)
+    width = 32 - precision
+    rest = (h & ((1 << width) - 1)).astype(xp.float64)
+    rank = width - xp.frexp(rest)[1] + 1  # frexp(0) has exponent 0: rank width + 1
+    return (h >> width).astype(xp.int64), rank.astype(xp.uint8)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column, slice_plan
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
 from tabstream.core.errors import BackendUnavailableError
 from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
 
@@ -325,3 +325,18 @@ class CudfBackend(Backend):
         offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
         mask = None if pad_length is not None else pa.array(~valid.get())
         return cls.from_arrays(pa.array(new_offsets.get(), type=offset_type), taken, mask=mask)
+
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        cudf, cupy = _libs()
+        hashes, is_null = self.murmur3(column)  # the reference hash (see murmur3)
+        register, rank = hll_rho(cupy.asarray(np.asarray(hashes)[~np.asarray(is_null, dtype=bool)]),
+                                 precision, cupy)
+        regs = cupy.zeros(1 << precision, dtype="uint8")
+        if register.size:
+            # the largest rank per register: a group-by max, scattered into the registers
+            best = cudf.DataFrame({"r": register, "k": rank}).groupby("r", sort=False)["k"].max()
+            regs[best.index.values] = best.values.astype("uint8")
+        return regs.get()
+
+    def distinct(self, column: Column) -> pa.Array:
+        return _arrow(_series(column).dropna().unique(), column.type)

@@ -279,3 +279,26 @@ def test_list_slice_pads(backend, start, end, n):
     assert got.type == pa.large_list(pa.string())
     expected = [[str(v) for v in (r or [])[start:end]] for r in LIST_ROWS]
     assert got.to_pylist() == [r + ["?"] * (n - len(r)) for r in expected]
+
+
+def test_hll_registers_are_the_reference_sketch(backend):
+    values = pa.array([f"v{i}" for i in range(300)] + [None, "v7"])
+    precision = 6
+    expected = np.zeros(1 << precision, dtype=np.uint8)
+    for value in values.to_pylist():
+        if value is None:
+            continue
+        h = int(murmur3_32(pa.array([value]))[0])
+        rest = h & ((1 << (32 - precision)) - 1)
+        register, rank = h >> (32 - precision), (32 - precision) - rest.bit_length() + 1
+        expected[register] = max(expected[register], rank)
+    got = backend.hll_registers(values, precision)
+    assert got.dtype == np.uint8 and got.tolist() == expected.tolist()
+    assert backend.hll_registers(pa.array([], pa.string()), precision).tolist() == [0] * (1 << precision)
+
+
+def test_distinct(backend):
+    values = ["b", None, "a", "b", "", "a"]
+    got = backend.distinct(chunked(values, pa.string(), split=3))
+    assert sorted(got.to_pylist()) == sorted({v for v in values if v is not None})
+    assert sorted(backend.distinct(pa.array([3, 1, 3, None], pa.int16())).to_pylist()) == [1, 3]
