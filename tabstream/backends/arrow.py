@@ -264,3 +264,13 @@ class ArrowBackend(Backend):
 
     def distinct(self, column: Column) -> pa.Array:
         return _combined(pc.unique(column)).drop_null()
+
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        values = _combined(column)
+        if _is_list(values.type):
+            values = pc.list_flatten(values)
+        mm = pc.min_max(values)
+        return mm["min"].as_py(), mm["max"].as_py()
+
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        return _combined(column).cast(type_)

@@ -209,6 +209,18 @@ class Backend(abc.ABC):
         as they are: normalize missing values first where NaN must not count)."""
 
 
+    @abc.abstractmethod
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        """``(min, max)`` of the non-null values as Python scalars (list columns: of
+        their elements); ``(None, None)`` when there are none."""
+
+    @abc.abstractmethod
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        """``column`` as ``type_`` (lists cast element-wise); a value an integer target
+        cannot hold raises ``pyarrow.ArrowInvalid``, never wraps around. Floats narrow
+        as IEEE 754 rounds them (a finite value beyond float32 becomes inf)."""
+
+
 def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
                xp: Any) -> tuple[Any, Any]:
     """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).

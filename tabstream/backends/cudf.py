@@ -340,3 +340,26 @@ class CudfBackend(Backend):
 
     def distinct(self, column: Column) -> pa.Array:
         return _arrow(_series(column).dropna().unique(), column.type)
+
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            column = self.list_flatten(column)  # (the host reference, see list_flatten)
+        s = _series(column).dropna()
+        if len(s) == 0:
+            return None, None
+        lo, hi = s.min(), s.max()
+        return (lo.item() if hasattr(lo, "item") else lo), (hi.item() if hasattr(hi, "item") else hi)
+
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if pa.types.is_nested(arr.type) or pa.types.is_nested(type_) or not pa.types.is_integer(type_) \
+                and not pa.types.is_floating(type_):
+            return arr.cast(type_)  # lists and non-numeric targets: the host reference
+        if pa.types.is_integer(type_):
+            # astype wraps around on overflow: check the range first, as Arrow's safe cast
+            info = np.iinfo(type_.to_pandas_dtype())
+            lo, hi = self.min_max(arr)
+            if lo is not None and (lo < info.min or hi > info.max):
+                raise pa.ArrowInvalid(f"integer value {lo if lo < info.min else hi} not in range "
+                                      f"{info.min}..{info.max} of {type_}")
+        return _arrow(_series(arr).astype(type_.to_pandas_dtype()), type_)

@@ -302,3 +302,26 @@ def test_distinct(backend):
     got = backend.distinct(chunked(values, pa.string(), split=3))
     assert sorted(got.to_pylist()) == sorted({v for v in values if v is not None})
     assert sorted(backend.distinct(pa.array([3, 1, 3, None], pa.int16())).to_pylist()) == [1, 3]
+
+
+def test_min_max(backend):
+    values = [5, None, -3, 12, 0]
+    assert backend.min_max(chunked(values, pa.int32(), split=2)) == (min(v for v in values if v is not None),
+                                                                    max(v for v in values if v is not None))
+    rows = [[4, 9], None, [-1]]
+    flat = [v for r in rows if r for v in r]
+    assert backend.min_max(pa.array(rows)) == (min(flat), max(flat))
+    assert backend.min_max(pa.array([None, None], pa.int64())) == (None, None)
+
+
+def test_cast_refuses_what_does_not_fit(backend):
+    got = backend.cast(chunked([1, None, -128, 127, 5], pa.int64(), split=2), pa.int8())
+    assert got.type == pa.int8() and py(got) == [1, None, -128, 127, 5]
+    with pytest.raises(pa.ArrowInvalid):
+        backend.cast(pa.array([1, 300], pa.int64()), pa.int8())
+    lists = backend.cast(pa.array([[1, 2], None], pa.list_(pa.int64())), pa.list_(pa.int16()))
+    assert lists.type == pa.list_(pa.int16()) and lists.to_pylist() == [[1, 2], None]
+    floats = backend.cast(pa.array([1.5, None, 1e300]), pa.float32())
+    with np.errstate(over="ignore"):
+        narrowed = float(np.float64(1e300).astype(np.float32))  # inf, as numpy narrows
+    assert py(floats) == [1.5, None, narrowed]
