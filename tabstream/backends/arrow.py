@@ -274,3 +274,8 @@ class ArrowBackend(Backend):
 
     def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
         return _combined(column).cast(type_)
+
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        column = _combined(column).cast(pa.string())
+        split = pc.split_pattern(column, separator)
+        return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)

@@ -221,6 +221,12 @@ class Backend(abc.ABC):
         as IEEE 754 rounds them (a finite value beyond float32 becomes inf)."""
 
 
+    @abc.abstractmethod
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        """``list<string>``: each string split on the literal ``separator`` (empty
+        pieces kept, as ``str.split``); the empty string gives ``[]``, null stays null."""
+
+
 def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
                xp: Any) -> tuple[Any, Any]:
     """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).

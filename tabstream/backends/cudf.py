@@ -363,3 +363,13 @@ class CudfBackend(Backend):
                 raise pa.ArrowInvalid(f"integer value {lo if lo < info.min else hi} not in range "
                                       f"{info.min}..{info.max} of {type_}")
         return _arrow(_series(arr).astype(type_.to_pandas_dtype()), type_)
+
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        import pyarrow.compute as pc
+
+        column = (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).cast(pa.string())
+        split = _arrow(_series(column).str.split(separator, expand=False, regex=False))
+        split = split.cast(pa.list_(pa.string()))
+        # the empty string is the empty list (str.split would give [""]): set on the
+        # host copy, whatever cudf gives for it
+        return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)

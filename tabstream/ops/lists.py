@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
@@ -94,13 +93,10 @@ class SplitList(ColumnOperator):
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
-        column = column.cast(pa.string())
-        split = pc.split_pattern(column, self.separator)
-        empty = pa.scalar([], type=split.type)
-        lists = pc.if_else(pc.equal(column, ""), empty, split)
+        lists = backend().split_strings(column, self.separator)
         target = pa.list_(dtype_to_arrow_type(self.dtype))
         try:
-            return lists.cast(target)
+            return backend().cast(lists, target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise DataError(
                 f"SplitList: column {name!r}: cannot convert the pieces split on "

@@ -325,3 +325,11 @@ def test_cast_refuses_what_does_not_fit(backend):
     with np.errstate(over="ignore"):
         narrowed = float(np.float64(1e300).astype(np.float32))  # inf, as numpy narrows
     assert py(floats) == [1.5, None, narrowed]
+
+
+def test_split_strings(backend):
+    values = ["a|b|c", "", None, "a||b", "|", "x"]
+    got = backend.split_strings(chunked(values, pa.string(), split=3), "|")
+    assert got.type == pa.list_(pa.string())
+    assert py(got) == [None if v is None else ([] if v == "" else v.split("|")) for v in values]
+    assert py(backend.split_strings(pa.array(["1.5.2"], pa.large_string()), ".")) == [["1", "5", "2"]]
