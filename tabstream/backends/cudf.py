@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
+from tabstream.core.dtypes import widen_half
 from tabstream.core.errors import BackendUnavailableError
 from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
 
@@ -64,11 +65,15 @@ def _series(column: Column) -> Any:
     cudf, _ = _libs()
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    return cudf.Series.from_arrow(column)
+    # cudf has no float16 dtype: half floats travel as float32 (exact), and kernels
+    # cast their results back to the column's type
+    return cudf.Series.from_arrow(widen_half(column))
 
 
 def _frame(table: pa.Table) -> Any:
     cudf, _ = _libs()
+    if any(t == pa.float16() for t in table.schema.types):
+        table = pa.table({n: widen_half(c) for n, c in zip(table.column_names, table.columns)})
     return cudf.DataFrame.from_arrow(table)
 
 
@@ -150,7 +155,10 @@ class CudfBackend(Backend):
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
             column = self.list_flatten(column)
         s = _series(column)
-        vc = s.value_counts(dropna=True)
+        # a Series named "count" indexed by the values (pandas 2 layout); reset_index
+        # makes them the first column whatever its name, so columns are set by position.
+        # sort=False: the contract allows any order, and sorting by count costs a sort
+        vc = s.value_counts(sort=False, dropna=True)
         frame = vc.reset_index()
         frame.columns = ["values", "counts"]
         table = frame.to_arrow(preserve_index=False)
@@ -275,12 +283,11 @@ class CudfBackend(Backend):
 
     # -- kernels added for issue 9 (ops behind the backend) ---------------------------
     def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
-        _, cupy = _libs()
-        s = _series(column).astype("float64").fillna(np.nan)
-        x = s.values  # a cupy array; null became NaN above
+        cudf, cupy = _libs()
+        # nulls become NaN in the cupy copy (to_cupy's na_value)
+        x = _series(column).astype("float64").to_cupy(na_value=np.nan)
         ids = cupy.searchsorted(cupy.asarray(boundaries, dtype="float64"), x, side="right")
         # Series.mask sets the rows where the condition holds to null
-        cudf, _ = _libs()
         return _arrow(cudf.Series(ids.astype("int64")).mask(cupy.isnan(x)), pa.int64())
 
     def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
