@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
-from tabstream.core.dtypes import arrow_to_pandas, widen_half
+from tabstream.core.dtypes import arrow_to_pandas, sort_indices, widen_half
 from tabstream.core.hashing import (
     DEFAULT_SEED,
     HashResult,
@@ -279,3 +279,10 @@ class ArrowBackend(Backend):
         column = _combined(column).cast(pa.string())
         split = pc.split_pattern(column, separator)
         return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)
+
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        for _, order in sort_keys:
+            if order not in ("ascending", "descending"):
+                raise ValueError(f"sort_indices: order must be 'ascending' or 'descending', got {order!r}")
+        # Arrow's sort is stable; float16 keys are sorted as exact float32
+        return sort_indices(table, [(name, order, "at_end") for name, order in sort_keys]).cast(pa.int64())

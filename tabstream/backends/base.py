@@ -227,6 +227,13 @@ class Backend(abc.ABC):
         pieces kept, as ``str.split``); the empty string gives ``[]``, null stays null."""
 
 
+    @abc.abstractmethod
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        """int64 row order sorting ``table`` by ``sort_keys`` (``(column, "ascending" or
+        "descending")``, the first key first): stable (ties keep row order), nulls last
+        in either direction. Normalize NaN to null first where it must sort as missing."""
+
+
 def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
                xp: Any) -> tuple[Any, Any]:
     """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).

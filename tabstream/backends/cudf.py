@@ -380,3 +380,20 @@ class CudfBackend(Backend):
         # the empty string is the empty list (str.split would give [""]): set on the
         # host copy, whatever cudf gives for it
         return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)
+
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        for _, order in sort_keys:
+            if order not in ("ascending", "descending"):
+                raise ValueError(f"sort_indices: order must be 'ascending' or 'descending', got {order!r}")
+        _, cupy = _libs()
+        names = list(dict.fromkeys(name for name, _ in sort_keys))
+        row = "__tabstream_row__"
+        while row in names:
+            row += "_"
+        frame = _frame(table.select(names))
+        frame[row] = cupy.arange(table.num_rows, dtype="int64")
+        # cudf's argsort is not stable (its docs: only quicksort): the row number as
+        # the last key makes ties keep row order
+        order = frame.argsort(by=[name for name, _ in sort_keys] + [row],
+                              ascending=[o == "ascending" for _, o in sort_keys] + [True], na_position="last")
+        return pa.array(cupy.asnumpy(order).astype(np.int64))

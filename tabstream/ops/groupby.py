@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
-from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type, sort_indices
+from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type
 from tabstream.core.errors import SchemaError
 from tabstream.core.hashing import hash_combine, murmur3_32, normalize_missing
 from tabstream.core.operators import Operator
@@ -218,14 +218,13 @@ class Groupby(Operator):
                         for n, t in zip(table.column_names, table.schema.types))
         plan = self._plan(schema)
         declared = self.compute_output_schema(schema)
-        keys = {k: normalize_missing(table.column(k)) for k in self.groupby_cols}
+        keys = {k: backend().normalize_missing(table.column(k)) for k in self.groupby_cols}
         if self.sort_cols:
             order = "ascending" if self.ascending else "descending"
-            sort_table = pa.table({f"s{i}": normalize_missing(table.column(c))
+            sort_table = pa.table({f"s{i}": backend().normalize_missing(table.column(c))
                                    for i, c in enumerate(self.sort_cols)})
             # stable, missing last (pandas' na_position="last"; NaN counts as missing)
-            idx = pc.sort_indices(sort_table, sort_keys=[(f"s{i}", order, "at_end")
-                                                         for i in range(len(self.sort_cols))])
+            idx = backend().sort_indices(sort_table, [(f"s{i}", order) for i in range(len(self.sort_cols))])
             table = backend().take(table, idx)
             keys = {k: _take(v, idx) for k, v in keys.items()}
 
@@ -236,11 +235,11 @@ class Groupby(Operator):
         for j, (name, aggs) in enumerate(plan):
             for agg in aggs:
                 if agg in ("count", "sum", "mean", "std", "var", "min", "max"):
-                    work.setdefault(f"v{j}", normalize_missing(table.column(name)))
+                    work.setdefault(f"v{j}", backend().normalize_missing(table.column(name)))
                     specs.append((f"v{j}", agg, f"v{j}_{agg}"))
         grouped = backend().groupby_aggregate(pa.table(work), key_names, specs)
         # rows sorted by key, the missing key last
-        key_order = sort_indices(grouped, [(k, "ascending", "at_end") for k in key_names])
+        key_order = backend().sort_indices(grouped, [(k, "ascending") for k in key_names])
         grouped = backend().take(grouped, key_order)
 
         rows = grouped.column(f"{_ROW}_list").combine_chunks()

@@ -333,3 +333,15 @@ def test_split_strings(backend):
     assert got.type == pa.list_(pa.string())
     assert py(got) == [None if v is None else ([] if v == "" else v.split("|")) for v in values]
     assert py(backend.split_strings(pa.array(["1.5.2"], pa.large_string()), ".")) == [["1", "5", "2"]]
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_sort_indices_is_stable_with_nulls_last(backend, order):
+    df = pd.DataFrame({"a": [2, None, 1, 2, None, 1, 2], "b": ["x", "y", "y", "x", "x", "x", "w"]})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    got = backend.sort_indices(table, [("a", order), ("b", "ascending")])
+    expected = df.sort_values(["a", "b"], ascending=[order == "ascending", True], kind="stable",
+                              na_position="last").index.tolist()
+    assert got.type == pa.int64() and got.to_pylist() == expected
+    with pytest.raises(ValueError, match="sort_indices: order must be 'ascending' or 'descending', got 'up'"):
+        backend.sort_indices(table, [("a", "up")])
