@@ -359,9 +359,12 @@ class CudfBackend(Backend):
 
     def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
         arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        if pa.types.is_nested(arr.type) or pa.types.is_nested(type_) or not pa.types.is_integer(type_) \
-                and not pa.types.is_floating(type_):
-            return arr.cast(type_)  # lists and non-numeric targets: the host reference
+        int_to_int = pa.types.is_integer(arr.type) and pa.types.is_integer(type_)
+        to_float = (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) and pa.types.is_floating(type_)
+        if not (int_to_int or to_float):
+            # lists, strings, float -> int (Arrow refuses a truncation astype would do):
+            # the host reference
+            return arr.cast(type_)
         if pa.types.is_integer(type_):
             # astype wraps around on overflow: check the range first, as Arrow's safe cast
             info = np.iinfo(type_.to_pandas_dtype())
