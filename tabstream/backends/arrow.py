@@ -17,13 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column
-from tabstream.core.dtypes import arrow_to_pandas, widen_half
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
+from tabstream.core.dtypes import arrow_to_pandas, sort_indices, widen_half
 from tabstream.core.hashing import (
     DEFAULT_SEED,
     HashResult,
     list_offsets_and_values,
     missing_mask,
+    murmur3_32,
     murmur3_32_with_nulls,
     normalize_missing,
 )
@@ -32,7 +33,13 @@ __all__ = ["ArrowBackend"]
 
 # Arrow's hash aggregate names for ours
 _ARROW_AGG = {"sum": "sum", "count": "count", "size": "count_all", "mean": "mean",
-              "min": "min", "max": "max", "first": "first", "last": "last"}
+              "min": "min", "max": "max", "first": "first", "last": "last",
+              "std": "stddev", "var": "variance", "list": "list"}
+#: options of the aggregations whose Arrow defaults differ from ours
+_ARROW_OPTIONS = {"sum": pc.ScalarAggregateOptions(skip_nulls=True, min_count=0),
+                  "std": pc.VarianceOptions(ddof=1), "var": pc.VarianceOptions(ddof=1)}
+#: aggregations that depend on row order (Arrow computes them single-threaded)
+_ORDERED = ("first", "last", "list")
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -137,11 +144,11 @@ class ArrowBackend(Backend):
                 raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
             if agg == "size":
                 specs.append(([], "count_all"))
-            elif agg in ("first", "last"):
-                specs.append((column, agg))
+            elif agg in _ARROW_OPTIONS:
+                specs.append((column, _ARROW_AGG[agg], _ARROW_OPTIONS[agg]))
             else:
                 specs.append((column, _ARROW_AGG[agg]))
-        use_threads = not any(agg in ("first", "last") for _, agg, _ in aggregations)
+        use_threads = not any(agg in _ORDERED for _, agg, _ in aggregations)
         grouped = table.group_by(list(keys), use_threads=use_threads).aggregate(specs)
         # Arrow names outputs "<column>_<agg>" (or "count_all"); recent versions put
         # the keys first, older ones last: find the aggregates by position either way
@@ -193,3 +200,91 @@ class ArrowBackend(Backend):
 
     def from_user_column(self, values: Any) -> pa.Array:
         return pa.array(values, from_pandas=True)
+
+    # -- kernels added for issue 9 (ops behind the backend) ---------------------------
+    def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
+        x = _to_float64(column)
+        ids = np.searchsorted(np.asarray(boundaries, dtype=np.float64), x, side="right")
+        return pa.array(ids.astype(np.int64), mask=np.isnan(x))
+
+    def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+                     how: str = "left") -> tuple[pa.Array, pa.Array]:
+        if how not in ("left", "inner"):
+            raise ValueError(f"join_indices: how must be 'left' or 'inner', got {how!r}")
+        lrow, rrow = "__tabstream_left_row__", "__tabstream_right_row__"
+        numbered_left = left.select(list(keys)).append_column(
+            lrow, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+        numbered_right = right.select(list(keys)).append_column(
+            rrow, pa.array(np.arange(right.num_rows, dtype=np.int64)))
+        # Acero's hash join never matches a null key (SQL equality)
+        joined = numbered_left.join(numbered_right, list(keys),
+                                    join_type="left outer" if how == "left" else "inner",
+                                    use_threads=True)
+        left_rows, right_rows = _combined(joined.column(lrow)), _combined(joined.column(rrow))
+        if left.num_rows * (right.num_rows + 1) < 2**62:
+            # one int64 sort key (left row, then right row): ~2x faster than sort_by
+            # on two columns; an unmatched left row (null right row) has one pair only
+            key = (left_rows.to_numpy() * (right.num_rows + 1)
+                   + pc.fill_null(right_rows, 0).to_numpy(zero_copy_only=False))
+            order = pa.array(np.argsort(key, kind="stable"))
+        else:
+            order = pc.sort_indices(joined, [(lrow, "ascending"), (rrow, "ascending")])
+        return left_rows.take(order), right_rows.take(order)
+
+    def list_lengths(self, column: Column) -> pa.Array:
+        return pc.fill_null(pc.list_value_length(_combined(column)), 0).cast(pa.int64())
+
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        arr = _combined(column)
+        list_type = arr.type if pa.types.is_large_list(arr.type) else pa.list_(arr.type.value_type)
+        arr = arr.cast(list_type)
+        offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        new_offsets, idx = slice_plan(offsets, valid, start, end, pad_length, np)
+        values = arr.values
+        if pad_length is not None:
+            # pad elements point at one pad value appended to the values
+            idx = np.where(idx < 0, len(values), idx)
+            values = pa.concat_arrays([values, pa.array([pad_value]).cast(values.type)])
+        taken = values.take(pa.array(idx, type=pa.int64()))
+        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+        offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+        mask = None if pad_length is not None else pa.array(~valid)
+        return cls.from_arrays(pa.array(new_offsets, type=offset_type), taken, mask=mask)
+
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        regs = np.zeros(1 << precision, dtype=np.uint8)
+        if column.null_count:
+            hashes, is_null = self.murmur3(column)
+            hashes = np.asarray(hashes)[~np.asarray(is_null, dtype=bool)]
+        else:
+            hashes = murmur3_32(column)  # the same hashes without a null mask
+        register, rank = hll_rho(np.asarray(hashes), precision, np)
+        np.maximum.at(regs, register, rank)
+        return regs
+
+    def distinct(self, column: Column) -> pa.Array:
+        return _combined(pc.unique(column)).drop_null()
+
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        values = _combined(column)
+        if _is_list(values.type):
+            values = pc.list_flatten(values)
+        mm = pc.min_max(values)
+        return mm["min"].as_py(), mm["max"].as_py()
+
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        return _combined(column).cast(type_)
+
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        column = _combined(column).cast(pa.string())
+        split = pc.split_pattern(column, separator)
+        return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)
+
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        for _, order in sort_keys:
+            if order not in ("ascending", "descending"):
+                raise ValueError(f"sort_indices: order must be 'ascending' or 'descending', got {order!r}")
+        # Arrow's sort is stable; float16 keys are sorted as exact float32
+        return sort_indices(table, [(name, order, "at_end") for name, order in sort_keys]).cast(pa.int64())

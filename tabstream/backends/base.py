@@ -30,13 +30,15 @@ import pyarrow as pa
 
 from tabstream.core.hashing import DEFAULT_SEED, HashResult
 
-__all__ = ["AGGREGATIONS", "Backend", "Column"]
+__all__ = ["AGGREGATIONS", "Backend", "Column", "hll_rho", "slice_plan"]
 
 Column = pa.Array | pa.ChunkedArray
 
 #: aggregation names :meth:`Backend.groupby_aggregate` accepts; "count" counts
-#: non-null values, "size" counts rows
-AGGREGATIONS = ("sum", "count", "size", "mean", "min", "max", "first", "last")
+#: non-null values, "size" counts rows; "sum" of a group without values is 0
+#: (pandas); "std"/"var" use ddof=1 (null below two values); "list" holds the
+#: group's values in row order, nulls kept
+AGGREGATIONS = ("sum", "count", "size", "mean", "min", "max", "first", "last", "std", "var", "list")
 
 
 class Backend(abc.ABC):
@@ -134,7 +136,7 @@ class Backend(abc.ABC):
     # -- rows ------------------------------------------------------------------
     @abc.abstractmethod
     def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
-        """The rows at ``indices``, in that order."""
+        """The rows at ``indices``, in that order; a null index gives a row of nulls."""
 
     @abc.abstractmethod
     def filter(self, table: pa.Table, mask: Column | np.ndarray) -> pa.Table:
@@ -161,3 +163,111 @@ class Backend(abc.ABC):
         an array or a list) as an Arrow array; missing values (None, NA, NaN of
         non-float data) become nulls. Raises ``pyarrow.ArrowInvalid`` or
         ``ArrowTypeError`` when the values do not convert."""
+
+    # -- kernels added for issue 9 (ops behind the backend) ---------------------------
+    @abc.abstractmethod
+    def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
+        """int64 bucket of each value: how many of the sorted ``boundaries`` are ``<= x``
+        (``numpy.digitize(x, boundaries, right=False)``); -inf is bucket 0, +inf the
+        last; null and NaN give null."""
+
+    @abc.abstractmethod
+    def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+                     how: str = "left") -> tuple[pa.Array, pa.Array]:
+        """A many-to-many join as row numbers: ``(left_rows, right_rows)``, both int64
+        of one length, one pair per match, in ``left``'s row order and, within a left
+        row, in ``right``'s row order. ``how="left"`` also keeps each left row without
+        a match once, with a null right row; ``how="inner"`` drops it. A null key
+        matches nothing; keys must be of one type on both sides (ops normalize them,
+        e.g. to group ids, before)."""
+
+    @abc.abstractmethod
+    def list_lengths(self, column: Column) -> pa.Array:
+        """int64 number of elements of each row of a list column; a null row is 0."""
+
+    @abc.abstractmethod
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        """Each row's ``[start:end]`` with Python's slicing rules (negative indices count
+        from the row's end; ``end=None`` is the row's end). A null row stays null. With
+        ``pad_length`` every row has exactly that many elements, the slice's followed
+        by ``pad_value`` (a null row becomes all ``pad_value``). The result is a list
+        (large_list for a large_list input) of the element type."""
+
+
+    @abc.abstractmethod
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        """HyperLogLog registers (numpy uint8, ``2**precision`` of them) of the non-null
+        values: each value's :meth:`murmur3` hash (default seed) picks a register by its
+        top ``precision`` bits, which keeps the largest "leading zeros + 1" of the other
+        bits. The same registers on every backend, so sketches merge across them."""
+
+
+    @abc.abstractmethod
+    def distinct(self, column: Column) -> pa.Array:
+        """The distinct non-null values of a flat column, in any order (values compare
+        as they are: normalize missing values first where NaN must not count)."""
+
+
+    @abc.abstractmethod
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        """``(min, max)`` of the non-null values as Python scalars (list columns: of
+        their elements); ``(None, None)`` when there are none."""
+
+    @abc.abstractmethod
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        """``column`` as ``type_`` (lists cast element-wise); a value an integer target
+        cannot hold raises ``pyarrow.ArrowInvalid``, never wraps around. Floats narrow
+        as IEEE 754 rounds them (a finite value beyond float32 becomes inf)."""
+
+
+    @abc.abstractmethod
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        """``list<string>``: each string split on the literal ``separator`` (empty
+        pieces kept, as ``str.split``); the empty string gives ``[]``, null stays null."""
+
+
+    @abc.abstractmethod
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        """int64 row order sorting ``table`` by ``sort_keys`` (``(column, "ascending" or
+        "descending")``, the first key first): stable (ties keep row order), nulls last
+        in either direction. Normalize NaN to null first where it must sort as missing."""
+
+
+def slice_plan(offsets: Any, valid: Any, start: int, end: int | None, pad_length: int | None,
+               xp: Any) -> tuple[Any, Any]:
+    """Gather plan of :meth:`Backend.list_slice` on ``xp`` arrays (numpy or cupy).
+
+    ``offsets`` (rows + 1, int64) and ``valid`` (bool per row) describe the list
+    column; returns ``(new_offsets, idx)``: the output's offsets and, per output
+    element, its index into the column's flattened values, ``-1`` for a pad element.
+    """
+    lengths = xp.where(valid, offsets[1:] - offsets[:-1], 0)
+    def bound(i: int) -> Any:  # an index as Python reads it, per row, within [0, length]
+        raw = xp.full_like(lengths, i) if i >= 0 else lengths + i
+        return xp.minimum(xp.maximum(raw, 0), lengths)
+
+    s = bound(start)
+    e = lengths if end is None else bound(end)
+    kept = xp.maximum(e - s, 0)
+    first = offsets[:-1] + s  # flat index of each row's first kept element
+    rows = len(lengths)
+    if pad_length is not None:
+        pos = xp.tile(xp.arange(pad_length, dtype=xp.int64), rows)
+        idx = xp.where(pos < xp.repeat(kept, pad_length), xp.repeat(first, pad_length) + pos, -1)
+        return xp.arange(rows + 1, dtype=xp.int64) * pad_length, idx
+    new_offsets = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(kept)])
+    idx = (xp.arange(int(new_offsets[-1]), dtype=xp.int64)
+           - xp.repeat(new_offsets[:-1], kept) + xp.repeat(first, kept))
+    return new_offsets, idx
+
+
+def hll_rho(hashes: Any, precision: int, xp: Any) -> tuple[Any, Any]:
+    """(register, rank) of each uint32 hash on ``xp`` arrays (numpy or cupy): the top
+    ``precision`` bits pick the register; the rank is the position of the first 1
+    bit of the other ``32 - precision`` bits (their leading zeros + 1)."""
+    h = hashes.astype(xp.uint64)
+    width = 32 - precision
+    rest = (h & ((1 << width) - 1)).astype(xp.float64)
+    rank = width - xp.frexp(rest)[1] + 1  # frexp(0) has exponent 0: rank width + 1
+    return (h >> width).astype(xp.int64), rank.astype(xp.uint8)

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabstream.backends.base import AGGREGATIONS, Backend, Column
+from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
+from tabstream.core.dtypes import widen_half
 from tabstream.core.errors import BackendUnavailableError
 from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
 
@@ -64,11 +65,15 @@ def _series(column: Column) -> Any:
     cudf, _ = _libs()
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    return cudf.Series.from_arrow(column)
+    # cudf has no float16 dtype: half floats travel as float32 (exact), and kernels
+    # cast their results back to the column's type
+    return cudf.Series.from_arrow(widen_half(column))
 
 
 def _frame(table: pa.Table) -> Any:
     cudf, _ = _libs()
+    if any(t == pa.float16() for t in table.schema.types):
+        table = pa.table({n: widen_half(c) for n, c in zip(table.column_names, table.columns)})
     return cudf.DataFrame.from_arrow(table)
 
 
@@ -150,7 +155,10 @@ class CudfBackend(Backend):
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
             column = self.list_flatten(column)
         s = _series(column)
-        vc = s.value_counts(dropna=True)
+        # a Series named "count" indexed by the values (pandas 2 layout); reset_index
+        # makes them the first column whatever its name, so columns are set by position.
+        # sort=False: the contract allows any order, and sorting by count costs a sort
+        vc = s.value_counts(sort=False, dropna=True)
         frame = vc.reset_index()
         frame.columns = ["values", "counts"]
         table = frame.to_arrow(preserve_index=False)
@@ -180,7 +188,20 @@ class CudfBackend(Backend):
         for column, agg, out_name in aggregations:
             if agg not in AGGREGATIONS:
                 raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
-            part = grouped.size() if agg == "size" else getattr(grouped[column], agg)()
+            if agg == "size":
+                part = grouped.size()
+            elif agg == "list":
+                # collect_list runs on libcudf's sort-based groupby, whose stable
+                # sort keeps each group's rows in input order
+                part = grouped[column].agg("collect")
+            elif agg in ("std", "var"):
+                # ddof=1 as pandas; a group with fewer than two values gives null
+                part = getattr(grouped[column], agg)(ddof=1).nans_to_nulls()
+            else:
+                # cudf's groupby has every other name as a method (its documented
+                # aggregation table; first/last give the first/last non-null value, as
+                # Arrow's; sum has min_count=0, so 0 for a group without values)
+                part = getattr(grouped[column], agg)()
             parts[out_name] = part
         if aggregations:
             cudf, _ = _libs()
@@ -223,6 +244,14 @@ class CudfBackend(Backend):
     # -- rows ------------------------------------------------------------------
     def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
         _, cupy = _libs()
+        if isinstance(indices, pa.ChunkedArray):
+            indices = indices.combine_chunks()
+        if isinstance(indices, pa.Array) and indices.null_count:
+            # a null index gives a row of nulls (as Arrow's take): point it at one
+            # all-null row appended to the table
+            nulls = pa.table({f.name: pa.nulls(1, f.type) for f in table.schema})
+            table = pa.concat_tables([table, nulls])
+            indices = indices.fill_null(table.num_rows - 1)
         idx = indices.to_numpy(zero_copy_only=False) if isinstance(indices, pa.Array) else indices
         return _frame(table).take(cupy.asarray(idx)).to_arrow(preserve_index=False)
 
@@ -251,3 +280,123 @@ class CudfBackend(Backend):
         if hasattr(values, "get"):  # a cupy array
             values = values.get()
         return pa.array(values, from_pandas=True)
+
+    # -- kernels added for issue 9 (ops behind the backend) ---------------------------
+    def digitize(self, column: Column, boundaries: Sequence[float]) -> pa.Array:
+        cudf, cupy = _libs()
+        # nulls become NaN in the cupy copy (to_cupy's na_value)
+        x = _series(column).astype("float64").to_cupy(na_value=np.nan)
+        ids = cupy.searchsorted(cupy.asarray(boundaries, dtype="float64"), x, side="right")
+        # Series.mask sets the rows where the condition holds to null
+        return _arrow(cudf.Series(ids.astype("int64")).mask(cupy.isnan(x)), pa.int64())
+
+    def join_indices(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
+                     how: str = "left") -> tuple[pa.Array, pa.Array]:
+        if how not in ("left", "inner"):
+            raise ValueError(f"join_indices: how must be 'left' or 'inner', got {how!r}")
+        _, cupy = _libs()
+        lrow, rrow = "__tabstream_left_row__", "__tabstream_right_row__"
+        lf = _frame(left.select(list(keys)))
+        lf[lrow] = cupy.arange(left.num_rows, dtype="int64")
+        rf = _frame(right.select(list(keys)))
+        rf[rrow] = cupy.arange(right.num_rows, dtype="int64")
+        # cudf's merge, like pandas', matches a null key with a null key: right rows
+        # with a null key are dropped first, so that a null key matches nothing (a
+        # left row with one stays unmatched under how="left")
+        rf = rf.dropna(subset=list(keys))
+        joined = lf.merge(rf, on=list(keys), how=how, sort=False)
+        joined = joined.sort_values([lrow, rrow], na_position="last")
+        return _arrow(joined[lrow], pa.int64()), _arrow(joined[rrow], pa.int64())
+
+    def list_lengths(self, column: Column) -> pa.Array:
+        # ListMethods.len: null for a null row
+        return _arrow(_series(column).list.len().fillna(0), pa.int64())
+
+    def list_slice(self, column: Column, start: int, end: int | None,
+                   pad_length: int | None = None, pad_value: Any = None) -> pa.Array:
+        cudf, cupy = _libs()
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        list_type = arr.type if pa.types.is_large_list(arr.type) else pa.list_(arr.type.value_type)
+        # offsets and values as list_offsets/list_flatten give them (null rows may
+        # cover values; the plan uses offsets, never lengths, so that is fine)
+        offsets = cupy.asarray(self.list_offsets(arr).to_numpy(zero_copy_only=False), dtype="int64")
+        valid = cupy.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+        new_offsets, idx = slice_plan(offsets, valid, start, end, pad_length, cupy)
+        values = _series(self.list_flatten(arr))
+        if pad_length is not None:
+            values = cudf.concat([values, cudf.Series.from_arrow(pa.array([pad_value]).cast(list_type.value_type))],
+                                 ignore_index=True)
+            idx = cupy.where(idx < 0, len(values) - 1, idx)
+        taken = _arrow(values.take(idx), list_type.value_type)
+        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+        offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+        mask = None if pad_length is not None else pa.array(~valid.get())
+        return cls.from_arrays(pa.array(new_offsets.get(), type=offset_type), taken, mask=mask)
+
+    def hll_registers(self, column: Column, precision: int) -> np.ndarray:
+        cudf, cupy = _libs()
+        hashes, is_null = self.murmur3(column)  # the reference hash (see murmur3)
+        register, rank = hll_rho(cupy.asarray(np.asarray(hashes)[~np.asarray(is_null, dtype=bool)]),
+                                 precision, cupy)
+        regs = cupy.zeros(1 << precision, dtype="uint8")
+        if register.size:
+            # the largest rank per register: a group-by max, scattered into the registers
+            best = cudf.DataFrame({"r": register, "k": rank}).groupby("r", sort=False)["k"].max()
+            regs[best.index.values] = best.values.astype("uint8")
+        return regs.get()
+
+    def distinct(self, column: Column) -> pa.Array:
+        return _arrow(_series(column).dropna().unique(), column.type)
+
+    def min_max(self, column: Column) -> tuple[Any, Any]:
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            column = self.list_flatten(column)  # (the host reference, see list_flatten)
+        s = _series(column).dropna()
+        if len(s) == 0:
+            return None, None
+        lo, hi = s.min(), s.max()
+        return (lo.item() if hasattr(lo, "item") else lo), (hi.item() if hasattr(hi, "item") else hi)
+
+    def cast(self, column: Column, type_: pa.DataType) -> pa.Array:
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        int_to_int = pa.types.is_integer(arr.type) and pa.types.is_integer(type_)
+        to_float = (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) and pa.types.is_floating(type_)
+        if not (int_to_int or to_float):
+            # lists, strings, float -> int (Arrow refuses a truncation astype would do):
+            # the host reference
+            return arr.cast(type_)
+        if pa.types.is_integer(type_):
+            # astype wraps around on overflow: check the range first, as Arrow's safe cast
+            info = np.iinfo(type_.to_pandas_dtype())
+            lo, hi = self.min_max(arr)
+            if lo is not None and (lo < info.min or hi > info.max):
+                raise pa.ArrowInvalid(f"integer value {lo if lo < info.min else hi} not in range "
+                                      f"{info.min}..{info.max} of {type_}")
+        return _arrow(_series(arr).astype(type_.to_pandas_dtype()), type_)
+
+    def split_strings(self, column: Column, separator: str) -> pa.Array:
+        import pyarrow.compute as pc
+
+        column = (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).cast(pa.string())
+        split = _arrow(_series(column).str.split(separator, expand=False, regex=False))
+        split = split.cast(pa.list_(pa.string()))
+        # the empty string is the empty list (str.split would give [""]): set on the
+        # host copy, whatever cudf gives for it
+        return pc.if_else(pc.equal(column, ""), pa.scalar([], type=split.type), split)
+
+    def sort_indices(self, table: pa.Table, sort_keys: Sequence[tuple[str, str]]) -> pa.Array:
+        for _, order in sort_keys:
+            if order not in ("ascending", "descending"):
+                raise ValueError(f"sort_indices: order must be 'ascending' or 'descending', got {order!r}")
+        _, cupy = _libs()
+        names = list(dict.fromkeys(name for name, _ in sort_keys))
+        row = "__tabstream_row__"
+        while row in names:
+            row += "_"
+        frame = _frame(table.select(names))
+        frame[row] = cupy.arange(table.num_rows, dtype="int64")
+        # cudf's argsort is not stable (its docs: only quicksort): the row number as
+        # the last key makes ties keep row order
+        order = frame.argsort(by=[name for name, _ in sort_keys] + [row],
+                              ascending=[o == "ascending" for _, o in sort_keys] + [True], na_position="last")
+        return pa.array(cupy.asnumpy(order).astype(np.int64))

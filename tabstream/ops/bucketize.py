@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tabstream.backends import current as backend
 from tabstream.core.operators import Operator
 from tabstream.core.schema import ColumnSchema, Tags, infer_embedding_dim
-from tabstream.ops.numeric import check_numeric, to_float64
+from tabstream.ops.numeric import check_numeric, plain
 
 __all__ = ["Bucketize"]
 
@@ -74,7 +75,5 @@ class Bucketize(Operator):
     def transform(self, table: pa.Table) -> pa.Table:
         data = {}
         for name in table.column_names:
-            x = to_float64(table.column(name))
-            ids = np.searchsorted(np.asarray(self._for(name), dtype=np.float64), x, side="right")
-            data[name] = pa.array(ids.astype(np.int64), mask=np.isnan(x))
+            data[name] = backend().digitize(plain(table.column(name)), self._for(name))
         return pa.table(data)

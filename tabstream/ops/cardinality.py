@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabstream.backends import current as backend
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.numeric import _valid_values
@@ -117,7 +118,7 @@ class DropLowCardinality(StatOperator):
         return [n for n in names if n in schema and self._verdict(schema[n]) == "count"]
 
     def _smallest(self, values: pa.Array) -> pa.Array:
-        uniq = pc.unique(values)
+        uniq = backend().distinct(values)
         return uniq.take(pc.sort_indices(uniq)[: self.min_cardinality])
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Array]:

@@ -14,10 +14,9 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, is_list_type
-from tabstream.core.hashing import murmur3_32
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import Schema
-from tabstream.ops.numeric import _hi, _lo, _valid_values, plain, to_float64
+from tabstream.ops.numeric import _hi, _lo, _valid_values, plain
 
 __all__ = ["DataStats"]
 
@@ -28,14 +27,8 @@ _HLL_M = 1 << _HLL_P
 
 
 def _hll_registers(values: pa.Array) -> np.ndarray:
-    """HyperLogLog registers of ``values`` (murmur3_32 hashes, p = 14)."""
-    regs = np.zeros(_HLL_M, dtype=np.uint8)
-    if len(values):
-        h = murmur3_32(values).astype(np.uint64)
-        rest = h & ((1 << (32 - _HLL_P)) - 1)
-        rho = (32 - _HLL_P) - np.frexp(rest.astype(np.float64))[1] + 1  # leading zeros + 1
-        np.maximum.at(regs, (h >> (32 - _HLL_P)).astype(np.int64), rho.astype(np.uint8))
-    return regs
+    """HyperLogLog registers of ``values`` (murmur3_32 hashes, p = 14): the backend's."""
+    return backend().hll_registers(values, _HLL_P)
 
 
 def _hll_estimate(regs: np.ndarray) -> int:
@@ -104,12 +97,9 @@ class DataStats(StatOperator):
             mm = pc.min_max(values)
             p["minmax"] = (_py(mm["min"]), _py(mm["max"]))
         if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype):
-            x = to_float64(values)
-            finite = x[np.isfinite(x)]
-            mean = float(finite.mean()) if len(finite) else 0.0
-            p["moments"] = (len(finite), mean, float(((finite - mean) ** 2).sum()))
-            p["inf"] = int(len(x) - len(finite))
-        p["distinct"] = self._sketch(pc.unique(values))
+            p["moments"] = backend().moments(values)  # of the finite values
+            p["inf"] = int(len(values) - p["moments"][0])  # values hold no null/NaN
+        p["distinct"] = self._sketch(backend().distinct(values))
         return p
 
     def combine(self, partials: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -135,7 +125,7 @@ class DataStats(StatOperator):
             out["inf"] = sum(p["inf"] for p in parts)
         sketches = [p["distinct"] for p in parts]
         if all(kind == "exact" for kind, _ in sketches):
-            out["distinct"] = self._sketch(pc.unique(pa.concat_arrays([v for _, v in sketches])))
+            out["distinct"] = self._sketch(backend().distinct(pa.concat_arrays([v for _, v in sketches])))
         else:
             regs = [v if kind == "hll" else _hll_registers(v) for kind, v in sketches]
             out["distinct"] = ("hll", np.maximum.reduce(regs))

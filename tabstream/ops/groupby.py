@@ -58,7 +58,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type, sort_indices
+from tabstream.backends import current as backend
+from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type
 from tabstream.core.errors import SchemaError
 from tabstream.core.hashing import hash_combine, murmur3_32, normalize_missing
 from tabstream.core.operators import Operator
@@ -71,7 +72,6 @@ AGGREGATIONS = ("count", "sum", "mean", "std", "var", "min", "max", "first", "la
 #: aggregations that need numbers (not lists, not strings)
 _NUMERIC = ("sum", "mean", "std", "var")
 _ROW = "__groupby_row__"
-_ARROW_NAMES = {"std": "stddev", "var": "variance"}
 
 
 def _names(value: Any, what: str, required: bool) -> list[str]:
@@ -225,33 +225,29 @@ class Groupby(Operator):
                         for n, t in zip(table.column_names, table.schema.types))
         plan = self._plan(schema)
         declared = self.compute_output_schema(schema)
-        keys = {k: normalize_missing(table.column(k)) for k in self.groupby_cols}
+        keys = {k: backend().normalize_missing(table.column(k)) for k in self.groupby_cols}
         if self.sort_cols:
             order = "ascending" if self.ascending else "descending"
-            sort_table = pa.table({f"s{i}": normalize_missing(table.column(c))
+            sort_table = pa.table({f"s{i}": backend().normalize_missing(table.column(c))
                                    for i, c in enumerate(self.sort_cols)})
             # stable, missing last (pandas' na_position="last"; NaN counts as missing)
-            idx = pc.sort_indices(sort_table, sort_keys=[(f"s{i}", order, "at_end")
-                                                         for i in range(len(self.sort_cols))])
-            table = table.take(idx)
-            keys = {k: v.take(idx) for k, v in keys.items()}
+            idx = backend().sort_indices(sort_table, [(f"s{i}", order) for i in range(len(self.sort_cols))])
+            table = backend().take(table, idx)
+            keys = {k: _take(v, idx) for k, v in keys.items()}
 
-        work = {f"k{i}": keys[k] for i, k in enumerate(self.groupby_cols)}
+        key_names = [f"k{i}" for i in range(len(self.groupby_cols))]
+        work = {name: keys[k] for name, k in zip(key_names, self.groupby_cols)}
         work[_ROW] = pa.array(np.arange(table.num_rows, dtype=np.int64))
-        specs: list[tuple[str, str, Any]] = [(_ROW, "list", None), (_ROW, "min", None), (_ROW, "max", None)]
-        stat_inputs: dict[str, pa.ChunkedArray] = {}
+        specs = [(_ROW, "list", f"{_ROW}_list"), (_ROW, "min", f"{_ROW}_min"), (_ROW, "max", f"{_ROW}_max")]
         for j, (name, aggs) in enumerate(plan):
             for agg in aggs:
                 if agg in ("count", "sum", "mean", "std", "var", "min", "max"):
-                    stat_inputs.setdefault(f"v{j}", normalize_missing(table.column(name)))
-                    specs.append((f"v{j}", _ARROW_NAMES.get(agg, agg), _options(agg)))
-        work.update(stat_inputs)
-        grouped = pa.table(work).group_by([f"k{i}" for i in range(len(self.groupby_cols))],
-                                          use_threads=False).aggregate(specs)
+                    work.setdefault(f"v{j}", backend().normalize_missing(table.column(name)))
+                    specs.append((f"v{j}", agg, f"v{j}_{agg}"))
+        grouped = backend().groupby_aggregate(pa.table(work), key_names, specs)
         # rows sorted by key, the missing key last
-        key_order = sort_indices(grouped, [(f"k{i}", "ascending", "at_end")
-                                           for i in range(len(keys))])
-        grouped = grouped.take(key_order)
+        key_order = backend().sort_indices(grouped, [(k, "ascending") for k in key_names])
+        grouped = backend().take(grouped, key_order)
 
         rows = grouped.column(f"{_ROW}_list").combine_chunks()
         columns: list[Any] = [grouped.column(f"k{i}") for i in range(len(self.groupby_cols))]
@@ -259,13 +255,13 @@ class Groupby(Operator):
             source = table.column(name)
             for agg in aggs:
                 if agg == "first":
-                    columns.append(source.take(grouped.column(f"{_ROW}_min")))
+                    columns.append(_take(source, grouped.column(f"{_ROW}_min")))
                 elif agg == "last":
-                    columns.append(source.take(grouped.column(f"{_ROW}_max")))
+                    columns.append(_take(source, grouped.column(f"{_ROW}_max")))
                 elif agg == "list":
                     columns.append(_gather_lists(source, rows))
                 else:
-                    columns.append(grouped.column(f"v{j}_{_ARROW_NAMES.get(agg, agg)}"))
+                    columns.append(grouped.column(f"v{j}_{agg}"))
         out = []
         for col, field in zip(columns, declared):
             target = _arrow_type(field, col.type)
@@ -273,14 +269,9 @@ class Groupby(Operator):
         return pa.table(out, names=declared.column_names)
 
 
-def _options(agg: str) -> Any:
-    if agg == "count":
-        return pc.CountOptions(mode="only_valid")
-    if agg == "sum":
-        return pc.ScalarAggregateOptions(skip_nulls=True, min_count=0)
-    if agg in ("std", "var"):
-        return pc.VarianceOptions(ddof=1)
-    return pc.ScalarAggregateOptions(skip_nulls=True)
+def _take(column: pa.ChunkedArray | pa.Array, indices: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """``column``'s values at ``indices`` (the backend's take)."""
+    return backend().take(pa.table({"c": column}), indices).column("c")
 
 
 def _arrow_type(col: ColumnSchema, produced: pa.DataType) -> pa.DataType:
@@ -300,7 +291,7 @@ def _arrow_type(col: ColumnSchema, produced: pa.DataType) -> pa.DataType:
 def _gather_lists(source: pa.ChunkedArray, rows: pa.ListArray) -> pa.Array:
     """Per group, the source values at the group's row indices (in order); list
     values are concatenated."""
-    values = source.take(rows.flatten())
+    values = _take(source, rows.flatten())
     values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     offsets = rows.offsets
     if offsets.offset:  # a sliced array: rebase

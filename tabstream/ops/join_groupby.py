@@ -8,12 +8,15 @@ columns it creates. Null and NaN are one category, ``-0.0`` is ``0.0``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
@@ -25,9 +28,10 @@ from tabstream.ops.keys import (
     _resolve_groups,
     _with_columns,
     group_codes,
+    key_column,
     lookup,
 )
-from tabstream.ops.numeric import check_numeric, to_float64
+from tabstream.ops.numeric import check_numeric, plain
 
 __all__ = ["JoinGroupby"]
 
@@ -106,27 +110,31 @@ class JoinGroupby(StatOperator):
                       for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Table]:
-        # + 0.0 folds -0.0 into 0.0, so min/max never depend on which zero came first
-        xs = {c: to_float64(table.column(c)) + 0.0 for c in self.cont_cols}
+        kernels = backend()
+        # normalize_missing makes NaN null (left out of every statistic) and folds
+        # -0.0 into 0.0, so min/max never depend on which zero came first
+        xs = {c: kernels.normalize_missing(plain(table.column(c)).cast(pa.float64())) for c in self.cont_cols}
         out = {}
         for g in self._groups_of(table.column_names):
-            uniq, codes = group_codes(table.select(g))
-            n_groups = uniq.num_rows
-            cols: dict[str, np.ndarray] = {"__rows": np.bincount(codes, minlength=n_groups).astype(np.int64)}
-            for c, x in xs.items():
-                ok = ~np.isnan(x)
-                k, v = codes[ok], x[ok]
-                n = np.bincount(k, minlength=n_groups).astype(np.int64)
-                s = np.bincount(k, v, n_groups)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    mean = s / n
-                    m2 = np.bincount(k, (v - mean[k]) ** 2, n_groups)
-                lo, hi = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
-                np.fmin.at(lo, k, v)
-                np.fmax.at(hi, k, v)
-                cols.update({f"__n__{c}": n, f"__sum__{c}": s, f"__m2__{c}": m2,
-                             f"__min__{c}": lo, f"__max__{c}": hi})
-            out[self.name_sep.join(g)] = _with_columns(uniq, cols)
+            key_names = [f"__key{i}__" for i in range(len(g))]
+            work = {k: key_column(table.column(c)) for k, c in zip(key_names, g)}
+            aggregations = [(key_names[0], "size", "__rows")]
+            for j, (c, x) in enumerate(xs.items()):
+                work[f"__x{j}__"] = x
+                aggregations += [(f"__x{j}__", agg, f"__{stat}__{c}") for agg, stat in
+                                 (("count", "n"), ("sum", "sum"), ("var", "m2"), ("min", "min"), ("max", "max"))]
+            grouped = kernels.groupby_aggregate(pa.table(work), key_names, aggregations)
+            # per-group statistics from here on (small): the partial layout _merge reads
+            cols: dict[str, Any] = {"__rows": grouped.column("__rows").cast(pa.int64())}
+            for c in self.cont_cols:
+                n = grouped.column(f"__n__{c}").cast(pa.int64())
+                # m2 = var * (n - 1); a group with fewer than two values has m2 0
+                m2 = pc.fill_null(pc.multiply(grouped.column(f"__m2__{c}"), pc.subtract(n, 1).cast(pa.float64())), 0.0)
+                cols.update({f"__n__{c}": n, f"__sum__{c}": grouped.column(f"__sum__{c}").cast(pa.float64()),
+                             f"__m2__{c}": m2,
+                             f"__min__{c}": pc.fill_null(grouped.column(f"__min__{c}"), math.nan),
+                             f"__max__{c}": pc.fill_null(grouped.column(f"__max__{c}"), math.nan)})
+            out[self.name_sep.join(g)] = pa.table({**{c: grouped.column(k) for c, k in zip(g, key_names)}, **cols})
         return out
 
     def combine(self, partials: Sequence[dict[str, pa.Table]]) -> dict[str, pa.Table]:
@@ -190,9 +198,9 @@ class JoinGroupby(StatOperator):
             name = self.name_sep.join(g)
             stats = self.tables[name]
             idx = lookup(stats.select(g), table.select(g), "JoinGroupby")
-            take = pa.array(idx, mask=idx < 0)
+            taken = backend().take(stats, pa.array(idx, mask=idx < 0))
             for out, _, stat in self._outputs(name):
-                column = stats.column(out).take(take)
+                column = taken.column(out)
                 data[out] = column if stat == "count" else column.cast(self.out_dtype)
         return pa.table(data)
 

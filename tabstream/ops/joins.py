@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.core.errors import DataError, NotFittedError, SchemaError
 from tabstream.core.operators import StatOperator
@@ -223,18 +224,11 @@ class JoinExternal(StatOperator):
         keys = table.select(self.keys)
         group = lookup(uniq, keys, "JoinExternal", "the side table's key")
         group[missing_key(keys)] = -1  # a missing key (null or NaN) never matches
-        # side rows grouped by key: rows of key g are order[starts[g]:starts[g] + counts[g]]
-        counts = np.bincount(codes, minlength=uniq.num_rows + 1)  # + 1: a dummy key for -1
-        order = np.append(np.argsort(codes, kind="stable"), -1)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        group[group < 0] = uniq.num_rows
-        reps = counts[group] if self.how == "inner" else np.maximum(counts[group], 1)
-        rows = np.repeat(np.arange(table.num_rows), reps)
-        within = np.arange(len(rows)) - np.repeat(np.cumsum(reps) - reps, reps)
-        g = group[rows]
-        side_rows = np.where(g < uniq.num_rows, order[np.minimum(starts[g] + within, len(order) - 1)], -1)
-        out = table.take(rows)
-        side = payload.take(pa.array(side_rows, mask=side_rows < 0))
+        # the join itself runs on the side rows' key groups (int64, null = no key)
+        left = pa.table({"g": pa.array(group, mask=group < 0)})
+        rows, side_rows = backend().join_indices(left, pa.table({"g": codes}), ["g"], how=self.how)
+        out = backend().take(table, rows)
+        side = backend().take(payload, side_rows)
         for name, column in zip(side.column_names, side.columns):
             out = out.append_column(name, column)
         return out

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.core.errors import DataError
 from tabstream.core.operators import ColumnOperator, Operator, StatOperator
@@ -46,8 +46,7 @@ def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
 
 def _row_lengths(arr: pa.Array) -> np.ndarray:
     """Length of every row of one list chunk, null rows as 0."""
-    lengths = pc.fill_null(pc.list_value_length(arr), 0)
-    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.asarray(backend().list_lengths(arr).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class SplitList(ColumnOperator):
@@ -95,13 +94,10 @@ class SplitList(ColumnOperator):
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
-        column = column.cast(pa.string())
-        split = pc.split_pattern(column, self.separator)
-        empty = pa.scalar([], type=split.type)
-        lists = pc.if_else(pc.equal(column, ""), empty, split)
+        lists = backend().split_strings(column, self.separator)
         target = pa.list_(dtype_to_arrow_type(self.dtype))
         try:
-            return lists.cast(target)
+            return backend().cast(lists, target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise DataError(
                 f"SplitList: column {name!r}: cannot convert the pieces split on "
@@ -200,37 +196,10 @@ class ListSlice(ColumnOperator):
         return pa.chunked_array([self._slice(arr) for arr in _chunks(column)], type=_plain_list_type(column.type))
 
     def _slice(self, arr: pa.Array) -> pa.Array:
-        list_type = _plain_list_type(arr.type)
-        arr = arr.cast(list_type)
-        offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        lengths = np.where(valid, offsets[1:] - offsets[:-1], 0)
         start, end = self._bounds
-        s = np.clip(start if start >= 0 else lengths + start, 0, lengths)
-        e = lengths if end is None else np.clip(end if end >= 0 else lengths + end, 0, lengths)
-        new_len = np.maximum(e - s, 0)
-        first = offsets[:-1] + s  # index in arr.values of each row's first kept element
-        values = arr.values
         if self.pad:
-            n = self.length
-            assert n is not None
-            pos = np.tile(np.arange(n, dtype=np.int64), len(arr))
-            row_len = np.repeat(new_len, n)
-            # positions past a row's slice point at one pad element appended to the values
-            idx = np.where(pos < row_len, np.repeat(first, n) + pos, len(values))
-            pad = pa.array([self.pad_value]).cast(values.type)
-            values = pa.concat_arrays([values, pad])
-            new_offsets = np.arange(len(arr) + 1, dtype=np.int64) * n
-            mask = None
-        else:
-            new_offsets = np.concatenate([[0], np.cumsum(new_len)])
-            idx = (np.arange(new_offsets[-1], dtype=np.int64)
-                   - np.repeat(new_offsets[:-1], new_len) + np.repeat(first, new_len))
-            mask = pa.array(~valid)
-        taken = values.take(pa.array(idx, type=pa.int64()))
-        cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
-        offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
-        return cls.from_arrays(pa.array(new_offsets, type=offset_type), taken, mask=mask)
+            return backend().list_slice(arr, start, end, pad_length=self.length, pad_value=self.pad_value)
+        return backend().list_slice(arr, start, end)
 
 
 def _plain_list_type(t: pa.DataType) -> pa.DataType:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_list_type
 from tabstream.core.errors import DataError
 from tabstream.core.operators import StatOperator
@@ -67,10 +68,9 @@ class ReduceDtypeSize(StatOperator):
         out = {}
         for name in table.column_names:
             values = plain(table.column(name))
-            values = pc.list_flatten(values) if is_list_type(values.type) else values
-            if pa.types.is_integer(values.type):
-                mm = pc.min_max(values)
-                out[name] = [mm["min"].as_py(), mm["max"].as_py()]
+            element = values.type.value_type if is_list_type(values.type) else values.type
+            if pa.types.is_integer(element):
+                out[name] = list(backend().min_max(values))
         return out
 
     def combine(self, partials: Sequence[dict[str, list[int | None]]]) -> dict[str, list[int | None]]:
@@ -95,7 +95,7 @@ class ReduceDtypeSize(StatOperator):
             if is_list:
                 target = pa.list_(target)
             try:
-                data[name] = column.cast(target)
+                data[name] = backend().cast(column, target)
             except pa.ArrowInvalid as exc:
                 raise DataError(
                     f"ReduceDtypeSize: column {name!r} holds values outside the range fitted "

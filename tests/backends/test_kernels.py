@@ -185,3 +185,163 @@ def test_frames_for_user_functions(backend):
     assert int(frame["n"].isna().sum()) == 1  # the null stays missing, the ints stay ints
     assert backend.from_frame(frame).column("n").to_pylist() == [1, None, 3]
     assert backend.from_user_column(frame["n"] * 2).to_pylist() == [2, None, 6]
+
+
+# -- kernels added for issue 9 ---------------------------------------------------------------
+def test_digitize_is_numpy_digitize(backend):
+    values = [-math.inf, -5.0, 0.0, -0.0, 2.0, 9.99, 10.0, 1e9, math.inf, None, math.nan]
+    boundaries = [0.0, 2.0, 10.0]
+    got = backend.digitize(chunked(values), boundaries)
+    x = np.array([np.nan if v is None else v for v in values])
+    expected = [None if np.isnan(v) else int(np.digitize(v, boundaries, right=False)) for v in x]
+    assert got.type == pa.int64() and py(got) == expected
+    ints = backend.digitize(pa.array([1, None, 3], pa.int32()), [2])
+    assert py(ints) == [0, None, 1]
+
+
+def _reference_join(left, right, key, how):
+    """Nested loops over plain Python lists: the specification, slowly."""
+    pairs = []
+    for i, k in enumerate(left[key]):
+        matches = [j for j, r in enumerate(right[key]) if k is not None and r == k]
+        pairs += [(i, j) for j in matches] if matches else ([(i, None)] if how == "left" else [])
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_join_indices_many_to_many_in_left_order(backend, how):
+    rng = np.random.default_rng(0)
+    left_keys = [None if v == 0 else int(v) for v in rng.integers(0, 6, 40)]
+    right_keys = [None if v == 0 else int(v) for v in rng.integers(0, 5, 15)]
+    left, right = pa.table({"k": pa.array(left_keys, pa.int64())}), pa.table({"k": pa.array(right_keys, pa.int64())})
+    rows, side_rows = backend.join_indices(left, right, ["k"], how=how)
+    assert rows.type == pa.int64() and side_rows.type == pa.int64()
+    assert (py(rows), py(side_rows)) == _reference_join({"k": left_keys}, {"k": right_keys}, "k", how)
+
+
+def test_join_indices_two_keys_and_empty_right(backend):
+    left = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"]})
+    right = pa.table({"a": [1, 2, 1], "b": ["y", "x", "y"]})
+    rows, side_rows = backend.join_indices(left, right, ["a", "b"])
+    assert (py(rows), py(side_rows)) == ([0, 1, 1, 2], [None, 0, 2, 1])
+    rows, side_rows = backend.join_indices(left, right.slice(0, 0), ["a", "b"])
+    assert (py(rows), py(side_rows)) == ([0, 1, 2], [None, None, None])
+    with pytest.raises(ValueError, match="join_indices: how must be 'left' or 'inner', got 'outer'"):
+        backend.join_indices(left, right, ["a"], how="outer")
+
+
+def test_take_with_null_indices_gives_null_rows(backend):
+    table = pa.table({"a": [1, 2], "l": pa.array([[1], [2, 3]])})
+    got = backend.take(table, pa.array([1, None, 0], pa.int64()))
+    assert got.to_pylist() == [{"a": 2, "l": [2, 3]}, {"a": None, "l": None}, {"a": 1, "l": [1]}]
+    assert backend.take(table.slice(0, 0), pa.array([None], pa.int64())).to_pylist() == [{"a": None, "l": None}]
+
+
+def test_groupby_aggregate_std_var_list_first_last_and_empty_sum(backend):
+    df = pd.DataFrame({"k": [1, 2, 1, 3, 1, 2, 4], "v": [1.0, None, 4.0, 2.0, None, None, 3.5]})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    got = backend.groupby_aggregate(table, ["k"], [("v", "std", "sd"), ("v", "var", "va"), ("v", "list", "l"),
+                                                   ("v", "first", "f"), ("v", "last", "la"), ("v", "sum", "s")])
+    rows = {r["k"]: r for r in got.to_pylist()}
+    for k, part in df.groupby("k")["v"]:
+        values = part.tolist()
+        present = part.dropna()
+        row = rows[k]
+        assert [None if math.isnan(v) else v for v in values] == row["l"], k  # row order, nulls kept
+        assert row["s"] == pytest.approx(present.sum())                      # 0 for group 2 (no values)
+        assert row["f"] == (present.iloc[0] if len(present) else None)
+        assert row["la"] == (present.iloc[-1] if len(present) else None)
+        if len(present) >= 2:
+            assert row["sd"] == pytest.approx(present.std(ddof=1)) and row["va"] == pytest.approx(present.var(ddof=1))
+        else:
+            assert row["sd"] is None and row["va"] is None
+
+
+def test_list_lengths(backend):
+    rows = [[1, 2, 3], None, [], [4]]
+    assert py(backend.list_lengths(pa.array(rows))) == [len(r or []) for r in rows]
+
+
+LIST_ROWS = [[1, 2, 3, 4, 5], None, [], [6], [7, 8]]
+
+
+@pytest.mark.parametrize("start,end", [(0, 2), (-2, None), (1, None), (1, -1), (-4, 2), (3, 1), (-9, 9)])
+def test_list_slice_is_python_slicing(backend, start, end):
+    got = backend.list_slice(pa.array(LIST_ROWS, pa.list_(pa.int64())), start, end)
+    assert got.type == pa.list_(pa.int64())
+    assert got.to_pylist() == [None if r is None else r[start:end] for r in LIST_ROWS]
+
+
+@pytest.mark.parametrize("start,end,n", [(0, 3, 3), (-2, None, 2)])
+def test_list_slice_pads(backend, start, end, n):
+    col = pa.array([[str(v) for v in r] if r is not None else None for r in LIST_ROWS], pa.large_list(pa.string()))
+    got = backend.list_slice(col, start, end, pad_length=n, pad_value="?")
+    assert got.type == pa.large_list(pa.string())
+    expected = [[str(v) for v in (r or [])[start:end]] for r in LIST_ROWS]
+    assert got.to_pylist() == [r + ["?"] * (n - len(r)) for r in expected]
+
+
+def test_hll_registers_are_the_reference_sketch(backend):
+    values = pa.array([f"v{i}" for i in range(300)] + [None, "v7"])
+    precision = 6
+    expected = np.zeros(1 << precision, dtype=np.uint8)
+    for value in values.to_pylist():
+        if value is None:
+            continue
+        h = int(murmur3_32(pa.array([value]))[0])
+        rest = h & ((1 << (32 - precision)) - 1)
+        register, rank = h >> (32 - precision), (32 - precision) - rest.bit_length() + 1
+        expected[register] = max(expected[register], rank)
+    got = backend.hll_registers(values, precision)
+    assert got.dtype == np.uint8 and got.tolist() == expected.tolist()
+    assert backend.hll_registers(pa.array([], pa.string()), precision).tolist() == [0] * (1 << precision)
+
+
+def test_distinct(backend):
+    values = ["b", None, "a", "b", "", "a"]
+    got = backend.distinct(chunked(values, pa.string(), split=3))
+    assert sorted(got.to_pylist()) == sorted({v for v in values if v is not None})
+    assert sorted(backend.distinct(pa.array([3, 1, 3, None], pa.int16())).to_pylist()) == [1, 3]
+
+
+def test_min_max(backend):
+    values = [5, None, -3, 12, 0]
+    assert backend.min_max(chunked(values, pa.int32(), split=2)) == (min(v for v in values if v is not None),
+                                                                    max(v for v in values if v is not None))
+    rows = [[4, 9], None, [-1]]
+    flat = [v for r in rows if r for v in r]
+    assert backend.min_max(pa.array(rows)) == (min(flat), max(flat))
+    assert backend.min_max(pa.array([None, None], pa.int64())) == (None, None)
+
+
+def test_cast_refuses_what_does_not_fit(backend):
+    got = backend.cast(chunked([1, None, -128, 127, 5], pa.int64(), split=2), pa.int8())
+    assert got.type == pa.int8() and py(got) == [1, None, -128, 127, 5]
+    with pytest.raises(pa.ArrowInvalid):
+        backend.cast(pa.array([1, 300], pa.int64()), pa.int8())
+    lists = backend.cast(pa.array([[1, 2], None], pa.list_(pa.int64())), pa.list_(pa.int16()))
+    assert lists.type == pa.list_(pa.int16()) and lists.to_pylist() == [[1, 2], None]
+    floats = backend.cast(pa.array([1.5, None, 1e300]), pa.float32())
+    with np.errstate(over="ignore"):
+        narrowed = float(np.float64(1e300).astype(np.float32))  # inf, as numpy narrows
+    assert py(floats) == [1.5, None, narrowed]
+
+
+def test_split_strings(backend):
+    values = ["a|b|c", "", None, "a||b", "|", "x"]
+    got = backend.split_strings(chunked(values, pa.string(), split=3), "|")
+    assert got.type == pa.list_(pa.string())
+    assert py(got) == [None if v is None else ([] if v == "" else v.split("|")) for v in values]
+    assert py(backend.split_strings(pa.array(["1.5.2"], pa.large_string()), ".")) == [["1", "5", "2"]]
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_sort_indices_is_stable_with_nulls_last(backend, order):
+    df = pd.DataFrame({"a": [2, None, 1, 2, None, 1, 2], "b": ["x", "y", "y", "x", "x", "x", "w"]})
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    got = backend.sort_indices(table, [("a", order), ("b", "ascending")])
+    expected = df.sort_values(["a", "b"], ascending=[order == "ascending", True], kind="stable",
+                              na_position="last").index.tolist()
+    assert got.type == pa.int64() and got.to_pylist() == expected
+    with pytest.raises(ValueError, match="sort_indices: order must be 'ascending' or 'descending', got 'up'"):
+        backend.sort_indices(table, [("a", "up")])
