@@ -55,6 +55,13 @@ class Workflow:
         self.input_schema: Schema | None = None
         self._fitted = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What dask ships to a worker with a task: everything but the client (a
+        client holds sockets and event-loop tasks; workers never need it)."""
+        state = self.__dict__.copy()
+        state["client"] = None
+        return state
+
     # -- schema -------------------------------------------------------------
     def fit_schema(self, input_schema: Schema) -> Workflow:
         """Compute (and validate) the graph's schemas for ``input_schema``; reads no data."""
