@@ -20,6 +20,7 @@ import tabstream as ts
 from tabstream import ops
 from tabstream.datasets.synthetic import CRITEO_CATEGORICAL, write_data
 from tabstream.recipes import criteo_graph
+from tabstream.testing import assert_tables_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 CATS = CRITEO_CATEGORICAL[:6]
@@ -66,6 +67,7 @@ def real_cluster(tmp_path_factory, dask_dashboard_port_taken):
             client.wait_for_workers(2, timeout=60)
             client.worker_tmps = worker_tmps
             yield client
+            client.shutdown()  # the scheduler closes the workers: quicker than signals
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -168,3 +170,38 @@ def test_local_cluster_processes_equals_threaded(raw_tsv, tmp_path, dask_dashboa
         on_cluster = _fit_export(client, raw_tsv, str(tmp_path / "cluster"))
     threaded = _fit_export(None, raw_tsv, str(tmp_path / "threaded"))
     assert on_cluster.equals(threaded)
+
+
+def _contract_module():
+    """The op contract suite (tests/ops/test_contract.py), imported by a name the
+    workers can import too (its Filter/LambdaOp examples use its functions)."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("tests.ops.test_contract")
+
+
+CONTRACT = _contract_module()
+
+
+@pytest.fixture(scope="module")
+def contract_parquet(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("contract")
+    table = CONTRACT.contract_frame()
+    for i, start in enumerate(range(0, table.num_rows, 200)):
+        pq.write_table(table.slice(start, 200), folder / f"part_{i}.parquet")
+    return str(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CONTRACT.EXAMPLES))
+def test_every_op_fits_and_transforms_on_cluster(real_cluster, contract_parquet, tmp_path, name):
+    factory, columns = CONTRACT.EXAMPLES[name]
+    outputs = []
+    for client, out in ((real_cluster, tmp_path / "cluster"), (None, tmp_path / "threaded")):
+        wf = ts.Workflow(columns >> factory(), client=client).fit(ts.Dataset(contract_parquet))
+        wf.transform(ts.Dataset(contract_parquet)).to_parquet(str(out))
+        outputs.append(_read_export(str(out)))
+    assert outputs[0].num_rows > 0
+    assert_tables_equal(outputs[0], outputs[1])  # exact; NaN equals NaN
