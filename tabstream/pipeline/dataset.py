@@ -191,6 +191,8 @@ class Dataset:
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
             self._stored_schema = (_read_schema_json(self.fs, self.files)
+                                   or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
+                                       else None)
                                    or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
         self._arrow_schema = self._plan()
@@ -1132,6 +1134,22 @@ def _excerpt(data: bytes, pos: int, width: int = 120) -> bytes:
     end = len(data) if end < 0 else end
     start = max(start, pos - width // 2)
     return data[start:min(end, start + width)].rstrip(b"\r")
+
+
+def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
+    """The Schema a tabstream export keeps in each data file's key-value metadata
+    (``tabstream.schema``): read from the first file, for files copied without
+    ``_schema.json``."""
+    with fs.open(files[0], "rb") as f:
+        metadata = pq.read_schema(f).metadata or {}
+    text = metadata.get(b"tabstream.schema")
+    if text is None:
+        return None
+    try:
+        return Schema.from_dict(json.loads(text))
+    except (ValueError, KeyError) as exc:
+        raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
+                        f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
 
 
 def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:

@@ -8,6 +8,10 @@ Layout of an export folder::
     out/train/_metadata                parquet footers of every file
     out/train/_keysets/part_00000.parquet   with write_keysets: (column, id) pairs per file
 
+Every data file also carries the output Schema as JSON in its parquet key-value
+metadata (key ``tabstream.schema``), so files copied without ``_schema.json`` keep
+their tags and properties.
+
 Everything beside the data files starts with ``_``, so pandas, pyarrow.dataset,
 polars and dask read the folder as it is (``schema.json``, the name older versions
 wrote, is still read by :class:`~tabstream.pipeline.dataset.Dataset`).
@@ -65,6 +69,9 @@ __all__ = ["ExportResult", "export"]
 SHUFFLES = (None, "per_partition", "per_worker", "full")
 DEFAULT_ROW_GROUP_SIZE = 128 * 1024
 SCHEMA_FILE = "_schema.json"
+# Key of the parquet key-value metadata that holds the output Schema as JSON in every
+# data file, so a reader that has only the files still gets tags and properties.
+SCHEMA_KEY = b"tabstream.schema"
 # A leftover temporary folder whose owner cannot be checked (another host, or the
 # naming of older versions) is removed once it is this old.
 STALE_SECONDS = 24 * 3600
@@ -141,7 +148,8 @@ def export(
         schema = dataset.schema
         columns = None
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
-    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed)
+    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
+                 schema.to_json().encode())
 
     try:
         with _task_pool(client) as pool:
@@ -279,8 +287,9 @@ class _Plan:
 
     def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
-                 seed: int) -> None:
+                 seed: int, schema_json: bytes = b"") -> None:
         self.dataset = dataset
+        self.schema_json = schema_json
         self.workflow = workflow
         self.columns = columns
         self.tmp = tmp
@@ -316,7 +325,11 @@ class _FileWriter:
             return
         if self.writer is None:
             self.f = self.plan.fs.open(posixpath.join(self.plan.tmp, self.name), "wb")
-            self.writer = pq.ParquetWriter(self.f, table.schema, compression=self.plan.compression)
+            file_schema = table.schema
+            if self.plan.schema_json:
+                file_schema = file_schema.with_metadata(
+                    {**(file_schema.metadata or {}), SCHEMA_KEY: self.plan.schema_json})
+            self.writer = pq.ParquetWriter(self.f, file_schema, compression=self.plan.compression)
         elif not table.schema.equals(self.writer.schema):
             table = table.cast(self.writer.schema)
         self.writer.write_table(table, row_group_size=self.plan.row_group_size)
