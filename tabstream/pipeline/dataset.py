@@ -230,6 +230,8 @@ class Dataset:
         footers = _parquet_footers(self.fs, self.files)
         _check_manifests(self.fs, self.files, self._folders,
                          {path: md.num_rows for path, (md, _) in zip(self.files, footers, strict=True)})
+        if not _is_local(self.fs):
+            _refuse_unpublished(self.fs, self.files, [schema for _, schema in footers])
         for path, (md, arrow_schema) in zip(self.files, footers, strict=True):
             self._file_schemas[path] = arrow_schema
             self._file_metadata[path] = md
@@ -1025,6 +1027,26 @@ def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], 
                 f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
                 "was replaced or truncated after the export: export again", hint=_MANIFEST_HINT
             )
+
+
+def _refuse_unpublished(fs: Any, files: list[str], schemas: list[pa.Schema]) -> None:
+    """On an object store an export publishes by writing ``_manifest.json`` last (there
+    is no rename): files written by a tabstream export (their key-value metadata holds
+    ``tabstream.schema``) in a prefix without a manifest belong to an export that is
+    still running or failed, and are refused rather than read half-written."""
+    checked: dict[str, bool] = {}
+    for url, schema in zip(files, schemas, strict=True):
+        if b"tabstream.schema" not in (schema.metadata or {}):
+            continue
+        folder = posixpath.dirname(fs._strip_protocol(url))
+        if folder not in checked:
+            checked[folder] = fs.exists(posixpath.join(folder, MANIFEST_FILE))
+        if not checked[folder]:
+            raise DataError(
+                f"{url}: written by a tabstream export, but its prefix has no {MANIFEST_FILE}; on "
+                "an object store the manifest is written last and marks the export complete, so "
+                "this export is still being written, or failed: wait for it, or export again",
+                hint="read the prefix once its export has finished")
 
 
 def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 8192) -> float:

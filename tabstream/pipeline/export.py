@@ -132,9 +132,14 @@ def export(
     root = paths[0].rstrip("/")
     check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
-    _remove_leftovers(fs, parent, name)
-    tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-    fs.makedirs(tmp, exist_ok=True)
+    store = None if _is_local(fs) else _ObjectStorePublish(fs, root)
+    if store is None:
+        _remove_leftovers(fs, parent, name)
+        tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
+        fs.makedirs(tmp, exist_ok=True)
+    else:
+        tmp = root  # no rename on an object store: written in place, manifest last
+        store.begin()
 
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % 2**63)  # owned entropy, no global RNG
@@ -149,7 +154,7 @@ def export(
         columns = None
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
     plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
-                 schema.to_json().encode())
+                 schema.to_json().encode(), store.file_tag if store is not None else "")
 
     try:
         with _task_pool(client) as pool:
@@ -173,12 +178,18 @@ def export(
                 hint="check the input path (an empty file?) and the filters of the workflow",
             )
         _write_sidecars(fs, tmp, schema, files, rows)
-        _publish(fs, tmp, root, overwrite)
+        if store is None:
+            _publish(fs, tmp, root, overwrite)
+        else:
+            store.finish()
     except BaseException as exc:
-        try:
-            fs.rm(tmp, recursive=True)
-        except FileNotFoundError:
-            pass
+        if store is None:
+            try:
+                fs.rm(tmp, recursive=True)
+            except FileNotFoundError:
+                pass
+        else:
+            store.abort()
         # Errors of the input (DataError, SchemaError, ...) and our own refusals keep
         # their type and message: they name the file, line or column at fault.
         if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError, TabstreamError)):
@@ -287,9 +298,10 @@ class _Plan:
 
     def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
-                 seed: int, schema_json: bytes = b"") -> None:
+                 seed: int, schema_json: bytes = b"", file_tag: str = "") -> None:
         self.dataset = dataset
         self.schema_json = schema_json
+        self.file_tag = file_tag
         self.workflow = workflow
         self.columns = columns
         self.tmp = tmp
@@ -314,7 +326,7 @@ class _FileWriter:
 
     def __init__(self, plan: _Plan, index: int) -> None:
         self.plan = plan
-        self.name = f"part_{index:05d}.parquet"
+        self.name = f"part_{index:05d}{plan.file_tag}.parquet"
         self.writer: pq.ParquetWriter | None = None
         self.f: Any = None
         self.rows = 0
@@ -484,6 +496,76 @@ def _write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: l
     # The manifest is written last: its presence inside the folder marks it complete.
     with fs.open(posixpath.join(tmp, "_manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+SIDECARS = ("_schema.json", "_metadata", "_manifest.json")  # restored in this order
+
+
+class _ObjectStorePublish:
+    """Publishing on an object store (S3, GCS, ...), where no rename exists.
+
+    Data files are written under the final prefix and ``_manifest.json`` last: its
+    arrival marks the export complete, and readers refuse tabstream files in a
+    prefix without one. With ``overwrite`` the new files get names of their own
+    (``part_00000-<id>.parquet``), the old manifest is removed first (from then until
+    the new manifest the prefix is refused: the window of an overwrite), and the old
+    keys are deleted only once the new manifest is in place. A failure deletes every
+    key this export wrote and, for an overwrite, puts the old ``_schema.json``,
+    ``_metadata`` and ``_manifest.json`` back (manifest last): the old export is
+    whole again. A killed process leaves a prefix without a manifest (refused)."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root
+        self.old_keys: set[str] = set()
+        self.saved: dict[str, bytes] = {}
+        self.existed = False
+        self.file_tag = ""
+
+    def _keys(self) -> set[str]:
+        self.fs.invalidate_cache(self.root)
+        try:
+            return set(self.fs.find(self.root))
+        except FileNotFoundError:
+            return set()
+
+    def begin(self) -> None:
+        self.old_keys = self._keys()
+        self.existed = bool(self.old_keys)
+        if not self.existed:
+            return
+        self.file_tag = f"-{uuid.uuid4().hex[:8]}"
+        for name in SIDECARS:
+            path = posixpath.join(self.root, name)
+            if path in self.old_keys:
+                self.saved[name] = self.fs.cat_file(path)
+        manifest = posixpath.join(self.root, "_manifest.json")
+        if manifest in self.old_keys:
+            self.fs.rm(manifest)
+
+    def finish(self) -> None:
+        keep = {posixpath.join(self.root, name) for name in SIDECARS}
+        stale = sorted(self.old_keys - keep)
+        if stale:
+            self.fs.rm(stale)
+        self.fs.invalidate_cache(self.root)
+
+    def abort(self) -> None:
+        written = sorted(self._keys() - self.old_keys)
+        if written:
+            self.fs.rm(written)
+        for name in SIDECARS:
+            path = posixpath.join(self.root, name)
+            if name in self.saved:
+                self.fs.pipe_file(path, self.saved[name])
+            elif path in self._keys():
+                self.fs.rm(path)
+        self.fs.invalidate_cache(self.root)
 
 
 def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
