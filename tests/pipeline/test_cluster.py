@@ -155,7 +155,32 @@ def test_categorify_spill_goes_through_shared_dir_on_cluster(real_cluster, raw_t
     assert list(shared.iterdir()) == []  # spill folders removed after the merge
 
 
-def test_categorify_spill_on_cluster_without_spill_dir_is_refused(real_cluster, raw_tsv):
+def test_categorify_spill_without_spill_dir_on_one_host_uses_a_fit_folder(real_cluster, raw_tsv,
+                                                                         tmp_path, monkeypatch):
+    """Workers on the client's machine spill into a folder the client made for this
+    fit (removed afterwards), never into their own temporary folders."""
+    import tempfile
+
+    client_tmp = tmp_path / "client-tmp"
+    client_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(client_tmp))
+    ds = _criteo_dataset(raw_tsv)
+    graph = _spill_graph(None)
+    wf = ts.Workflow(graph, client=real_cluster).fit(ds)
+    assert graph.op.spill_dir is None  # the fit's folder is not kept in the params
+    local = ts.Workflow(_spill_graph(None)).fit(ds)
+    for col in ("C1", "C2"):
+        assert wf.output_node.op.tables[col].equals(local.output_node.op.tables[col])
+    assert list(client_tmp.iterdir()) == []
+    for tmp in real_cluster.worker_tmps:
+        assert not [p for p in tmp.rglob("*") if "tabstream" in p.name]
+
+
+def test_categorify_spill_on_workers_of_other_hosts_without_spill_dir_is_refused(
+        real_cluster, raw_tsv, monkeypatch):
+    import tabstream.pipeline.workflow as workflow_module
+
+    monkeypatch.setattr(workflow_module, "workers_share_this_host", lambda client: False)
     ds = _criteo_dataset(raw_tsv)
     with pytest.raises(ValueError, match=r"spill_rows=50 .*dask worker.*spill_dir is None.*share"):
         ts.Workflow(_spill_graph(None), client=real_cluster).fit(ds)
