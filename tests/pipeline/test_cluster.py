@@ -63,7 +63,8 @@ def real_cluster(tmp_path_factory, dask_dashboard_port_taken):
                  str(scheduler_file), "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1",
                  "--no-dashboard", "--local-directory", str(local)],
                 env=dict(env, TMPDIR=str(tmp)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        with distributed.Client(scheduler_file=str(scheduler_file), timeout=60) as client:
+        with distributed.Client(scheduler_file=str(scheduler_file), timeout=60,
+                                set_as_default=False) as client:
             client.wait_for_workers(2, timeout=60)
             client.worker_tmps = worker_tmps
             yield client
@@ -191,7 +192,7 @@ def test_local_cluster_processes_equals_threaded(raw_tsv, tmp_path, dask_dashboa
 
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address="127.0.0.1:0") as cluster, \
-            distributed.Client(cluster) as client:
+            distributed.Client(cluster, set_as_default=False) as client:
         on_cluster = _fit_export(client, raw_tsv, str(tmp_path / "cluster"))
     threaded = _fit_export(None, raw_tsv, str(tmp_path / "threaded"))
     assert on_cluster.equals(threaded)
