@@ -1169,7 +1169,7 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
         return None
     try:
         return Schema.from_dict(json.loads(text))
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
                         f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
 
