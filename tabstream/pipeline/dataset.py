@@ -1162,8 +1162,7 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     """The Schema a tabstream export keeps in each data file's key-value metadata
     (``tabstream.schema``): read from the first file, for files copied without
     ``_schema.json``."""
-    with fs.open(files[0], "rb") as f:
-        metadata = pq.read_schema(f).metadata or {}
+    metadata = _parquet_footer(fs, files[0])[1].metadata or {}
     text = metadata.get(b"tabstream.schema")
     if text is None:
         return None
