@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import fsspec
 import numpy as np
@@ -251,6 +252,10 @@ class Dataset:
             if group:
                 pieces.append(self._parquet_piece(path, md, group))
         assert unified is not None
+        self._hive_values, hive_fields = _hive_partitions(self.fs, self.files, self._folders)
+        for field in hive_fields:
+            if field.name not in unified.names:  # a column inside the files wins
+                unified = unified.append(field)
         self._pieces = pieces
         return unified
 
@@ -440,8 +445,12 @@ class Dataset:
                             f"rows, the footer read when planning said {piece.num_rows}; was the "
                             "file replaced while in use?")
         if len(cols) < len(target.names):
-            # Columns other files have and this one lacks: null here (schemas unified).
-            arrays = {name: table.column(name) if name in cols else pa.nulls(piece.num_rows, target.field(name).type)
+            # Columns other files have and this one lacks: null here (schemas unified);
+            # hive partition columns (``col=value`` folders): the folder's value.
+            hive = getattr(self, "_hive_values", {}).get(piece.path, {})
+            arrays = {name: table.column(name) if name in cols
+                      else pa.repeat(pa.scalar(hive[name], target.field(name).type), piece.num_rows)
+                      if name in hive else pa.nulls(piece.num_rows, target.field(name).type)
                       for name in target.names}
             table = pa.table(arrays)
         if not table.schema.equals(target):
@@ -1027,6 +1036,52 @@ def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], 
                 f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
                 "was replaced or truncated after the export: export again", hint=_MANIFEST_HINT
             )
+
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]]
+                     ) -> tuple[dict[str, dict[str, Any]], list[pa.Field]]:
+    """Partition columns of hive-style folders (``root/col=value/part.parquet``) below
+    each folder searched: ``{file: {column: value}}`` and the columns' fields (int64
+    when every value is an integer, bool for true/false, else string; the folder
+    ``__HIVE_DEFAULT_PARTITION__`` is a missing value)."""
+    roots = sorted((f for f, pattern in folders if pattern is None), key=len, reverse=True)
+    raw: dict[str, dict[str, str]] = {}
+    order: list[str] | None = None
+    first = None
+    for url in files:
+        path = fs._strip_protocol(url)
+        root = next((r for r in roots if path.startswith(r.rstrip("/") + "/")), None)
+        if root is None:
+            continue
+        parts = posixpath.relpath(path, root).split("/")[:-1]
+        pairs = [p.split("=", 1) for p in parts if "=" in p]
+        keys = [k for k, _ in pairs]
+        if order is None:
+            order, first = keys, url
+        elif keys != order:
+            raise DataError(f"{url}: its folders name the partition columns {keys}, but {first} has "
+                            f"{order}; every file of a hive-partitioned dataset needs the same "
+                            "col=value folders")
+        if keys:
+            raw[url] = {k: unquote(v) for k, v in pairs}
+    if not order:
+        return {}, []
+    fields, values = [], {url: {} for url in raw}
+    for key in order:
+        seen = [v[key] for v in raw.values() if v[key] != _HIVE_NULL]
+        if seen and all(re.fullmatch(r"-?\d+", v) for v in seen):
+            typ, convert = pa.int64(), int
+        elif seen and all(v in ("true", "false") for v in seen):
+            typ, convert = pa.bool_(), (lambda v: v == "true")
+        else:
+            typ, convert = pa.string(), str
+        fields.append(pa.field(key, typ))
+        for url, v in raw.items():
+            values[url][key] = None if v[key] == _HIVE_NULL else convert(v[key])
+    return values, fields
 
 
 def _refuse_unpublished(fs: Any, files: list[str], schemas: list[pa.Schema]) -> None:

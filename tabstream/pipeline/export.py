@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 import fsspec
 import numpy as np
@@ -115,11 +116,13 @@ def export(
     None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
-    if partition_on:
-        raise ValueError(
-            "partition_on is not supported by this release; export without it and "
-            "split with Dataset.split or a Filter op"
-        )
+    if partition_on is not None:
+        if isinstance(partition_on, str) or not all(isinstance(c, str) for c in partition_on):
+            raise TypeError(f"partition_on must be a list of column names, got {partition_on!r}")
+        partition_on = list(partition_on)
+        if shuffle == "full":
+            raise ValueError("partition_on cannot be combined with shuffle='full'; use "
+                             "shuffle='per_worker' or 'per_partition'")
     for name, value in (("out_files_per_proc", out_files_per_proc), ("num_files", num_files)):
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -128,6 +131,9 @@ def export(
     if row_group_size < 1:
         raise ValueError(f"row_group_size must be positive, got {row_group_size}")
 
+    if partition_on:  # before anything is written
+        _check_partition_columns(workflow.output_schema if workflow is not None else dataset.schema,
+                                 partition_on)
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
     check_target(fs, root, output_path, overwrite)
@@ -153,8 +159,10 @@ def export(
         schema = dataset.schema
         columns = None
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
+    if partition_on:
+        keyset_columns = [c for c in keyset_columns if c not in partition_on]
     plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
-                 schema.to_json().encode(), store.file_tag if store is not None else "")
+                 schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [])
 
     try:
         with _task_pool(client) as pool:
@@ -298,7 +306,9 @@ class _Plan:
 
     def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
-                 seed: int, schema_json: bytes = b"", file_tag: str = "") -> None:
+                 seed: int, schema_json: bytes = b"", file_tag: str = "",
+                 partition_on: list[str] | None = None) -> None:
+        self.partition_on = list(partition_on or [])
         self.dataset = dataset
         self.schema_json = schema_json
         self.file_tag = file_tag
@@ -324,9 +334,9 @@ class _Plan:
 class _FileWriter:
     """A parquet file opened on first write, with the keyset of its categorical ids."""
 
-    def __init__(self, plan: _Plan, index: int) -> None:
+    def __init__(self, plan: _Plan, index: int, folder: str = "") -> None:
         self.plan = plan
-        self.name = f"part_{index:05d}{plan.file_tag}.parquet"
+        self.name = posixpath.join(folder, f"part_{index:05d}{plan.file_tag}.parquet")
         self.writer: pq.ParquetWriter | None = None
         self.f: Any = None
         self.rows = 0
@@ -336,7 +346,10 @@ class _FileWriter:
         if table.num_rows == 0:
             return
         if self.writer is None:
-            self.f = self.plan.fs.open(posixpath.join(self.plan.tmp, self.name), "wb")
+            path = posixpath.join(self.plan.tmp, self.name)
+            if posixpath.dirname(self.name):
+                self.plan.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.f = self.plan.fs.open(path, "wb")
             file_schema = table.schema
             if self.plan.schema_json:
                 file_schema = file_schema.with_metadata(
@@ -385,36 +398,113 @@ class _FileWriter:
             names.append(pa.array(np.full(len(unique), col, dtype=object), pa.string()))
             ids.append(unique)
         table = pa.table({"column": pa.concat_arrays(names), "id": pa.concat_arrays(ids)})
-        folder = posixpath.join(self.plan.tmp, "_keysets")
-        self.plan.fs.makedirs(folder, exist_ok=True)
-        with self.plan.fs.open(posixpath.join(folder, self.name), "wb") as f:
+        path = posixpath.join(self.plan.tmp, "_keysets", self.name)
+        self.plan.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with self.plan.fs.open(path, "wb") as f:
             pq.write_table(table, f)
+
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # the folder of a missing value (hive's name)
+
+
+def _check_partition_columns(schema: Schema, partition_on: list[str]) -> None:
+    missing = [c for c in partition_on if c not in schema.column_names]
+    if missing:
+        raise ValueError(f"partition_on: columns {missing} are not in the output; "
+                         f"available: {schema.column_names}")
+    if len(set(partition_on)) != len(partition_on):
+        raise ValueError(f"partition_on names a column twice: {partition_on}")
+    if len(partition_on) >= len(schema.column_names):
+        raise ValueError("partition_on takes every column into the folder names, leaving no data "
+                         "columns to write")
+    for name in partition_on:
+        col = schema[name]
+        if col.is_list or not (str(col.dtype).startswith(("int", "uint")) or str(col.dtype) in ("str", "string", "bool")):
+            raise TypeError(f"partition_on: column {name!r} is {col.dtype}{' list' if col.is_list else ''}; "
+                            "folders can be made from integer, boolean or string columns only")
+
+
+def _hive_value(value: Any) -> str:
+    if value is None:
+        return HIVE_NULL
+    if isinstance(value, bool):
+        return str(value).lower()
+    return quote(str(value), safe="")
+
+
+class _PartitionedWriter:
+    """One file writer per hive folder (``col=value/...``) for one output file index;
+    the partition columns go into the folder names, not the files."""
+
+    def __init__(self, plan: _Plan, index: int) -> None:
+        self.plan = plan
+        self.index = index
+        self.writers: dict[str, _FileWriter] = {}
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        keys = table.select(self.plan.partition_on)
+        combos = keys.group_by(self.plan.partition_on).aggregate([])
+        data_columns = [c for c in table.column_names if c not in self.plan.partition_on]
+        for row in combos.to_pylist():
+            mask = None
+            for name, value in row.items():
+                test = pc.is_null(table[name]) if value is None else pc.equal(table[name], value)
+                test = pc.fill_null(test, False)
+                mask = test if mask is None else pc.and_(mask, test)
+            folder = "/".join(f"{n}={_hive_value(v)}" for n, v in row.items())
+            writer = self.writers.get(folder)
+            if writer is None:
+                writer = self.writers[folder] = _FileWriter(self.plan, self.index, folder)
+            writer.write(table.filter(mask).select(data_columns))
+
+    def close(self) -> list[tuple[str, int]]:
+        return [w.close() for w in self.writers.values()]
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
 
 
 def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
                  shuffle: str | None) -> list[tuple[str, int]]:
+    if plan.partition_on:
+        parted = [_PartitionedWriter(plan, i) for i in file_indices]
+        try:
+            _deal(plan, piece_indices, parted, shuffle)
+            return [r for w in parted for r in w.close()]
+        except BaseException:
+            for w in parted:
+                w.abort()
+            raise
     writers = [_FileWriter(plan, i) for i in file_indices]
     try:
-        for turn, p in enumerate(piece_indices):
-            table = plan.read(p)
-            if shuffle in ("per_partition", "per_worker"):
-                table = table.take(plan.rng(p).permutation(table.num_rows))
-            if shuffle == "per_worker" and len(writers) > 1:
-                bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
-                offset = turn % len(writers)  # rotate so small partitions still spread evenly
-                for j, w in enumerate(writers):
-                    k = (j + offset) % len(writers)
-                    w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
-            elif shuffle is None:
-                # contiguous runs of partitions per file keep the input order across files
-                writers[turn * len(writers) // len(piece_indices)].write(table)
-            else:
-                writers[turn % len(writers)].write(table)
+        _deal(plan, piece_indices, writers, shuffle)
         return [w.close() for w in writers]
     except BaseException:
         for w in writers:
             w.abort()
         raise
+
+
+def _deal(plan: _Plan, piece_indices: list[int], writers: list[Any], shuffle: str | None) -> None:
+    """Read the group's partitions one at a time and hand their rows to ``writers``."""
+    for turn, p in enumerate(piece_indices):
+        table = plan.read(p)
+        if shuffle in ("per_partition", "per_worker"):
+            table = table.take(plan.rng(p).permutation(table.num_rows))
+        if shuffle == "per_worker" and len(writers) > 1:
+            bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
+            offset = turn % len(writers)  # rotate so small partitions still spread evenly
+            for j, w in enumerate(writers):
+                k = (j + offset) % len(writers)
+                w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
+        elif shuffle is None:
+            # contiguous runs of partitions per file keep the input order across files
+            writers[turn * len(writers) // len(piece_indices)].write(table)
+        else:
+            writers[turn % len(writers)].write(table)
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,

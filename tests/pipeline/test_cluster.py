@@ -231,3 +231,17 @@ def test_every_op_fits_and_transforms_on_cluster(real_cluster, contract_parquet,
         outputs.append(_read_export(str(out)))
     assert outputs[0].num_rows > 0
     assert_tables_equal(outputs[0], outputs[1])  # exact; NaN equals NaN
+
+
+def test_partition_on_export_on_cluster_equals_threaded(real_cluster, raw_tsv, tmp_path):
+    """Hive folders written by the workers hold the same rows as the threaded run's."""
+    tables = []
+    for client, out in ((real_cluster, tmp_path / "c"), (None, tmp_path / "t")):
+        wf = ts.Workflow(criteo_graph(freq_threshold=2, categorical=CATS), client=client)
+        wf.fit(_criteo_dataset(raw_tsv))
+        wf.transform(_criteo_dataset(raw_tsv)).to_parquet(str(out), partition_on=["label"])
+        back = ts.Dataset(str(out))
+        assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["label=0", "label=1"]
+        tables.append(pa.concat_tables([back.read_piece(p) for p in back.pieces]))
+    keys = [(c, "ascending") for c in tables[1].column_names]
+    assert tables[0].sort_by(keys).equals(tables[1].sort_by(keys))
