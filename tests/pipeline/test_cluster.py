@@ -245,3 +245,24 @@ def test_partition_on_export_on_cluster_equals_threaded(real_cluster, raw_tsv, t
         tables.append(pa.concat_tables([back.read_piece(p) for p in back.pieces]))
     keys = [(c, "ascending") for c in tables[1].column_names]
     assert tables[0].sort_by(keys).equals(tables[1].sort_by(keys))
+
+
+def _groupby_case(contract_parquet, client):
+    factory, columns = CONTRACT.EXAMPLES["Groupby"]
+    wf = ts.Workflow(columns >> factory(), client=client).fit(ts.Dataset(contract_parquet))
+    return wf.transform(ts.Dataset(contract_parquet))
+
+
+def test_groupby_in_memory_on_one_host_cluster_equals_threaded(real_cluster, contract_parquet):
+    on_cluster = _groupby_case(contract_parquet, real_cluster).compute()
+    threaded = _groupby_case(contract_parquet, None).compute()
+    assert_tables_equal(on_cluster, threaded)
+
+
+def test_groupby_in_memory_on_other_hosts_is_refused(real_cluster, contract_parquet, monkeypatch):
+    import tabstream.pipeline.workflow as workflow_module
+
+    monkeypatch.setattr(workflow_module, "workers_share_this_host", lambda client: False)
+    with pytest.raises(ValueError, match=r"Groupby: to_iter/compute/to_ddf regroup rows through a "
+                                         r"folder of this machine.*use to_parquet\(path\)"):
+        _groupby_case(contract_parquet, real_cluster).compute()
