@@ -457,7 +457,11 @@ class _PartitionedWriter:
             writer = self.writers.get(folder)
             if writer is None:
                 writer = self.writers[folder] = _FileWriter(self.plan, self.index, folder)
-            writer.write(table.filter(mask).select(data_columns))
+            part = table.filter(mask).select(data_columns)
+            # pandas' own metadata describes columns that are now in the folder names
+            # (readers would try to rebuild them from it): drop it
+            meta = {k: v for k, v in (part.schema.metadata or {}).items() if k != b"pandas"}
+            writer.write(part.replace_schema_metadata(meta))
 
     def close(self) -> list[tuple[str, int]]:
         return [w.close() for w in self.writers.values()]
