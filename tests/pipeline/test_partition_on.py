@@ -111,3 +111,13 @@ def test_pandas_reads_partitioned_export(tmp_path):
     assert back["x"].tolist() == frame["x"].tolist()
     assert back["site"].astype(str).tolist() == frame["site"].tolist()
     assert back["day"].astype(int).tolist() == frame["day"].astype(int).tolist()
+
+
+def test_loader_refuses_a_partitioned_export(tmp_path):
+    from tabstream.loaders import Loader
+
+    frame = _frame().dropna()
+    ts.Dataset(frame).to_parquet(str(tmp_path / "out"), partition_on=["day"])
+    with pytest.raises(DataError, match=r"day=\d/part_\d+\.parquet: the dataset is hive-partitioned "
+                                        r"\(col=value folders for \['day'\]\); loaders read"):
+        Loader(str(tmp_path / "out"), batch_size=16, features=["x"], labels=["row"])
