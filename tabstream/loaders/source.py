@@ -168,6 +168,12 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
             f"loaders read exported parquet, and this Dataset's engine is {ds.engine!r}: "
             "write it with to_parquet(...) first and load that folder"
         )
+    hive = sorted({k for values in getattr(ds, "_hive_values", {}).values() for k in values})
+    if hive:
+        raise DataError(
+            f"{ds.files[0]}: the dataset is hive-partitioned (col=value folders for {hive}); "
+            "loaders read the files' row groups as stored, where those columns are not: "
+            "export for training without partition_on, or load one partition's folder")
     fs = ds.fs
     index = {path: i for i, path in enumerate(ds.files)}
     files = [fs._strip_protocol(str(f)) for f in ds.files]  # Datasets keep URLs

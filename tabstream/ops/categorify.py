@@ -44,19 +44,23 @@ Statistics are per-partition value counts merged by a tree reduction. A partial
 count table that grows beyond ``spill_rows`` distinct values is hash-partitioned
 into ``spill_buckets`` parquet files under a temporary folder and merged bucket by
 bucket at the end, so memory is bounded by one bucket, not by the cardinality.
+``spill_dir`` may be any fsspec URL (``s3://bucket/tmp``) or a shared mount. On a
+dask cluster partials are spilled by one worker and merged by another process, so a
+spill there needs a ``spill_dir`` every worker and the client share: the local
+temporary folder of a worker is never used (a clear error asks for ``spill_dir``).
 The vocabulary (values with their counts, in id order) is saved as parquet.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import posixpath
 import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,6 +99,19 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
         return nonempty[0] if nonempty else tables[0]
     kernels = backend()
     return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
+
+
+def _on_dask_worker() -> bool:
+    """True inside a task run by a ``distributed`` worker."""
+    try:
+        from distributed import get_worker
+    except ImportError:
+        return False
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -307,19 +324,35 @@ class Categorify(StatOperator):
             return counts
         return _Counts(None, counts.spilled + [self._spill(counts.table)])
 
+    def _spill_root(self) -> str:
+        if self.spill_dir is not None:
+            return str(self.spill_dir)
+        if _on_dask_worker():
+            raise ValueError(
+                f"Categorify: a partial vocabulary grew past spill_rows={self.spill_rows} distinct "
+                "values on a dask worker, and spill_dir is None: a worker's local temporary "
+                "folder is not readable by the process that merges the spills; give "
+                "Categorify(spill_dir=...) a folder every worker and the client share "
+                "(an fsspec URL such as 's3://bucket/tmp', or a shared mount)")
+        return tempfile.gettempdir()
+
     def _spill(self, table: pa.Table) -> str:
-        """Write ``table`` hash-partitioned into one parquet file per bucket."""
-        folder = os.path.join(self.spill_dir or tempfile.gettempdir(),
-                              f"tabstream-categorify-{uuid.uuid4().hex}")
-        os.makedirs(folder)
+        """Write ``table`` hash-partitioned into one parquet file per bucket; returns
+        the folder as an fsspec URL (a plain path for local disks)."""
+        root = self._spill_root()
+        fs, base = fsspec.core.url_to_fs(root)
+        name = f"tabstream-categorify-{uuid.uuid4().hex}"
+        folder = posixpath.join(base.rstrip("/"), name)
+        fs.makedirs(folder, exist_ok=True)
         bucket = backend().murmur3(table["values"]).hashes % np.uint32(self.spill_buckets)
         sizes = np.bincount(bucket, minlength=self.spill_buckets)
         table = table.take(np.argsort(bucket, kind="stable"))
         start = 0
         for b, n in enumerate(sizes):
-            pq.write_table(table.slice(start, int(n)), os.path.join(folder, f"b{b:04d}.parquet"))
+            with fs.open(posixpath.join(folder, f"b{b:04d}.parquet"), "wb") as f:
+                pq.write_table(table.slice(start, int(n)), f)
             start += int(n)
-        return folder
+        return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
         """Merge spilled folders bucket by bucket (memory: one bucket at a time);
@@ -330,11 +363,19 @@ class Categorify(StatOperator):
         kept = []
         try:
             for b in range(self.spill_buckets):
-                parts = [pq.read_table(os.path.join(f, f"b{b:04d}.parquet")) for f in folders]
+                parts = []
+                for folder in folders:
+                    fs, base = fsspec.core.url_to_fs(folder)
+                    with fs.open(posixpath.join(base, f"b{b:04d}.parquet"), "rb") as f:
+                        parts.append(pq.read_table(f))
                 kept.append(self._threshold(merge_counts(parts), name))
         finally:
             for folder in folders:
-                shutil.rmtree(folder, ignore_errors=True)
+                fs, base = fsspec.core.url_to_fs(folder)
+                try:
+                    fs.rm(base, recursive=True)
+                except FileNotFoundError:
+                    pass
         return pa.concat_tables(kept)
 
     def _threshold(self, counts: pa.Table, name: str) -> pa.Table:

@@ -49,6 +49,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import fsspec
 import numpy as np
@@ -205,6 +206,8 @@ class Dataset:
             if self.engine not in ("parquet", "csv"):
                 raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
             self._stored_schema = (_read_schema_json(self.fs, self.files)
+                                   or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
+                                       else None)
                                    or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
         self._arrow_schema = self._plan()
@@ -242,6 +245,8 @@ class Dataset:
         footers = _parquet_footers(self.fs, self.files)
         _check_manifests(self.fs, self.files, self._folders,
                          {path: md.num_rows for path, (md, _) in zip(self.files, footers, strict=True)})
+        if not _is_local(self.fs):
+            _refuse_unpublished(self.fs, self.files, [schema for _, schema in footers])
         for path, (md, arrow_schema) in zip(self.files, footers, strict=True):
             self._file_schemas[path] = arrow_schema
             self._file_metadata[path] = md
@@ -261,6 +266,10 @@ class Dataset:
             if group:
                 pieces.append(self._parquet_piece(path, md, group))
         assert unified is not None
+        self._hive_values, hive_fields = _hive_partitions(self.fs, self.files, self._folders)
+        for field in hive_fields:
+            if field.name not in unified.names:  # a column inside the files wins
+                unified = unified.append(field)
         self._pieces = pieces
         return unified
 
@@ -450,8 +459,12 @@ class Dataset:
                             f"rows, the footer read when planning said {piece.num_rows}; was the "
                             "file replaced while in use?")
         if len(cols) < len(target.names):
-            # Columns other files have and this one lacks: null here (schemas unified).
-            arrays = {name: table.column(name) if name in cols else pa.nulls(piece.num_rows, target.field(name).type)
+            # Columns other files have and this one lacks: null here (schemas unified);
+            # hive partition columns (``col=value`` folders): the folder's value.
+            hive = getattr(self, "_hive_values", {}).get(piece.path, {})
+            arrays = {name: table.column(name) if name in cols
+                      else pa.repeat(pa.scalar(hive[name], target.field(name).type), piece.num_rows)
+                      if name in hive else pa.nulls(piece.num_rows, target.field(name).type)
                       for name in target.names}
             table = pa.table(arrays)
         if not table.schema.equals(target):
@@ -1039,6 +1052,72 @@ def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], 
             )
 
 
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]]
+                     ) -> tuple[dict[str, dict[str, Any]], list[pa.Field]]:
+    """Partition columns of hive-style folders (``root/col=value/part.parquet``) below
+    each folder searched: ``{file: {column: value}}`` and the columns' fields (int64
+    when every value is an integer, bool for true/false, else string; the folder
+    ``__HIVE_DEFAULT_PARTITION__`` is a missing value)."""
+    roots = sorted((f for f, pattern in folders if pattern is None), key=len, reverse=True)
+    raw: dict[str, dict[str, str]] = {}
+    order: list[str] | None = None
+    first = None
+    for url in files:
+        path = fs._strip_protocol(url)
+        root = next((r for r in roots if path.startswith(r.rstrip("/") + "/")), None)
+        if root is None:
+            continue
+        parts = posixpath.relpath(path, root).split("/")[:-1]
+        pairs = [p.split("=", 1) for p in parts if "=" in p]
+        keys = [k for k, _ in pairs]
+        if order is None:
+            order, first = keys, url
+        elif keys != order:
+            raise DataError(f"{url}: its folders name the partition columns {keys}, but {first} has "
+                            f"{order}; every file of a hive-partitioned dataset needs the same "
+                            "col=value folders")
+        if keys:
+            raw[url] = {k: unquote(v) for k, v in pairs}
+    if not order:
+        return {}, []
+    fields, values = [], {url: {} for url in raw}
+    for key in order:
+        seen = [v[key] for v in raw.values() if v[key] != _HIVE_NULL]
+        if seen and all(re.fullmatch(r"-?\d+", v) for v in seen):
+            typ, convert = pa.int64(), int
+        elif seen and all(v in ("true", "false") for v in seen):
+            typ, convert = pa.bool_(), (lambda v: v == "true")
+        else:
+            typ, convert = pa.string(), str
+        fields.append(pa.field(key, typ))
+        for url, v in raw.items():
+            values[url][key] = None if v[key] == _HIVE_NULL else convert(v[key])
+    return values, fields
+
+
+def _refuse_unpublished(fs: Any, files: list[str], schemas: list[pa.Schema]) -> None:
+    """On an object store an export publishes by writing ``_manifest.json`` last (there
+    is no rename): files written by a tabstream export (their key-value metadata holds
+    ``tabstream.schema``) in a prefix without a manifest belong to an export that is
+    still running or failed, and are refused rather than read half-written."""
+    checked: dict[str, bool] = {}
+    for url, schema in zip(files, schemas, strict=True):
+        if b"tabstream.schema" not in (schema.metadata or {}):
+            continue
+        folder = posixpath.dirname(fs._strip_protocol(url))
+        if folder not in checked:
+            checked[folder] = fs.exists(posixpath.join(folder, MANIFEST_FILE))
+        if not checked[folder]:
+            raise DataError(
+                f"{url}: written by a tabstream export, but its prefix has no {MANIFEST_FILE}; on "
+                "an object store the manifest is written last and marks the export complete, so "
+                "this export is still being written, or failed: wait for it, or export again",
+                hint="read the prefix once its export has finished")
+
+
 def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 8192) -> float:
     """Decoded (in-memory) bytes per row, from the first rows of ``path``.
 
@@ -1146,6 +1225,21 @@ def _excerpt(data: bytes, pos: int, width: int = 120) -> bytes:
     end = len(data) if end < 0 else end
     start = max(start, pos - width // 2)
     return data[start:min(end, start + width)].rstrip(b"\r")
+
+
+def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
+    """The Schema a tabstream export keeps in each data file's key-value metadata
+    (``tabstream.schema``): read from the first file, for files copied without
+    ``_schema.json``."""
+    metadata = _parquet_footer(fs, files[0])[1].metadata or {}
+    text = metadata.get(b"tabstream.schema")
+    if text is None:
+        return None
+    try:
+        return Schema.from_dict(json.loads(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
+                        f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
 
 
 def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:

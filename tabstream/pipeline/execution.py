@@ -37,7 +37,8 @@ def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
 
         futures = client.compute(tasks)
         with tqdm(total=len(futures), desc=desc, disable=disable, unit="task") as bar:
-            for _ in as_completed(futures):
+            # the client's own loop: it need not be the default client
+            for _ in as_completed(futures, loop=client.loop):
                 bar.update()
         return client.gather(futures)
     from tqdm.dask import TqdmCallback

@@ -8,6 +8,10 @@ Layout of an export folder::
     out/train/_metadata                parquet footers of every file
     out/train/_keysets/part_00000.parquet   with write_keysets: (column, id) pairs per file
 
+Every data file also carries the output Schema as JSON in its parquet key-value
+metadata (key ``tabstream.schema``), so files copied without ``_schema.json`` keep
+their tags and properties.
+
 Everything beside the data files starts with ``_``, so pandas, pyarrow.dataset,
 polars and dask read the folder as it is (``schema.json``, the name older versions
 wrote, is still read by :class:`~tabstream.pipeline.dataset.Dataset`).
@@ -46,6 +50,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 import fsspec
 import numpy as np
@@ -65,6 +70,9 @@ __all__ = ["ExportResult", "export"]
 SHUFFLES = (None, "per_partition", "per_worker", "full")
 DEFAULT_ROW_GROUP_SIZE = 128 * 1024
 SCHEMA_FILE = "_schema.json"
+# Key of the parquet key-value metadata that holds the output Schema as JSON in every
+# data file, so a reader that has only the files still gets tags and properties.
+SCHEMA_KEY = b"tabstream.schema"
 # A leftover temporary folder whose owner cannot be checked (another host, or the
 # naming of older versions) is removed once it is this old.
 STALE_SECONDS = 24 * 3600
@@ -108,11 +116,13 @@ def export(
     None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
-    if partition_on:
-        raise ValueError(
-            "partition_on is not supported by this release; export without it and "
-            "split with Dataset.split or a Filter op"
-        )
+    if partition_on is not None:
+        if isinstance(partition_on, str) or not all(isinstance(c, str) for c in partition_on):
+            raise TypeError(f"partition_on must be a list of column names, got {partition_on!r}")
+        partition_on = list(partition_on)
+        if shuffle == "full":
+            raise ValueError("partition_on cannot be combined with shuffle='full'; use "
+                             "shuffle='per_worker' or 'per_partition'")
     for name, value in (("out_files_per_proc", out_files_per_proc), ("num_files", num_files)):
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -121,13 +131,21 @@ def export(
     if row_group_size < 1:
         raise ValueError(f"row_group_size must be positive, got {row_group_size}")
 
+    if partition_on:  # before anything is written
+        _check_partition_columns(workflow.output_schema if workflow is not None else dataset.schema,
+                                 partition_on)
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
     check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
-    _remove_leftovers(fs, parent, name)
-    tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-    fs.makedirs(tmp, exist_ok=True)
+    store = None if _is_local(fs) else _ObjectStorePublish(fs, root)
+    if store is None:
+        _remove_leftovers(fs, parent, name)
+        tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
+        fs.makedirs(tmp, exist_ok=True)
+    else:
+        tmp = root  # no rename on an object store: written in place, manifest last
+        store.begin()
 
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % 2**63)  # owned entropy, no global RNG
@@ -141,7 +159,10 @@ def export(
         schema = dataset.schema
         columns = None
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
-    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed)
+    if partition_on:
+        keyset_columns = [c for c in keyset_columns if c not in partition_on]
+    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
+                 schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [])
 
     try:
         with _task_pool(client) as pool:
@@ -165,12 +186,18 @@ def export(
                 hint="check the input path (an empty file?) and the filters of the workflow",
             )
         _write_sidecars(fs, tmp, schema, files, rows)
-        _publish(fs, tmp, root, overwrite)
+        if store is None:
+            _publish(fs, tmp, root, overwrite)
+        else:
+            store.finish()
     except BaseException as exc:
-        try:
-            fs.rm(tmp, recursive=True)
-        except FileNotFoundError:
-            pass
+        if store is None:
+            try:
+                fs.rm(tmp, recursive=True)
+            except FileNotFoundError:
+                pass
+        else:
+            store.abort()
         # Errors of the input (DataError, SchemaError, ...) and our own refusals keep
         # their type and message: they name the file, line or column at fault.
         if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError, TabstreamError)):
@@ -279,8 +306,12 @@ class _Plan:
 
     def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
-                 seed: int) -> None:
+                 seed: int, schema_json: bytes = b"", file_tag: str = "",
+                 partition_on: list[str] | None = None) -> None:
+        self.partition_on = list(partition_on or [])
         self.dataset = dataset
+        self.schema_json = schema_json
+        self.file_tag = file_tag
         self.workflow = workflow
         self.columns = columns
         self.tmp = tmp
@@ -303,9 +334,9 @@ class _Plan:
 class _FileWriter:
     """A parquet file opened on first write, with the keyset of its categorical ids."""
 
-    def __init__(self, plan: _Plan, index: int) -> None:
+    def __init__(self, plan: _Plan, index: int, folder: str = "") -> None:
         self.plan = plan
-        self.name = f"part_{index:05d}.parquet"
+        self.name = posixpath.join(folder, f"part_{index:05d}{plan.file_tag}.parquet")
         self.writer: pq.ParquetWriter | None = None
         self.f: Any = None
         self.rows = 0
@@ -315,8 +346,15 @@ class _FileWriter:
         if table.num_rows == 0:
             return
         if self.writer is None:
-            self.f = self.plan.fs.open(posixpath.join(self.plan.tmp, self.name), "wb")
-            self.writer = pq.ParquetWriter(self.f, table.schema, compression=self.plan.compression)
+            path = posixpath.join(self.plan.tmp, self.name)
+            if posixpath.dirname(self.name):
+                self.plan.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.f = self.plan.fs.open(path, "wb")
+            file_schema = table.schema
+            if self.plan.schema_json:
+                file_schema = file_schema.with_metadata(
+                    {**(file_schema.metadata or {}), SCHEMA_KEY: self.plan.schema_json})
+            self.writer = pq.ParquetWriter(self.f, file_schema, compression=self.plan.compression)
         elif not table.schema.equals(self.writer.schema):
             table = table.cast(self.writer.schema)
         self.writer.write_table(table, row_group_size=self.plan.row_group_size)
@@ -360,36 +398,117 @@ class _FileWriter:
             names.append(pa.array(np.full(len(unique), col, dtype=object), pa.string()))
             ids.append(unique)
         table = pa.table({"column": pa.concat_arrays(names), "id": pa.concat_arrays(ids)})
-        folder = posixpath.join(self.plan.tmp, "_keysets")
-        self.plan.fs.makedirs(folder, exist_ok=True)
-        with self.plan.fs.open(posixpath.join(folder, self.name), "wb") as f:
+        path = posixpath.join(self.plan.tmp, "_keysets", self.name)
+        self.plan.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with self.plan.fs.open(path, "wb") as f:
             pq.write_table(table, f)
+
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # the folder of a missing value (hive's name)
+
+
+def _check_partition_columns(schema: Schema, partition_on: list[str]) -> None:
+    missing = [c for c in partition_on if c not in schema.column_names]
+    if missing:
+        raise ValueError(f"partition_on: columns {missing} are not in the output; "
+                         f"available: {schema.column_names}")
+    if len(set(partition_on)) != len(partition_on):
+        raise ValueError(f"partition_on names a column twice: {partition_on}")
+    if len(partition_on) >= len(schema.column_names):
+        raise ValueError("partition_on takes every column into the folder names, leaving no data "
+                         "columns to write")
+    for name in partition_on:
+        col = schema[name]
+        if col.is_list or not (str(col.dtype).startswith(("int", "uint")) or str(col.dtype) in ("str", "string", "bool")):
+            raise TypeError(f"partition_on: column {name!r} is {col.dtype}{' list' if col.is_list else ''}; "
+                            "folders can be made from integer, boolean or string columns only")
+
+
+def _hive_value(value: Any) -> str:
+    if value is None:
+        return HIVE_NULL
+    if isinstance(value, bool):
+        return str(value).lower()
+    return quote(str(value), safe="")
+
+
+class _PartitionedWriter:
+    """One file writer per hive folder (``col=value/...``) for one output file index;
+    the partition columns go into the folder names, not the files."""
+
+    def __init__(self, plan: _Plan, index: int) -> None:
+        self.plan = plan
+        self.index = index
+        self.writers: dict[str, _FileWriter] = {}
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        keys = table.select(self.plan.partition_on)
+        combos = keys.group_by(self.plan.partition_on).aggregate([])
+        data_columns = [c for c in table.column_names if c not in self.plan.partition_on]
+        for row in combos.to_pylist():
+            mask = None
+            for name, value in row.items():
+                test = pc.is_null(table[name]) if value is None else pc.equal(table[name], value)
+                test = pc.fill_null(test, False)
+                mask = test if mask is None else pc.and_(mask, test)
+            folder = "/".join(f"{n}={_hive_value(v)}" for n, v in row.items())
+            writer = self.writers.get(folder)
+            if writer is None:
+                writer = self.writers[folder] = _FileWriter(self.plan, self.index, folder)
+            part = table.filter(mask).select(data_columns)
+            # pandas' own metadata describes columns that are now in the folder names
+            # (readers would try to rebuild them from it): drop it
+            meta = {k: v for k, v in (part.schema.metadata or {}).items() if k != b"pandas"}
+            writer.write(part.replace_schema_metadata(meta))
+
+    def close(self) -> list[tuple[str, int]]:
+        return [w.close() for w in self.writers.values()]
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
 
 
 def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
                  shuffle: str | None) -> list[tuple[str, int]]:
+    if plan.partition_on:
+        parted = [_PartitionedWriter(plan, i) for i in file_indices]
+        try:
+            _deal(plan, piece_indices, parted, shuffle)
+            return [r for w in parted for r in w.close()]
+        except BaseException:
+            for w in parted:
+                w.abort()
+            raise
     writers = [_FileWriter(plan, i) for i in file_indices]
     try:
-        for turn, p in enumerate(piece_indices):
-            table = plan.read(p)
-            if shuffle in ("per_partition", "per_worker"):
-                table = table.take(plan.rng(p).permutation(table.num_rows))
-            if shuffle == "per_worker" and len(writers) > 1:
-                bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
-                offset = turn % len(writers)  # rotate so small partitions still spread evenly
-                for j, w in enumerate(writers):
-                    k = (j + offset) % len(writers)
-                    w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
-            elif shuffle is None:
-                # contiguous runs of partitions per file keep the input order across files
-                writers[turn * len(writers) // len(piece_indices)].write(table)
-            else:
-                writers[turn % len(writers)].write(table)
+        _deal(plan, piece_indices, writers, shuffle)
         return [w.close() for w in writers]
     except BaseException:
         for w in writers:
             w.abort()
         raise
+
+
+def _deal(plan: _Plan, piece_indices: list[int], writers: list[Any], shuffle: str | None) -> None:
+    """Read the group's partitions one at a time and hand their rows to ``writers``."""
+    for turn, p in enumerate(piece_indices):
+        table = plan.read(p)
+        if shuffle in ("per_partition", "per_worker"):
+            table = table.take(plan.rng(p).permutation(table.num_rows))
+        if shuffle == "per_worker" and len(writers) > 1:
+            bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
+            offset = turn % len(writers)  # rotate so small partitions still spread evenly
+            for j, w in enumerate(writers):
+                k = (j + offset) % len(writers)
+                w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
+        elif shuffle is None:
+            # contiguous runs of partitions per file keep the input order across files
+            writers[turn * len(writers) // len(piece_indices)].write(table)
+        else:
+            writers[turn % len(writers)].write(table)
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
@@ -471,6 +590,76 @@ def _write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: l
     # The manifest is written last: its presence inside the folder marks it complete.
     with fs.open(posixpath.join(tmp, "_manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+SIDECARS = ("_schema.json", "_metadata", "_manifest.json")  # restored in this order
+
+
+class _ObjectStorePublish:
+    """Publishing on an object store (S3, GCS, ...), where no rename exists.
+
+    Data files are written under the final prefix and ``_manifest.json`` last: its
+    arrival marks the export complete, and readers refuse tabstream files in a
+    prefix without one. With ``overwrite`` the new files get names of their own
+    (``part_00000-<id>.parquet``), the old manifest is removed first (from then until
+    the new manifest the prefix is refused: the window of an overwrite), and the old
+    keys are deleted only once the new manifest is in place. A failure deletes every
+    key this export wrote and, for an overwrite, puts the old ``_schema.json``,
+    ``_metadata`` and ``_manifest.json`` back (manifest last): the old export is
+    whole again. A killed process leaves a prefix without a manifest (refused)."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root
+        self.old_keys: set[str] = set()
+        self.saved: dict[str, bytes] = {}
+        self.existed = False
+        self.file_tag = ""
+
+    def _keys(self) -> set[str]:
+        self.fs.invalidate_cache(self.root)
+        try:
+            return set(self.fs.find(self.root))
+        except FileNotFoundError:
+            return set()
+
+    def begin(self) -> None:
+        self.old_keys = self._keys()
+        self.existed = bool(self.old_keys)
+        if not self.existed:
+            return
+        self.file_tag = f"-{uuid.uuid4().hex[:8]}"
+        for name in SIDECARS:
+            path = posixpath.join(self.root, name)
+            if path in self.old_keys:
+                self.saved[name] = self.fs.cat_file(path)
+        manifest = posixpath.join(self.root, "_manifest.json")
+        if manifest in self.old_keys:
+            self.fs.rm(manifest)
+
+    def finish(self) -> None:
+        keep = {posixpath.join(self.root, name) for name in SIDECARS}
+        stale = sorted(self.old_keys - keep)
+        if stale:
+            self.fs.rm(stale)
+        self.fs.invalidate_cache(self.root)
+
+    def abort(self) -> None:
+        written = sorted(self._keys() - self.old_keys)
+        if written:
+            self.fs.rm(written)
+        for name in SIDECARS:
+            path = posixpath.join(self.root, name)
+            if name in self.saved:
+                self.fs.pipe_file(path, self.saved[name])
+            elif path in self._keys():
+                self.fs.rm(path)
+        self.fs.invalidate_cache(self.root)
 
 
 def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:

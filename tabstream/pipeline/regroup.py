@@ -225,6 +225,15 @@ class GroupedTransformedDataset(TransformedDataset):
 
     def _scattered_locally(self) -> tuple[_BucketDataset, _AfterScatter]:
         if self._local is None:
+            client = self.workflow.client
+            if client is not None:
+                from tabstream.pipeline.workflow import workers_share_this_host
+
+                if not workers_share_this_host(client):
+                    raise ValueError(
+                        "Groupby: to_iter/compute/to_ddf regroup rows through a folder of this "
+                        "machine, which workers on other machines cannot write; on this cluster "
+                        "use to_parquet(path), whose regroup folder sits beside the output")
             folder = tempfile.mkdtemp(prefix="tabstream-groupby-")
             weakref.finalize(self, shutil.rmtree, folder, True)
             self._local = self._scatter(fsspec.filesystem("file"), folder)

@@ -25,7 +25,11 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Sequence
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import fsspec
@@ -64,6 +68,13 @@ class Workflow:
         self.client = client
         self.input_schema: Schema | None = None
         self._fitted = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What dask ships to a worker with a task: everything but the client (a
+        client holds sockets and event-loop tasks; workers never need it)."""
+        state = self.__dict__.copy()
+        state["client"] = None
+        return state
 
     # -- schema -------------------------------------------------------------
     def fit_schema(self, input_schema: Schema) -> Workflow:
@@ -114,6 +125,13 @@ class Workflow:
         phases = self._stat_nodes_by_phase()
         if not phases:  # nothing to fit: no pass over the data counts the rows
             _check_has_rows(ds, ds.num_rows)
+        with _cluster_spill_dir(self.client, [n.op for nodes in phases for n in nodes]):
+            self._fit_phases(ds, columns, phases, progress)
+        self._fitted = True
+        return self
+
+    def _fit_phases(self, ds: Dataset, columns: list[str], phases: list[list[Node]],
+                    progress: bool | None) -> None:
         for level, nodes in enumerate(phases):
             partials = [
                 delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0)
@@ -125,8 +143,6 @@ class Workflow:
                 _check_has_rows(ds, stats.pop())
             for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
-        self._fitted = True
-        return self
 
     def _check_fitted(self) -> None:
         unfitted = [n.op for n in self.output_node.walk()
@@ -367,6 +383,34 @@ class _TransformPandas:
 
     def __call__(self, piece: Any) -> pd.DataFrame:
         return arrow_to_pandas(self.tds.read_piece(piece))
+
+
+def workers_share_this_host(client: Any) -> bool:
+    """Whether every worker of ``client`` runs on the client's own machine."""
+    here = socket.gethostname()
+    return all(host == here for host in client.run(socket.gethostname).values())
+
+
+@contextmanager
+def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
+    """On a cluster, ops that spill (``spill_dir`` None) are given a folder every
+    process can read for this fit: a fresh folder of the client's when all workers
+    run on its machine (a worker's own temporary folder is never used), removed
+    afterwards. On workers of other machines nothing is set, and such an op refuses
+    to spill, asking for a shared ``spill_dir`` (e.g. on an object store)."""
+    spillers = [op for op in stat_ops if hasattr(op, "spill_dir") and op.spill_dir is None]
+    if client is None or not spillers or not workers_share_this_host(client):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="tabstream-fit-spill-")
+    for op in spillers:
+        op.spill_dir = folder
+    try:
+        yield
+    finally:
+        for op in spillers:
+            op.spill_dir = None
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Combine:
