@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -416,6 +417,11 @@ _ROW_CHANGING_OPS = ("Filter", "Dropna", "Groupby")
 def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     """``(dataset, fitted workflow or None)`` from the loader's ``data`` and
     ``transforms`` arguments (``data`` may be ``workflow.transform(dataset)``)."""
+    if transforms is None and "tabstream.pipeline.workflow" not in sys.modules:
+        # Nothing can be a Workflow's output before its module is imported; skipping
+        # the import (dask and the ops, about 0.3 s) keeps a plain loader's first
+        # batch fast.
+        return data, None
     from tabstream.pipeline.workflow import TransformedDataset, Workflow
 
     if isinstance(data, TransformedDataset):
