@@ -18,6 +18,8 @@ format are compared (integer ids exactly, normalized values to float32 precision
     python benchmarks/etl.py --ts-cache none,disk --json bench_data/etl-2M.json   # + Dataset(cache="disk")
     python benchmarks/etl.py --rows 10000000 --only tabstream --baseline-json bench_data/etl-2M.json
     python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
+    python benchmarks/etl.py --rows 1000000,4000000,16000000 --only tabstream --repeats 1 \
+        --formats parquet --json bench_data/etl-scaling.json   # scaling curve: time per row, peak RSS
 
 ``--profile`` runs the tabstream case once on dask's synchronous scheduler under
 cProfile (the threaded scheduler runs tasks on threads cProfile does not see),
@@ -459,7 +461,9 @@ def evaluate_targets(args: argparse.Namespace, med: dict, baseline: dict | None)
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--rows", default="2000000",
+                   help="rows; several comma separated (e.g. 1000000,4000000,16000000) print a "
+                        "scaling curve: time per row and peak RSS against the smallest size")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--data-dir", default="bench_data", help="synthetic logs and outputs (reused)")
     p.add_argument("--formats", default="parquet,tsv")
@@ -480,9 +484,65 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
+    try:
+        sizes = [int(r) for r in str(args.rows).split(",") if r.strip()]
+    except ValueError:
+        p.error(f"--rows takes integers separated by commas, got {args.rows!r}")
+    if not sizes or min(sizes) <= 0:
+        p.error(f"--rows needs positive row counts, got {args.rows!r}")
     if args._case:
+        args.rows = sizes[0]
         child_main(args)
         return
+    if len(sizes) == 1:
+        args.rows = sizes[0]
+        run_size(args, p)
+        return
+    scaling(args, p, sizes)
+
+
+def scaling(args: argparse.Namespace, p: argparse.ArgumentParser, sizes: list[int]) -> None:
+    """Run every size in turn, then compare each size's time per row and peak RSS with
+    the smallest size's (issue 11, item 4: time linear within 15%, memory flat)."""
+    json_path = args.json
+    per_size = {}
+    for rows in sorted(sizes):
+        sub = argparse.Namespace(**vars(args))
+        sub.rows = rows
+        sub.json = (None if json_path is None
+                    else f"{os.path.splitext(json_path)[0]}-{rows}.json")
+        print(f"\n===== {rows:,} rows =====", flush=True)
+        per_size[rows] = run_size(sub, p)
+    base = min(per_size)
+    headers = ["engine", "format", "rows", "total s", "s per M rows", "vs smallest", "CPU s",
+               "peak RSS MB", "RSS vs smallest", "linear (<=1.15x)", "flat (<=1.05x)"]
+    table, doc = [], []
+    for (engine, fmt), first in per_size[base].items():
+        for rows, med in sorted(per_size.items()):
+            v = med.get((engine, fmt))
+            if v is None:
+                continue
+            per_row = (v["total_s"] / rows) / (first["total_s"] / base)
+            rss = v["peak_rss_mb"] / first["peak_rss_mb"]
+            table.append([engine, fmt, f"{rows:,}", f"{v['total_s']:.2f}",
+                          f"{v['total_s'] / rows * 1e6:.2f}", f"{per_row:.2f}x", f"{v['cpu_s']:.2f}",
+                          f"{v['peak_rss_mb']:.0f}", f"{rss:.2f}x",
+                          "yes" if per_row <= 1.15 else "NO", "yes" if rss <= 1.05 else "NO"])
+            doc.append({"engine": engine, "format": fmt, "rows": rows, **v,
+                        "time_per_row_vs_smallest": per_row, "rss_vs_smallest": rss})
+    print(f"\nscaling curve (medians of {args.repeats}; 'vs smallest' compares time per row "
+          f"and peak RSS with the {base:,}-row run)")
+    print(format_table(headers, table))
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"sizes": sorted(sizes), "machine": machine_note(),
+                       "command": " ".join(sys.argv), "scaling": doc}, f, indent=2)
+
+
+def run_size(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict:
+    """One size: run the cases, check agreement, print medians and targets; returns
+    the medians by ``(engine, format)``."""
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
@@ -565,6 +625,7 @@ def main(argv: list[str] | None = None) -> None:
             json.dump(doc, f, indent=2)
     if checks and not all(c["pass"] for c in checks.values()):
         raise SystemExit(1)
+    return med
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -416,6 +417,11 @@ _ROW_CHANGING_OPS = ("Filter", "Dropna", "Groupby")
 def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     """``(dataset, fitted workflow or None)`` from the loader's ``data`` and
     ``transforms`` arguments (``data`` may be ``workflow.transform(dataset)``)."""
+    if transforms is None and "tabstream.pipeline.workflow" not in sys.modules:
+        # Nothing can be a Workflow's output before its module is imported; skipping
+        # the import (dask and the ops, about 0.3 s) keeps a plain loader's first
+        # batch fast.
+        return data, None
     from tabstream.pipeline.workflow import TransformedDataset, Workflow
 
     if isinstance(data, TransformedDataset):
@@ -462,7 +468,8 @@ class Loader:
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
             on every run. Must be the same on all ranks.
         parts_per_chunk: row groups read and shuffled together; more is a better
-            shuffle and more memory.
+            shuffle and more memory. A chunk also stays under :attr:`chunk_bytes`
+            decoded bytes (fewer row groups when they are large; one at least).
         global_size, global_rank: number of ranks and this one's index (default 1, 0;
             the torch and TensorFlow loaders default to the active process group or
             strategy).
@@ -490,6 +497,12 @@ class Loader:
     with ``DistributedSampler``. ``len(loader)`` is the number of batches this rank
     yields per epoch, the same on every rank.
     """
+
+    #: Upper bound on a chunk's decoded bytes (estimated from the column types and
+    #: the footers), so that memory stays bounded whatever the files' row-group size:
+    #: 2 row groups of 1M Criteo rows would be over 500 MB. A single larger row group
+    #: is still read whole.
+    chunk_bytes: int = 128 * 2**20
 
     def __init__(
         self,
@@ -669,6 +682,29 @@ class Loader:
         return plan.rank_pieces([u.num_rows for u in units], order,
                                 self._share.start, self._share.stop)
 
+    def _unit_bytes(self) -> list[float]:
+        """Decoded bytes of the columns read, per unit (row group): fixed-width
+        columns from their type, others from the footer's uncompressed size."""
+        cached = self.__dict__.get("_unit_bytes_cache")
+        if cached is not None:
+            return cached
+        out = []
+        for unit in self.source.units:
+            md = self.source.metadata[unit.file].row_group(unit.row_group)
+            paths: dict[str, int] = {}  # a list column's leaf "tags.list.element" counts for "tags"
+            for i in range(md.num_columns):
+                col = md.column(i)
+                top = col.path_in_schema.split(".")[0]
+                paths[top] = paths.get(top, 0) + col.total_uncompressed_size
+            size = 0.0
+            for name in self._present[unit.file]:
+                t = self.source.arrow_types[name]
+                width = t.bit_width if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
+                size += unit.stored_rows * width / 8 if width else paths.get(name, 0)
+            out.append(size)
+        self.__dict__["_unit_bytes_cache"] = out
+        return out
+
     def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
         unit = self.source.units[piece.unit]
         path = self.source.files[unit.file]
@@ -790,8 +826,10 @@ class Loader:
         as fast, and a batch's row order does not matter to a gradient step).
         """
         pieces = self.pieces(epoch)
-        chunks = [pieces[i:i + self.parts_per_chunk]
-                  for i in range(0, len(pieces), self.parts_per_chunk)]
+        unit_bytes = self._unit_bytes()
+        chunks = [pieces[a:b] for a, b in plan.chunk_bounds(
+            [unit_bytes[p.unit] * p.num_rows / max(1, self.source.units[p.unit].num_rows)
+             for p in pieces], self.parts_per_chunk, self.chunk_bytes)]
         lists = [n for n in self.columns
                  if self.layouts[n].depth and self.layouts[n].fixed is None]
         dtypes = {n: (self.layouts[n].dtype, self.layouts[n].fixed or ())
@@ -804,7 +842,7 @@ class Loader:
         # reading never waits as long as cutting a chunk takes less time than
         # reading a row group, and at most parts_per_chunk + 1 are held.
         reader = _PieceReader(lambda piece: self._read_piece(piece, epoch), pieces,
-                              budget=self.parts_per_chunk + 1)
+                              budget=max((len(c) for c in chunks), default=1) + 1)
         try:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Piece", "RankShare", "rank_pieces", "split_rows", "unit_order", "unit_rows_permutation"]
+__all__ = ["Piece", "RankShare", "chunk_bounds", "rank_pieces", "split_rows", "unit_order",
+           "unit_rows_permutation"]
 
 # Distinct streams for the generators drawn from one (seed, epoch).
 _UNIT_ORDER, _UNIT_SPLIT, _CHUNK = 0, 1, 2
@@ -176,3 +177,24 @@ def rank_pieces(unit_rows: Sequence[int], order: Sequence[int] | np.ndarray, sta
         if offset >= stop:
             break
     return pieces
+
+
+def chunk_bounds(piece_bytes: Sequence[float], parts_per_chunk: int,
+                 max_bytes: float) -> list[tuple[int, int]]:
+    """Cut the pieces, in reading order, into chunks ``[start, stop)`` of at most
+    ``parts_per_chunk`` pieces whose sizes add up to at most ``max_bytes``; a piece
+    larger than that on its own is a chunk by itself (rows are never split further).
+
+    >>> chunk_bounds([10, 10, 10, 30, 5], parts_per_chunk=2, max_bytes=25)
+    [(0, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    bounds = []
+    start, total = 0, 0.0
+    for i, size in enumerate(piece_bytes):
+        if i > start and (i - start >= parts_per_chunk or total + size > max_bytes):
+            bounds.append((start, i))
+            start, total = i, 0.0
+        total += size
+    if start < len(piece_bytes):
+        bounds.append((start, len(piece_bytes)))
+    return bounds

@@ -271,3 +271,56 @@ def test_exactly_once_for_any_layout(tmp_path_factory: pytest.TempPathFactory, t
         assert len(ids) == n // (w * batch_size) * w * batch_size
     else:
         assert np.array_equal(np.sort(ids), np.arange(n))
+
+
+def _write_wide(path: Path, rows: int = 1200, row_group: int = 200) -> Path:
+    import pyarrow as pa
+
+    ids = np.arange(rows, dtype=np.int64)
+    table = pa.table({"x": ids, "f": ids.astype(np.float32), "label": (ids % 2).astype(np.int32)})
+    path.mkdir()
+    pq.write_table(table, path / "part.parquet", row_group_size=row_group)
+    return path
+
+
+def test_unit_bytes_are_the_decoded_sizes(tmp_path: Path) -> None:
+    data = _write_wide(tmp_path / "wide")
+    loader = Loader(str(data), 64, labels=["label"])
+    # fixed-width columns: rows x item size (int64 + float32 + int32)
+    row_bytes = sum(np.dtype(t).itemsize for t in (np.int64, np.float32, np.int32))
+    assert loader._unit_bytes() == [200.0 * row_bytes] * 6
+
+
+def test_unit_bytes_of_lists_come_from_the_footer(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    table = pa.table({"tags": pa.array([[1, 2, 3]] * 100, pa.list_(pa.int64())),
+                      "label": np.zeros(100, np.int64)})
+    (tmp_path / "lists").mkdir()
+    pq.write_table(table, tmp_path / "lists" / "part.parquet", row_group_size=50)
+    loader = Loader(str(tmp_path / "lists"), 16, labels=["label"])
+    md = pq.ParquetFile(tmp_path / "lists" / "part.parquet").metadata
+    expected = [md.row_group(g).column(0).total_uncompressed_size + 50 * 8.0 for g in range(2)]
+    assert loader._unit_bytes() == expected
+
+
+@pytest.mark.parametrize("chunk_bytes,parts", [(None, 2), (1, 1), (3 * 200 * 16, 3), (3 * 200 * 16 - 1, 2)])
+def test_chunks_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     chunk_bytes: int | None, parts: int) -> None:
+    import tabstream.loaders.core as core
+
+    data = _write_wide(tmp_path / "wide")
+    loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=parts if chunk_bytes is None else 4)
+    if chunk_bytes is not None:
+        loader.chunk_bytes = chunk_bytes   # 16 bytes a row: 3 row groups fit exactly
+    seen: list[int] = []
+    init = core._Chunk.__init__
+
+    def spy(self: Any, pieces: list, sizes: list) -> None:
+        seen.append(len(pieces))
+        init(self, pieces, sizes)
+
+    monkeypatch.setattr(core._Chunk, "__init__", spy)
+    ids = np.concatenate([f["x"] for f, _ in loader])
+    assert np.array_equal(np.sort(ids), np.arange(1200))
+    assert seen == [parts] * (6 // parts)

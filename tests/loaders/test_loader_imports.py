@@ -22,3 +22,26 @@ def test_public_names() -> None:
         "Batch", "Layout", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists",
         "pad_nested", "split_rows",
     ]
+
+
+def test_plain_loader_skips_the_workflow_import(tmp_path) -> None:
+    # A loader over exported files never needs the workflow (and dask, which it
+    # imports): that import alone was about a third of a second before the first batch.
+    code = f"""
+import sys
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+ids = np.arange(1000, dtype=np.int64)
+pq.write_table(pa.table({{"x": ids, "label": ids % 2}}), {str(tmp_path / "part.parquet")!r},
+               row_group_size=300)
+from tabstream.loaders.core import Loader
+seen = np.concatenate([f["x"] for f, _ in Loader({str(tmp_path)!r}, 128, labels=["label"])])
+assert np.array_equal(np.sort(seen), ids), "not every row exactly once"
+heavy = [m for m in ("tabstream.pipeline.workflow", "dask") if m in sys.modules]
+print(heavy)
+sys.exit(1 if heavy else 0)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tabstream.loaders.core
 import tabstream.loaders.plan
-from tabstream.loaders.plan import rank_pieces, split_rows, unit_order
+from tabstream.loaders.plan import chunk_bounds, rank_pieces, split_rows, unit_order
 
 
 def _infeasible(n: int, b: int, w: int, drop_last: bool) -> bool:
@@ -104,3 +104,25 @@ def test_unit_order_depends_on_seed_and_epoch() -> None:
 def test_docstring_examples(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.failed == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 100), max_size=30), parts=st.integers(1, 5),
+       max_bytes=st.integers(1, 250))
+def test_chunk_bounds_cover_in_order_within_limits(sizes: list[int], parts: int,
+                                                   max_bytes: int) -> None:
+    bounds = chunk_bounds(sizes, parts, max_bytes)
+    # contiguous, in order, every piece once
+    assert [i for a, b in bounds for i in range(a, b)] == list(range(len(sizes)))
+    for k, (a, b) in enumerate(bounds):
+        assert 1 <= b - a <= parts
+        assert b - a == 1 or sum(sizes[a:b]) <= max_bytes
+        if k + 1 < len(bounds):  # greedy: the next piece did not fit
+            assert b - a == parts or sum(sizes[a:b + 1]) > max_bytes
+
+
+@pytest.mark.parametrize("size,parts,max_bytes", [(10, 2, 100), (10, 4, 25), (30, 3, 10)])
+def test_chunk_bounds_equal_sizes(size: int, parts: int, max_bytes: int) -> None:
+    per_chunk = min(parts, max(1, max_bytes // size))
+    expected = [(a, min(a + per_chunk, 11)) for a in range(0, 11, per_chunk)]
+    assert chunk_bounds([size] * 11, parts, max_bytes) == expected
