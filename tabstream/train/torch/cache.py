@@ -58,6 +58,7 @@ from torch import nn
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.cache_store import ParameterServer
 from tabstream.train.tables import TableConfig
+from tabstream.train.torch.embeddings import parse_feature, to_ragged
 
 __all__ = ["CachedEmbeddings", "ParameterServer"]
 
@@ -277,60 +278,10 @@ class CachedEmbeddings(nn.Module):
 
 def _parse(feature: str, cfg: TableConfig, features: Features) -> tuple[torch.Tensor, ...]:
     """``(ids,)`` for single-hot features, ``(values, offsets)`` for lists."""
-    if feature in features:
-        x = features[feature]
-    elif f"{feature}__values" in features and f"{feature}__offsets" in features:
-        x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
-    else:
-        raise SchemaError(
-            f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
-            f"from the batch; the batch has {sorted(features)}"
-        )
-    if isinstance(x, tuple) and len(x) == 2:
-        first, second = x
-        if first.dim() == 1:
-            if second.dim() != 1 or second.numel() < 1:
-                raise ValueError(
-                    f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
-                    f"(arrow style), got shape {tuple(second.shape)}"
-                )
-            return first, second
-        return _ragged_from_padded(feature, first, second)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(
-            f"categorical feature {feature!r}: expected an int64 tensor or a "
-            f"(values, offsets) tuple, got {type(x).__name__}"
-        )
-    if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
-        if not cfg.is_list:
-            raise ValueError(
-                f"categorical feature {feature!r} is not a list column in the schema "
-                f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
-            )
-        mask = features.get(f"{feature}__mask")
-        if mask is None:
-            raise ValueError(
-                f"list feature {feature!r} arrived as padded ids of shape {tuple(x.shape)} "
-                "without a mask; id 0 is a real id, so padding cannot be told from the ids. "
-                f"Pass (padded, mask), the key {feature + '__mask'!r}, or (values, offsets)"
-            )
-        return _ragged_from_padded(feature, x, mask)
-    if x.dim() > 2:
-        raise ValueError(
-            f"categorical feature {feature!r}: expected shape (B,), (B, 1) or (B, L), "
-            f"got {tuple(x.shape)}"
-        )
-    return (x.reshape(-1),)
-
-
-def _ragged_from_padded(feature: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if ids.shape != mask.shape:
-        raise ValueError(
-            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
-            f"{tuple(mask.shape)} differ in shape"
-        )
-    mask = mask.to(torch.bool)
-    return ids[mask], F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
+    x = parse_feature(feature, cfg, features)
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    return to_ragged(feature, cfg, {feature: x})
 
 
 class _CachedSubset(nn.Module):

@@ -53,9 +53,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.errors import DataError
 from tabstream.train.tables import TableConfig
-from tabstream.train.torch.embeddings import EmbeddingTables
+from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
 
 __all__ = [
     "SHARDING_TYPES",
@@ -542,43 +542,7 @@ def _to_ragged(feature: str, cfg: TableConfig,
     """Any accepted layout of a categorical feature as ``(values, offsets)`` int64,
     with every id checked against the table size (a row-wise shard would otherwise
     drop an id that no rank owns)."""
-    if feature in features:
-        x = features[feature]
-    elif f"{feature}__values" in features and f"{feature}__offsets" in features:
-        x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
-    else:
-        raise SchemaError(
-            f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
-            f"from the batch; the batch has {sorted(features)}"
-        )
-    if isinstance(x, tuple) and len(x) == 2:
-        first, second = x
-        if first.dim() == 1:
-            values, offsets = first.long(), second.long()
-        else:
-            if first.shape != second.shape:
-                raise ValueError(f"list feature {feature!r}: padded ids {tuple(first.shape)} "
-                                 f"and mask {tuple(second.shape)} differ in shape")
-            mask = second.to(torch.bool)
-            values, offsets = first[mask].long(), F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
-    elif isinstance(x, torch.Tensor):
-        if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
-            mask = features.get(f"{feature}__mask")
-            if mask is None:
-                raise ValueError(
-                    f"list feature {feature!r} arrived as padded ids of shape {tuple(x.shape)} "
-                    "without a mask; pass (padded, mask), the key "
-                    f"{feature + '__mask'!r}, or (values, offsets)"
-                )
-            return _to_ragged(feature, cfg, {feature: (x, mask)})
-        if x.dim() > 2:
-            raise ValueError(f"categorical feature {feature!r}: expected shape (B,), (B, 1) or "
-                             f"(B, L), got {tuple(x.shape)}")
-        values = x.reshape(-1).long()
-        offsets = torch.arange(values.numel() + 1, device=values.device)
-    else:
-        raise TypeError(f"categorical feature {feature!r}: expected an int64 tensor or a "
-                        f"(values, offsets) tuple, got {type(x).__name__}")
+    values, offsets = to_ragged(feature, cfg, features)
     if values.numel():
         low, high = int(values.min()), int(values.max())
         if low < 0 or high >= cfg.cardinality:
@@ -588,7 +552,7 @@ def _to_ragged(feature: str, cfg: TableConfig,
                 f"(expected 0 <= id < {cfg.cardinality}); was the data encoded with another "
                 "workflow than the schema the model was built from?"
             )
-    return values, offsets.long()
+    return values, offsets
 
 
 def _batch_rows(ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],

@@ -156,25 +156,9 @@ class EmbeddingTables(nn.ModuleDict):
     def _lookup(
         self, feature: str, cfg: TableConfig, bag: nn.EmbeddingBag, features: Features
     ) -> Any:
-        if feature in features:
-            x = features[feature]
-        elif f"{feature}__values" in features and f"{feature}__offsets" in features:
-            x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
-        else:
-            raise SchemaError(
-                f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
-                f"from the batch; the batch has {sorted(features)}"
-            )
+        x = parse_feature(feature, cfg, features)
         per_id = cfg.combiner is None
-        if isinstance(x, tuple) and len(x) == 3:
-            raise ValueError(
-                f"feature {feature!r}: a tuple input must be (values, offsets) or (padded, "
-                "mask), got 3 items; for a list of lists (values, outer_offsets, "
-                "inner_offsets), load it padded instead: pad={"
-                f"{feature!r}: (F, L)}} (or fixed-size list types) to get (ids, mask) of "
-                "shape (B, F, L)"
-            )
-        if isinstance(x, tuple) and len(x) == 2:
+        if isinstance(x, tuple):
             first, second = x
             if first.dim() == 1:
                 if per_id:
@@ -183,46 +167,126 @@ class EmbeddingTables(nn.ModuleDict):
             if per_id:
                 return _per_id_padded(feature, bag, first, second)
             return _pool_padded(feature, bag, first, second)
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"categorical feature {feature!r}: expected an int64 tensor or a "
-                f"(values, offsets) tuple, got {type(x).__name__}"
-            )
-        if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
-            if not cfg.is_list:
-                raise ValueError(
-                    f"categorical feature {feature!r} is not a list column in the schema "
-                    f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
-                )
-            mask = features.get(f"{feature}__mask")
-            if mask is None:
-                raise ValueError(
-                    f"list feature {feature!r} arrived as padded ids of shape "
-                    f"{tuple(x.shape)} without a mask; id 0 is a real id, so padding cannot "
-                    f"be told from the ids. Pass (padded, mask) (the loader's pad= layout), "
-                    f"the key {feature + '__mask'!r}, or (values, offsets)"
-                )
-            if per_id:
-                return _per_id_padded(feature, bag, x, mask)
-            return _pool_padded(feature, bag, x, mask)
-        if x.dim() > 2:
-            raise ValueError(
-                f"categorical feature {feature!r}: expected shape (B,), (B, 1) or (B, L), "
-                f"got {tuple(x.shape)}"
-            )
         # Single-hot fast path: a plain gather is ~4x faster than a bag of size one
         # (forward + sparse backward, 8,192 ids, one core).
-        return F.embedding(x.reshape(-1), bag.weight, sparse=bag.sparse)
+        return F.embedding(x, bag.weight, sparse=bag.sparse)
 
 
-def _pool_ragged(
-    feature: str, bag: nn.EmbeddingBag, values: torch.Tensor, offsets: torch.Tensor
-) -> torch.Tensor:
+def parse_feature(
+    feature: str, cfg: TableConfig, features: Features
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One categorical feature of a batch, in any accepted layout, checked.
+
+    Returns ``ids`` ``(B,)`` for a single-hot feature, ``(values, offsets)`` for a
+    ragged list (``values`` 1-D, ``offsets`` 1-D with ``B + 1`` entries), or
+    ``(ids, mask)`` for a padded list (``ids`` of 2 or more dimensions, ``mask`` of
+    the same shape). The two pairs differ by ``values``/``ids`` being 1-D or not.
+    Every module that reads categorical features (plain, cached and sharded
+    tables) parses them here, so they accept the same layouts with the same errors.
+    """
+    if feature in features:
+        x = features[feature]
+    elif f"{feature}__values" in features and f"{feature}__offsets" in features:
+        x = (features[f"{feature}__values"], features[f"{feature}__offsets"])
+    else:
+        raise SchemaError(
+            f"categorical feature {feature!r} (embedding table {cfg.name!r}) is missing "
+            f"from the batch; the batch has {sorted(features)}"
+        )
+    if isinstance(x, tuple) and len(x) == 3:
+        raise ValueError(
+            f"feature {feature!r}: a tuple input must be (values, offsets) or (padded, "
+            "mask), got 3 items; for a list of lists (values, outer_offsets, "
+            "inner_offsets), load it padded instead: pad={"
+            f"{feature!r}: (F, L)}} (or fixed-size list types) to get (ids, mask) of "
+            "shape (B, F, L)"
+        )
+    if isinstance(x, tuple) and len(x) == 2:
+        first, second = x
+        if first.dim() == 1:
+            _check_offsets(feature, second)
+            return first, second
+        _check_mask(feature, first, second)
+        return first, second
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"categorical feature {feature!r}: expected an int64 tensor or a "
+            f"(values, offsets) tuple, got {type(x).__name__}"
+        )
+    if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
+        if not cfg.is_list:
+            raise ValueError(
+                f"categorical feature {feature!r} is not a list column in the schema "
+                f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
+            )
+        mask = features.get(f"{feature}__mask")
+        if mask is None:
+            raise ValueError(
+                f"list feature {feature!r} arrived as padded ids of shape "
+                f"{tuple(x.shape)} without a mask; id 0 is a real id, so padding cannot "
+                f"be told from the ids. Pass (padded, mask) (the loader's pad= layout), "
+                f"the key {feature + '__mask'!r}, or (values, offsets)"
+            )
+        _check_mask(feature, x, mask)
+        return x, mask
+    if x.dim() > 2:
+        raise ValueError(
+            f"categorical feature {feature!r}: expected shape (B,), (B, 1) or (B, L), "
+            f"got {tuple(x.shape)}"
+        )
+    return x.reshape(-1)
+
+
+def to_ragged(
+    feature: str, cfg: TableConfig, features: Features
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any accepted layout of ``feature`` (see :func:`parse_feature`) as ragged
+    ``(values, offsets)``, both int64; a single-hot feature is lists of one id.
+    Padded lists of lists ``(B, F, L)`` have no ragged form here and are refused."""
+    x = parse_feature(feature, cfg, features)
+    if isinstance(x, torch.Tensor):
+        values = x.to(torch.long)
+        return values, torch.arange(values.numel() + 1, device=values.device)
+    first, second = x
+    if first.dim() == 1:
+        return first.to(torch.long), second.to(torch.long)
+    return padded_to_ragged(feature, first, second)
+
+
+def padded_to_ragged(
+    feature: str, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ``(B, L)`` ids and mask as int64 ``(values, offsets)``: the real
+    positions only, row by row."""
+    if ids.dim() != 2:
+        raise ValueError(
+            f"list feature {feature!r}: padded ids of shape {tuple(ids.shape)} are a list "
+            "of lists, which this module does not take; expected padded ids (B, L) with a "
+            "mask (B, L), or (values, offsets)"
+        )
+    mask = mask.to(torch.bool)
+    return ids[mask].to(torch.long), F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
+
+
+def _check_offsets(feature: str, offsets: torch.Tensor) -> None:
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(
             f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
             f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
         )
+
+
+def _check_mask(feature: str, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    if ids.shape != mask.shape:
+        raise ValueError(
+            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
+            f"{tuple(mask.shape)} differ in shape"
+        )
+
+
+def _pool_ragged(
+    feature: str, bag: nn.EmbeddingBag, values: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
     # embedding_bag wants ids and offsets of one integer type; loaders may hand int32
     return F.embedding_bag(
         values.to(torch.long), bag.weight, offsets.to(torch.long), mode=bag.mode,
@@ -233,12 +297,6 @@ def _pool_ragged(
 def _pool_padded(
     feature: str, bag: nn.EmbeddingBag, ids: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    if ids.shape != mask.shape:
-        raise ValueError(
-            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
-            f"{tuple(mask.shape)} differ in shape"
-        )
-    mask = mask.to(torch.bool)
     if ids.dim() > 2:  # lists of lists: pool each inner list -> (B, F, dim)
         lead = ids.shape[:-1]
         pooled = _pool_padded(feature, bag, ids.reshape(-1, ids.shape[-1]),
@@ -249,9 +307,7 @@ def _pool_padded(
     # (zero) entries for them that a lazy optimizer would still step on. It is also
     # faster than masking with per_sample_weights: 4.7 vs 7.7 ms forward + sparse
     # backward (8,192 rows of up to 20 ids, 100,000 x 16 table, one CPU core).
-    values = ids[mask]
-    offsets = F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
-    return _pool_ragged(feature, bag, values, offsets)
+    return _pool_ragged(feature, bag, *padded_to_ragged(feature, ids, mask))
 
 
 def _per_id_padded(
@@ -259,11 +315,6 @@ def _per_id_padded(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(vectors (*ids.shape, dim), mask)``: the rows of the real positions only, so
     padding gets no gradient entries; zeros elsewhere."""
-    if ids.shape != mask.shape:
-        raise ValueError(
-            f"list feature {feature!r}: padded ids {tuple(ids.shape)} and mask "
-            f"{tuple(mask.shape)} differ in shape"
-        )
     mask = mask.to(torch.bool)
     rows = F.embedding(ids[mask].to(torch.long), bag.weight, sparse=bag.sparse)
     out = rows.new_zeros((*ids.shape, bag.weight.shape[1]))
@@ -275,11 +326,6 @@ def _per_id_ragged(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged ``(values, offsets)`` looked up per id: ``(B, L, dim)`` and ``(B, L)``,
     ``L`` the longest list of the batch."""
-    if offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(
-            f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
-            f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
-        )
     offsets = offsets.to(torch.long)
     values = values[int(offsets[0]):int(offsets[-1])]
     lengths = offsets[1:] - offsets[:-1]

@@ -176,7 +176,9 @@ def test_one_rank_errors(one_rank):
         hp({**features, "a": torch.tensor([1, -1, 2, 3, 4, 5])})
     with pytest.raises(SchemaError, match="categorical feature 'a' .* is missing from the batch"):
         hp({k: v for k, v in features.items() if k != "a"})
-    with pytest.raises(ValueError, match="feature 'a' arrived as padded ids of shape"):
+    # a (B, 2) batch of a single-hot column: refused as by the replicated tables
+    with pytest.raises(ValueError, match=r"feature 'a' is not a list column in the schema but "
+                       r"arrived with shape \(6, 2\); expected \(B,\) or \(B, 1\)"):
         torch.manual_seed(0)
         HybridParallel(DLRM(_schema(), embedding_dim=8), plan={"a": "row_wise"})(
             {**features, "a": torch.zeros(6, 2, dtype=torch.long)})
