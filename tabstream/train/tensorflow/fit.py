@@ -59,6 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.core.errors import SchemaError
+from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.metrics import log_loss, roc_auc
 
 __all__ = [
@@ -481,9 +482,7 @@ def fit(
         build(None)
     elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
         build(model.example_batch())
-    keys = ["epoch", "loss", "samples", "samples_per_sec", "time_s"]
-    if valid_loader is not None:
-        keys += ["val_loss", "val_log_loss", "val_auc"]
+    keys = history_keys(validation=valid_loader is not None)
     history: dict[str, list[float]] = {k: [] for k in keys}
     start_epoch = 0
     if resume and checkpoints is not None and checkpoints.exists():
@@ -524,20 +523,14 @@ def fit(
             if bar is not None:
                 bar.update(step + 1, values=[("loss", loss_sum / max(samples, 1.0))])
         elapsed = time.perf_counter() - started
-        history["epoch"].append(epoch + 1)
-        history["loss"].append(loss_sum / samples if samples else float("nan"))
-        history["samples"].append(int(samples))
-        history["samples_per_sec"].append(samples / elapsed if elapsed > 0 else float("nan"))
-        history["time_s"].append(elapsed)
-        line = f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}"
+        metrics = None
         if valid_loader is not None:
             metrics = evaluate(model, valid_loader, loss_fn=loss_fn, strategy=strategy)
-            history["val_loss"].append(metrics["loss"])
-            history["val_log_loss"].append(metrics["log_loss"])
-            history["val_auc"].append(metrics["auc"])
-            line += f"  val_loss {metrics['loss']:.4f}  val_auc {metrics['auc']:.4f}"
+        line = record_epoch(history, epoch=epoch, epochs=epochs, loss_sum=loss_sum,
+                            samples=samples, run_samples=samples, elapsed=elapsed,
+                            metrics=metrics)
         if show:
-            print(f"{line}  {history['samples_per_sec'][-1]:,.0f} samples/s", flush=True)
+            print(line, flush=True)
         if checkpoints is not None and rank == 0:
             checkpoints.save({"epoch": epoch + 1, "history": history})
     return history

@@ -60,6 +60,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tabstream.core.errors import DataError, SchemaError, TabstreamError
+from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.torch.metrics import log_loss, roc_auc
 
 __all__ = [
@@ -314,9 +315,7 @@ def fit(
     device = torch.device(device) if device is not None else _device_of(model)
     path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
 
-    keys = ["epoch", "loss", "samples", "samples_per_sec", "time_s"]
-    if valid_loader is not None:
-        keys += ["val_loss", "val_log_loss", "val_auc"]
+    keys = history_keys(validation=valid_loader is not None)
     history: dict[str, list[float]] = {k: [] for k in keys}
     start_epoch, skip, global_step = 0, 0, 0
     loss_sum, samples = 0.0, 0
@@ -419,20 +418,14 @@ def fit(
         elapsed = time.perf_counter() - started
         skip = 0
         loss_sum, samples, run_samples = _global_sums(loss_sum, samples, run_samples)
-        history["epoch"].append(epoch + 1)
-        history["loss"].append(loss_sum / samples if samples else float("nan"))
-        history["samples"].append(samples)
-        history["samples_per_sec"].append(run_samples / elapsed if elapsed > 0 else float("nan"))
-        history["time_s"].append(elapsed)
-        line = f"epoch {epoch + 1}/{epochs}: loss {history['loss'][-1]:.4f}"
+        metrics = None
         if valid_loader is not None:
             metrics = evaluate(model, valid_loader, loss_fn=loss_fn, device=device)
-            history["val_loss"].append(metrics["loss"])
-            history["val_log_loss"].append(metrics["log_loss"])
-            history["val_auc"].append(metrics["auc"])
-            line += f"  val_loss {metrics['loss']:.4f}  val_auc {metrics['auc']:.4f}"
+        line = record_epoch(history, epoch=epoch, epochs=epochs, loss_sum=loss_sum,
+                            samples=samples, run_samples=run_samples, elapsed=elapsed,
+                            metrics=metrics)
         if progress:
-            tqdm.write(f"{line}  {history['samples_per_sec'][-1]:,.0f} samples/s")
+            tqdm.write(line)
         loss_sum, samples = 0.0, 0
         checkpoint(epoch + 1, 0)
     return history
