@@ -180,16 +180,22 @@ def _masked_ids(
             f"(padded, mask) (the loader's pad=True layout), the key {name + MASK_SUFFIX!r}, "
             "(values, offsets) or a RaggedTensor"
         )
+    # Pool only the real ids: padding rows then get no (zero) gradient entries,
+    # so a lazy optimizer leaves the padding row alone.
+    _, where = _real_positions(name, ids, mask)
+    return tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0]
+
+
+def _real_positions(name: str, ids: tf.Tensor, mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(mask as bool, indices where it is set)`` of padded ``ids``, the mask
+    checked against the ids' shape."""
     mask = tf.cast(mask, tf.bool)
     if not mask.shape.is_compatible_with(ids.shape):
         raise ValueError(
             f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
             f"have shape {ids.shape}; they must match"
         )
-    # Pool only the real ids: padding rows then get no (zero) gradient entries,
-    # so a lazy optimizer leaves the padding row alone.
-    where = tf.where(mask)
-    return tf.gather_nd(ids, where), where[:, 0], tf.shape(ids, out_type=tf.int64)[0]
+    return mask, tf.where(mask)
 
 
 def _padded_pair(name: str, features: Mapping[str, Any]) -> tuple[tf.Tensor, tf.Tensor] | None:
@@ -214,13 +220,7 @@ def _per_id_padded(table: EmbeddingTable, name: str, ids: tf.Tensor,
                    mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """``(vectors [*ids.shape, dim], mask)``: only the real positions are gathered
     (padding gets no gradient rows), zeros elsewhere."""
-    mask = tf.cast(mask, tf.bool)
-    if not mask.shape.is_compatible_with(ids.shape):
-        raise ValueError(
-            f"list feature {name!r}: the mask has shape {mask.shape} but the padded ids "
-            f"have shape {ids.shape}; they must match"
-        )
-    where = tf.where(mask)
+    mask, where = _real_positions(name, ids, mask)
     rows = table._gather(tf.gather_nd(ids, where))
     shape = tf.concat([tf.shape(ids, out_type=tf.int64), [table.dim]], axis=0)
     return tf.scatter_nd(where, rows, shape), mask

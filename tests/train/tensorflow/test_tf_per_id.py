@@ -79,3 +79,13 @@ def test_nested_ragged_input_is_refused_with_a_hint():
                                          r"offsets\) or \(padded, mask\), got 3 items; for a "
                                          r"list of lists .*pad=\{'x': \(F, L\)\}"):
         tables({"x": x, "y": tf.zeros(1, tf.int64)})
+
+
+@pytest.mark.parametrize("combiner", [None, "sum"])
+def test_padded_mask_of_another_shape_is_refused(combiner):
+    # per-id lookups and pooling check the mask the same way
+    tables = _tables(combiner)
+    with pytest.raises(ValueError, match=r"list feature 'x': the mask has shape \(2, 3\) but "
+                       r"the padded ids have shape \(2, 2\); they must match"):
+        tables({"x": (tf.constant([[1, 2], [3, 4]]), tf.constant([[True] * 3] * 2)),
+                "y": tf.zeros(2, tf.int64)})
