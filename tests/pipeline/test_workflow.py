@@ -103,11 +103,18 @@ def test_load_missing_folder(tmp_path):
 def test_fit_on_distributed_client(small_raw, dask_client, dask_dashboard_port_taken):
     """Runs while dask's default dashboard port 8787 is taken (tests/conftest.py):
     the cluster asks the OS for free ports and never falls back with a warning."""
-    with socket.socket() as probe, pytest.raises(OSError):
-        probe.bind(("127.0.0.1", dask_dashboard_port_taken))
-    dashboard_port = dask_client.scheduler_info()["services"]["dashboard"]
-    assert dashboard_port not in (0, dask_dashboard_port_taken)
-    wf = ts.Workflow(recipe(), client=dask_client).fit(ts.Dataset(small_raw, part_size=3000))
+    port = dask_dashboard_port_taken
+    with socket.socket() as holder, socket.socket() as probe:
+        try:  # free again (another test session held it when ours started): hold it here
+            holder.bind(("127.0.0.1", port))
+            holder.listen(1)
+        except OSError:
+            pass  # held by the session fixture, or by another process
+        with pytest.raises(OSError):
+            probe.bind(("127.0.0.1", port))
+        dashboard_port = dask_client.scheduler_info()["services"]["dashboard"]
+        assert dashboard_port not in (0, port)
+        wf = ts.Workflow(recipe(), client=dask_client).fit(ts.Dataset(small_raw, part_size=3000))
     local = ts.Workflow(recipe()).fit(ts.Dataset(small_raw))
     pd.testing.assert_frame_equal(wf.transform(small_raw), local.transform(small_raw))
 
