@@ -42,18 +42,18 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import weakref
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import fsspec
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -71,6 +71,9 @@ from tabstream.core.dtypes import (
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.merlin import read_merlin_schema
 from tabstream.core.schema import ColumnSchema, Schema
+
+if TYPE_CHECKING:  # pandas is imported where a frame is made or given, so that a
+    import pandas as pd  # Dataset for a loader (parquet in, arrow out) never loads it
 
 __all__ = ["Dataset", "parse_bytes"]
 
@@ -188,7 +191,7 @@ class Dataset:
         self._row_filter: Any = None  # a split's rows (see split / split_by_value)
         self._filter: _ExprFilter | None = None
 
-        if isinstance(path_or_df, pd.DataFrame):
+        if _is_pandas_dataframe(path_or_df):
             self.engine = "dataframe"
             self._table = _pandas_to_arrow(path_or_df)
         elif isinstance(path_or_df, pa.Table):
@@ -210,20 +213,45 @@ class Dataset:
                                        else None)
                                    or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
+        self._planned: list[Any] | None = None  # the pieces, see _pieces
+        self._planned_index: dict[Any, int] | None = None
         self._arrow_schema = self._plan()
-        self._piece_index = {p: i for i, p in enumerate(self._pieces)}
         self.schema = self._merge_schema(schema)
         if filters is not None:
             self._filter = _ExprFilter(filters, self._arrow_schema)
 
     # -- planning -----------------------------------------------------------
+    @property
+    def _pieces(self) -> list[Any]:
+        # Parquet row groups are grouped into pieces on first use: the grouping
+        # decodes a sample of the first file (see _parquet_row_bytes), which a loader
+        # reading the whole dataset by row groups never needs.
+        if self._planned is None:
+            self._planned = self._group_parquet()
+        return self._planned
+
+    @_pieces.setter
+    def _pieces(self, pieces: list[Any]) -> None:
+        self._planned = pieces
+        self._planned_index = None
+
+    @property
+    def _piece_index(self) -> dict[Any, int]:
+        if self._planned_index is None:
+            self._planned_index = {p: i for i, p in enumerate(self._pieces)}
+        return self._planned_index
+
+    @_piece_index.setter
+    def _piece_index(self, index: dict[Any, int]) -> None:
+        self._planned_index = index
+
     def _plan(self) -> pa.Schema:
         if self.engine == "dataframe":
             assert self._table is not None
             row_bytes = max(1, self._table.nbytes // max(1, self._table.num_rows))
             step = max(1, self.part_size // row_bytes)
             n = self._table.num_rows
-            self._pieces: list[Any] = [
+            self._pieces = [
                 _TablePiece(i, min(i + step, n)) for i in range(0, n, step)
             ] or [_TablePiece(0, 0)]
             return self._table.schema
@@ -236,12 +264,10 @@ class Dataset:
         return self._plan_csv()
 
     def _plan_parquet(self) -> pa.Schema:
-        pieces: list[_ParquetPiece] = []
         unified: pa.Schema | None = None
         owners: dict[str, str] = {}  # column -> the first file that has it
         self._file_schemas: dict[str, pa.Schema] = {}
         self._file_metadata: dict[str, pq.FileMetaData] = {}
-        row_bytes: float | None = None  # decoded bytes per row, sampled from the first file
         footers = _parquet_footers(self.fs, self.files)
         _check_manifests(self.fs, self.files, self._folders,
                          {path: md.num_rows for path, (md, _) in zip(self.files, footers, strict=True)})
@@ -251,6 +277,19 @@ class Dataset:
             self._file_schemas[path] = arrow_schema
             self._file_metadata[path] = md
             unified = _unify_schemas(unified, arrow_schema, owners, path)
+        assert unified is not None
+        self._hive_values, hive_fields = _hive_partitions(self.fs, self.files, self._folders)
+        for field in hive_fields:
+            if field.name not in unified.names:  # a column inside the files wins
+                unified = unified.append(field)
+        return unified
+
+    def _group_parquet(self) -> list[_ParquetPiece]:
+        """The files' row groups in pieces of about ``part_size`` decoded bytes."""
+        pieces: list[_ParquetPiece] = []
+        row_bytes: float | None = None  # decoded bytes per row, sampled from the first file
+        for path in self.files:
+            md = self._file_metadata[path]
             if row_bytes is None:
                 row_bytes = _parquet_row_bytes(self.fs, path, md)
             group: list[int] = []
@@ -265,13 +304,7 @@ class Dataset:
                 group_bytes += size
             if group:
                 pieces.append(self._parquet_piece(path, md, group))
-        assert unified is not None
-        self._hive_values, hive_fields = _hive_partitions(self.fs, self.files, self._folders)
-        for field in hive_fields:
-            if field.name not in unified.names:  # a column inside the files wins
-                unified = unified.append(field)
-        self._pieces = pieces
-        return unified
+        return pieces
 
     @staticmethod
     def _parquet_piece(path: str, md: pq.FileMetaData, groups: list[int]) -> _ParquetPiece:
@@ -728,7 +761,7 @@ class Dataset:
         if self._active_filters():
             return int(sum(int(np.count_nonzero(m)) for m in self.piece_masks()))
         if self.engine == "parquet":
-            return sum(p.num_rows for p in self._pieces)
+            return sum(self._file_metadata[f].num_rows for f in self.files)
         if self.engine == "dataframe":
             assert self._table is not None
             return self._table.num_rows
@@ -879,6 +912,11 @@ class _ReadPandas:
 
 def _count_rows(ds: Dataset, piece: Any) -> int:
     return ds.read_piece(piece).num_rows
+
+
+def _is_pandas_dataframe(obj: Any) -> bool:
+    pd = sys.modules.get("pandas")  # a DataFrame exists only once pandas is imported
+    return pd is not None and isinstance(obj, pd.DataFrame)
 
 
 def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
