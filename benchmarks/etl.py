@@ -15,7 +15,7 @@ shows medians over ``--repeats`` runs. After the runs the two outputs of each
 format are compared (integer ids exactly, normalized values to float32 precision).
 
     python benchmarks/etl.py                           # 2M rows, parquet and TSV, 3 repeats
-    python benchmarks/etl.py --ts-cache none,disk --json bench_data/etl-2M.json   # + Dataset(cache="disk")
+    python benchmarks/etl.py --ts-cache default,none --json bench_data/etl-2M.json   # + Dataset(cache=None)
     python benchmarks/etl.py --rows 10000000 --only tabstream --baseline-json bench_data/etl-2M.json
     python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
     python benchmarks/etl.py --rows 1000000,4000000,16000000 --only tabstream --repeats 1 \
@@ -128,7 +128,7 @@ class _Phases:
 
 
 def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None,
-                   cache: str | None = None) -> dict[str, Any]:
+                   cache: str = "default") -> dict[str, Any]:
     ph = _Phases()
     with ph("import"):
         import tabstream
@@ -145,9 +145,10 @@ def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None,
         prof = cProfile.Profile(time.process_time)
         prof.enable()
     with ph("fit"):
-        # cache="disk" (if this tabstream has it) keeps each partition as read in an
-        # Arrow IPC file, so the export pass maps it instead of reading/parsing again.
-        extra = {"cache": cache} if cache else {}
+        # cache="disk" keeps each partition as read in an Arrow IPC file, so the
+        # export pass maps it instead of reading/parsing again; the Dataset's default
+        # ("auto") does so for raw CSV/TSV only. "none" passes cache=None (no cache).
+        extra = {} if cache == "default" else {"cache": None if cache == "none" else cache}
         if fmt == "tsv":
             ds = tabstream.Dataset(files, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t", **extra)
         else:
@@ -269,8 +270,7 @@ def case_polars(fmt: str, files: list[str], out: str, mode: str) -> dict[str, An
 def child_main(args: argparse.Namespace) -> None:
     files = data_files(args.data_dir, args.rows, args.format)
     if args._case == "tabstream":
-        res = case_tabstream(args.format, files, args.out, args.profile,
-                             None if args.ts_cache == "none" else args.ts_cache)
+        res = case_tabstream(args.format, files, args.out, args.profile, args.ts_cache)
     else:
         res = case_polars(args.format, files, args.out, args.polars_mode)
     emit_result(res)
@@ -349,11 +349,12 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     if args.only != "polars":
         for cache in args.ts_cache.split(","):
             cache = cache.strip()
-            if cache not in ("none", "disk"):
-                raise SystemExit(f"--ts-cache: unknown value {cache!r} (none, disk)")
-            out.append(("tabstream" if cache == "none" else f"tabstream+cache={cache}", "tabstream", cache))
+            if cache not in ("default", "none", "disk", "auto"):
+                raise SystemExit(f"--ts-cache: unknown value {cache!r} (default, none, disk, auto)")
+            out.append(("tabstream" if cache == "default" else f"tabstream+cache={cache}", "tabstream",
+                        cache))
     if args.only != "tabstream":
-        out.append(("polars", "polars", "none"))
+        out.append(("polars", "polars", "default"))
     return out
 
 
@@ -470,9 +471,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", choices=ENGINES, help="run one engine only (no agreement check)")
     p.add_argument("--skip-polars", action="store_true", help="same as --only tabstream")
     p.add_argument("--polars-mode", choices=("eager", "streaming"), default="eager")
-    p.add_argument("--ts-cache", default="none",
-                   help="tabstream Dataset(cache=...), comma separated to run several: 'none', 'disk' "
-                        "(keeps partitions read in the fit pass for the export pass)")
+    p.add_argument("--ts-cache", default="default",
+                   help="tabstream Dataset(cache=...), comma separated to run several: 'default' (the "
+                        "Dataset's own: 'auto', a disk cache for raw CSV/TSV), 'none' (cache=None), "
+                        "'disk', 'auto'")
     p.add_argument("--json", help="write all runs, medians and targets here")
     p.add_argument("--baseline-json", help="a --json of a smaller run: check that peak RSS did not grow")
     p.add_argument("--profile", help="profile the tabstream case (cProfile, synchronous scheduler) into this file")

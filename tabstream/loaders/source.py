@@ -179,7 +179,16 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
     files = [fs._strip_protocol(str(f)) for f in ds.files]  # Datasets keep URLs
     metadata = [ds._file_metadata[f] for f in ds.files]
     units: list[Unit] = []
-    for piece, mask in zip(ds.pieces, ds.piece_masks(), strict=True):
+    if not ds._active_filters():
+        # Every row of every row group, in file order: the Dataset's pieces (and the
+        # sample it decodes to size them) are not needed.
+        for path, md in zip(ds.files, metadata, strict=True):
+            for group in range(md.num_row_groups):
+                stored = md.row_group(group).num_rows
+                if stored:
+                    units.append(Unit(index[path], group, stored, stored))
+    masks = ds.piece_masks() if ds._active_filters() else []
+    for piece, mask in zip(ds.pieces if masks else [], masks, strict=True):
         offset = 0
         for group, stored in zip(piece.row_groups, piece.group_rows, strict=True):
             keep = None if mask is None else mask[offset:offset + stored]

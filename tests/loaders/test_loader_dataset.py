@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -178,3 +179,38 @@ def test_loader_refuses_an_export_that_disagrees_with_its_manifest(tmp_path: Pat
             "glob": lambda: str(export / "part_*.parquet")}[form]
     with pytest.raises(DataError, match=msg):
         Loader(data(), 100)
+
+
+def test_loader_plans_from_footers_without_decoding(tmp_path: Path, monkeypatch: Any) -> None:
+    # Sizing a Dataset's pieces decodes a sample of the first file; a loader over a
+    # whole dataset reads row groups and never needs it, so it is done on first use.
+    import tabstream.pipeline.dataset as dataset_mod
+    from tabstream.loaders import open_source
+
+    for f in range(3):
+        ids = np.arange(f * 1000, f * 1000 + 700 + 100 * f, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"part_{f}.parquet", row_group_size=250)
+    calls: list[str] = []
+    real = dataset_mod._parquet_row_bytes
+
+    def counting(fs: Any, path: str, md: Any, *args: Any) -> float:
+        calls.append(path)
+        return real(fs, path, md, *args)
+
+    monkeypatch.setattr(dataset_mod, "_parquet_row_bytes", counting)
+    files = sorted(tmp_path.glob("*.parquet"))
+    expected = [(i, g, pq.ParquetFile(p).metadata.row_group(g).num_rows)
+                for i, p in enumerate(files) for g in range(pq.ParquetFile(p).num_row_groups)]
+    ds = ts.Dataset(str(tmp_path), part_size=1)
+    source = open_source(ds)
+    assert [(u.file, u.row_group, u.num_rows) for u in source.units] == expected
+    assert all(u.mask is None and u.stored_rows == u.num_rows for u in source.units)
+    assert ds.num_rows == sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    assert calls == []
+    seen = np.concatenate([b["id"] for b, _ in Loader(ds, 128, shuffle=True, seed=1)])
+    assert np.array_equal(np.sort(seen), pa.concat_tables([pq.read_table(p) for p in files])["id"])
+    assert calls == []
+    # first use by fit/export: one sample of the first file; tiny pieces = row groups
+    assert ds.npartitions == len(expected)
+    assert len(calls) == 1 and calls[0].endswith("part_0.parquet")
+    assert ts.Dataset(str(tmp_path), part_size="1GB").npartitions == len(files)

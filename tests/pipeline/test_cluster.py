@@ -172,7 +172,8 @@ def test_categorify_spill_without_spill_dir_on_one_host_uses_a_fit_folder(real_c
     local = ts.Workflow(_spill_graph(None)).fit(ds)
     for col in ("C1", "C2"):
         assert wf.output_node.op.tables[col].equals(local.output_node.op.tables[col])
-    assert list(client_tmp.iterdir()) == []
+    # (the raw log's parse cache of the threaded fit lives as long as ``ds``)
+    assert [p for p in client_tmp.iterdir() if not p.name.startswith("tabstream-cache-")] == []
     for tmp in real_cluster.worker_tmps:
         assert not [p for p in tmp.rglob("*") if "tabstream" in p.name]
 

@@ -379,3 +379,58 @@ def test_file_replaced_after_planning_is_named(tmp_path):
     with pytest.raises(DataError, match=r"part_1\.parquet: row groups \[0\] hold 40 rows, the footer read "
                                         r"when planning said 100"):
         read_all(ds)
+
+
+def _criteo_like_tsv(path, rows=900, seed=0):
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"label": rng.integers(0, 2, rows), "I1": rng.integers(0, 50, rows),
+                       "C1": [f"c{v:x}" for v in rng.integers(0, 40, rows)]})
+    df.to_csv(path, sep="\t", header=False, index=False)
+    return df
+
+
+_TSV_KW = {"names": ["label", "I1", "C1"], "dtypes": {"label": "int64", "I1": "int64"}}
+
+
+def test_raw_logs_are_parsed_once_by_default(tmp_path, monkeypatch):
+    # Raw CSV/TSV is cached on local disk by default ("auto"), so the second pass
+    # (export after fit) and reads of other columns map the cache, never parse again.
+    expected = _criteo_like_tsv(tmp_path / "day_0.tsv")
+    calls = []
+    real = ts.Dataset._parse_csv
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ts.Dataset, "_parse_csv", counting)
+    ds = ts.Dataset(str(tmp_path / "day_0.tsv"), part_size=4000, **_TSV_KW)
+    assert ds.cache == "disk" and ds.npartitions > 2
+    first = pa.concat_tables([ds.read_piece(p, ["C1"]) for p in ds.pieces])
+    assert len(calls) == ds.npartitions
+    second = pa.concat_tables([ds.read_piece(p) for p in ds.pieces])
+    assert len(calls) == ds.npartitions
+    assert first.column("C1").to_pylist() == expected["C1"].tolist()
+    pd.testing.assert_frame_equal(second.to_pandas(), expected)
+    # off when asked, and never for parquet or in-memory data
+    assert ts.Dataset(str(tmp_path / "day_0.tsv"), cache=None, **_TSV_KW).cache is None
+    expected.to_parquet(tmp_path / "day_0.parquet")
+    assert ts.Dataset(str(tmp_path / "day_0.parquet")).cache is None
+    assert ts.Dataset(expected).cache is None
+
+
+def test_auto_cache_that_cannot_be_written_parses_again(tmp_path, monkeypatch):
+    # A cache the disk cannot hold is not an error in "auto": the block is parsed
+    # again on the next read and the data are the same.
+    expected = _criteo_like_tsv(tmp_path / "day_0.tsv", rows=300)
+    calls = []
+    real = ts.Dataset._parse_csv
+    monkeypatch.setattr(ts.Dataset, "_parse_csv",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    ds = ts.Dataset(str(tmp_path / "day_0.tsv"), cache_dir=str(tmp_path / "gone"), **_TSV_KW)
+    assert ds.cache == "disk"
+    for _ in range(2):
+        got = pa.concat_tables([ds.read_piece(p) for p in ds.pieces]).to_pandas()
+        pd.testing.assert_frame_equal(got, expected)
+    assert len(calls) == 2 * ds.npartitions
+    assert not (tmp_path / "gone").exists()
