@@ -1,5 +1,6 @@
 """Smoke test: examples/multi_hot_ddp.py writes multi-hot parts, one per worker, and
-trains a per-id embedding model on 2 DDP ranks in lock-step."""
+trains a per-id embedding model on 2 data-parallel ranks in lock-step (torch DDP and
+Keras under MultiWorkerMirroredStrategy)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_hot_ddp.py"
 
 
 @pytest.mark.slow
-@pytest.mark.torch
-def test_multi_hot_ddp_example() -> None:
+@pytest.mark.parametrize("framework", [
+    pytest.param("torch", marks=pytest.mark.torch),
+    pytest.param("tensorflow", marks=pytest.mark.tensorflow),
+])
+def test_multi_hot_ddp_example(framework: str) -> None:
+    pytest.importorskip(framework)
     result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--rows", "6000", "--epochs", "2", "--batch-size", "512"],
+        [sys.executable, str(EXAMPLE), "--framework", framework, "--rows", "6000",
+         "--epochs", "2", "--batch-size", "512"],
         capture_output=True, text=True, timeout=540,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -28,7 +32,7 @@ def test_multi_hot_ddp_example() -> None:
     assert sorted(r["rank"] for r in lines) == ["0", "1"], result.stdout
     # each part holds 3000 rows: 5 full batches of 512 per epoch, 2 epochs
     assert {r["steps"] for r in lines} == {str(2 * (3000 // 512))}
-    assert len({r["checksum"] for r in lines}) == 1, "DDP replicas diverged"
+    assert len({r["checksum"] for r in lines}) == 1, "the replicas diverged"
     first = [float(r["first_loss"]) for r in lines]
     last = [float(r["last_loss"]) for r in lines]
     assert all(math.isfinite(x) for x in first + last)
