@@ -355,20 +355,28 @@ class Categorify(StatOperator):
         return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
-        """Merge spilled folders bucket by bucket (memory: one bucket at a time);
-        equal values always share a bucket, so each bucket's merge is final."""
+        """Merge spilled folders bucket by bucket; equal values always share a bucket,
+        so each bucket's merge is final. Within a bucket the folders' files are folded
+        into a running merge whenever the unmerged ones hold more rows than it (and
+        than ``spill_rows``): memory stays about twice the bucket's distinct values
+        however many partitions spilled, at most twice the merging work."""
         folders = list(counts.spilled)
         if counts.table is not None and counts.table.num_rows:
             folders.append(self._spill(counts.table))
         kept = []
         try:
             for b in range(self.spill_buckets):
-                parts = []
+                merged: list[pa.Table] = []
+                pending: list[pa.Table] = []
+                pending_rows = 0
                 for folder in folders:
                     fs, base = fsspec.core.url_to_fs(folder)
                     with fs.open(posixpath.join(base, f"b{b:04d}.parquet"), "rb") as f:
-                        parts.append(pq.read_table(f))
-                kept.append(self._threshold(merge_counts(parts), name))
+                        pending.append(pq.read_table(f))
+                    pending_rows += pending[-1].num_rows
+                    if pending_rows > max(self.spill_rows, merged[0].num_rows if merged else 0):
+                        merged, pending, pending_rows = [merge_counts(merged + pending)], [], 0
+                kept.append(self._threshold(merge_counts(merged + pending), name))
         finally:
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
