@@ -12,7 +12,7 @@ Reported (medians): wall time (fit + export; on the cluster also the workers' im
 of tabstream, which a user pays on the first task; not the cluster's start), total
 CPU seconds (user + sys over that window of the child and, on the cluster, of every
 process: the child runs the client, the scheduler and the nannies; the two workers
-are processes of their own), and peak RSS (``ru_maxrss``) of the child and of each
+are processes of their own), and peak RSS (``VmHWM``) of the child and of each
 worker. The exports are compared (ids exact, floats equal) in every repeat.
 
 Where the cluster's extra CPU goes is measured, not guessed:
@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -48,8 +47,18 @@ import time
 
 
 def _usage() -> dict:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return {"pid": os.getpid(), "peak_mb": u.ru_maxrss / 1024}
+    return {"pid": os.getpid(), "peak_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """This process's own peak RSS: ``VmHWM``, which starts afresh at exec. (Not
+    ``ru_maxrss``: Linux carries it across fork + exec, so a child's would include
+    its parent's resident size at the fork, e.g. the driver's generated data.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _import_tabstream() -> float:

@@ -16,7 +16,7 @@ values (every value once, plus Zipf-like repeats when --rows > --distinct) next 
                threads_per_worker=1, processes=True))) in the child
 
 and reports fit seconds, CPU seconds (user + sys, of every process of the case,
-measured over the fit) and the kernel's peak RSS (``ru_maxrss``) of each process:
+measured over the fit) and the kernel's peak RSS (``VmHWM``) of each process:
 the child (client; on the cluster it also runs the scheduler), each worker and each
 nanny process (LocalCluster runs its nannies, like its scheduler, in the child:
 none is listed then). The vocabulary is then checked in full against counts computed a second way
@@ -77,7 +77,18 @@ def generate(path: str, rows: int, distinct: int, fillers: int = FILLERS, seed: 
 
 def _self_usage() -> dict:
     u = resource.getrusage(resource.RUSAGE_SELF)
-    return {"pid": os.getpid(), "peak_mb": u.ru_maxrss / 1024, "cpu_s": u.ru_utime + u.ru_stime}
+    return {"pid": os.getpid(), "peak_mb": _peak_rss_mb(), "cpu_s": u.ru_utime + u.ru_stime}
+
+
+def _peak_rss_mb() -> float:
+    """This process's own peak RSS: ``VmHWM``, which starts afresh at exec. (Not
+    ``ru_maxrss``: Linux carries it across fork + exec, so a child's would include
+    its parent's resident size at the fork, e.g. the driver's generated data.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def check_vocabulary(table, rows: int, distinct: int) -> str:
