@@ -23,7 +23,9 @@ Where the cluster's extra CPU goes is measured, not guessed:
 - per worker: CPU spent importing tabstream, and the thread CPU of running tasks
   per task prefix from the workers' own fine-grained metrics
   (``Scheduler.cumulative_worker_metrics``); the remainder of the worker processes'
-  CPU is spent outside tasks (event loop, messages, (de)serialization). The
+  CPU is spent outside tasks (event loop, messages, (de)serialization). The same
+  worker CPU is also split by thread (the main thread runs a worker's event loop,
+  "Dask-Worker-Threads" run tasks, Arrow's own pools are not Python threads). The
   workers' wall-clock metrics for (de)serializing and moving data are printed too.
 
 Usage::
@@ -75,7 +77,8 @@ def _proc_cpu(procs) -> dict[int, float]:
 
 
 def _thread_cpu() -> dict[str, float]:
-    """CPU seconds of the live threads of this process, by thread name (digits dropped)."""
+    """CPU seconds of the live threads of this process, by thread name (numbers
+    dropped; threads Python did not start, such as Arrow's pools, are "not Python")."""
     import threading
 
     import psutil
@@ -84,7 +87,7 @@ def _thread_cpu() -> dict[str, float]:
     main = threading.main_thread().native_id
     out: dict[str, float] = {}
     for th in psutil.Process().threads():
-        name = "main" if th.id == main else re.sub(r"[-_ ]?\d+$", "", names.get(th.id, "unnamed"))
+        name = "main" if th.id == main else re.sub(r"[-_ ']*\d+", "", names.get(th.id, "not Python")).strip("-_ '")
         out[name] = out.get(name, 0.0) + th.user_time + th.system_time
     return out
 
@@ -117,6 +120,7 @@ def child(case: str, raw: str, out: str) -> None:
                                            dashboard_address=None)
         client = distributed.Client(cluster)
         metrics0 = _worker_metrics(client, cluster)
+        wthreads0 = client.run(_thread_cpu)
     procs = [psutil.Process()] + psutil.Process().children(recursive=True)
     cpu0, threads0 = _proc_cpu(procs), _thread_cpu()
     t0 = time.perf_counter()
@@ -135,6 +139,12 @@ def child(case: str, raw: str, out: str) -> None:
     if client is not None:
         for u in sorted(client.run(_usage).values(), key=lambda u: u["pid"]):
             result["workers"].append({"peak_mb": u["peak_mb"], "cpu_s": cpu1[u["pid"]] - cpu0[u["pid"]]})
+        wthreads1 = client.run(_thread_cpu)
+        result["worker_threads"] = {}
+        for addr, th in wthreads1.items():
+            for k, v in th.items():
+                d = v - wthreads0[addr].get(k, 0.0)
+                result["worker_threads"][k] = result["worker_threads"].get(k, 0.0) + d
         metrics = _worker_metrics(client, cluster)
         result["metrics"] = [[list(k), v - metrics0.get(k, 0.0)] for k, v in metrics.items()
                              if v - metrics0.get(k, 0.0) > 0]
@@ -180,6 +190,10 @@ def _breakdown(runs: list[dict]) -> tuple[list[tuple[str, float]], list[tuple[st
         workers = sum(w["cpu_s"] for w in r["workers"])
         cpu["workers: outside tasks (event loop, messages, (de)serialization)"] = (
             workers - sum(r["worker_import_cpu_s"]) - tasks)
+        for k, v in r["worker_threads"].items():  # the same CPU, by thread of the workers
+            cpu[f"  of the workers' CPU: thread '{k}'"] = v
+        wt = sum(r["worker_threads"].values())
+        cpu["  of the workers' CPU: threads gone by the end"] = workers - wt
         return cpu, wall
 
     parts = [per_run(r) for r in runs]
