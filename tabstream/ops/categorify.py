@@ -357,9 +357,10 @@ class Categorify(StatOperator):
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
         """Merge spilled folders bucket by bucket; equal values always share a bucket,
         so each bucket's merge is final. Within a bucket the folders' files are folded
-        into a running merge whenever the unmerged ones hold more rows than it (and
-        than ``spill_rows``): memory stays about twice the bucket's distinct values
-        however many partitions spilled, at most twice the merging work."""
+        into a running merge once the unmerged ones hold more than twice its rows (and
+        more than ``4 * spill_rows``): memory stays about three times the bucket's
+        distinct values however many partitions spilled, for at most 1.5 times the
+        merging work; with few partitions it is a single merge, as before."""
         folders = list(counts.spilled)
         if counts.table is not None and counts.table.num_rows:
             folders.append(self._spill(counts.table))
@@ -374,7 +375,7 @@ class Categorify(StatOperator):
                     with fs.open(posixpath.join(base, f"b{b:04d}.parquet"), "rb") as f:
                         pending.append(pq.read_table(f))
                     pending_rows += pending[-1].num_rows
-                    if pending_rows > max(self.spill_rows, merged[0].num_rows if merged else 0):
+                    if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
                         merged, pending, pending_rows = [merge_counts(merged + pending)], [], 0
                 kept.append(self._threshold(merge_counts(merged + pending), name))
         finally:
