@@ -355,20 +355,29 @@ class Categorify(StatOperator):
         return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
-        """Merge spilled folders bucket by bucket (memory: one bucket at a time);
-        equal values always share a bucket, so each bucket's merge is final."""
+        """Merge spilled folders bucket by bucket; equal values always share a bucket,
+        so each bucket's merge is final. Within a bucket the folders' files are folded
+        into a running merge once the unmerged ones hold more than twice its rows (and
+        more than ``4 * spill_rows``): memory stays about three times the bucket's
+        distinct values however many partitions spilled, for at most 1.5 times the
+        merging work; with few partitions it is a single merge, as before."""
         folders = list(counts.spilled)
         if counts.table is not None and counts.table.num_rows:
             folders.append(self._spill(counts.table))
         kept = []
         try:
             for b in range(self.spill_buckets):
-                parts = []
+                merged: list[pa.Table] = []
+                pending: list[pa.Table] = []
+                pending_rows = 0
                 for folder in folders:
                     fs, base = fsspec.core.url_to_fs(folder)
                     with fs.open(posixpath.join(base, f"b{b:04d}.parquet"), "rb") as f:
-                        parts.append(pq.read_table(f))
-                kept.append(self._threshold(merge_counts(parts), name))
+                        pending.append(pq.read_table(f))
+                    pending_rows += pending[-1].num_rows
+                    if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
+                        merged, pending, pending_rows = [merge_counts(merged + pending)], [], 0
+                kept.append(self._threshold(merge_counts(merged + pending), name))
         finally:
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
