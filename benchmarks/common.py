@@ -3,8 +3,11 @@ measure its peak RSS, time phases, take medians, print tables.
 
 Each measured case runs in its own child process so that its peak resident set
 size is its own (imports, caches and arena growth of an earlier case do not leak
-into the next one). The peak comes from the kernel: ``os.wait4`` returns the
-child's ``ru_maxrss`` (KiB on Linux), which no polling interval can miss.
+into the next one). The peak comes from the kernel, which no polling interval can
+miss: the child's ``VmHWM`` (read from ``/proc/self/status`` when it hands back its
+result), else its ``ru_maxrss`` from ``os.wait4``. ``VmHWM`` comes first because
+Linux carries ``ru_maxrss`` across fork + exec: a child of a large parent would
+report at least the parent's peak.
 """
 
 from __future__ import annotations
@@ -80,12 +83,30 @@ def run_child(argv: Sequence[str], env: dict[str, str] | None = None,
     for line in output.splitlines():
         if line.startswith(RESULT_MARKER):
             result = json.loads(line[len(RESULT_MARKER):])
-    return ChildResult(proc.returncode, wall, int(usage.ru_maxrss) * 1024, result, output)
+    peak = result.pop(_PEAK_KEY, None) or int(usage.ru_maxrss) * 1024
+    return ChildResult(proc.returncode, wall, int(peak), result, output)
+
+
+_PEAK_KEY = "_vmhwm_bytes"
+
+
+def own_peak_rss_bytes() -> int | None:
+    """This process's own peak RSS (``VmHWM``, which starts afresh at exec), or None
+    where ``/proc`` has no such line."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def emit_result(result: dict[str, Any]) -> None:
-    """Called in the child: hand ``result`` (JSON-serialisable) to :func:`run_child`."""
-    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
+    """Called in the child: hand ``result`` (JSON-serialisable) and the child's own
+    peak RSS so far to :func:`run_child`."""
+    sys.stdout.write(RESULT_MARKER + json.dumps({**result, _PEAK_KEY: own_peak_rss_bytes()}) + "\n")
     sys.stdout.flush()
 
 
