@@ -3,8 +3,9 @@
 One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 
 1. lay the row groups out in the epoch's order and take this rank's slice of rows;
-2. read them in two background threads, at most one row group ahead of the chunk
-   being batched;
+2. read them in a background thread (two when one wide column dominates the row
+   groups: parquet decodes a column on one thread), at most one row group ahead of
+   the chunk being batched;
 3. take ``parts_per_chunk`` row groups at a time (a *chunk*), deal its rows out to
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
@@ -14,8 +15,10 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 
 Memory is bounded by the chunk size, whatever the dataset size: at most
 ``parts_per_chunk + 1`` row groups read, one chunk's worth of batches being
-handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands. An error in a background thread is raised in the consumer at
-the next batch; abandoning an iteration stops the threads.
+handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands
+(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). An
+error in a background thread is raised in the consumer at the next batch;
+abandoning an iteration stops the threads.
 
 Yielded structure, for ``batch_size=3`` and a schema with an id ``C1``, a float
 ``I1``, a list ``tags`` and the target ``label``::
@@ -245,11 +248,38 @@ def _column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> 
     return Layout(dtype, len(sizes), fixed)
 
 
+def _numbers(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric arrow array as a (read-only) numpy array, without pyarrow's
+    ``to_numpy``: that imports pandas on its first call (+45 MB of RSS in a loader
+    process). Numbers are a view of the values buffer (the array's offset
+    honoured); booleans are unpacked from their bits; null floats become NaN.
+    Callers check that other columns hold no nulls.
+
+    >>> _numbers(pa.array([1.5, None, 2.0])).tolist()
+    [1.5, nan, 2.0]
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if arr.null_count and pa.types.is_floating(t):
+        arr = pc.fill_null(arr, pa.scalar(float("nan"), t))
+    boolean = pa.types.is_boolean(t)
+    dtype = np.dtype(bool) if boolean else np.dtype(t.to_pandas_dtype())
+    data = arr.buffers()[1]
+    if len(arr) == 0 or data is None:
+        return np.zeros(len(arr), dtype)
+    if boolean:
+        bits = np.frombuffer(data, np.uint8)
+        return np.unpackbits(bits, count=arr.offset + len(arr),
+                             bitorder="little")[arr.offset:].view(bool)
+    return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
 def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -> np.ndarray:
     """A fixed-length list column as a dense ``(rows, *shape)`` array: the values
     buffer reshaped, after checking (vectorized) that every row has that shape."""
     if arr.null_count:
-        row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        row = int(np.flatnonzero(_numbers(arr.is_null()))[0])
         raise DataError(f"column {name!r} is a fixed-length list of shape {shape} but row {row} "
                         f"of {where} is null; fill it before export or declare it ragged")
     rows = len(arr)
@@ -258,7 +288,7 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
         if pa.types.is_fixed_size_list(level.type):
             level = level.flatten()  # honours the array's offset
             continue
-        offsets = level.offsets.to_numpy()
+        offsets = _numbers(level.offsets)
         lengths = np.diff(offsets)
         bad = np.flatnonzero(lengths != size)
         if len(bad):
@@ -277,16 +307,16 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
             f"column {name!r} has {level.null_count} null values in {where}; only float "
             "columns may hold nulls (as NaN): fill them before export (e.g. ops.FillMissing)"
         )
-    return level.to_numpy(zero_copy_only=False).reshape((rows, *shape))
+    return _numbers(level).reshape((rows, *shape))
 
 
 def _ragged_nested(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list-of-lists array as ``(values, outer_offsets, inner_offsets)``, both
     offsets starting at 0."""
-    outer = arr.offsets.to_numpy()
+    outer = _numbers(arr.offsets)
     lo, hi = int(outer[0]), int(outer[-1])
     inner_lists = arr.values.slice(lo, hi - lo)
-    inner = inner_lists.offsets.to_numpy()
+    inner = _numbers(inner_lists.offsets)
     vlo, vhi = int(inner[0]), int(inner[-1])
     return (_values(inner_lists.values, vlo, vhi), (outer - lo).astype(np.int64),
             (inner - vlo).astype(np.int64))
@@ -357,12 +387,12 @@ def _values(arr: pa.Array, lo: int, hi: int) -> np.ndarray:
         dtype = np.dtype(t.to_pandas_dtype())
         return np.frombuffer(buffers[1], dtype, count=hi - lo,
                              offset=(arr.offset + lo) * dtype.itemsize)
-    return _writable(arr.to_numpy(zero_copy_only=False)[lo:hi])
+    return _writable(_numbers(arr)[lo:hi])
 
 
 def _ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
-    offsets = arr.offsets.to_numpy()
+    offsets = _numbers(arr.offsets)
     lo, hi = int(offsets[0]), int(offsets[-1])
     return _values(arr.values, lo, hi), (offsets - lo).astype(np.int64)
 
@@ -468,8 +498,9 @@ class Loader:
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
             on every run. Must be the same on all ranks.
         parts_per_chunk: row groups read and shuffled together; more is a better
-            shuffle and more memory. A chunk also stays under :attr:`chunk_bytes`
-            decoded bytes (fewer row groups when they are large; one at least).
+            shuffle and more memory. A chunk also stays under :attr:`chunk_bytes`,
+            counting its batch copies and the read-ahead (fewer row groups when
+            they are large; one at least).
         global_size, global_rank: number of ranks and this one's index (default 1, 0;
             the torch and TensorFlow loaders default to the active process group or
             strategy).
@@ -498,11 +529,15 @@ class Loader:
     yields per epoch, the same on every rank.
     """
 
-    #: Upper bound on a chunk's decoded bytes (estimated from the column types and
-    #: the footers), so that memory stays bounded whatever the files' row-group size:
-    #: 2 row groups of 1M Criteo rows would be over 500 MB. A single larger row group
-    #: is still read whole.
-    chunk_bytes: int = 128 * 2**20
+    #: Upper bound on the bytes one chunk costs: its decoded row groups (estimated
+    #: from the column types and the footers), the batches they are copied into (as
+    #: many bytes again) and the row group read ahead meanwhile, so that memory stays
+    #: bounded whatever the files' row-group size. 96 MiB takes 2 row groups per
+    #: chunk up to 75k Criteo rows each (268 bytes a row), 1 above: a torch loader
+    #: then peaks under 500 MB with the imports (260 MB for python and torch) and
+    #: the allocator's slack (measured on 100k-row groups; 2 of those peaked at
+    #: 520-600 MB). A single row group larger than the bound is still read whole.
+    chunk_bytes: int = 96 * 2**20
 
     def __init__(
         self,
@@ -685,7 +720,12 @@ class Loader:
     def _unit_bytes(self) -> list[float]:
         """Decoded bytes of the columns read, per unit (row group): fixed-width
         columns from their type, others from the footer's uncompressed size."""
-        cached = self.__dict__.get("_unit_bytes_cache")
+        return [total for total, _ in self._unit_sizes()]
+
+    def _unit_sizes(self) -> list[tuple[float, float]]:
+        """Per unit (row group): the decoded bytes of the columns read, and those of
+        the largest of them (see :meth:`_unit_bytes`)."""
+        cached = self.__dict__.get("_unit_sizes_cache")
         if cached is not None:
             return cached
         out = []
@@ -696,14 +736,23 @@ class Loader:
                 col = md.column(i)
                 top = col.path_in_schema.split(".")[0]
                 paths[top] = paths.get(top, 0) + col.total_uncompressed_size
-            size = 0.0
+            sizes = []
             for name in self._present[unit.file]:
                 t = self.source.arrow_types[name]
                 width = t.bit_width if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
-                size += unit.stored_rows * width / 8 if width else paths.get(name, 0)
-            out.append(size)
-        self.__dict__["_unit_bytes_cache"] = out
+                sizes.append(unit.stored_rows * width / 8 if width else float(paths.get(name, 0)))
+            out.append((float(sum(sizes)), max(sizes, default=0.0)))
+        self.__dict__["_unit_sizes_cache"] = out
         return out
+
+    def _read_threads(self) -> int:
+        """Row groups read at once. Parquet decodes the columns of one row group in
+        parallel, one column per thread: when no column holds more than half of a
+        row group's bytes, one read keeps two cores busy and a second concurrent one
+        would only hold another row group in memory. A row group dominated by one
+        wide column (multi-hot ids) decodes on one thread, so two are read at once."""
+        serial = any(widest * 2 > total for total, widest in self._unit_sizes())
+        return _READ_THREADS if serial else 1
 
     def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
         unit = self.source.units[piece.unit]
@@ -752,7 +801,7 @@ class Loader:
                     arr = pc.take(arr, rows)
             else:
                 self._check_nulls(name, col, path, unit.row_group)
-                arr = col.to_numpy()
+                arr = _numbers(col)
                 if rows is not None:
                     arr = arr[rows]
             out[name] = arr
@@ -827,9 +876,14 @@ class Loader:
         """
         pieces = self.pieces(epoch)
         unit_bytes = self._unit_bytes()
+        piece_bytes = [unit_bytes[p.unit] * p.num_rows / max(1, self.source.units[p.unit].num_rows)
+                       for p in pieces]
+        # What a chunk costs: its row groups, the batches they are copied into (as
+        # many bytes again: a column is freed only once copied) and the row group
+        # read ahead meanwhile; together they stay under chunk_bytes.
+        ahead = max(piece_bytes, default=0.0)
         chunks = [pieces[a:b] for a, b in plan.chunk_bounds(
-            [unit_bytes[p.unit] * p.num_rows / max(1, self.source.units[p.unit].num_rows)
-             for p in pieces], self.parts_per_chunk, self.chunk_bytes)]
+            [2 * b for b in piece_bytes], self.parts_per_chunk, self.chunk_bytes - ahead)]
         lists = [n for n in self.columns
                  if self.layouts[n].depth and self.layouts[n].fixed is None]
         dtypes = {n: (self.layouts[n].dtype, self.layouts[n].fixed or ())
@@ -842,7 +896,8 @@ class Loader:
         # reading never waits as long as cutting a chunk takes less time than
         # reading a row group, and at most parts_per_chunk + 1 are held.
         reader = _PieceReader(lambda piece: self._read_piece(piece, epoch), pieces,
-                              budget=max((len(c) for c in chunks), default=1) + 1)
+                              budget=max((len(c) for c in chunks), default=1) + 1,
+                              threads=self._read_threads())
         try:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],
@@ -894,7 +949,7 @@ class _PieceReader:
     holding at most ``budget`` pieces that the consumer has not released yet."""
 
     def __init__(self, read: Callable[[plan.Piece], Any], pieces: Sequence[plan.Piece],
-                 budget: int) -> None:
+                 budget: int, threads: int = _READ_THREADS) -> None:
         self._slots = threading.Semaphore(budget)
         self._cond = threading.Condition()
         self._results: dict[int, Any] = {}
@@ -903,7 +958,7 @@ class _PieceReader:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(read, pieces),
                                           name=f"tabstream-read-{k}", daemon=True)
-                         for k in range(max(1, min(_READ_THREADS, len(pieces))))]
+                         for k in range(max(1, min(threads, len(pieces))))]
         for thread in self._threads:
             thread.start()
 
