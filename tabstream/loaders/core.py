@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tabstream.core.dtypes import is_list_type
 from tabstream.core.errors import DataError, NotFittedError, SchemaError
@@ -275,11 +276,13 @@ def _numbers(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
 
 
-def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -> np.ndarray:
+def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str,
+                 first_row: int = 0) -> np.ndarray:
     """A fixed-length list column as a dense ``(rows, *shape)`` array: the values
-    buffer reshaped, after checking (vectorized) that every row has that shape."""
+    buffer reshaped, after checking (vectorized) that every row has that shape.
+    ``arr`` holds the rows from ``first_row`` on of ``where`` (for the messages)."""
     if arr.null_count:
-        row = int(np.flatnonzero(_numbers(arr.is_null()))[0])
+        row = first_row + int(np.flatnonzero(_numbers(arr.is_null()))[0])
         raise DataError(f"column {name!r} is a fixed-length list of shape {shape} but row {row} "
                         f"of {where} is null; fill it before export or declare it ragged")
     rows = len(arr)
@@ -293,9 +296,10 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
         bad = np.flatnonzero(lengths != size)
         if len(bad):
             kind = "list" if depth == 0 else "inner list"
+            first = first_row * int(np.prod(shape[:depth], dtype=np.int64))
             raise DataError(
                 f"column {name!r}: the schema says every {kind} holds {size} values "
-                f"(value_count min == max, or shape), but {kind} {int(bad[0])} of {where} "
+                f"(value_count min == max, or shape), but {kind} {first + int(bad[0])} of {where} "
                 f"holds {int(lengths[bad[0]])} ({len(bad)} such); fix the schema or the data"
             )
         level = level.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
@@ -731,11 +735,20 @@ class Loader:
         out = []
         for unit in self.source.units:
             md = self.source.metadata[unit.file].row_group(unit.row_group)
-            paths: dict[str, int] = {}  # a list column's leaf "tags.list.element" counts for "tags"
+            # A list column's leaf ("tags.list.element") counts for "tags": the larger of
+            # its stored size and its values at the leaf type's width (a dictionary-
+            # encoded multi-hot column stores a quarter of what it decodes to).
+            paths: dict[str, float] = {}
             for i in range(md.num_columns):
                 col = md.column(i)
                 top = col.path_in_schema.split(".")[0]
                 paths[top] = paths.get(top, 0) + col.total_uncompressed_size
+                leaf = self.source.arrow_types.get(top)
+                while leaf is not None and is_list_type(leaf):
+                    leaf = leaf.value_type
+                if leaf is not None and top in paths and pa.types.is_primitive(leaf) \
+                        and not pa.types.is_boolean(leaf) and "." in col.path_in_schema:
+                    paths[top] = max(paths[top], col.num_values * leaf.bit_width / 8)
             sizes = []
             for name in self._present[unit.file]:
                 t = self.source.arrow_types[name]
@@ -754,15 +767,29 @@ class Loader:
         serial = any(widest * 2 > total for total, widest in self._unit_sizes())
         return _READ_THREADS if serial else 1
 
-    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
-        unit = self.source.units[piece.unit]
-        path = self.source.files[unit.file]
-        present = self._present[unit.file]
+    def _batch_rows(self, unit_index: int) -> int:
+        """Rows per read for a large row group, 0 to read it whole (see _read_batched).
+        Row groups that need converting, filtering or transforming are read whole."""
+        unit = self.source.units[unit_index]
+        total = self._unit_sizes()[unit_index][0]
+        if (total <= _WHOLE_READ_BYTES or self._conforms[unit.file] or unit.mask is not None
+                or self.transforms is not None or not self._present[unit.file]):
+            return 0
+        return max(1, int(unit.stored_rows * _READ_BATCH_BYTES / total))
+
+    def _open(self, unit: Any, path: str) -> pq.ParquetFile:
         try:
-            table = self.source.open(unit.file).read_row_group(
-                unit.row_group, columns=present, use_threads=True)
+            return self.source.open(unit.file)
         except FileNotFoundError:
             raise FileNotFoundError(f"parquet file not found: {path!r}") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
+
+    def _read_whole(self, unit: Any, path: str) -> dict[str, Any]:
+        present = self._present[unit.file]
+        parquet = self._open(unit, path)
+        try:
+            table = parquet.read_row_group(unit.row_group, columns=present, use_threads=True)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
         if table.num_rows != unit.stored_rows and present:
@@ -775,36 +802,91 @@ class Loader:
             table = table.filter(pa.array(keep))
         if self.transforms is not None:
             table = self._transform(table, unit.row_group, path)
-        rows: np.ndarray | slice | None = None
-        if piece.num_rows != unit.num_rows:
-            if self.shuffle:
-                perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
-                rows = np.sort(perm[piece.start:piece.stop])
+        return {name: self._column(name, table.column(name), unit, path) for name in self.columns}
+
+    def _read_batched(self, unit: Any, path: str, batch_rows: int) -> dict[str, Any]:
+        """A large row group read ``batch_rows`` at a time, its numbers copied into
+        one buffer per column allocated up front (list columns kept as arrow).
+
+        Read whole, parquet decodes a column into buffers that grow by doubling,
+        so a 130 MB multi-hot column touches several times its size in fresh pages,
+        and fresh pages are what the first epoch mostly pays for (the kernel zeroes
+        each one). Read in slices, the slices' memory is reused from one to the
+        next and only the final buffers are new."""
+        rows = unit.stored_rows
+        dense: dict[str, np.ndarray] = {}
+        lists: dict[str, list[pa.Array]] = {}
+        at = 0
+        parquet = self._open(unit, path)
+        try:
+            batches = parquet.iter_batches(
+                batch_size=batch_rows, row_groups=[unit.row_group],
+                columns=self._present[unit.file], use_threads=True)
+            for batch in batches:
+                n = batch.num_rows
+                if at + n > rows:
+                    break
+                for name in self.columns:
+                    col = self._column(name, batch.column(name), unit, path, at)
+                    if isinstance(col, np.ndarray):
+                        out = dense.get(name)
+                        if out is None:
+                            size = rows * int(np.prod(col.shape[1:], dtype=np.int64))
+                            out = dense[name] = _empty(size, col.dtype).reshape((rows, *col.shape[1:]))
+                        out[at:at + n] = col
+                    else:
+                        lists.setdefault(name, []).append(col)
+                at += n
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
+        if at != rows:
+            raise DataError(f"row group {unit.row_group} of {path!r} has a different number of "
+                            f"rows than its footer says ({rows}): the file is corrupt")
+        out_cols: dict[str, Any] = dict(dense)
+        for name, parts in lists.items():
+            out_cols[name] = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+        return {name: out_cols[name] for name in self.columns}
+
+    def _column(self, name: str, col: pa.Array | pa.ChunkedArray, unit: Any, path: str,
+                first_row: int = 0) -> Any:
+        """One column of a row group (or of rows from ``first_row`` on) in the form
+        batches are cut from: numpy for numbers and fixed-length lists, plain arrow
+        lists for ragged ones; nulls checked."""
+        layout = self.layouts[name]
+        if isinstance(col, pa.ChunkedArray) and (layout.depth or layout.fixed is not None):
+            col = col.combine_chunks()
+        if layout.fixed is not None:
+            return _fixed_dense(col, layout.fixed, name,
+                                f"row group {unit.row_group} of {path!r}", first_row)
+        if layout.depth:
+            arr = _plain_lists(col)
+            leaf = arr.values if layout.depth == 1 else arr.values.values
+            self._check_nulls(name, leaf, path, unit.row_group)
+            return arr
+        self._check_nulls(name, col, path, unit.row_group)
+        return _numbers(col)
+
+    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
+        unit = self.source.units[piece.unit]
+        path = self.source.files[unit.file]
+        batch_rows = self._batch_rows(piece.unit)
+        out = (self._read_batched(unit, path, batch_rows) if batch_rows
+               else self._read_whole(unit, path))
+        if piece.num_rows == unit.num_rows:
+            return out
+        rows: np.ndarray | slice
+        if self.shuffle:
+            perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
+            rows = np.sort(perm[piece.start:piece.stop])
+        else:
+            rows = slice(piece.start, piece.stop)
+        for name, arr in out.items():
+            if isinstance(arr, np.ndarray):
+                out[name] = arr[rows]
+            elif isinstance(rows, slice):
+                out[name] = arr.slice(rows.start, rows.stop - rows.start)
             else:
-                rows = slice(piece.start, piece.stop)
-        out = {}
-        for name in self.columns:
-            col = table.column(name)
-            layout = self.layouts[name]
-            if layout.fixed is not None:
-                arr = _fixed_dense(col.combine_chunks(), layout.fixed, name,
-                                   f"row group {unit.row_group} of {path!r}")
-                if rows is not None:
-                    arr = arr[rows]
-            elif layout.depth:
-                arr = _plain_lists(col.combine_chunks())
-                leaf = arr.values if layout.depth == 1 else arr.values.values
-                self._check_nulls(name, leaf, path, unit.row_group)
-                if isinstance(rows, slice):
-                    arr = arr.slice(rows.start, rows.stop - rows.start)
-                elif rows is not None:
-                    arr = pc.take(arr, rows)
-            else:
-                self._check_nulls(name, col, path, unit.row_group)
-                arr = _numbers(col)
-                if rows is not None:
-                    arr = arr[rows]
-            out[name] = arr
+                out[name] = pc.take(arr, rows)
         return out
 
     def _transform(self, table: pa.Table, row_group: int, path: str) -> pa.Table:
@@ -942,6 +1024,10 @@ class Loader:
 # thread, so a single wide column (multi-hot ids) needs concurrent row groups to
 # use a second core. Memory stays bounded by the reader's budget.
 _READ_THREADS = 2
+# Row groups larger than this (decoded) are read in slices of about _READ_BATCH_BYTES
+# into buffers allocated up front (see Loader._read_batched).
+_WHOLE_READ_BYTES = 32 * 2**20
+_READ_BATCH_BYTES = 16 * 2**20
 
 
 class _PieceReader:
