@@ -173,8 +173,24 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     its columns are copied out is reused by the batches: pages already touched (a
     page fault per fresh 4 KiB would cost about half of a shuffled batch) and one
     allocator's high-water mark instead of two. Freed with its last array or tensor.
+    Arrow's buffers are 64-byte aligned, which TensorFlow needs to take a numpy array
+    over without copying it (numpy's own allocations are 16-byte aligned: copied).
     """
     return np.frombuffer(pa.allocate_buffer(max(size * dtype.itemsize, 1)), dtype)[:size]
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros of ``shape`` in arrow's pool (see :func:`_empty`)."""
+    out = _empty(int(np.prod(shape, dtype=np.int64)), np.dtype(dtype)).reshape(shape)
+    out.fill(0)
+    return out
+
+
+def _shifted(offsets: np.ndarray, start: int) -> np.ndarray:
+    """``offsets - start`` as int64 in arrow's pool (see :func:`_empty`)."""
+    out = _empty(len(offsets), np.dtype(np.int64))
+    np.subtract(offsets, start, out=out, casting="unsafe")
+    return out
 
 
 class _BatchBuilder:
@@ -322,8 +338,7 @@ def _ragged_nested(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     inner_lists = arr.values.slice(lo, hi - lo)
     inner = _numbers(inner_lists.offsets)
     vlo, vhi = int(inner[0]), int(inner[-1])
-    return (_values(inner_lists.values, vlo, vhi), (outer - lo).astype(np.int64),
-            (inner - vlo).astype(np.int64))
+    return _values(inner_lists.values, vlo, vhi), _shifted(outer, lo), _shifted(inner, vlo)
 
 
 def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
@@ -345,9 +360,9 @@ def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
     list_of = np.repeat(np.arange(n_inner), inner_len)         # per value
     pos = np.arange(len(values)) - np.repeat(inner[:-1], inner_len)
     keep = (pos < length) & (field[list_of] < f)
-    padded = np.zeros((rows, f, length), dtype=values.dtype)
+    padded = _zeros((rows, f, length), values.dtype)
     padded[row_of[list_of[keep]], field[list_of[keep]], pos[keep]] = values[keep]
-    mask = np.zeros((rows, f, length), dtype=bool)
+    mask = _zeros((rows, f, length), np.dtype(bool))
     shown = field < f
     mask[row_of[shown], field[shown]] = np.arange(length) < np.minimum(inner_len[shown], length)[:, None]
     return padded, mask
@@ -358,7 +373,9 @@ def _all_true(shape: tuple[int, ...]) -> np.ndarray:
     """The all-true mask of a fixed-length column's batch: one array per shape,
     shared by every batch of that shape (filling a fresh one costs about as much as
     gathering the ids). Do not write to it."""
-    return np.ones(shape, dtype=bool)
+    mask = _empty(int(np.prod(shape, dtype=np.int64)), np.dtype(bool)).reshape(shape)
+    mask.fill(True)
+    return mask
 
 
 def _resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -367,8 +384,8 @@ def _resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.n
     fixed = dense.shape[1:]
     if fixed == shape:
         return dense, _all_true(dense.shape)
-    out = np.zeros((len(dense), *shape), dtype=dense.dtype)
-    mask = np.zeros(out.shape, dtype=bool)
+    out = _zeros((len(dense), *shape), dense.dtype)
+    mask = _zeros(out.shape, np.dtype(bool))
     common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(fixed, shape, strict=True)))
     out[common] = dense[common]
     mask[common] = True
@@ -398,7 +415,7 @@ def _ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
     offsets = _numbers(arr.offsets)
     lo, hi = int(offsets[0]), int(offsets[-1])
-    return _values(arr.values, lo, hi), (offsets - lo).astype(np.int64)
+    return _values(arr.values, lo, hi), _shifted(offsets, lo)
 
 
 def _plain_lists(arr: pa.Array) -> pa.Array:
@@ -438,9 +455,10 @@ def pad_lists(values: np.ndarray, offsets: np.ndarray, length: int) -> tuple[np.
     row = np.repeat(np.arange(rows), lengths)
     pos = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
     keep = pos < length
-    padded = np.zeros((rows, length), dtype=values.dtype)
+    padded = _zeros((rows, length), values.dtype)
     padded[row[keep], pos[keep]] = values[keep]
-    mask = np.arange(length) < np.minimum(lengths, length)[:, None]
+    mask = _empty(rows * length, np.dtype(bool)).reshape(rows, length)
+    np.less(np.arange(length), np.minimum(lengths, length)[:, None], out=mask)
     return padded, mask
 
 

@@ -267,3 +267,22 @@ def test_a_bad_row_in_a_later_slice_is_named_by_its_row_group_index(
     monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 4)  # 4 rows a slice
     with pytest.raises(DataError, match=rf"but inner list {25 * F + 2} of row group 0 of "):
         list(Loader(path, 40, features=["n"], shuffle=False))
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_every_array_of_a_batch_is_64_byte_aligned(lists_export: tuple[Path, pa.Table],
+                                                   pad: bool) -> None:
+    """TensorFlow takes a numpy array over without a copy only when its data is
+    64-byte aligned (numpy's own allocations are 16-byte aligned): offsets, masks and
+    padded blocks come from arrow's pool like the batch columns."""
+    path, _ = lists_export
+    loader = Loader(path, 64, seed=2, pad={"nested": (2, 3)} if pad else False)
+    for features, labels in loader:
+        arrays = [labels]
+        for col in features.values():
+            arrays.extend(col if isinstance(col, tuple) else [col])
+        for a in arrays:
+            assert a.ctypes.data % 64 == 0, (a.dtype, a.shape)
+    assert np.array_equal(pad_nested(np.array([1, 2, 3]), np.array([0, 2, 3]),
+                                     np.array([0, 1, 1, 3]), (2, 2))[0].ravel(),
+                          [1, 0, 0, 0, 2, 3, 0, 0])
