@@ -49,6 +49,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,17 +159,34 @@ def _vm_hwm_mb() -> float | None:
     return None
 
 
+def _cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _result(rows: int, start: float, first: float | None) -> dict:
     return {"rows": rows, "seconds": time.perf_counter() - start, "first_batch_s": first,
-            "start_rss_mb": _START_RSS, "vm_hwm_mb": _vm_hwm_mb()}
+            "cpu_s": _cpu_s() - _START_CPU, "start_rss_mb": _START_RSS, "vm_hwm_mb": _vm_hwm_mb()}
 
 
 _START_RSS = 0.0  # peak RSS when the timed part starts: the imports' share
+_START_CPU = 0.0  # CPU seconds (user + system, all threads) when the timed part starts
 
 
 def _start() -> float:
-    global _START_RSS
+    global _START_RSS, _START_CPU
     _START_RSS = _rss_mb()
+    _START_CPU = _cpu_s()
+    return time.perf_counter()
+
+
+def _restart() -> float:
+    """Restart the clock and the CPU count after a case's setup (peak RSS keeps the
+    setup's share: it is the process's)."""
+    global _START_CPU
+    _START_CPU = _cpu_s()
     return time.perf_counter()
 
 
@@ -283,7 +301,7 @@ def case_tfdata(data: str, batch_size: int, limit: int) -> dict:
     ds = tf.data.Dataset.from_tensor_slices((ids, labels)).shuffle(buffer, seed=0).batch(batch_size)
     del ids, labels  # tf holds its own copy
     setup = time.perf_counter() - start
-    start = time.perf_counter()
+    start = _restart()
     first = None
     rows = 0
     for _ids, y in ds:
@@ -307,7 +325,7 @@ def _mh_loader(kind: str, framework: str, data: str, batch_size: int) -> dict:
     start = _start()
     loader = Loader(os.path.join(data, kind), batch_size, shuffle=True, seed=0, labels=["label"])
     setup = time.perf_counter() - start
-    start = time.perf_counter()
+    start = _restart()
     first = None
     rows = 0
     for _features, labels in loader:
@@ -349,19 +367,23 @@ def main_multi_hot(args: argparse.Namespace) -> None:
     print(f"data: {data} ({args.rows:,} rows of {MH_SLOTS} x {MH_NNZ} ids); tf.data shuffle "
           f"buffer {min(args.shuffle_buffer, args.rows):,}; medians of {args.repeats} runs, "
           "each in a fresh process", flush=True)
+    print(_load_note("before"), flush=True)
     medians: dict[tuple[str, int], dict[str, float]] = {}
     for batch_size in args.batch_sizes:
+        runs = _round_robin(cases, args.repeats, lambda case, b=batch_size: run_case(
+            case, data, b, args.shuffle_buffer))
         for case in cases:
-            runs = [run_case(case, data, batch_size, args.shuffle_buffer)
-                    for _ in range(args.repeats)]
-            medians[case, batch_size] = {k: median([r[k] for r in runs])
+            medians[case, batch_size] = {k: median([r[k] for r in runs[case]])
                                          for k in ("rows", "rate", "first_batch_s", "peak_rss_mb",
-                                                   "setup_s")}
+                                                   "setup_s", "cpu_s")}
             m = medians[case, batch_size]
-            print(f"  {case:<13} batch {batch_size:>6}: {m['rate'] / 1e6:6.3f} M rows/s, setup "
-                  f"{m['setup_s']:.2f} s, peak RSS {m['peak_rss_mb']:.0f} MB", flush=True)
+            rates = ", ".join(f"{r['rate'] / 1e6:.3f}" for r in runs[case])
+            print(f"  {case:<13} batch {batch_size:>6}: {m['rate'] / 1e6:6.3f} M rows/s (runs: "
+                  f"{rates}), setup {m['setup_s']:.2f} s, CPU {m['cpu_s']:.2f} s, peak RSS "
+                  f"{m['peak_rss_mb']:.0f} MB", flush=True)
+    print(_load_note("after"), flush=True)
     headers = ["case", "batch", "rows", "M rows/s", "vs tf.data", "target", "setup s",
-               "first batch s", "peak RSS MB"]
+               "first batch s", "CPU s", "peak RSS MB"]
     targets = {"torch_dense": 1.0, "tf_dense": 1.0, "torch_ragged": 0.7, "tf_ragged": 0.7}
     table = []
     for (case, batch_size), m in medians.items():
@@ -373,13 +395,30 @@ def main_multi_hot(args: argparse.Namespace) -> None:
             f"{ratio:.2f}x" if ratio is not None else "",
             "" if target is None or ratio is None else
             (f">= {target}x met" if ratio >= target else f">= {target}x MISSED"),
-            f"{m['setup_s']:.2f}", f"{m['first_batch_s']:.3f}", f"{m['peak_rss_mb']:.0f}",
+            f"{m['setup_s']:.2f}", f"{m['first_batch_s']:.3f}", f"{m['cpu_s']:.2f}",
+            f"{m['peak_rss_mb']:.0f}",
         ])
     print()
     print(format_table(headers, table, markdown=args.markdown))
 
 
 # -- driver ---------------------------------------------------------------------------
+def _round_robin(cases: Sequence[str], repeats: int,
+                 run: Callable[[str], dict]) -> dict[str, list[dict]]:
+    """``repeats`` runs of each case, taken in turns (case 1, case 2, ..., case 1, ...):
+    on a shared machine a change of load then falls on every case alike."""
+    runs: dict[str, list[dict]] = {case: [] for case in cases}
+    for _ in range(repeats):
+        for case in cases:
+            runs[case].append(run(case))
+    return runs
+
+
+def _load_note(when: str) -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {when}: {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
 def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--child", case, "--data-dir", data,
             "--batch-sizes", str(batch_size), "--handwritten-rows", str(limit)]
@@ -441,23 +480,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} runs, each in a fresh "
           "process", flush=True)
 
+    print(_load_note("before"), flush=True)
     medians: dict[tuple[str, int], dict[str, float]] = {}
     for batch_size in args.batch_sizes:
+        runs = _round_robin(args.cases, args.repeats, lambda case, b=batch_size: run_case(
+            case, data, b, args.handwritten_rows))
         for case in args.cases:
-            runs = [run_case(case, data, batch_size, args.handwritten_rows)
-                    for _ in range(args.repeats)]
-            medians[case, batch_size] = {k: median([r[k] for r in runs])
+            medians[case, batch_size] = {k: median([r[k] for r in runs[case]])
                                          for k in ("rows", "rate", "first_batch_s", "peak_rss_mb",
-                                                   "start_rss_mb")}
+                                                   "start_rss_mb", "cpu_s")}
             m = medians[case, batch_size]
-            rates = ", ".join(f"{r['rate'] / 1e6:.3f}" for r in runs)
+            rates = ", ".join(f"{r['rate'] / 1e6:.3f}" for r in runs[case])
             print(f"  {case:<12} batch {batch_size:>6}: {m['rate'] / 1e6:6.3f} M rows/s "
                   f"(runs: {rates}), first batch "
-                  f"{m['first_batch_s']:.3f} s, peak RSS {m['peak_rss_mb']:.0f} MB "
-                  f"({m['start_rss_mb']:.0f} MB after imports)", flush=True)
+                  f"{m['first_batch_s']:.3f} s, CPU {m['cpu_s']:.2f} s, peak RSS "
+                  f"{m['peak_rss_mb']:.0f} MB ({m['start_rss_mb']:.0f} MB after imports)",
+                  flush=True)
+    print(_load_note("after"), flush=True)
 
     headers = ["case", "batch", "rows", "M rows/s", "vs raw", "vs handwritten", "first batch s",
-               "peak RSS MB", "of which imports"]
+               "CPU s", "peak RSS MB", "of which imports"]
     table = []
     for (case, batch_size), m in medians.items():
         raw = medians.get(("raw", batch_size))
@@ -466,7 +508,8 @@ def main(argv: list[str] | None = None) -> None:
             case, batch_size, f"{int(m['rows']):,}", f"{m['rate'] / 1e6:.3f}",
             f"{m['rate'] / raw['rate']:.2f}x" if raw and case != "raw" else "",
             f"{m['rate'] / hand['rate']:.1f}x" if hand and case != "handwritten" else "",
-            f"{m['first_batch_s']:.3f}", f"{m['peak_rss_mb']:.0f}", f"{m['start_rss_mb']:.0f}",
+            f"{m['first_batch_s']:.3f}", f"{m['cpu_s']:.2f}", f"{m['peak_rss_mb']:.0f}",
+            f"{m['start_rss_mb']:.0f}",
         ])
     print()
     print(format_table(headers, table, markdown=args.markdown))

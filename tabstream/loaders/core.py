@@ -3,8 +3,9 @@
 One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 
 1. lay the row groups out in the epoch's order and take this rank's slice of rows;
-2. read them in two background threads, at most one row group ahead of the chunk
-   being batched;
+2. read them in a background thread (two when one wide column dominates the row
+   groups: parquet decodes a column on one thread), at most one row group ahead of
+   the chunk being batched;
 3. take ``parts_per_chunk`` row groups at a time (a *chunk*), deal its rows out to
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
@@ -14,8 +15,10 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 
 Memory is bounded by the chunk size, whatever the dataset size: at most
 ``parts_per_chunk + 1`` row groups read, one chunk's worth of batches being
-handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands. An error in a background thread is raised in the consumer at
-the next batch; abandoning an iteration stops the threads.
+handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands
+(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). An
+error in a background thread is raised in the consumer at the next batch;
+abandoning an iteration stops the threads.
 
 Yielded structure, for ``batch_size=3`` and a schema with an id ``C1``, a float
 ``I1``, a list ``tags`` and the target ``label``::
@@ -58,6 +61,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tabstream.core.dtypes import is_list_type
 from tabstream.core.errors import DataError, NotFittedError, SchemaError
@@ -169,8 +173,24 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     its columns are copied out is reused by the batches: pages already touched (a
     page fault per fresh 4 KiB would cost about half of a shuffled batch) and one
     allocator's high-water mark instead of two. Freed with its last array or tensor.
+    Arrow's buffers are 64-byte aligned, which TensorFlow needs to take a numpy array
+    over without copying it (numpy's own allocations are 16-byte aligned: copied).
     """
     return np.frombuffer(pa.allocate_buffer(max(size * dtype.itemsize, 1)), dtype)[:size]
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros of ``shape`` in arrow's pool (see :func:`_empty`)."""
+    out = _empty(int(np.prod(shape, dtype=np.int64)), np.dtype(dtype)).reshape(shape)
+    out.fill(0)
+    return out
+
+
+def _shifted(offsets: np.ndarray, start: int) -> np.ndarray:
+    """``offsets - start`` as int64 in arrow's pool (see :func:`_empty`)."""
+    out = _empty(len(offsets), np.dtype(np.int64))
+    np.subtract(offsets, start, out=out, casting="unsafe")
+    return out
 
 
 class _BatchBuilder:
@@ -245,11 +265,40 @@ def _column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> 
     return Layout(dtype, len(sizes), fixed)
 
 
-def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -> np.ndarray:
+def _numbers(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric arrow array as a (read-only) numpy array, without pyarrow's
+    ``to_numpy``: that imports pandas on its first call (+45 MB of RSS in a loader
+    process). Numbers are a view of the values buffer (the array's offset
+    honoured); booleans are unpacked from their bits; null floats become NaN.
+    Callers check that other columns hold no nulls.
+
+    >>> _numbers(pa.array([1.5, None, 2.0])).tolist()
+    [1.5, nan, 2.0]
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if arr.null_count and pa.types.is_floating(t):
+        arr = pc.fill_null(arr, pa.scalar(float("nan"), t))
+    boolean = pa.types.is_boolean(t)
+    dtype = np.dtype(bool) if boolean else np.dtype(t.to_pandas_dtype())
+    data = arr.buffers()[1]
+    if len(arr) == 0 or data is None:
+        return np.zeros(len(arr), dtype)
+    if boolean:
+        bits = np.frombuffer(data, np.uint8)
+        return np.unpackbits(bits, count=arr.offset + len(arr),
+                             bitorder="little")[arr.offset:].view(bool)
+    return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str,
+                 first_row: int = 0) -> np.ndarray:
     """A fixed-length list column as a dense ``(rows, *shape)`` array: the values
-    buffer reshaped, after checking (vectorized) that every row has that shape."""
+    buffer reshaped, after checking (vectorized) that every row has that shape.
+    ``arr`` holds the rows from ``first_row`` on of ``where`` (for the messages)."""
     if arr.null_count:
-        row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        row = first_row + int(np.flatnonzero(_numbers(arr.is_null()))[0])
         raise DataError(f"column {name!r} is a fixed-length list of shape {shape} but row {row} "
                         f"of {where} is null; fill it before export or declare it ragged")
     rows = len(arr)
@@ -258,14 +307,15 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
         if pa.types.is_fixed_size_list(level.type):
             level = level.flatten()  # honours the array's offset
             continue
-        offsets = level.offsets.to_numpy()
+        offsets = _numbers(level.offsets)
         lengths = np.diff(offsets)
         bad = np.flatnonzero(lengths != size)
         if len(bad):
             kind = "list" if depth == 0 else "inner list"
+            first = first_row * int(np.prod(shape[:depth], dtype=np.int64))
             raise DataError(
                 f"column {name!r}: the schema says every {kind} holds {size} values "
-                f"(value_count min == max, or shape), but {kind} {int(bad[0])} of {where} "
+                f"(value_count min == max, or shape), but {kind} {first + int(bad[0])} of {where} "
                 f"holds {int(lengths[bad[0]])} ({len(bad)} such); fix the schema or the data"
             )
         level = level.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
@@ -277,19 +327,18 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str) -
             f"column {name!r} has {level.null_count} null values in {where}; only float "
             "columns may hold nulls (as NaN): fill them before export (e.g. ops.FillMissing)"
         )
-    return level.to_numpy(zero_copy_only=False).reshape((rows, *shape))
+    return _numbers(level).reshape((rows, *shape))
 
 
 def _ragged_nested(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list-of-lists array as ``(values, outer_offsets, inner_offsets)``, both
     offsets starting at 0."""
-    outer = arr.offsets.to_numpy()
+    outer = _numbers(arr.offsets)
     lo, hi = int(outer[0]), int(outer[-1])
     inner_lists = arr.values.slice(lo, hi - lo)
-    inner = inner_lists.offsets.to_numpy()
+    inner = _numbers(inner_lists.offsets)
     vlo, vhi = int(inner[0]), int(inner[-1])
-    return (_values(inner_lists.values, vlo, vhi), (outer - lo).astype(np.int64),
-            (inner - vlo).astype(np.int64))
+    return _values(inner_lists.values, vlo, vhi), _shifted(outer, lo), _shifted(inner, vlo)
 
 
 def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
@@ -311,9 +360,9 @@ def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
     list_of = np.repeat(np.arange(n_inner), inner_len)         # per value
     pos = np.arange(len(values)) - np.repeat(inner[:-1], inner_len)
     keep = (pos < length) & (field[list_of] < f)
-    padded = np.zeros((rows, f, length), dtype=values.dtype)
+    padded = _zeros((rows, f, length), values.dtype)
     padded[row_of[list_of[keep]], field[list_of[keep]], pos[keep]] = values[keep]
-    mask = np.zeros((rows, f, length), dtype=bool)
+    mask = _zeros((rows, f, length), np.dtype(bool))
     shown = field < f
     mask[row_of[shown], field[shown]] = np.arange(length) < np.minimum(inner_len[shown], length)[:, None]
     return padded, mask
@@ -324,7 +373,9 @@ def _all_true(shape: tuple[int, ...]) -> np.ndarray:
     """The all-true mask of a fixed-length column's batch: one array per shape,
     shared by every batch of that shape (filling a fresh one costs about as much as
     gathering the ids). Do not write to it."""
-    return np.ones(shape, dtype=bool)
+    mask = _empty(int(np.prod(shape, dtype=np.int64)), np.dtype(bool)).reshape(shape)
+    mask.fill(True)
+    return mask
 
 
 def _resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -333,8 +384,8 @@ def _resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.n
     fixed = dense.shape[1:]
     if fixed == shape:
         return dense, _all_true(dense.shape)
-    out = np.zeros((len(dense), *shape), dtype=dense.dtype)
-    mask = np.zeros(out.shape, dtype=bool)
+    out = _zeros((len(dense), *shape), dense.dtype)
+    mask = _zeros(out.shape, np.dtype(bool))
     common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(fixed, shape, strict=True)))
     out[common] = dense[common]
     mask[common] = True
@@ -357,14 +408,14 @@ def _values(arr: pa.Array, lo: int, hi: int) -> np.ndarray:
         dtype = np.dtype(t.to_pandas_dtype())
         return np.frombuffer(buffers[1], dtype, count=hi - lo,
                              offset=(arr.offset + lo) * dtype.itemsize)
-    return _writable(arr.to_numpy(zero_copy_only=False)[lo:hi])
+    return _writable(_numbers(arr)[lo:hi])
 
 
 def _ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
-    offsets = arr.offsets.to_numpy()
+    offsets = _numbers(arr.offsets)
     lo, hi = int(offsets[0]), int(offsets[-1])
-    return _values(arr.values, lo, hi), (offsets - lo).astype(np.int64)
+    return _values(arr.values, lo, hi), _shifted(offsets, lo)
 
 
 def _plain_lists(arr: pa.Array) -> pa.Array:
@@ -404,9 +455,10 @@ def pad_lists(values: np.ndarray, offsets: np.ndarray, length: int) -> tuple[np.
     row = np.repeat(np.arange(rows), lengths)
     pos = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
     keep = pos < length
-    padded = np.zeros((rows, length), dtype=values.dtype)
+    padded = _zeros((rows, length), values.dtype)
     padded[row[keep], pos[keep]] = values[keep]
-    mask = np.arange(length) < np.minimum(lengths, length)[:, None]
+    mask = _empty(rows * length, np.dtype(bool)).reshape(rows, length)
+    np.less(np.arange(length), np.minimum(lengths, length)[:, None], out=mask)
     return padded, mask
 
 
@@ -468,8 +520,9 @@ class Loader:
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
             on every run. Must be the same on all ranks.
         parts_per_chunk: row groups read and shuffled together; more is a better
-            shuffle and more memory. A chunk also stays under :attr:`chunk_bytes`
-            decoded bytes (fewer row groups when they are large; one at least).
+            shuffle and more memory. A chunk also stays under :attr:`chunk_bytes`,
+            counting its batch copies and the read-ahead (fewer row groups when
+            they are large; one at least).
         global_size, global_rank: number of ranks and this one's index (default 1, 0;
             the torch and TensorFlow loaders default to the active process group or
             strategy).
@@ -498,11 +551,15 @@ class Loader:
     yields per epoch, the same on every rank.
     """
 
-    #: Upper bound on a chunk's decoded bytes (estimated from the column types and
-    #: the footers), so that memory stays bounded whatever the files' row-group size:
-    #: 2 row groups of 1M Criteo rows would be over 500 MB. A single larger row group
-    #: is still read whole.
-    chunk_bytes: int = 128 * 2**20
+    #: Upper bound on the bytes one chunk costs: its decoded row groups (estimated
+    #: from the column types and the footers), the batches they are copied into (as
+    #: many bytes again) and the row group read ahead meanwhile, so that memory stays
+    #: bounded whatever the files' row-group size. 96 MiB takes 2 row groups per
+    #: chunk up to 75k Criteo rows each (268 bytes a row), 1 above: a torch loader
+    #: then peaks under 500 MB with the imports (260 MB for python and torch) and
+    #: the allocator's slack (measured on 100k-row groups; 2 of those peaked at
+    #: 520-600 MB). A single row group larger than the bound is still read whole.
+    chunk_bytes: int = 96 * 2**20
 
     def __init__(
         self,
@@ -685,35 +742,72 @@ class Loader:
     def _unit_bytes(self) -> list[float]:
         """Decoded bytes of the columns read, per unit (row group): fixed-width
         columns from their type, others from the footer's uncompressed size."""
-        cached = self.__dict__.get("_unit_bytes_cache")
+        return [total for total, _ in self._unit_sizes()]
+
+    def _unit_sizes(self) -> list[tuple[float, float]]:
+        """Per unit (row group): the decoded bytes of the columns read, and those of
+        the largest of them (see :meth:`_unit_bytes`)."""
+        cached = self.__dict__.get("_unit_sizes_cache")
         if cached is not None:
             return cached
         out = []
         for unit in self.source.units:
             md = self.source.metadata[unit.file].row_group(unit.row_group)
-            paths: dict[str, int] = {}  # a list column's leaf "tags.list.element" counts for "tags"
+            # A list column's leaf ("tags.list.element") counts for "tags": the larger of
+            # its stored size and its values at the leaf type's width (a dictionary-
+            # encoded multi-hot column stores a quarter of what it decodes to).
+            paths: dict[str, float] = {}
             for i in range(md.num_columns):
                 col = md.column(i)
                 top = col.path_in_schema.split(".")[0]
                 paths[top] = paths.get(top, 0) + col.total_uncompressed_size
-            size = 0.0
+                leaf = self.source.arrow_types.get(top)
+                while leaf is not None and is_list_type(leaf):
+                    leaf = leaf.value_type
+                if leaf is not None and top in paths and pa.types.is_primitive(leaf) \
+                        and not pa.types.is_boolean(leaf) and "." in col.path_in_schema:
+                    paths[top] = max(paths[top], col.num_values * leaf.bit_width / 8)
+            sizes = []
             for name in self._present[unit.file]:
                 t = self.source.arrow_types[name]
                 width = t.bit_width if pa.types.is_primitive(t) and not pa.types.is_boolean(t) else 0
-                size += unit.stored_rows * width / 8 if width else paths.get(name, 0)
-            out.append(size)
-        self.__dict__["_unit_bytes_cache"] = out
+                sizes.append(unit.stored_rows * width / 8 if width else float(paths.get(name, 0)))
+            out.append((float(sum(sizes)), max(sizes, default=0.0)))
+        self.__dict__["_unit_sizes_cache"] = out
         return out
 
-    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
-        unit = self.source.units[piece.unit]
-        path = self.source.files[unit.file]
-        present = self._present[unit.file]
+    def _read_threads(self) -> int:
+        """Row groups read at once. Parquet decodes the columns of one row group in
+        parallel, one column per thread: when no column holds more than half of a
+        row group's bytes, one read keeps two cores busy and a second concurrent one
+        would only hold another row group in memory. A row group dominated by one
+        wide column (multi-hot ids) decodes on one thread, so two are read at once."""
+        serial = any(widest * 2 > total for total, widest in self._unit_sizes())
+        return _READ_THREADS if serial else 1
+
+    def _batch_rows(self, unit_index: int) -> int:
+        """Rows per read for a large row group, 0 to read it whole (see _read_batched).
+        Row groups that need converting, filtering or transforming are read whole."""
+        unit = self.source.units[unit_index]
+        total = self._unit_sizes()[unit_index][0]
+        if (total <= _WHOLE_READ_BYTES or self._conforms[unit.file] or unit.mask is not None
+                or self.transforms is not None or not self._present[unit.file]):
+            return 0
+        return max(1, int(unit.stored_rows * _READ_BATCH_BYTES / total))
+
+    def _open(self, unit: Any, path: str) -> pq.ParquetFile:
         try:
-            table = self.source.open(unit.file).read_row_group(
-                unit.row_group, columns=present, use_threads=True)
+            return self.source.open(unit.file)
         except FileNotFoundError:
             raise FileNotFoundError(f"parquet file not found: {path!r}") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
+
+    def _read_whole(self, unit: Any, path: str) -> dict[str, Any]:
+        present = self._present[unit.file]
+        parquet = self._open(unit, path)
+        try:
+            table = parquet.read_row_group(unit.row_group, columns=present, use_threads=True)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
         if table.num_rows != unit.stored_rows and present:
@@ -726,36 +820,91 @@ class Loader:
             table = table.filter(pa.array(keep))
         if self.transforms is not None:
             table = self._transform(table, unit.row_group, path)
-        rows: np.ndarray | slice | None = None
-        if piece.num_rows != unit.num_rows:
-            if self.shuffle:
-                perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
-                rows = np.sort(perm[piece.start:piece.stop])
+        return {name: self._column(name, table.column(name), unit, path) for name in self.columns}
+
+    def _read_batched(self, unit: Any, path: str, batch_rows: int) -> dict[str, Any]:
+        """A large row group read ``batch_rows`` at a time, its numbers copied into
+        one buffer per column allocated up front (list columns kept as arrow).
+
+        Read whole, parquet decodes a column into buffers that grow by doubling,
+        so a 130 MB multi-hot column touches several times its size in fresh pages,
+        and fresh pages are what the first epoch mostly pays for (the kernel zeroes
+        each one). Read in slices, the slices' memory is reused from one to the
+        next and only the final buffers are new."""
+        rows = unit.stored_rows
+        dense: dict[str, np.ndarray] = {}
+        lists: dict[str, list[pa.Array]] = {}
+        at = 0
+        parquet = self._open(unit, path)
+        try:
+            batches = parquet.iter_batches(
+                batch_size=batch_rows, row_groups=[unit.row_group],
+                columns=self._present[unit.file], use_threads=True)
+            for batch in batches:
+                n = batch.num_rows
+                if at + n > rows:
+                    break
+                for name in self.columns:
+                    col = self._column(name, batch.column(name), unit, path, at)
+                    if isinstance(col, np.ndarray):
+                        out = dense.get(name)
+                        if out is None:
+                            size = rows * int(np.prod(col.shape[1:], dtype=np.int64))
+                            out = dense[name] = _empty(size, col.dtype).reshape((rows, *col.shape[1:]))
+                        out[at:at + n] = col
+                    else:
+                        lists.setdefault(name, []).append(col)
+                at += n
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
+        if at != rows:
+            raise DataError(f"row group {unit.row_group} of {path!r} has a different number of "
+                            f"rows than its footer says ({rows}): the file is corrupt")
+        out_cols: dict[str, Any] = dict(dense)
+        for name, parts in lists.items():
+            out_cols[name] = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+        return {name: out_cols[name] for name in self.columns}
+
+    def _column(self, name: str, col: pa.Array | pa.ChunkedArray, unit: Any, path: str,
+                first_row: int = 0) -> Any:
+        """One column of a row group (or of rows from ``first_row`` on) in the form
+        batches are cut from: numpy for numbers and fixed-length lists, plain arrow
+        lists for ragged ones; nulls checked."""
+        layout = self.layouts[name]
+        if isinstance(col, pa.ChunkedArray) and (layout.depth or layout.fixed is not None):
+            col = col.combine_chunks()
+        if layout.fixed is not None:
+            return _fixed_dense(col, layout.fixed, name,
+                                f"row group {unit.row_group} of {path!r}", first_row)
+        if layout.depth:
+            arr = _plain_lists(col)
+            leaf = arr.values if layout.depth == 1 else arr.values.values
+            self._check_nulls(name, leaf, path, unit.row_group)
+            return arr
+        self._check_nulls(name, col, path, unit.row_group)
+        return _numbers(col)
+
+    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
+        unit = self.source.units[piece.unit]
+        path = self.source.files[unit.file]
+        batch_rows = self._batch_rows(piece.unit)
+        out = (self._read_batched(unit, path, batch_rows) if batch_rows
+               else self._read_whole(unit, path))
+        if piece.num_rows == unit.num_rows:
+            return out
+        rows: np.ndarray | slice
+        if self.shuffle:
+            perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
+            rows = np.sort(perm[piece.start:piece.stop])
+        else:
+            rows = slice(piece.start, piece.stop)
+        for name, arr in out.items():
+            if isinstance(arr, np.ndarray):
+                out[name] = arr[rows]
+            elif isinstance(rows, slice):
+                out[name] = arr.slice(rows.start, rows.stop - rows.start)
             else:
-                rows = slice(piece.start, piece.stop)
-        out = {}
-        for name in self.columns:
-            col = table.column(name)
-            layout = self.layouts[name]
-            if layout.fixed is not None:
-                arr = _fixed_dense(col.combine_chunks(), layout.fixed, name,
-                                   f"row group {unit.row_group} of {path!r}")
-                if rows is not None:
-                    arr = arr[rows]
-            elif layout.depth:
-                arr = _plain_lists(col.combine_chunks())
-                leaf = arr.values if layout.depth == 1 else arr.values.values
-                self._check_nulls(name, leaf, path, unit.row_group)
-                if isinstance(rows, slice):
-                    arr = arr.slice(rows.start, rows.stop - rows.start)
-                elif rows is not None:
-                    arr = pc.take(arr, rows)
-            else:
-                self._check_nulls(name, col, path, unit.row_group)
-                arr = col.to_numpy()
-                if rows is not None:
-                    arr = arr[rows]
-            out[name] = arr
+                out[name] = pc.take(arr, rows)
         return out
 
     def _transform(self, table: pa.Table, row_group: int, path: str) -> pa.Table:
@@ -827,9 +976,14 @@ class Loader:
         """
         pieces = self.pieces(epoch)
         unit_bytes = self._unit_bytes()
+        piece_bytes = [unit_bytes[p.unit] * p.num_rows / max(1, self.source.units[p.unit].num_rows)
+                       for p in pieces]
+        # What a chunk costs: its row groups, the batches they are copied into (as
+        # many bytes again: a column is freed only once copied) and the row group
+        # read ahead meanwhile; together they stay under chunk_bytes.
+        ahead = max(piece_bytes, default=0.0)
         chunks = [pieces[a:b] for a, b in plan.chunk_bounds(
-            [unit_bytes[p.unit] * p.num_rows / max(1, self.source.units[p.unit].num_rows)
-             for p in pieces], self.parts_per_chunk, self.chunk_bytes)]
+            [2 * b for b in piece_bytes], self.parts_per_chunk, self.chunk_bytes - ahead)]
         lists = [n for n in self.columns
                  if self.layouts[n].depth and self.layouts[n].fixed is None]
         dtypes = {n: (self.layouts[n].dtype, self.layouts[n].fixed or ())
@@ -842,7 +996,8 @@ class Loader:
         # reading never waits as long as cutting a chunk takes less time than
         # reading a row group, and at most parts_per_chunk + 1 are held.
         reader = _PieceReader(lambda piece: self._read_piece(piece, epoch), pieces,
-                              budget=max((len(c) for c in chunks), default=1) + 1)
+                              budget=max((len(c) for c in chunks), default=1) + 1,
+                              threads=self._read_threads())
         try:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],
@@ -887,6 +1042,10 @@ class Loader:
 # thread, so a single wide column (multi-hot ids) needs concurrent row groups to
 # use a second core. Memory stays bounded by the reader's budget.
 _READ_THREADS = 2
+# Row groups larger than this (decoded) are read in slices of about _READ_BATCH_BYTES
+# into buffers allocated up front (see Loader._read_batched).
+_WHOLE_READ_BYTES = 32 * 2**20
+_READ_BATCH_BYTES = 16 * 2**20
 
 
 class _PieceReader:
@@ -894,7 +1053,7 @@ class _PieceReader:
     holding at most ``budget`` pieces that the consumer has not released yet."""
 
     def __init__(self, read: Callable[[plan.Piece], Any], pieces: Sequence[plan.Piece],
-                 budget: int) -> None:
+                 budget: int, threads: int = _READ_THREADS) -> None:
         self._slots = threading.Semaphore(budget)
         self._cond = threading.Condition()
         self._results: dict[int, Any] = {}
@@ -903,7 +1062,7 @@ class _PieceReader:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(read, pieces),
                                           name=f"tabstream-read-{k}", daemon=True)
-                         for k in range(max(1, min(_READ_THREADS, len(pieces))))]
+                         for k in range(max(1, min(threads, len(pieces))))]
         for thread in self._threads:
             thread.start()
 

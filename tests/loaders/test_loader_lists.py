@@ -214,3 +214,75 @@ def test_list_values_are_writable_and_owned_by_their_batch(lists_export: tuple[P
     for k, (values, _, _) in enumerate(batches):
         # ... and keeps it: no batch shares memory with a later one
         assert (values == 1000 + k).all() and len(values) == sizes[k]
+
+
+def _batches(loader: Loader) -> list:
+    out = []
+    for features, labels in loader:
+        flat = {"label": labels}
+        for name, col in features.items():
+            flat.update({f"{name}.{i}": a for i, a in enumerate(col)} if isinstance(col, tuple)
+                        else {name: col})
+        out.append(flat)
+    return out
+
+
+@pytest.mark.parametrize("w,rank", [(1, 0), (2, 1)])
+def test_large_row_groups_read_in_slices_give_the_same_batches(
+        lists_export: tuple[Path, pa.Table], monkeypatch: pytest.MonkeyPatch, w: int,
+        rank: int) -> None:
+    """Row groups above _WHOLE_READ_BYTES are read a slice at a time into buffers
+    allocated up front: the batches are those of a whole read, and the rows those
+    pyarrow reads."""
+    import tabstream.loaders.core as core
+
+    path, expected = lists_export
+    kw = {"seed": 4, "global_size": w, "global_rank": rank}
+    whole = _batches(Loader(path, 64, **kw))
+    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 2000)   # a few rows per slice
+    loader = Loader(path, 64, **kw)
+    assert 1 < loader._batch_rows(0) < 100
+    sliced = _batches(loader)
+    assert len(sliced) == len(whole)
+    for a, b in zip(sliced, whole, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
+        want = expected.take(a["row_id"])
+        assert np.array_equal(a["fxn.0"], np.array(want["fxn"].to_pylist(), np.float32))
+        assert _nested_rows(a["nested.0"], a["nested.1"], a["nested.2"]) == want["nested"].to_pylist()
+
+
+def test_a_bad_row_in_a_later_slice_is_named_by_its_row_group_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tabstream.loaders.core as core
+
+    ids = np.random.default_rng(7).integers(0, 9, (40, F, L)).tolist()
+    ids[25][2] = ids[25][2][:1]
+    t = pa.table({"n": pa.array(ids, pa.list_(pa.list_(pa.int64())))})
+    schema = Schema([ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    path = _write(tmp_path / "b", [t], schema, row_group=40)
+    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 4)  # 4 rows a slice
+    with pytest.raises(DataError, match=rf"but inner list {25 * F + 2} of row group 0 of "):
+        list(Loader(path, 40, features=["n"], shuffle=False))
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_every_array_of_a_batch_is_64_byte_aligned(lists_export: tuple[Path, pa.Table],
+                                                   pad: bool) -> None:
+    """TensorFlow takes a numpy array over without a copy only when its data is
+    64-byte aligned (numpy's own allocations are 16-byte aligned): offsets, masks and
+    padded blocks come from arrow's pool like the batch columns."""
+    path, _ = lists_export
+    loader = Loader(path, 64, seed=2, pad={"nested": (2, 3)} if pad else False)
+    for features, labels in loader:
+        arrays = [labels]
+        for col in features.values():
+            arrays.extend(col if isinstance(col, tuple) else [col])
+        for a in arrays:
+            assert a.ctypes.data % 64 == 0, (a.dtype, a.shape)
+    assert np.array_equal(pad_nested(np.array([1, 2, 3]), np.array([0, 2, 3]),
+                                     np.array([0, 1, 1, 3]), (2, 2))[0].ravel(),
+                          [1, 0, 0, 0, 2, 3, 0, 0])
