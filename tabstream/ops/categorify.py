@@ -319,6 +319,24 @@ class Categorify(StatOperator):
             out[name] = self._maybe_spill(merged)
         return out
 
+    def combine_root(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+        """The last combination of a fit (its result goes straight to :meth:`finalize`).
+
+        When nothing was spilled, the merged counts stay in memory: spilling them
+        here would only write them out for ``finalize`` to read back bucket by
+        bucket, while this task already holds them whole. ``freq_threshold`` is
+        applied here, on the worker, so only the values that can enter the
+        vocabulary travel to the process that finalizes."""
+        out = {}
+        for name in partials[0]:
+            parts = [p[name] for p in partials]
+            if any(p.spilled for p in parts):
+                out.update(self.combine([{name: p} for p in parts]))
+                continue
+            tables = [p.table for p in parts if p.table is not None]
+            out[name] = _Counts(self._threshold(merge_counts(tables), name) if tables else None)
+        return out
+
     def _maybe_spill(self, counts: _Counts) -> _Counts:
         if counts.table is None or counts.table.num_rows <= self.spill_rows:
             return counts

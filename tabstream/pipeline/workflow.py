@@ -137,7 +137,7 @@ class Workflow:
                 delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0)
                 for piece in ds.pieces
             ]
-            reduced = tree_reduce(partials, _Combine(nodes))
+            reduced = tree_reduce(partials, _Combine(nodes), root=_Combine(nodes, root=True))
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
             if level == 0:  # the first pass also counts the rows
                 _check_has_rows(ds, stats.pop())
@@ -416,11 +416,18 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
 class _Combine:
     """Combine per-node partial lists from several partitions."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], root: bool = False) -> None:
         self.nodes = list(nodes)
+        self.root = root
 
     def __call__(self, partial_lists: list[list[Any]]) -> list[Any]:
-        out = [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        out = []
+        for i, node in enumerate(self.nodes):
+            parts = [pl[i] for pl in partial_lists]
+            # the last combination of the reduction may use the op's cheaper
+            # ``combine_root`` (its result goes straight to ``finalize``)
+            combine = getattr(node.op, "combine_root", None) if self.root else None
+            out.append((combine or node.op.combine)(parts))
         if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
             out.append(sum(pl[-1] for pl in partial_lists))
         return out
