@@ -160,6 +160,11 @@ class Categorify(StatOperator):
         With ``encode_type="joint"``: all selected columns share one vocabulary.
     """
 
+    #: fit and transform take dictionary columns (counted and encoded without
+    #: decoding): the workflow then reads parquet's dictionary-encoded string
+    #: columns that only Categorify uses as dictionaries
+    accepts_dictionary = True
+
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"vocabularies": list[str]}
     state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"}}
@@ -448,6 +453,8 @@ class Categorify(StatOperator):
         return pa.table(out)
 
     def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        if pa.types.is_dictionary(column.type) and not _is_list(column.type.value_type):
+            return self._encode_dictionary(name, column)
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         if pa.types.is_dictionary(column.type):
@@ -459,6 +466,19 @@ class Categorify(StatOperator):
             ids = self._encode_flat(name, child)
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return self._encode_flat(name, column)
+
+    def _encode_dictionary(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        """Ids of a dictionary column, chunk by chunk without decoding: each chunk's
+        dictionary is encoded like a plain column (its null and NaN entries get id 1),
+        and the rows take their entry's id; a null index is missing (id 1)."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
+        kernels = backend()
+        out = []
+        for chunk in chunks:
+            ids = self._encode_flat(name, kernels.normalize_missing(chunk.dictionary))
+            out.append(pc.fill_null(ids.take(chunk.indices), pa.scalar(NULL_ID, out_type)))
+        return pa.concat_arrays(out) if out else pa.array([], out_type)
 
     def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:
         out_type = pa.int64() if self.dtype == "int64" else pa.int32()
