@@ -529,8 +529,8 @@ class Dataset:
         return t.select(list(columns)) if columns is not None else t
 
     def _dictionary_encoded(self, piece: _ParquetPiece, names: Sequence[str]) -> list[str]:
-        """Those of ``names`` (string columns of the same type in the file and in the
-        dataset's schema) whose pages are dictionary-encoded in every row group of
+        """Those of ``names`` (string columns in the file and in the dataset's
+        schema) whose pages are dictionary-encoded in every row group of
         ``piece``: read as dictionaries, they cost no string decoding. A column
         stored plain (high cardinality) is left out: reading it as a dictionary
         would hash every value while reading."""
@@ -542,8 +542,7 @@ class Dataset:
         for name in names:
             field = self._arrow_schema.field(name)
             if name not in positions or name not in file_schema.names or \
-                    not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)) or \
-                    file_schema.field(name).type != field.type:
+                    not _is_text(field.type) or not _is_text(file_schema.field(name).type):
                 continue
             i = positions[name]
             if all({"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & set(md.row_group(g).column(i).encodings)
@@ -584,10 +583,14 @@ class Dataset:
                       for name in target.names}
             table = pa.table(arrays)
         if as_dictionary:
-            # the columns read as dictionaries keep that type (values of the target's)
-            target = pa.schema([pa.field(f.name, table.schema.field(f.name).type, f.nullable, f.metadata)
-                                if f.name in as_dictionary and table.schema.field(f.name).type.value_type == f.type
-                                else f for f in target])
+            # the columns read as dictionaries keep that type, with values of the
+            # target's type (a file's string may be the dataset's large_string:
+            # only the dictionary is cast)
+            target = pa.schema([
+                pa.field(f.name, pa.dictionary(table.schema.field(f.name).type.index_type, f.type),
+                         f.nullable, f.metadata)
+                if f.name in as_dictionary and pa.types.is_dictionary(table.schema.field(f.name).type)
+                else f for f in target])
         if not table.schema.equals(target):
             try:
                 table = table.select(target.names).cast(target)
@@ -1303,6 +1306,10 @@ def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str
         if not f.nullable and (f.name not in other.names or other.field(f.name).nullable):
             fields[i] = f.with_nullable(True)
     return pa.schema(fields, metadata=unified.metadata)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
