@@ -758,7 +758,8 @@ class Dataset:
             return None
         if frame.height != lines:
             return None
-        return frame.to_arrow().cast(schema)
+        # one chunk per column, as Arrow's reader gives (polars parses in pieces)
+        return frame.rechunk().to_arrow().cast(schema)
 
     def _csv_error(self, piece: _CsvPiece, data: bytes, skip_header: bool,
                    exc: Exception) -> DataError:
