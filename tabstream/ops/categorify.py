@@ -49,6 +49,11 @@ dask cluster partials are spilled by one worker and merged by another process, s
 spill there needs a ``spill_dir`` every worker and the client share: the local
 temporary folder of a worker is never used (a clear error asks for ``spill_dir``).
 The vocabulary (values with their counts, in id order) is saved as parquet.
+
+Dictionary columns (parquet's dictionary-encoded string pages, which the workflow
+reads as dictionaries for columns only Categorify uses) are counted and encoded
+without decoding: each chunk's dictionary is counted by a bincount of its indices
+and encoded once, then gathered by index. The ids are those of the decoded column.
 """
 
 from __future__ import annotations

@@ -448,8 +448,9 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
 #: partials one combination of a fit merges. Each merge hashes every value of its
 #: partials once, and a merged partial past an op's spill limit is written to disk
 #: and read back, so fewer levels cost less: 16 partitions (2M Criteo-like rows) are
-#: merged once, in memory, where 8 took two levels and a spill (measured: fit 0.65x
-#: the CPU). Memory: one task holds up to this many partials.
+#: merged once, in memory, where 8 took two levels and a spill (fit CPU about 0.65x,
+#: measured on a loaded machine, see benchmarks/RESULTS.md). Memory: one task holds
+#: up to this many partials.
 FIT_FAN_IN = 16
 
 
