@@ -758,8 +758,7 @@ class Dataset:
             return None
         if frame.height != lines:
             return None
-        # one chunk per column, as Arrow's reader gives (polars parses in pieces)
-        return frame.rechunk().to_arrow().cast(schema)
+        return frame.to_arrow().cast(schema)
 
     def _csv_error(self, piece: _CsvPiece, data: bytes, skip_header: bool,
                    exc: Exception) -> DataError:
