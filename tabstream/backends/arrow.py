@@ -119,6 +119,8 @@ class ArrowBackend(Backend):
 
     # -- categorical -----------------------------------------------------------
     def value_counts(self, column: Column) -> pa.Table:
+        if pa.types.is_dictionary(column.type) and not _is_list(column.type.value_type):
+            return self._dictionary_value_counts(column)
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
         column = normalize_missing(column)
@@ -128,7 +130,39 @@ class ArrowBackend(Backend):
         table = pa.table({"values": vc.field("values"), "counts": vc.field("counts").cast(pa.int64())})
         return table.filter(pc.is_valid(table["values"]))
 
+    def _dictionary_value_counts(self, column: Column) -> pa.Table:
+        """Counts of a dictionary column without decoding it: per chunk, a bincount of
+        the indices names how often each dictionary entry is used; the used entries
+        (normalized: a NaN entry is missing, ``-0.0`` is ``0.0``) and their counts are
+        then summed by value, over chunks whose dictionaries differ and over entries
+        that are equal after normalizing."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        value_type = column.type.value_type
+        parts = []
+        for chunk in chunks:
+            size = len(chunk.dictionary)
+            if size == 0 or chunk.null_count == len(chunk):
+                continue
+            indices = chunk.indices
+            if indices.null_count:
+                indices = indices.drop_null()
+            counts = np.bincount(indices.to_numpy(), minlength=size)
+            used = np.flatnonzero(counts)
+            values = normalize_missing(chunk.dictionary.take(pa.array(used)))
+            parts.append(pa.table({"values": values.cast(value_type),
+                                   "counts": pa.array(counts[used].astype(np.int64))}))
+        if not parts:
+            return pa.table({"values": pa.array([], value_type), "counts": pa.array([], pa.int64())})
+        table = pa.concat_tables(parts)
+        table = table.filter(pc.is_valid(table["values"]))
+        return self.groupby_aggregate(table, ["values"], [("counts", "sum", "counts")])
+
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
+        if pa.types.is_dictionary(column.type):
+            # each chunk's dictionary is looked up once, then gathered by index
+            chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+            out = [self.encode(chunk.dictionary, vocabulary).take(chunk.indices) for chunk in chunks]
+            return pa.concat_arrays(out) if out else pa.array([], pa.int64())
         # float16 keys: looked up on an exact float32 view (no half-float kernels)
         return pc.index_in(widen_half(column), value_set=widen_half(vocabulary)).cast(pa.int64())
 

@@ -93,12 +93,16 @@ class Backend(abc.ABC):
     def value_counts(self, column: Column) -> pa.Table:
         """Distinct non-missing values and their counts, ``(values, counts int64)``, in
         any order; list columns count their elements. Missing values are normalized
-        first (NaN is missing, ``-0.0`` counts as ``0.0``)."""
+        first (NaN is missing, ``-0.0`` counts as ``0.0``). A dictionary column (as
+        parquet's dictionary-encoded pages read) counts its values, whatever its
+        chunks' dictionaries (they may differ, hold unused or repeated entries, a
+        null or NaN entry); the values come back of the dictionary's value type."""
 
     @abc.abstractmethod
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
-        """int64 position of each value in ``vocabulary`` (same type as ``column``),
-        null where the value is not in it or is null."""
+        """int64 position of each value in ``vocabulary`` (same type as ``column``, or
+        as its dictionary's values for a dictionary column), null where the value is
+        not in it or is null."""
 
     @abc.abstractmethod
     def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:

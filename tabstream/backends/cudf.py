@@ -166,6 +166,8 @@ class CudfBackend(Backend):
                          "counts": table.column("counts").cast(pa.int64())})
 
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
+        if pa.types.is_dictionary(column.type):  # dictionary reads of parquet: decoded here
+            column = column.cast(column.type.value_type)
         cudf, cupy = _libs()
         positions = cudf.Series(cupy.arange(len(vocabulary), dtype="int64"),
                                 index=cudf.Index(cudf.Series.from_arrow(vocabulary)))

@@ -49,6 +49,11 @@ dask cluster partials are spilled by one worker and merged by another process, s
 spill there needs a ``spill_dir`` every worker and the client share: the local
 temporary folder of a worker is never used (a clear error asks for ``spill_dir``).
 The vocabulary (values with their counts, in id order) is saved as parquet.
+
+Dictionary columns (parquet's dictionary-encoded string pages, which the workflow
+reads as dictionaries for columns only Categorify uses) are counted and encoded
+without decoding: each chunk's dictionary is counted by a bincount of its indices
+and encoded once, then gathered by index. The ids are those of the decoded column.
 """
 
 from __future__ import annotations
@@ -159,6 +164,11 @@ class Categorify(StatOperator):
     single_table:
         With ``encode_type="joint"``: all selected columns share one vocabulary.
     """
+
+    #: fit and transform take dictionary columns (counted and encoded without
+    #: decoding): the workflow then reads parquet's dictionary-encoded string
+    #: columns that only Categorify uses as dictionaries
+    accepts_dictionary = True
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"vocabularies": list[str]}
@@ -319,6 +329,24 @@ class Categorify(StatOperator):
             out[name] = self._maybe_spill(merged)
         return out
 
+    def combine_root(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+        """The last combination of a fit (its result goes straight to :meth:`finalize`).
+
+        When nothing was spilled, the merged counts stay in memory: spilling them
+        here would only write them out for ``finalize`` to read back bucket by
+        bucket, while this task already holds them whole. ``freq_threshold`` is
+        applied here, on the worker, so only the values that can enter the
+        vocabulary travel to the process that finalizes."""
+        out = {}
+        for name in partials[0]:
+            parts = [p[name] for p in partials]
+            if any(p.spilled for p in parts):
+                out.update(self.combine([{name: p} for p in parts]))
+                continue
+            tables = [p.table for p in parts if p.table is not None]
+            out[name] = _Counts(self._threshold(merge_counts(tables), name) if tables else None)
+        return out
+
     def _maybe_spill(self, counts: _Counts) -> _Counts:
         if counts.table is None or counts.table.num_rows <= self.spill_rows:
             return counts
@@ -439,6 +467,8 @@ class Categorify(StatOperator):
         return pa.table(out)
 
     def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        if pa.types.is_dictionary(column.type) and not _is_list(column.type.value_type):
+            return self._encode_dictionary(name, column)
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         if pa.types.is_dictionary(column.type):
@@ -450,6 +480,19 @@ class Categorify(StatOperator):
             ids = self._encode_flat(name, child)
             return type(column).from_arrays(offsets, ids, mask=column.is_null() if column.null_count else None)
         return self._encode_flat(name, column)
+
+    def _encode_dictionary(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        """Ids of a dictionary column, chunk by chunk without decoding: each chunk's
+        dictionary is encoded like a plain column (its null and NaN entries get id 1),
+        and the rows take their entry's id; a null index is missing (id 1)."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
+        kernels = backend()
+        out = []
+        for chunk in chunks:
+            ids = self._encode_flat(name, kernels.normalize_missing(chunk.dictionary))
+            out.append(pc.fill_null(ids.take(chunk.indices), pa.scalar(NULL_ID, out_type)))
+        return pa.concat_arrays(out) if out else pa.array([], out_type)
 
     def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:
         out_type = pa.int64() if self.dtype == "int64" else pa.int32()

@@ -394,16 +394,26 @@ class Dataset:
     def arrow_schema(self) -> pa.Schema:
         return self._arrow_schema
 
-    def read_piece(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
+    def read_piece(self, piece: Any, columns: Sequence[str] | None = None,
+                   dictionary: Sequence[str] = ()) -> pa.Table:
         """Read one partition as an Arrow table (only ``columns`` when given), keeping
-        only the rows of this Dataset (its ``filters`` and split)."""
+        only the rows of this Dataset (its ``filters`` and split).
+
+        ``dictionary`` names string columns the caller takes as dictionary arrays:
+        where a parquet file stores such a column in dictionary-encoded pages (in
+        every row group of the partition) it is read as ``dictionary<int32, string>``
+        chunks, one dictionary per row group, without decoding the strings. Other
+        sources, and columns the Dataset's filters use, are read as usual."""
         read = self._reader()
         active = self._active_filters()
+        if dictionary:
+            used = {c for f in active for c in f.columns}
+            dictionary = tuple(c for c in dictionary if c not in used)
         if not active:
-            return read(piece, columns)
+            return read(piece, columns, dictionary) if dictionary else read(piece, columns)
         needed = None if columns is None else list(dict.fromkeys(
             [*columns, *(c for f in active for c in f.columns)]))
-        table = read(piece, needed)
+        table = read(piece, needed, dictionary) if dictionary else read(piece, needed)
         table = table.filter(pa.array(self._mask(table, table.num_rows, piece)))
         return table if columns is None else table.select(list(columns))
 
@@ -449,13 +459,16 @@ class Dataset:
             return self._read_cached
         return self._read_piece_raw
 
-    def _read_cached(self, piece: Any, columns: Sequence[str] | None) -> pa.Table:
+    def _read_cached(self, piece: Any, columns: Sequence[str] | None,
+                     dictionary: Sequence[str] = ()) -> pa.Table:
         """Partitions as read, kept in uncompressed Arrow IPC files: the second pass
         over the data (fit, then export) memory-maps them instead of parsing again.
 
         A CSV block is parsed whole whatever the columns asked for, so it is kept
         whole and every later read, of any columns, selects from it."""
         whole = isinstance(piece, _CsvPiece)
+        if whole:
+            dictionary = ()  # a parsed CSV block has no dictionary pages
         if whole and columns is not None:
             self._check_columns(columns)
         wanted = None if whole else columns
@@ -466,15 +479,17 @@ class Dataset:
         except OSError:
             if not self._cache_auto:
                 raise
-            return self._read_piece_raw(piece, columns)
+            return self._read_piece_raw(piece, columns, dictionary)
         names = list(wanted) if wanted is not None else self._arrow_schema.names
+        if dictionary:
+            names = [*names, "\x00dictionary", *dictionary]
         key = hashlib.sha1("\x1f".join(names).encode()).hexdigest()[:12]
         path = os.path.join(self._cache_dir, f"piece{self._piece_index[piece]:06d}-{key}.arrow")
         if os.path.exists(path):
             with pa.memory_map(path) as source:
                 table = pa.ipc.open_file(source).read_all()
         else:
-            table = self._read_piece_raw(piece, wanted)
+            table = self._read_piece_raw(piece, wanted, dictionary)
             tmp = f"{path}.{threading.get_ident()}.tmp"
             try:
                 with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -496,7 +511,8 @@ class Dataset:
                 f"columns {missing} are not in the dataset; available: {self._arrow_schema.names}"
             )
 
-    def _read_piece_raw(self, piece: Any, columns: Sequence[str] | None = None) -> pa.Table:
+    def _read_piece_raw(self, piece: Any, columns: Sequence[str] | None = None,
+                        dictionary: Sequence[str] = ()) -> pa.Table:
         if columns is not None:
             self._check_columns(columns)
         if isinstance(piece, _TablePiece):
@@ -504,7 +520,7 @@ class Dataset:
             t = self._table.slice(piece.start, piece.stop - piece.start)
             return t.select(list(columns)) if columns is not None else t
         if isinstance(piece, _ParquetPiece):
-            return self._read_parquet_piece(piece, columns)
+            return self._read_parquet_piece(piece, columns, dictionary)
         if isinstance(piece, _CsvPiece):
             t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
@@ -512,20 +528,44 @@ class Dataset:
         t = _pandas_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
 
-    def _read_parquet_piece(self, piece: _ParquetPiece, columns: Sequence[str] | None) -> pa.Table:
+    def _dictionary_encoded(self, piece: _ParquetPiece, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` (string columns in the file and in the dataset's
+        schema) whose pages are dictionary-encoded in every row group of
+        ``piece``: read as dictionaries, they cost no string decoding. A column
+        stored plain (high cardinality) is left out: reading it as a dictionary
+        would hash every value while reading."""
+        md = self._file_metadata[piece.path]
+        file_schema = self._file_schemas[piece.path]
+        positions = {md.row_group(0).column(i).path_in_schema: i for i in range(md.num_columns)} \
+            if md.num_row_groups else {}
+        out = []
+        for name in names:
+            field = self._arrow_schema.field(name)
+            if name not in positions or name not in file_schema.names or \
+                    not _is_text(field.type) or not _is_text(file_schema.field(name).type):
+                continue
+            i = positions[name]
+            if all({"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & set(md.row_group(g).column(i).encodings)
+                   for g in piece.row_groups):
+                out.append(name)
+        return out
+
+    def _read_parquet_piece(self, piece: _ParquetPiece, columns: Sequence[str] | None,
+                            dictionary: Sequence[str] = ()) -> pa.Table:
         target = self._arrow_schema if columns is None else pa.schema(
             [self._arrow_schema.field(c) for c in columns])
         present = self._file_schemas[piece.path].names
         cols = [c for c in target.names if c in present]
+        as_dictionary = self._dictionary_encoded(piece, [c for c in dictionary if c in cols]) if dictionary else []
         try:
             if _is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.
                 # Threads off: dask already runs one partition per core.
-                pf = pq.ParquetFile(piece.path)
+                pf = pq.ParquetFile(piece.path, read_dictionary=as_dictionary or None)
                 table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
             else:
                 with self.fs.open(piece.path, "rb") as f:
-                    pf = pq.ParquetFile(f)
+                    pf = pq.ParquetFile(f, read_dictionary=as_dictionary or None)
                     table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise DataError(f"{piece.path}: cannot read row groups {list(piece.row_groups)}: {exc}") from exc
@@ -542,6 +582,15 @@ class Dataset:
                       if name in hive else pa.nulls(piece.num_rows, target.field(name).type)
                       for name in target.names}
             table = pa.table(arrays)
+        if as_dictionary:
+            # the columns read as dictionaries keep that type, with values of the
+            # target's type (a file's string may be the dataset's large_string:
+            # only the dictionary is cast)
+            target = pa.schema([
+                pa.field(f.name, pa.dictionary(table.schema.field(f.name).type.index_type, f.type),
+                         f.nullable, f.metadata)
+                if f.name in as_dictionary and pa.types.is_dictionary(table.schema.field(f.name).type)
+                else f for f in target])
         if not table.schema.equals(target):
             try:
                 table = table.select(target.names).cast(target)
@@ -1257,6 +1306,10 @@ def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str
         if not f.nullable and (f.name not in other.names or other.field(f.name).nullable):
             fields[i] = f.with_nullable(True)
     return pa.schema(fields, metadata=unified.metadata)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

@@ -47,13 +47,20 @@ def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
         return list(dask.compute(*tasks, scheduler="threads"))
 
 
-def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8) -> Any:
+def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,
+                root: Callable[[list[Any]], Any] | None = None) -> Any:
     """Combine delayed partial results ``fan_in`` at a time until one is left, so no
-    task ever holds more than ``fan_in`` partials."""
+    task ever holds more than ``fan_in`` partials.
+
+    ``root``, when given, replaces ``combine`` for the last combination (the one whose
+    result is the final partial): an op may skip work there that only serves a later
+    combination, such as spilling a large partial to disk for the next level."""
     level = list(items)
     if not level:
         raise ValueError("nothing to reduce")
     combine_d = delayed(combine, pure=False)
+    root_d = delayed(root, pure=False) if root is not None else combine_d
     while len(level) > 1:
-        level = [combine_d(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
+        step = root_d if len(level) <= fan_in else combine_d
+        level = [step(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
     return level[0]

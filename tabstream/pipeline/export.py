@@ -320,9 +320,15 @@ class _Plan:
         self.compression = compression
         self.keyset_columns = keyset_columns
         self.seed = seed
+        # input columns only Categorify-like ops read: taken as parquet dictionaries
+        # (a Workflow; the regrouping plan's stand-in reads plain columns)
+        columns_of = getattr(workflow, "dictionary_columns", None)
+        self.dictionary = columns_of(dataset) if columns_of is not None else []
 
     def read(self, piece_index: int) -> pa.Table:
-        table = self.dataset.read_piece(self.dataset.pieces[piece_index], self.columns)
+        piece = self.dataset.pieces[piece_index]
+        table = (self.dataset.read_piece(piece, self.columns, self.dictionary) if self.dictionary
+                 else self.dataset.read_piece(piece, self.columns))
         if self.workflow is not None:
             table = self.workflow.transform_table(table, self.dataset.backend_name)
         return table

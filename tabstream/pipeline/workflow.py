@@ -100,6 +100,33 @@ class Workflow:
                 cols += [c for c in node.selector.resolve(self.input_schema) if c not in cols]
         return cols
 
+    def dictionary_columns(self, dataset: Dataset) -> list[str]:
+        """Input string columns that only ops accepting dictionary arrays read (every
+        node selecting the column feeds only such ops, e.g. Categorify, and the raw
+        column is not an output): the Dataset may hand them over as dictionaries
+        (see :meth:`Dataset.read_piece`), which costs no string decoding."""
+        assert self.input_schema is not None
+        if getattr(dataset, "engine", None) != "parquet":
+            return []  # only parquet files store dictionary pages
+        nodes = self.output_node.walk()
+        users: dict[int, list[Node]] = {}
+        for node in nodes:
+            for parent in node.parents:
+                users.setdefault(parent.id, []).append(node)
+        accepted: set[str] = set()
+        refused: set[str] = set()
+        for node in nodes:
+            if node.kind != "select":
+                continue
+            assert node.selector is not None
+            consumers = users.get(node.id, [])
+            ok = node is not self.output_node and bool(consumers) and all(
+                c.kind == "op" and getattr(c.op, "accepts_dictionary", False) for c in consumers)
+            (accepted if ok else refused).update(node.selector.resolve(self.input_schema))
+        schema = dataset.arrow_schema
+        return [c for c in self.input_columns if c in accepted and c not in refused and c in schema.names
+                and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
+
     def _stat_nodes_by_phase(self) -> list[list[Node]]:
         phase: dict[int, int] = {}
         for node in self.output_node.walk():
@@ -132,12 +159,14 @@ class Workflow:
 
     def _fit_phases(self, ds: Dataset, columns: list[str], phases: list[list[Node]],
                     progress: bool | None) -> None:
+        dictionary = self.dictionary_columns(ds)
         for level, nodes in enumerate(phases):
             partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0)
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0,
+                                                dictionary)
                 for piece in ds.pieces
             ]
-            reduced = tree_reduce(partials, _Combine(nodes))
+            reduced = tree_reduce(partials, _Combine(nodes), fan_in=FIT_FAN_IN, root=_Combine(nodes, root=True))
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
             if level == 0:  # the first pass also counts the rows
                 _check_has_rows(ds, stats.pop())
@@ -351,7 +380,10 @@ class TransformedDataset:
         return self.dataset.npartitions
 
     def read_piece(self, piece: Any) -> pa.Table:
-        table = self.dataset.read_piece(piece, self.workflow.input_columns)
+        dictionary = self.workflow.dictionary_columns(self.dataset)
+        columns = self.workflow.input_columns
+        table = (self.dataset.read_piece(piece, columns, dictionary) if dictionary
+                 else self.dataset.read_piece(piece, columns))
         return self.workflow.transform_table(table, self.dataset.backend_name)
 
     def to_iter(self):
@@ -413,22 +445,39 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+#: partials one combination of a fit merges. Each merge hashes every value of its
+#: partials once, and a merged partial past an op's spill limit is written to disk
+#: and read back, so fewer levels cost less: 16 partitions (2M Criteo-like rows) are
+#: merged once, in memory, where 8 took two levels and a spill (fit CPU about 0.65x,
+#: measured on a loaded machine, see benchmarks/RESULTS.md). Memory: one task holds
+#: up to this many partials.
+FIT_FAN_IN = 16
+
+
 class _Combine:
     """Combine per-node partial lists from several partitions."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], root: bool = False) -> None:
         self.nodes = list(nodes)
+        self.root = root
 
     def __call__(self, partial_lists: list[list[Any]]) -> list[Any]:
-        out = [node.op.combine([pl[i] for pl in partial_lists]) for i, node in enumerate(self.nodes)]
+        out = []
+        for i, node in enumerate(self.nodes):
+            parts = [pl[i] for pl in partial_lists]
+            # the last combination of the reduction may use the op's cheaper
+            # ``combine_root`` (its result goes straight to ``finalize``)
+            combine = getattr(node.op, "combine_root", None) if self.root else None
+            out.append((combine or node.op.combine)(parts))
         if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
             out.append(sum(pl[-1] for pl in partial_lists))
         return out
 
 
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
-               input_schema: Schema, count_rows: bool = False) -> list[Any]:
-    table = ds.read_piece(piece, columns)
+               input_schema: Schema, count_rows: bool = False,
+               dictionary: Sequence[str] = ()) -> list[Any]:
+    table = ds.read_piece(piece, columns, dictionary) if dictionary else ds.read_piece(piece, columns)
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
     out = []

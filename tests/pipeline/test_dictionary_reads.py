@@ -1,0 +1,127 @@
+"""Parquet string columns that only Categorify reads are taken as dictionaries
+(no string decoding); the ids equal those of plain reads, computed with pandas."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tabstream as ts
+from tabstream import ops
+
+
+def _write(tmp_path, frame, name="part.parquet", row_group_size=50, **kwargs):
+    path = tmp_path / name
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path,
+                   row_group_size=row_group_size, **kwargs)
+    return str(path)
+
+
+@pytest.fixture
+def frame():
+    rng = np.random.default_rng(7)
+    n = 400
+    low = np.array(["a", "b", "c", "", "dd"], dtype=object)[rng.integers(0, 5, n)]
+    low[rng.random(n) < 0.1] = None
+    # row groups with different value sets: each row group's dictionary differs
+    shifted = np.array([f"s{(i // 50) * 3 + x}" for i, x in enumerate(rng.integers(0, 6, n))], dtype=object)
+    shifted[100:150] = None  # an all-null row group
+    other = np.array([f"o{x}" for x in rng.integers(0, 30, n)], dtype=object)
+    return pd.DataFrame({"low": pd.array(low, dtype="str"), "shifted": pd.array(shifted, dtype="str"),
+                         "other": pd.array(other, dtype="str"), "x": rng.normal(size=n)})
+
+
+def plain_type(ds, name):
+    return ds.arrow_schema.field(name).type
+
+
+def _ids_reference(values, freq_threshold):
+    """Categorify's ids the documented way, with pandas."""
+    counts = pd.Series(values).dropna().value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= max(freq_threshold, 1)),
+                  key=lambda kv: (-kv[1], kv[0]))
+    mapping = {v: 3 + i for i, (v, _) in enumerate(kept)}
+    return [1 if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else mapping.get(v, 2)
+            for v in values]
+
+
+def test_read_piece_gives_dictionaries_only_for_dictionary_pages(tmp_path, frame):
+    path = _write(tmp_path, frame, use_dictionary=["low", "shifted"])  # "other" stored plain
+    ds = ts.Dataset(path, part_size="1GB")
+    (piece,) = ds.pieces
+    table = ds.read_piece(piece, ["low", "shifted", "other", "x"], dictionary=["low", "shifted", "other"])
+    assert pa.types.is_dictionary(table.schema.field("low").type)
+    assert pa.types.is_dictionary(table.schema.field("shifted").type)
+    assert table.schema.field("other").type == plain_type(ds, "other")
+    assert table.column("shifted").num_chunks == 8  # one dictionary per row group
+    plain = ds.read_piece(piece, ["low", "shifted", "other", "x"])
+    assert table.schema.field("low").type.value_type == plain.schema.field("low").type
+    for name in ["low", "shifted"]:
+        decoded = [v for chunk in table.column(name).chunks
+                   for v in chunk.cast(chunk.type.value_type).to_pylist()]
+        assert decoded == plain.column(name).to_pylist()
+
+
+def test_columns_used_by_filters_are_read_plain(tmp_path, frame):
+    path = _write(tmp_path, frame)
+    ds = ts.Dataset(path, filters=[("low", "==", "a")])
+    table = ds.read_piece(ds.pieces[0], ["low", "shifted"], dictionary=["low", "shifted"])
+    assert table.schema.field("low").type == plain_type(ds, "low")
+    assert pa.types.is_dictionary(table.schema.field("shifted").type)
+    assert set(table.column("low").to_pylist()) == {"a"}
+
+
+def test_dictionary_columns_are_those_only_categorify_reads(tmp_path, frame):
+    path = _write(tmp_path, frame)
+    graph = ((["low", "shifted"] >> ops.Categorify()) + (["other"] >> ops.HashBucket(10))
+             + (["shifted"] >> ops.Rename(postfix="_raw")) + ["x"])
+    wf = ts.Workflow(graph)
+    wf.fit_schema(ts.Dataset(path).schema)
+    # "shifted" also feeds Rename, "other" only HashBucket; "x" is no string
+    assert wf.dictionary_columns(ts.Dataset(path)) == ["low"]
+    raw_out = ts.Workflow((["low"] >> ops.Categorify()) + ["shifted"])  # "shifted" is output as it is
+    raw_out.fit_schema(ts.Dataset(path).schema)
+    assert raw_out.dictionary_columns(ts.Dataset(path)) == ["low"]
+    wf2 = ts.Workflow(["low", "shifted"] >> ops.Categorify())
+    wf2.fit_schema(ts.Dataset(path).schema)
+    assert wf2.dictionary_columns(ts.Dataset(path)) == ["low", "shifted"]
+    assert wf2.dictionary_columns(ts.Dataset(frame)) == []  # in-memory data has no pages
+
+
+@pytest.mark.parametrize("freq_threshold", [0, 12])
+def test_fit_and_export_from_dictionary_pages_give_the_documented_ids(tmp_path, frame, freq_threshold,
+                                                                     monkeypatch):
+    files = [_write(tmp_path, frame.iloc[:200], "a.parquet"), _write(tmp_path, frame.iloc[200:], "b.parquet")]
+    seen = []
+    original = ops.Categorify.fit_partition
+
+    def spy(self, table):
+        seen.extend(table.schema.field(n).type for n in table.column_names)
+        return original(self, table)
+
+    monkeypatch.setattr(ops.Categorify, "fit_partition", spy)
+    graph = (["low", "shifted"] >> ops.Categorify(freq_threshold=freq_threshold)) + ["x"]
+    ds = ts.Dataset(files, part_size=3000)
+    assert ds.npartitions > 2
+    wf = ts.Workflow(graph).fit(ds)
+    assert seen and all(pa.types.is_dictionary(t) for t in seen)
+    out = wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    got = pd.read_parquet(out.path if hasattr(out, "path") else str(tmp_path / "out"))
+    for name in ["low", "shifted"]:
+        values = frame[name].astype(object).where(frame[name].notna(), None).tolist()
+        assert got[name].tolist() == _ids_reference(values, freq_threshold)
+        assert got[name].dtype == np.int64
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+
+
+def test_dictionary_reads_equal_plain_reads_with_num_buckets(tmp_path, frame):
+    path = _write(tmp_path, frame)
+    op_dict = ops.Categorify(freq_threshold=20, num_buckets=4)
+    wf = ts.Workflow(["low", "shifted"] >> op_dict).fit(ts.Dataset(path, part_size=3000))
+    op_plain = ops.Categorify(freq_threshold=20, num_buckets=4)
+    plain = ts.Workflow(["low", "shifted"] >> op_plain).fit(ts.Dataset(frame, part_size=3000))
+    for name in ["low", "shifted"]:
+        assert op_dict.tables[name].equals(op_plain.tables[name])
+    from_parquet = wf.transform(ts.Dataset(path, part_size=3000)).compute()
+    pd.testing.assert_frame_equal(from_parquet, plain.transform(frame))

@@ -1,0 +1,83 @@
+"""The tree reduction of a fit: its last combination and Categorify's use of it."""
+
+import dask
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from dask import delayed
+
+import tabstream as ts
+from tabstream import ops
+from tabstream.pipeline.execution import tree_reduce
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 9, 20, 64, 65])
+def test_tree_reduce_uses_root_for_the_last_combination_only(n):
+    calls = []
+
+    def combine(parts):
+        calls.append(("combine", len(parts)))
+        return sum(parts)
+
+    def root(parts):
+        calls.append(("root", len(parts)))
+        return -sum(parts)
+
+    items = [delayed(lambda i=i: i)() for i in range(n)]
+    (result,) = dask.compute(tree_reduce(items, combine, fan_in=8, root=root), scheduler="sync")
+    total = sum(range(n))
+    if n == 1:  # nothing to combine: the single partial is the result
+        assert calls == [] and result == 0
+        return
+    assert result == -total
+    assert [kind for kind, _ in calls].count("root") == 1
+    assert calls[-1][0] == "root"
+    assert all(size <= 8 for _, size in calls)
+
+
+def _partitioned_values(rows_per_part, parts, distinct_per_part, shift):
+    """Partition k holds values ``v{k*shift} .. v{k*shift + distinct - 1}``, repeated."""
+    values = []
+    for k in range(parts):
+        block = [f"v{k * shift + i % distinct_per_part}" for i in range(rows_per_part)]
+        values += block
+    return values
+
+
+def test_last_combination_keeps_counts_in_memory_and_thresholds(tmp_path, monkeypatch):
+    values = _partitioned_values(rows_per_part=120, parts=4, distinct_per_part=30, shift=20)
+    values[5] = None
+    table = pa.table({"c": pa.array(values, pa.string())})
+    ds = ts.Dataset(table, part_size=table.nbytes // 4 + 1)
+    per_part = [pa.compute.count_distinct(ds.read_piece(p)["c"]).as_py() for p in ds.pieces]
+    spill_rows = max(per_part)
+    expected_counts = pd.Series(values).dropna().value_counts()
+    assert 2 <= ds.npartitions <= 8 and len(expected_counts) > spill_rows  # merged, they would spill
+
+    spilled = []
+    original = ops.Categorify._spill
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: spilled.append(t.num_rows) or original(self, t))
+    op = ops.Categorify(freq_threshold=5, spill_rows=spill_rows, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> op).fit(ds)
+
+    assert spilled == []
+    kept = sorted(((v, c) for v, c in expected_counts.items() if c >= 5), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_last_combination_merges_spilled_partials_like_before(tmp_path):
+    # more partitions than one combination takes, each beyond spill_rows: the levels
+    # below the last spill, and the last merges the spilled folders
+    rng = np.random.default_rng(4)
+    values = [f"v{x}" for x in rng.integers(0, 400, 6000)]
+    table = pa.table({"c": values})
+    ds = ts.Dataset(table, part_size=table.nbytes // 20 + 1)
+    assert ds.npartitions > 8
+    op = ops.Categorify(freq_threshold=3, spill_rows=10, spill_buckets=4, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> op).fit(ds)
+    counts = pd.Series(values).value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
