@@ -81,3 +81,25 @@ def test_last_combination_merges_spilled_partials_like_before(tmp_path):
     kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
     assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_final_merge_splits_held_counts_without_writing_them(tmp_path, monkeypatch):
+    # the last merge gets one spilled partial and one still in memory: the spilled one is
+    # read back by bucket, the held one is split by bucket in memory (never written out)
+    big = pa.table({"c": pa.array([f"v{i % 40}" for i in range(200)] + [None, "w"], pa.string())})
+    small = pa.table({"c": pa.array(["v1", "v1", "x", None, "w", "w"], pa.string())})
+    op = ops.Categorify(freq_threshold=3, max_size=20, spill_rows=10, spill_buckets=3, spill_dir=str(tmp_path))
+    spilled_big = op.fit_partition(big)
+    held_small = op.fit_partition(small)
+    assert spilled_big["c"].spilled and held_small["c"].table is not None
+
+    written = []
+    original = ops.Categorify._spill
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: written.append(t.num_rows) or original(self, t))
+    op.finalize(op.combine_root([spilled_big, held_small]))
+    assert written == []
+
+    counts = pd.concat([big.to_pandas(), small.to_pandas()])["c"].value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))[:20 - 3]
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
