@@ -109,6 +109,18 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
 
 
+def _sum_counts(tables: Sequence[pa.Table]) -> pa.Table:
+    """Like :func:`merge_counts`, but a single table is aggregated too (its values may
+    repeat)."""
+    nonempty = [t for t in tables if t.num_rows]
+    if len(nonempty) > 1:
+        return merge_counts(nonempty)
+    if not nonempty:
+        return tables[0]
+    kernels = backend()
+    return kernels.groupby_aggregate(nonempty[0], ["values"], [("counts", "sum", "counts")])
+
+
 def _on_dask_worker() -> bool:
     """True inside a task run by a ``distributed`` worker."""
     try:
@@ -327,8 +339,14 @@ class Categorify(StatOperator):
         for name in partials[0]:
             parts = [p[name] for p in partials]
             tables = [p.table for p in parts if p.table is not None]
-            merged = _Counts(merge_counts(tables) if tables else None,
-                             [f for p in parts for f in p.spilled])
+            spilled = [f for p in parts for f in p.spilled]
+            if len(tables) > 1 and sum(t.num_rows for t in tables) > 2 * self.spill_rows:
+                # merged, these would most likely outgrow spill_rows and be spilled: they
+                # are spilled as they are instead, and the final merge sums them per
+                # bucket (one aggregation of these rows instead of two)
+                out[name] = _Counts(None, spilled + [self._spill(backend().concat(tables))])
+                continue
+            merged = _Counts(merge_counts(tables) if tables else None, spilled)
             out[name] = self._maybe_spill(merged)
         return out
 
@@ -422,8 +440,10 @@ class Categorify(StatOperator):
                         pending.append(pa.ipc.open_stream(f).read_all())
                     pending_rows += pending[-1].num_rows
                     if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
-                        merged, pending, pending_rows = [merge_counts(merged + pending)], [], 0
-                kept.append(self._threshold(merge_counts(merged + pending), name))
+                        merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
+                # always aggregated, even a single table: a spilled file may hold
+                # unmerged partials, so one value can appear on several of its rows
+                kept.append(self._threshold(_sum_counts(merged + pending), name))
         finally:
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
