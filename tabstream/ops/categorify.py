@@ -42,7 +42,7 @@ List (multi-hot) columns are encoded element by element and stay lists.
 
 Statistics are per-partition value counts merged by a tree reduction. A partial
 count table that grows beyond ``spill_rows`` distinct values is hash-partitioned
-into ``spill_buckets`` parquet files under a temporary folder and merged bucket by
+into ``spill_buckets`` Arrow IPC files under a temporary folder and merged bucket by
 bucket at the end, so memory is bounded by one bucket, not by the cardinality.
 ``spill_dir`` may be any fsspec URL (``s3://bucket/tmp``) or a shared mount. On a
 dask cluster partials are spilled by one worker and merged by another process, so a
@@ -69,7 +69,6 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
@@ -83,6 +82,10 @@ NULL_ID = 1
 OOV_ID = 2
 _COMBO_SEP = "\x1f"  # unit separator: joins the parts of a combo key
 _COMBO_NULL = "\x00"
+
+
+def _bucket_file(bucket: int) -> str:
+    return f"b{bucket:04d}.arrow"
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -104,6 +107,18 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
         return nonempty[0] if nonempty else tables[0]
     kernels = backend()
     return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
+
+
+def _sum_counts(tables: Sequence[pa.Table]) -> pa.Table:
+    """Like :func:`merge_counts`, but a single table is aggregated too (its values may
+    repeat)."""
+    nonempty = [t for t in tables if t.num_rows]
+    if len(nonempty) > 1:
+        return merge_counts(nonempty)
+    if not nonempty:
+        return tables[0]
+    kernels = backend()
+    return kernels.groupby_aggregate(nonempty[0], ["values"], [("counts", "sum", "counts")])
 
 
 def _on_dask_worker() -> bool:
@@ -324,8 +339,14 @@ class Categorify(StatOperator):
         for name in partials[0]:
             parts = [p[name] for p in partials]
             tables = [p.table for p in parts if p.table is not None]
-            merged = _Counts(merge_counts(tables) if tables else None,
-                             [f for p in parts for f in p.spilled])
+            spilled = [f for p in parts for f in p.spilled]
+            if len(tables) > 1 and sum(t.num_rows for t in tables) > 2 * self.spill_rows:
+                # merged, these would most likely outgrow spill_rows and be spilled: they
+                # are spilled as they are instead, and the final merge sums them per
+                # bucket (one aggregation of these rows instead of two)
+                out[name] = _Counts(None, spilled + [self._spill(backend().concat(tables))])
+                continue
+            merged = _Counts(merge_counts(tables) if tables else None, spilled)
             out[name] = self._maybe_spill(merged)
         return out
 
@@ -364,22 +385,30 @@ class Categorify(StatOperator):
                 "(an fsspec URL such as 's3://bucket/tmp', or a shared mount)")
         return tempfile.gettempdir()
 
+    def _bucket_order(self, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """``table`` reordered by spill bucket (the project hash of the value modulo
+        ``spill_buckets``) and the start offset of each bucket (``spill_buckets + 1``)."""
+        bucket = backend().murmur3(table["values"]).hashes % np.uint32(self.spill_buckets)
+        if self.spill_buckets <= 1 << 16:
+            bucket = bucket.astype(np.uint16)  # numpy's stable sort is a radix sort for 16 bits
+        offsets = np.zeros(self.spill_buckets + 1, dtype=np.int64)
+        np.cumsum(np.bincount(bucket, minlength=self.spill_buckets), out=offsets[1:])
+        return table.take(np.argsort(bucket, kind="stable")), offsets
+
     def _spill(self, table: pa.Table) -> str:
-        """Write ``table`` hash-partitioned into one parquet file per bucket; returns
+        """Write ``table`` hash-partitioned into one Arrow IPC stream file per bucket
+        (uncompressed: a spill is read back once, by the same library, soon); returns
         the folder as an fsspec URL (a plain path for local disks)."""
         root = self._spill_root()
         fs, base = fsspec.core.url_to_fs(root)
         name = f"tabstream-categorify-{uuid.uuid4().hex}"
         folder = posixpath.join(base.rstrip("/"), name)
         fs.makedirs(folder, exist_ok=True)
-        bucket = backend().murmur3(table["values"]).hashes % np.uint32(self.spill_buckets)
-        sizes = np.bincount(bucket, minlength=self.spill_buckets)
-        table = table.take(np.argsort(bucket, kind="stable"))
-        start = 0
-        for b, n in enumerate(sizes):
-            with fs.open(posixpath.join(folder, f"b{b:04d}.parquet"), "wb") as f:
-                pq.write_table(table.slice(start, int(n)), f)
-            start += int(n)
+        table, offsets = self._bucket_order(table)
+        for b in range(self.spill_buckets):
+            with fs.open(posixpath.join(folder, _bucket_file(b)), "wb") as f:
+                with pa.ipc.new_stream(f, table.schema) as writer:
+                    writer.write_table(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
         return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
@@ -390,22 +419,31 @@ class Categorify(StatOperator):
         distinct values however many partitions spilled, for at most 1.5 times the
         merging work; with few partitions it is a single merge, as before."""
         folders = list(counts.spilled)
+        # the counts still in memory are split by bucket here rather than written out
+        # and read back: this task holds them already
+        held = None
         if counts.table is not None and counts.table.num_rows:
-            folders.append(self._spill(counts.table))
+            held = self._bucket_order(counts.table)
         kept = []
         try:
             for b in range(self.spill_buckets):
                 merged: list[pa.Table] = []
                 pending: list[pa.Table] = []
                 pending_rows = 0
+                if held is not None:
+                    table, offsets = held
+                    pending.append(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
+                    pending_rows = pending[-1].num_rows
                 for folder in folders:
                     fs, base = fsspec.core.url_to_fs(folder)
-                    with fs.open(posixpath.join(base, f"b{b:04d}.parquet"), "rb") as f:
-                        pending.append(pq.read_table(f))
+                    with fs.open(posixpath.join(base, _bucket_file(b)), "rb") as f:
+                        pending.append(pa.ipc.open_stream(f).read_all())
                     pending_rows += pending[-1].num_rows
                     if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
-                        merged, pending, pending_rows = [merge_counts(merged + pending)], [], 0
-                kept.append(self._threshold(merge_counts(merged + pending), name))
+                        merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
+                # always aggregated, even a single table: a spilled file may hold
+                # unmerged partials, so one value can appear on several of its rows
+                kept.append(self._threshold(_sum_counts(merged + pending), name))
         finally:
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)

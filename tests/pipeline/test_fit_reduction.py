@@ -81,3 +81,64 @@ def test_last_combination_merges_spilled_partials_like_before(tmp_path):
     kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
     assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_final_merge_splits_held_counts_without_writing_them(tmp_path, monkeypatch):
+    # the last merge gets one spilled partial and one still in memory: the spilled one is
+    # read back by bucket, the held one is split by bucket in memory (never written out)
+    big = pa.table({"c": pa.array([f"v{i % 40}" for i in range(200)] + [None, "w"], pa.string())})
+    small = pa.table({"c": pa.array(["v1", "v1", "x", None, "w", "w"], pa.string())})
+    op = ops.Categorify(freq_threshold=3, max_size=20, spill_rows=10, spill_buckets=3, spill_dir=str(tmp_path))
+    spilled_big = op.fit_partition(big)
+    held_small = op.fit_partition(small)
+    assert spilled_big["c"].spilled and held_small["c"].table is not None
+
+    written = []
+    original = ops.Categorify._spill
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: written.append(t.num_rows) or original(self, t))
+    op.finalize(op.combine_root([spilled_big, held_small]))
+    assert written == []
+
+    counts = pd.concat([big.to_pandas(), small.to_pandas()])["c"].value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))[:20 - 3]
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_partials_that_would_spill_merged_are_spilled_unmerged(tmp_path, monkeypatch):
+    # four partials of 8 distinct values each (2 rows per value, below freq_threshold=3
+    # in every partial), overlapping: together more than twice spill_rows, so a merge
+    # spills them as they are and the final merge sums each value's counts per bucket
+    frames = [pa.table({"c": pa.array([f"v{2 * k + i % 8}" for i in range(16)] + [None], pa.string())})
+              for k in range(4)]
+    op = ops.Categorify(freq_threshold=3, spill_rows=10, spill_buckets=3, spill_dir=str(tmp_path))
+    partials = [op.fit_partition(t) for t in frames]
+    assert all(p["c"].table is not None and p["c"].table.num_rows == 8 for p in partials)
+
+    written = []
+    original = ops.Categorify._spill
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: written.append(t.num_rows) or original(self, t))
+    level = op.combine(partials)
+    assert level["c"].table is None and written == [4 * 8]  # the partials' rows, not the merged ones
+
+    op.finalize(op.combine_root([level]))
+    counts = pa.concat_tables(frames).to_pandas()["c"].value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
+    assert len(kept) > 0 and len(counts) > 10
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unmerged_spill_alone_in_its_buckets_is_still_summed(tmp_path):
+    # one spilled folder of unmerged partials, next to an empty in-memory remainder:
+    # every bucket holds repeated values that must be summed before the threshold
+    frames = [pa.table({"c": pa.array(["a", "b", "b"] + [f"u{k}-{i}" for i in range(8)], pa.string())})
+              for k in range(3)]
+    op = ops.Categorify(freq_threshold=4, spill_rows=10, spill_buckets=2, spill_dir=str(tmp_path))
+    level = op.combine([op.fit_partition(t) for t in frames])
+    assert level["c"].table is None and len(level["c"].spilled) == 1
+    empty = op.fit_partition(pa.table({"c": pa.array([None], pa.string())}))
+    op.finalize(op.combine_root([level, empty]))
+    counts = pa.concat_tables(frames).to_pandas()["c"].value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 4), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
