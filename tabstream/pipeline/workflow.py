@@ -22,6 +22,7 @@ ExportResult('.../out/train', files=1, num_rows=3)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -379,8 +380,13 @@ class TransformedDataset:
     def npartitions(self) -> int:
         return self.dataset.npartitions
 
+    @functools.cached_property
+    def _dictionary_columns(self) -> list[str]:
+        # once per transformed dataset, not per partition (it walks the graph)
+        return self.workflow.dictionary_columns(self.dataset)
+
     def read_piece(self, piece: Any) -> pa.Table:
-        dictionary = self.workflow.dictionary_columns(self.dataset)
+        dictionary = self._dictionary_columns
         columns = self.workflow.input_columns
         table = (self.dataset.read_piece(piece, columns, dictionary) if dictionary
                  else self.dataset.read_piece(piece, columns))
