@@ -9,6 +9,15 @@
 The executor runs each partition's ops inside ``with backends.use(name):``; an op
 asks :func:`current` for the backend and calls its kernels. Ops never branch on the
 backend and never import cudf, cupy or pandas internals themselves.
+
+Where the tasks run is chosen per Dataset too (:func:`scheduler_for`): a client the
+user gave; else, on the cudf backend with several GPUs, dask-cuda's
+``LocalCUDACluster`` (one worker per GPU); else dask's threads in this process.
+
+>>> scheduler_for("cudf", gpus=4, client_given=False)
+'local-cuda-cluster'
+>>> scheduler_for("cudf", gpus=1, client_given=False)
+'threads'
 """
 
 from __future__ import annotations
@@ -17,13 +26,14 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import Any
 
 from tabstream.backends.base import Backend
-from tabstream.backends.cudf import gpu_status
+from tabstream.backends.cudf import gpu_count, gpu_status
 from tabstream.core.errors import BackendUnavailableError
 
-__all__ = ["Backend", "BackendUnavailableError", "available", "choose", "current", "get",
-           "gpu_status", "registered", "use"]
+__all__ = ["Backend", "BackendUnavailableError", "available", "choose", "current", "execution_client",
+           "get", "gpu_count", "gpu_status", "registered", "scheduler_for", "use"]
 
 # name -> (module, class); modules are imported on first use
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -101,3 +111,49 @@ def use(name: str) -> Iterator[Backend]:
         yield backend
     finally:
         _CURRENT.reset(token)
+
+
+#: where a Dataset's tasks run (see :func:`scheduler_for`)
+SCHEDULERS = ("client", "local-cuda-cluster", "threads")
+
+
+def scheduler_for(backend: str, gpus: int, client_given: bool) -> str:
+    """Where fit, transform and export of a Dataset on ``backend`` run, with ``gpus``
+    CUDA GPUs visible and a dask client given or not:
+
+    * ``"client"``: a client was given; it is used, whatever the backend;
+    * ``"local-cuda-cluster"``: the cudf backend, more than one GPU and no client:
+      dask-cuda's ``LocalCUDACluster``, one worker per GPU;
+    * ``"threads"``: otherwise, dask's threaded scheduler in this process (on the
+      cudf backend: one GPU, shared by the threads).
+
+    A pure function of its arguments (no GPU is looked for here)."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a backend name, one of {registered()}; got {backend!r}")
+    if backend not in _REGISTRY:
+        raise ValueError(f"unknown backend {backend!r}; registered backends: {registered()}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise TypeError(f"gpus must be an int (the number of visible GPUs), got {type(gpus).__name__} {gpus!r}")
+    if gpus < 0:
+        raise ValueError(f"gpus must be 0 or more, got {gpus}")
+    if not isinstance(client_given, bool):
+        raise TypeError(f"client_given must be True or False, got {type(client_given).__name__} {client_given!r}")
+    if client_given:
+        return "client"
+    if backend == "cudf" and gpus > 1:
+        return "local-cuda-cluster"
+    return "threads"
+
+
+def execution_client(backend: str, client: Any = None) -> Any:
+    """The dask client to run a Dataset's tasks on (None: threads), as
+    :func:`scheduler_for` decides: ``client`` when given; the process's shared
+    ``LocalCUDACluster`` client on the cudf backend with several GPUs (started on
+    first use); else None. GPUs are counted only on the cudf backend."""
+    gpus = gpu_count() if backend == "cudf" and client is None else 0
+    where = scheduler_for(backend, gpus, client is not None)
+    if where == "local-cuda-cluster":
+        from tabstream.backends.cudf import local_cuda_client
+
+        return local_cuda_client()
+    return client

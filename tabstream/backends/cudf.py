@@ -8,6 +8,12 @@ cudf and cupy are imported on first use, never at import time: ``import
 tabstream.backends.cudf`` works on a machine without them, and using the backend
 there raises :class:`BackendUnavailableError` saying what to install.
 
+Beside the kernels, this module holds what the pipeline needs from cudf, dask-cudf
+and dask-cuda, each imported on first use: reading parquet row groups with cudf's
+GPU reader (:func:`read_parquet_row_groups`), dask-cudf collections
+(:func:`dask_gpu_frame`, :func:`frame_to_arrow`) and the process's
+``LocalCUDACluster`` for several GPUs (:func:`gpu_count`, :func:`local_cuda_client`).
+
 Not yet run on a GPU in this repository's CI: ``make test-gpu`` runs the backend
 contract suite (``tests/backends``) on this backend and compares every kernel and
 every op with the arrow backend.
@@ -15,8 +21,10 @@ every op with the arrow backend.
 
 from __future__ import annotations
 
+import atexit
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,10 +35,11 @@ from tabstream.core.dtypes import widen_half
 from tabstream.core.errors import BackendUnavailableError
 from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nulls
 
-__all__ = ["BackendUnavailableError", "CudfBackend", "gpu_status"]
+__all__ = ["BackendUnavailableError", "CudfBackend", "dask_gpu_frame", "frame_to_arrow", "gpu_count",
+           "gpu_status", "is_gpu_frame", "local_cuda_client", "read_parquet_row_groups"]
 
-INSTALL_HINT = ("install the GPU extra (pip install 'tabstream[gpu]': cudf and dask-cudf for "
-                "CUDA 12) on a machine with an NVIDIA GPU and its driver, or use cpu=True")
+INSTALL_HINT = ("install the GPU extra (pip install 'tabstream[gpu]': cudf, dask-cudf and dask-cuda "
+                "for CUDA 12) on a machine with an NVIDIA GPU and its driver, or use cpu=True")
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,6 +57,17 @@ def gpu_status() -> str | None:
     if count < 1:
         return "no CUDA GPU is visible (0 devices)"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_count() -> int:
+    """How many CUDA GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applies); 0
+    when the cudf backend cannot run here (see :func:`gpu_status`)."""
+    if gpu_status() is not None:
+        return 0
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
 
 
 def _libs() -> tuple[Any, Any]:
@@ -402,3 +422,116 @@ class CudfBackend(Backend):
         order = frame.argsort(by=[name for name, _ in sort_keys] + [row],
                               ascending=[o == "ascending" for _, o in sort_keys] + [True], na_position="last")
         return pa.array(cupy.asnumpy(order).astype(np.int64))
+
+
+# -- what the pipeline needs from cudf, dask-cudf and dask-cuda -----------------------
+def read_parquet_row_groups(source: Any, row_groups: Sequence[int], columns: Sequence[str]) -> pa.Table:
+    """Row groups ``row_groups`` of one parquet file, only ``columns``, decoded on the
+    GPU by cudf's reader and handed back as Arrow (the ops' interface).
+
+    ``source`` is a local path or an open binary file (cudf's reader takes either,
+    per its documentation). Types are cudf's (strings may come back as
+    ``large_string``): the Dataset casts the result to its own schema. A failure of
+    the reader is an ``OSError`` naming it, which the Dataset reports with the file
+    and row groups."""
+    cudf, _ = _libs()
+    try:
+        # One source and one list of row groups for it (cudf's documented form for
+        # several sources is a list of lists, one per source). use_pandas_metadata
+        # off: exactly ``columns``, no index columns a pandas writer recorded.
+        frame = cudf.read_parquet([source], columns=list(columns), row_groups=[list(row_groups)],
+                                  use_pandas_metadata=False)
+    except (MemoryError, BackendUnavailableError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - cudf raises RuntimeError/ValueError/OSError alike
+        raise OSError(f"cudf's parquet reader failed: {type(exc).__name__}: {exc}") from exc
+    return frame.to_arrow(preserve_index=False)
+
+
+def is_gpu_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a cudf DataFrame (checked without importing cudf)."""
+    return type(obj).__module__.split(".")[0] == "cudf" and hasattr(obj, "to_arrow")
+
+
+def frame_to_arrow(frame: Any) -> pa.Table:
+    """A cudf DataFrame (one partition of a dask-cudf DataFrame) as an Arrow table
+    on the host, without its index."""
+    if not is_gpu_frame(frame):
+        raise TypeError(f"expected a cudf DataFrame, got {type(frame).__module__}.{type(frame).__name__}")
+    return frame.to_arrow(preserve_index=False)
+
+
+class _OnGpu:
+    """Picklable partition function of :func:`dask_gpu_frame`: the Arrow table a
+    reader gives, as a cudf DataFrame."""
+
+    def __init__(self, read: Callable[[Any], pa.Table]) -> None:
+        self.read = read
+
+    def __call__(self, piece: Any) -> Any:
+        return _frame(self.read(piece))
+
+
+def dask_gpu_frame(read: Callable[[Any], pa.Table], pieces: Sequence[Any], schema: pa.Schema) -> Any:
+    """A dask-cudf DataFrame with one partition per piece: ``read(piece)`` gives the
+    piece as an Arrow table with ``schema``, moved to the GPU as a cudf DataFrame.
+
+    Built with ``dask.dataframe.from_map`` and a cudf ``meta``, the route dask-cudf's
+    documentation gives for data its readers do not cover; importing dask_cudf
+    registers cudf as a dask DataFrame backend, so the collection is a dask-cudf one."""
+    _libs()
+    try:
+        import dask_cudf  # noqa: F401 - registers the "cudf" dataframe backend with dask
+    except ImportError as exc:
+        raise BackendUnavailableError(f"a dask-cudf DataFrame needs dask_cudf, which does not import ({exc})",
+                                      hint=INSTALL_HINT) from exc
+    import dask.dataframe as dd
+
+    return dd.from_map(_OnGpu(read), list(pieces), meta=_frame(schema.empty_table()), enforce_metadata=False)
+
+
+# The process's LocalCUDACluster and its client, started on first use (see
+# local_cuda_client) and closed when the interpreter exits.
+_CLUSTER_LOCK = threading.Lock()
+_CLUSTER: dict[str, Any] = {}
+
+CLUSTER_HINT = ("install dask-cuda (pip install 'tabstream[gpu]'), or pass a client "
+                "(Workflow(..., client=Client(...))), or use one GPU (CUDA_VISIBLE_DEVICES=0)")
+
+
+def local_cuda_client() -> Any:
+    """A ``distributed.Client`` of the process's dask-cuda ``LocalCUDACluster``, started
+    on first use and kept until the interpreter exits (starting one takes seconds, so
+    every fit, transform and export of the process shares it).
+
+    dask-cuda's documentation: the cluster detects the visible GPUs and starts one
+    worker process per GPU, each with its own ``CUDA_VISIBLE_DEVICES`` (one thread per
+    worker by default). The client is not made dask's default (``set_as_default=False``):
+    the user's own dask code keeps its scheduler. A script that starts one must guard
+    its entry point with ``if __name__ == "__main__":`` (the workers are new processes)."""
+    with _CLUSTER_LOCK:
+        client = _CLUSTER.get("client")
+        if client is not None and client.status == "running":
+            return client
+        try:
+            from dask_cuda import LocalCUDACluster
+            from distributed import Client
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"several GPUs are visible and no dask client was given, so tabstream runs on "
+                f"dask-cuda's LocalCUDACluster (one worker per GPU), but dask_cuda does not import ({exc})",
+                hint=CLUSTER_HINT) from exc
+        cluster = LocalCUDACluster()
+        client = Client(cluster, set_as_default=False)
+        if not _CLUSTER:
+            atexit.register(_close_cluster)
+        _CLUSTER.update(client=client, cluster=cluster)
+        return client
+
+
+def _close_cluster() -> None:
+    with _CLUSTER_LOCK:
+        client, cluster = _CLUSTER.pop("client", None), _CLUSTER.pop("cluster", None)
+    for thing in (client, cluster):
+        if thing is not None:
+            thing.close()

@@ -268,7 +268,7 @@ class Dataset:
         if self.engine == "dask":
             self._pieces = list(range(self._ddf.npartitions))
             meta = self._ddf._meta
-            return _pandas_to_arrow(meta).schema
+            return _frame_to_arrow(meta).schema
         if self.engine == "parquet":
             return self._plan_parquet()
         return self._plan_csv()
@@ -525,7 +525,7 @@ class Dataset:
             t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
         part = self._ddf.get_partition(piece).compute(scheduler="sync")
-        t = _pandas_to_arrow(part)
+        t = _frame_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
 
     def _dictionary_encoded(self, piece: _ParquetPiece, names: Sequence[str]) -> list[str]:
@@ -558,7 +558,9 @@ class Dataset:
         cols = [c for c in target.names if c in present]
         as_dictionary = self._dictionary_encoded(piece, [c for c in dictionary if c in cols]) if dictionary else []
         try:
-            if _is_local(self.fs):
+            if self.backend_name == "cudf" and cols:
+                table = _read_row_groups_on_gpu(self.fs, piece, cols)
+            elif _is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.
                 # Threads off: dask already runs one partition per core.
                 pf = pq.ParquetFile(piece.path, read_dictionary=as_dictionary or None)
@@ -867,19 +869,25 @@ class Dataset:
             yield arrow_to_pandas(self.read_piece(piece, columns))
 
     def to_ddf(self, columns: Sequence[str] | None = None):
-        """A dask DataFrame over the partitions (pandas partitions)."""
+        """A dask DataFrame over the partitions: pandas partitions on the arrow
+        backend, a dask-cudf DataFrame (cudf partitions) on the cudf backend."""
         import dask.dataframe as dd
 
-        if self.engine == "dask" and columns is None:
+        if self.engine == "dask" and columns is None and (self.backend_name == "arrow"
+                                                          or _is_gpu_collection(self._ddf)):
             return self._ddf
         cols = list(columns) if columns is not None else None
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
+        if self.backend_name == "cudf":
+            return _gpu_ddf(_ReadArrow(self, cols), self._pieces, target)
         meta = arrow_to_pandas(target.empty_table())
         return dd.from_map(_ReadPandas(self, cols), self._pieces, meta=meta, enforce_metadata=False)
 
     def to_parquet(self, output_path: str, **kwargs: Any):
         """Export the dataset unchanged (see :func:`tabstream.pipeline.export.to_parquet`)."""
         from tabstream.pipeline.export import export
+
+        kwargs.setdefault("client", backends.execution_client(self.backend_name))
 
         return export(self, None, output_path, **kwargs)
 
@@ -999,6 +1007,47 @@ class _ReadPandas:
 
     def __call__(self, piece: Any) -> pd.DataFrame:
         return arrow_to_pandas(self.ds.read_piece(piece, self.columns))
+
+
+class _ReadArrow:
+    """Picklable partition reader for the cudf backend's ``to_ddf``."""
+
+    def __init__(self, ds: Dataset, columns: list[str] | None) -> None:
+        self.ds, self.columns = ds, columns
+
+    def __call__(self, piece: Any) -> pa.Table:
+        return self.ds.read_piece(piece, self.columns)
+
+
+# -- the cudf backend's hooks (tabstream.backends.cudf holds the cudf code) ----------
+def _read_row_groups_on_gpu(fs: Any, piece: _ParquetPiece, columns: list[str]) -> pa.Table:
+    """A parquet piece's row groups decoded by cudf's GPU reader, as Arrow."""
+    from tabstream.backends.cudf import read_parquet_row_groups
+
+    if _is_local(fs):
+        return read_parquet_row_groups(piece.path, piece.row_groups, columns)
+    with fs.open(piece.path, "rb") as f:
+        return read_parquet_row_groups(f, piece.row_groups, columns)
+
+
+def _gpu_ddf(read: Any, pieces: list[Any], schema: pa.Schema) -> Any:
+    from tabstream.backends.cudf import dask_gpu_frame
+
+    return dask_gpu_frame(read, pieces, schema)
+
+
+def _is_gpu_collection(ddf: Any) -> bool:
+    """Whether a dask DataFrame's partitions are cudf DataFrames (dask-cudf)."""
+    from tabstream.backends.cudf import is_gpu_frame
+
+    return is_gpu_frame(ddf._meta)
+
+
+def _frame_to_arrow(frame: Any) -> pa.Table:
+    """One partition of a dask DataFrame given as input (pandas, or cudf for dask-cudf)."""
+    from tabstream.backends.cudf import frame_to_arrow, is_gpu_frame
+
+    return frame_to_arrow(frame) if is_gpu_frame(frame) else _pandas_to_arrow(frame)
 
 
 def _count_rows(ds: Dataset, piece: Any) -> int:

@@ -44,7 +44,7 @@ from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
 from tabstream.core.schema import Schema
-from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
+from tabstream.pipeline.dataset import Dataset, _gpu_ddf, arrow_to_pandas
 from tabstream.pipeline.execution import compute, tree_reduce
 
 __all__ = ["TransformedDataset", "Workflow"]
@@ -153,7 +153,7 @@ class Workflow:
         phases = self._stat_nodes_by_phase()
         if not phases:  # nothing to fit: no pass over the data counts the rows
             _check_has_rows(ds, ds.num_rows)
-        with _cluster_spill_dir(self.client, [n.op for nodes in phases for n in nodes]):
+        with _cluster_spill_dir(_client_for(self.client, ds), [n.op for nodes in phases for n in nodes]):
             self._fit_phases(ds, columns, phases, progress)
         self._fitted = True
         return self
@@ -168,7 +168,8 @@ class Workflow:
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes), fan_in=FIT_FAN_IN, root=_Combine(nodes, root=True))
-            (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
+            (stats,) = compute([reduced], _client_for(self.client, ds), desc=f"fit level {level + 1}",
+                               progress=progress)
             if level == 0:  # the first pass also counts the rows
                 _check_has_rows(ds, stats.pop())
             for node, partial in zip(nodes, stats, strict=True):
@@ -397,21 +398,25 @@ class TransformedDataset:
             yield arrow_to_pandas(self.read_piece(piece))
 
     def to_ddf(self):
+        """A dask DataFrame of the transformed partitions (dask-cudf on the cudf backend)."""
         import dask.dataframe as dd
 
         first = self.read_piece(self.dataset.pieces[0])
+        if self.dataset.backend_name == "cudf":
+            return _gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
         meta = arrow_to_pandas(first.schema.empty_table())
         return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
 
     def compute(self) -> pd.DataFrame:
         """The whole transformed dataset in memory (small data only)."""
-        tables = compute([delayed(self.read_piece)(p) for p in self.dataset.pieces], self.workflow.client)
+        tables = compute([delayed(self.read_piece)(p) for p in self.dataset.pieces],
+                         _client_for(self.workflow.client, self.dataset))
         return arrow_to_pandas(pa.concat_tables(tables))
 
     def to_parquet(self, output_path: str, **kwargs: Any):
         from tabstream.pipeline.export import export
 
-        kwargs.setdefault("client", self.workflow.client)
+        kwargs.setdefault("client", _client_for(self.workflow.client, self.dataset))
         return export(self.dataset, self.workflow, output_path, **kwargs)
 
 
@@ -421,6 +426,13 @@ class _TransformPandas:
 
     def __call__(self, piece: Any) -> pd.DataFrame:
         return arrow_to_pandas(self.tds.read_piece(piece))
+
+
+def _client_for(client: Any, dataset: Any) -> Any:
+    """The dask client a dataset's tasks run on: ``client`` when given; on the cudf
+    backend with several GPUs, dask-cuda's LocalCUDACluster; else None (threads).
+    See :func:`tabstream.backends.scheduler_for`."""
+    return backends.execution_client(getattr(dataset, "backend_name", "arrow"), client)
 
 
 def workers_share_this_host(client: Any) -> bool:
