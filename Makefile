@@ -42,10 +42,13 @@ test: $(VENV)/.dev-installed lint
 
 # On a machine with an NVIDIA GPU: the gpu extra, then every test marked gpu, which
 # includes the backend contract suite (tests/backends) on the cudf backend. Refuses to
-# "pass" by skipping: it stops first when the cudf backend cannot run here.
+# "pass" by skipping: it stops first when the cudf backend cannot run here. It prints
+# the GPUs seen and where tasks run (one GPU: threads; several: LocalCUDACluster);
+# -rs lists the tests skipped and why (several GPUs, TensorFlow with GPU support).
 test-gpu: $(VENV)/.dev-installed
 	$(PIP) -e ".[dev,torch,gpu]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) -c "import sys, tabstream.backends as b; r = b.gpu_status(); print('cudf backend:', r or 'available'); sys.exit(1 if r else 0)"
+	$(PY) -c "import tabstream.backends as b; n = b.gpu_count(); print('GPUs:', n, '-> tasks run on', b.scheduler_for('cudf', n, False))"
 	$(PY) -m pytest -m gpu -q -rs
 	$(PY) -m pytest tests/backends -q -rs
 
