@@ -153,7 +153,7 @@ class Workflow:
         phases = self._stat_nodes_by_phase()
         if not phases:  # nothing to fit: no pass over the data counts the rows
             _check_has_rows(ds, ds.num_rows)
-        with _cluster_spill_dir(_client_for(self.client, ds), [n.op for nodes in phases for n in nodes]):
+        with _runs_on(self, ds), _cluster_spill_dir(self.client, [n.op for nodes in phases for n in nodes]):
             self._fit_phases(ds, columns, phases, progress)
         self._fitted = True
         return self
@@ -168,8 +168,7 @@ class Workflow:
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes), fan_in=FIT_FAN_IN, root=_Combine(nodes, root=True))
-            (stats,) = compute([reduced], _client_for(self.client, ds), desc=f"fit level {level + 1}",
-                               progress=progress)
+            (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
             if level == 0:  # the first pass also counts the rows
                 _check_has_rows(ds, stats.pop())
             for node, partial in zip(nodes, stats, strict=True):
@@ -433,6 +432,18 @@ def _client_for(client: Any, dataset: Any) -> Any:
     backend with several GPUs, dask-cuda's LocalCUDACluster; else None (threads).
     See :func:`tabstream.backends.scheduler_for`."""
     return backends.execution_client(getattr(dataset, "backend_name", "arrow"), client)
+
+
+@contextmanager
+def _runs_on(workflow: Workflow, dataset: Any) -> Iterator[None]:
+    """For one fit: ``workflow.client`` is the client the dataset's tasks run on (see
+    :func:`_client_for`; unchanged when the user gave one), restored afterwards."""
+    given = workflow.client
+    workflow.client = _client_for(given, dataset)
+    try:
+        yield
+    finally:
+        workflow.client = given
 
 
 def workers_share_this_host(client: Any) -> bool:
