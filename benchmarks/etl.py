@@ -20,6 +20,7 @@ format are compared (integer ids exactly, normalized values to float32 precision
     python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
     python benchmarks/etl.py --rows 1000000,4000000,16000000 --only tabstream --repeats 1 \
         --formats parquet --json bench_data/etl-scaling.json   # scaling curve: time per row, peak RSS
+    python benchmarks/etl.py --backend arrow,cudf      # on a GPU machine: both backends and polars
 
 ``--profile`` runs the tabstream case once on dask's synchronous scheduler under
 cProfile (the threaded scheduler runs tasks on threads cProfile does not see),
@@ -148,7 +149,9 @@ def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None,
         # cache="disk" keeps each partition as read in an Arrow IPC file, so the
         # export pass maps it instead of reading/parsing again; the Dataset's default
         # ("auto") does so for raw CSV/TSV only. "none" passes cache=None (no cache).
+        cache, _, backend = cache.partition("@")  # "default@cudf": see _variants
         extra = {} if cache == "default" else {"cache": None if cache == "none" else cache}
+        extra["cpu"] = backend != "cudf"  # explicit: cpu=None would pick cudf on a GPU machine
         if fmt == "tsv":
             ds = tabstream.Dataset(files, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t", **extra)
         else:
@@ -347,15 +350,29 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(label, case, tabstream cache) of every engine configuration to run."""
     out = []
     if args.only != "polars":
-        for cache in args.ts_cache.split(","):
-            cache = cache.strip()
-            if cache not in ("default", "none", "disk", "auto"):
-                raise SystemExit(f"--ts-cache: unknown value {cache!r} (default, none, disk, auto)")
-            out.append(("tabstream" if cache == "default" else f"tabstream+cache={cache}", "tabstream",
-                        cache))
+        for backend in [b.strip() for b in args.backend.split(",") if b.strip()]:
+            _check_backend(backend)
+            for cache in args.ts_cache.split(","):
+                cache = cache.strip()
+                if cache not in ("default", "none", "disk", "auto"):
+                    raise SystemExit(f"--ts-cache: unknown value {cache!r} (default, none, disk, auto)")
+                label = "tabstream" if cache == "default" else f"tabstream+cache={cache}"
+                # the child gets the backend after the cache setting ("default@cudf")
+                out.append((label + ("" if backend == "arrow" else f"+{backend}"), "tabstream",
+                            cache if backend == "arrow" else f"{cache}@{backend}"))
     if args.only != "tabstream":
         out.append(("polars", "polars", "default"))
     return out
+
+
+def _check_backend(backend: str) -> None:
+    """--backend: a registered backend that can run here (else the reason, at once)."""
+    import tabstream.backends as backends
+
+    if backend not in backends.registered():
+        raise SystemExit(f"--backend: unknown backend {backend!r}; registered: {backends.registered()}")
+    if backend not in backends.available():
+        raise SystemExit(f"--backend {backend}: cannot run here: {backends.gpu_status()}")
 
 
 def run_case(args: argparse.Namespace, label: str, case: str, cache: str, fmt: str,
@@ -475,6 +492,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="tabstream Dataset(cache=...), comma separated to run several: 'default' (the "
                         "Dataset's own: 'auto', a disk cache for raw CSV/TSV), 'none' (cache=None), "
                         "'disk', 'auto'")
+    p.add_argument("--backend", default="arrow",
+                   help="tabstream backend(s), comma-separated: arrow (CPU), cudf (GPU); e.g. arrow,cudf")
     p.add_argument("--json", help="write all runs, medians and targets here")
     p.add_argument("--baseline-json", help="a --json of a smaller run: check that peak RSS did not grow")
     p.add_argument("--profile", help="profile the tabstream case (cProfile, synchronous scheduler) into this file")
