@@ -133,7 +133,7 @@ class Dataset:
     ----------
     path_or_df:
         A parquet or CSV/TSV file, folder, glob or list of them (local or any fsspec
-        URL), a pandas DataFrame, a pyarrow Table or a dask DataFrame.
+        URL), a pandas DataFrame, a pyarrow Table or a dask DataFrame (dask-cudf too).
     engine:
         ``"parquet"`` or ``"csv"``; inferred from the file extension when omitted.
     part_size:

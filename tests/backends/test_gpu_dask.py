@@ -62,6 +62,22 @@ def test_a_given_client_is_used_on_either_backend(dask_client):
     assert backends.execution_client("arrow") is None
 
 
+def test_a_workflow_fits_on_its_given_client_and_keeps_it(small_raw, dask_client):
+    from distributed import get_task_stream
+
+    data = ts.Dataset(small_raw, cpu=True, part_size=16384)
+    assert data.npartitions > 1
+    wf = ts.Workflow(["C1"] >> ops.Categorify(), client=dask_client)
+    with get_task_stream(client=dask_client) as stream:
+        wf.fit(data)
+    assert len(stream.data) >= data.npartitions  # the partials ran on the client's workers
+    assert wf.client is dask_client
+    plain = ts.Workflow(["C1"] >> ops.Categorify()).fit(data)
+    assert plain.client is None  # threads: no client appears after a fit
+    frame = small_raw[["C1"]]
+    assert wf.transform(frame)["C1"].tolist() == plain.transform(frame)["C1"].tolist()
+
+
 # -- without cudf / dask-cuda: clear errors, and the CPU path unchanged ----------------
 @pytest.fixture
 def without(monkeypatch):
