@@ -888,7 +888,6 @@ class Dataset:
         from tabstream.pipeline.export import export
 
         kwargs.setdefault("client", backends.execution_client(self.backend_name))
-
         return export(self, None, output_path, **kwargs)
 
     def __repr__(self) -> str:
