@@ -873,9 +873,9 @@ class Dataset:
         backend, a dask-cudf DataFrame (cudf partitions) on the cudf backend."""
         import dask.dataframe as dd
 
-        if self.engine == "dask" and columns is None and (self.backend_name == "arrow"
-                                                          or _is_gpu_collection(self._ddf)):
-            return self._ddf
+        if self.engine == "dask" and columns is None and not self._active_filters() and (
+                self.backend_name == "arrow" or _is_gpu_collection(self._ddf)):
+            return self._ddf  # the frame given, unchanged (not when filters or a split drop rows)
         cols = list(columns) if columns is not None else None
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
         if self.backend_name == "cudf":

@@ -187,6 +187,17 @@ def test_a_pandas_dask_frame_round_trips_unchanged(small_raw):
     assert first.column("row_id").to_pylist() == ddf.get_partition(0).compute()["row_id"].tolist()
 
 
+def test_a_filtered_or_split_dask_frame_gives_only_its_rows_from_to_ddf(small_raw):
+    ddf = dd.from_pandas(small_raw, npartitions=3)
+    want = small_raw[small_raw["row_id"] < 500]["row_id"].tolist()
+    filtered = ts.Dataset(ddf, cpu=True, filters=[("row_id", "<", 500)])
+    assert filtered.to_ddf().compute()["row_id"].tolist() == want
+    parts = ts.Dataset(ddf, cpu=True).split([0.5, 0.5], seed=1)
+    got = [p.to_ddf().compute()["row_id"].tolist() for p in parts]
+    assert [len(g) for g in got] == [p.num_rows for p in parts]
+    assert sorted(got[0] + got[1]) == small_raw["row_id"].tolist()
+
+
 # -- on a GPU --------------------------------------------------------------------------
 def _cudf_or_skip():
     reason = backends.gpu_status()
