@@ -82,6 +82,11 @@ DEFAULT_PART_SIZE = 64 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
 _CSV_EXT = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
 _BOM = b"\xef\xbb\xbf"
+# Arrow's CSV reader parses a block in chunks of this many bytes. Small chunks keep
+# its working buffers in the CPU cache and its allocations reused: a 38 MB block of
+# Criteo-like TSV parses in about a third of the CPU time with 2 MB chunks than as one
+# 64 MB chunk (measured 105 vs 340 ms); columns come out in ~20 chunks per block.
+_CSV_PARSE_BLOCK = 1 << 21
 # What a truncated or corrupt compressed file raises while it is decompressed.
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
@@ -604,7 +609,7 @@ class Dataset:
         if piece.offset == 0 and not skip_header:
             self._check_header_line(piece, data)
         if len(self._csv_names) > 1:
-            data = self._check_blank_lines(piece, data, skip_header)
+            data = self._trim_blank_lines(piece, data, skip_header)
         # A NUL byte is valid UTF-8, so Arrow would keep it inside a string value:
         # text logs never hold one, a binary (or UTF-16) line does. memchr-fast.
         nul = data.find(b"\0")
@@ -615,11 +620,21 @@ class Dataset:
                 f"the line is binary, expected text: {_excerpt(data, nul)!r}",
                 "the file is not UTF-8 text (binary, or UTF-16?): convert it or remove the line",
             )
+        several = len(self._csv_names) > 1
         try:
             # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
-            return self._parse_csv(data, skip_header)
+            table = self._parse_csv(data, skip_header)
         except pa.ArrowInvalid as exc:
-            raise self._csv_error(piece, data, skip_header, exc) from exc
+            blank = self._blank_line_error(piece, data, skip_header) if several else None
+            raise (blank or self._csv_error(piece, data, skip_header, exc)) from exc
+        # Arrow reads a blank line inside the block as a row of nulls. The block is
+        # searched for one only when every column has a null: a search of every block
+        # would cost about a tenth of its parse, a column's null count nothing.
+        if several and all(column.null_count for column in table.columns):
+            blank = self._blank_line_error(piece, data, skip_header)
+            if blank is not None:
+                raise blank
+        return table
 
     def _check_header_line(self, piece: _CsvPiece, data: bytes) -> None:
         """``header=False`` but the file starts with the column names: refuse rather
@@ -647,22 +662,36 @@ class Dataset:
         index = data.count(self._csv_sep.encode(), start, pos)
         return self._csv_names[index] if index < len(self._csv_names) else f"field {index + 1}"
 
-    def _check_blank_lines(self, piece: _CsvPiece, data: bytes, skip_header: bool) -> bytes:
-        """A blank line inside the data is a line without its fields: an error (Arrow
-        would read it as a row of nulls). Blank lines at the end are dropped."""
+    def _trim_blank_lines(self, piece: _CsvPiece, data: bytes, skip_header: bool) -> bytes:
+        """Blank lines at the end of the block carry nothing and are dropped. A blank
+        line inside the data is a line without its fields: an error (see
+        :meth:`_blank_line_error`); one at the very start is refused here, since with
+        ``header=True`` Arrow would take it for the header and read on."""
         end = len(data)
         while end and data[end - 1] in (10, 13):  # b"\n", b"\r"
             end -= 1
         if data.count(b"\n", end) > 1:
             data = data[:end] + b"\n"
-        pos = 0 if data[:1] in (b"\n", b"\r") and end else data.find(b"\n\n", 0, end)
-        if pos < 0:
-            pos = data.find(b"\n\r\n", 0, end)
-        if pos < 0:
-            return data
+        if end and data[:1] in (b"\n", b"\r"):
+            error = self._blank_line_error(piece, data, skip_header)
+            assert error is not None
+            raise error
+        return data
+
+    def _blank_line_error(self, piece: _CsvPiece, data: bytes, skip_header: bool) -> DataError | None:
+        """The first blank line of a block (trailing ones already cut), by its line in
+        the file; ``None`` when there is none."""
+        end = len(data.rstrip(b"\r\n"))
+        if end and data[:1] in (b"\n", b"\r"):
+            pos = 0
+        else:
+            found = [p for p in (data.find(b"\n\n", 0, end), data.find(b"\n\r\n", 0, end)) if p >= 0]
+            if not found:
+                return None
+            pos = min(found)
         first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
         line = first_line + data.count(b"\n", 0, pos + 1) if pos or data[:1] != b"\n" else first_line
-        raise DataError(
+        return DataError(
             f"{piece.path}, line {line}: expected {len(self._csv_names)} fields separated by "
             f"{self._csv_sep!r}, got a blank line"
         )
@@ -706,7 +735,7 @@ class Dataset:
         return pacsv.read_csv(
             pa.BufferReader(data),
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
-                                           use_threads=False, block_size=1 << 26),
+                                           use_threads=False, block_size=_CSV_PARSE_BLOCK),
             # Raw logs are not quoted: with tabs, a quote is plain data (quoting would
             # let a stray quote swallow the following lines). A blank line is a line
             # with the wrong number of fields, never silently dropped.
@@ -745,7 +774,9 @@ class Dataset:
                 pass
             if bad:
                 row = bad[0]
-                line = first_line + (row.number - 1 if row.number is not None else 0)
+                # Arrow numbers the rows it skipped (the header) too
+                line = (first_line if row.number is None
+                        else 1 + self._lines_before(piece) + row.number - 1)
                 return DataError(
                     f"{piece.path}, line {line}: expected {row.expected_columns} fields "
                     f"separated by {self._csv_sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
