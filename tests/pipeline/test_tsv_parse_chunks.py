@@ -148,3 +148,32 @@ def test_criteo_like_log_reads_as_pandas_does(tmp_path, monkeypatch):
         want = [None if pd.isna(v) else (int(v) if CRITEO_DTYPES[name] == "int64" else v)
                 for v in expected[name].tolist()]
         assert got.column(name).to_pylist() == want, name
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"", b"\r\n"])
+def test_mapped_blocks_are_cut_as_read_block_cuts_them(tmp_path, ending):
+    """Local files are memory-mapped instead of read: every piece's text is the
+    same as fsspec's ``read_block`` gives, and the pieces tile the file."""
+    from fsspec.utils import read_block
+
+    rng = np.random.default_rng(5)
+    lines = [b"x" * int(n) for n in rng.integers(0, 120, 400)]
+    lines[100] = b"y" * 3000  # longer than a block: the next blocks are empty
+    text = b"\n".join(lines).replace(b"\n", ending or b"\n") + ending
+    path = tmp_path / "lines.tsv"
+    path.write_bytes(text)
+    for block_bytes in (17, 50, 333, 1000, 10**6):
+        ds = ts.Dataset(str(path), names=["a"], sep="\t", part_size=max(1, block_bytes * 5 // 3))
+        pieces = ds.pieces
+        assert len(pieces) > 1 or block_bytes == 10**6
+        got = [ds._csv_block(p).data() for p in pieces]
+        with open(path, "rb") as f:
+            assert got == [read_block(f, p.offset, p.length, delimiter=b"\n") for p in pieces]
+        assert b"".join(got) == text
+
+
+def test_empty_file_reads_no_rows(tmp_path):
+    path = tmp_path / "empty.tsv"
+    path.write_bytes(b"")
+    got = _read_all(ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t"))
+    assert got.num_rows == 0 and got.schema.names == NAMES
