@@ -154,6 +154,12 @@ class _Block:
         nl = self.find(b"\n")
         return self.buf[self.start:self.start + nl if nl >= 0 else self.end]
 
+    def isascii(self) -> bool:
+        """Only ASCII bytes (so valid UTF-8): about 1 ms per 38 MB."""
+        if not len(self):
+            return True
+        return int(np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self.start).max()) < 0x80
+
     def isspace(self) -> bool:
         """Nothing but whitespace (or nothing at all): no rows."""
         head = self.buf[self.start:min(self.end, self.start + 4096)]
@@ -663,7 +669,10 @@ class Dataset:
             )
         try:
             # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
-            table = self._parse_csv(b"" if block.isspace() else block.arrow(), skip_header)
+            # Arrow's UTF-8 check of every string costs ~10% of the parse: it is
+            # skipped for a block of ASCII text, which is valid UTF-8 throughout.
+            table = self._parse_csv(b"" if block.isspace() else block.arrow(), skip_header,
+                                    check_utf8=not block.isascii())
         except pa.ArrowInvalid as exc:
             data = block.data()
             pos = self._blank_line_at(block) if several else -1
@@ -778,7 +787,8 @@ class Dataset:
         )
 
     def _parse_csv(self, data: bytes | pa.Buffer, skip_header: bool,
-                   invalid_row_handler: Any = None, as_strings: bool = False) -> pa.Table:
+                   invalid_row_handler: Any = None, as_strings: bool = False,
+                   check_utf8: bool = True) -> pa.Table:
         types = {n: pa.string() for n in self._csv_names} if as_strings else self._csv_types
         names = self._csv_names
         if len(data) == 0 or (isinstance(data, bytes) and data.isspace()):
@@ -797,6 +807,7 @@ class Dataset:
             convert_options=pacsv.ConvertOptions(
                 column_types={n: types.get(n, pa.string()) for n in names},
                 null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
+                check_utf8=check_utf8,
             ),
         )
 

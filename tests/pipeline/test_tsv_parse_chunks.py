@@ -177,3 +177,21 @@ def test_empty_file_reads_no_rows(tmp_path):
     path.write_bytes(b"")
     got = _read_all(ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t"))
     assert got.num_rows == 0 and got.schema.names == NAMES
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_non_ascii_text_is_checked_as_utf8(tmp_path, small_chunks, bad):
+    # Arrow's UTF-8 check is skipped only for blocks of pure ASCII: a block with
+    # other valid UTF-8 reads as written, one with invalid bytes is refused
+    lines = _lines(1000, nulls=False)
+    lines[10] = lines[10] + "é日本".encode()
+    if bad:
+        lines[900] = lines[900] + b"\xe6\x97"  # a cut 3-byte character
+    path = tmp_path / "text.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t")
+    if bad:
+        with pytest.raises(DataError, match=r"text\.tsv, line 901, column 'C2': invalid UTF-8 bytes"):
+            _read_all(ds)
+    else:
+        assert _read_all(ds).to_pydict() == _expected(lines)
