@@ -160,10 +160,11 @@ class _Block:
             return True
         return int(np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self.start).max()) < 0x80
 
-    def isspace(self) -> bool:
-        """Nothing but whitespace (or nothing at all): no rows."""
+    def no_lines(self) -> bool:
+        """Nothing but line endings (or nothing at all): no rows. A line of empty
+        fields (``"\t\t\n"``) is a row of nulls, not nothing."""
         head = self.buf[self.start:min(self.end, self.start + 4096)]
-        return (not head or head.isspace()) and (len(self) <= 4096 or self.data().isspace())
+        return not head.strip(b"\r\n") and (len(self) <= 4096 or not self.data().strip(b"\r\n"))
 
 
 @dataclass(frozen=True)
@@ -671,7 +672,7 @@ class Dataset:
             # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
             # Arrow's UTF-8 check of every string costs ~10% of the parse: it is
             # skipped for a block of ASCII text, which is valid UTF-8 throughout.
-            table = self._parse_csv(b"" if block.isspace() else block.arrow(), skip_header,
+            table = self._parse_csv(b"" if block.no_lines() else block.arrow(), skip_header,
                                     check_utf8=not block.isascii())
         except pa.ArrowInvalid as exc:
             data = block.data()
@@ -791,7 +792,7 @@ class Dataset:
                    check_utf8: bool = True) -> pa.Table:
         types = {n: pa.string() for n in self._csv_names} if as_strings else self._csv_types
         names = self._csv_names
-        if len(data) == 0 or (isinstance(data, bytes) and data.isspace()):
+        if len(data) == 0 or (isinstance(data, bytes) and not data.strip(b"\r\n")):
             return pa.table({n: pa.array([], type=self._arrow_schema.field(n).type) for n in names})
         return pacsv.read_csv(
             pa.BufferReader(data),

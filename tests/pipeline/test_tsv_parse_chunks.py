@@ -195,3 +195,25 @@ def test_non_ascii_text_is_checked_as_utf8(tmp_path, small_chunks, bad):
             _read_all(ds)
     else:
         assert _read_all(ds).to_pydict() == _expected(lines)
+
+
+@pytest.mark.parametrize("part_size", [10, 10**6])
+def test_a_block_of_only_empty_fields_keeps_its_rows(tmp_path, part_size):
+    # rows whose every field is empty are rows of nulls: a block holding nothing
+    # else was taken for blank text and its rows were dropped without a word
+    lines = [b"\t\t\t"] * 7 + [b"1\t2\tab\tcd"] + [b"\t\t\t"] * 3
+    path = tmp_path / "nulls.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t", part_size=part_size)
+    assert part_size > 100 or len(ds.pieces) > 2
+    got = _read_all(ds)
+    assert got.to_pydict() == _expected(lines)
+    assert ds.num_rows == len(lines)
+
+
+def test_a_line_of_spaces_is_not_dropped_as_blank(tmp_path):
+    # three columns: a line of spaces is one field, an error naming the line
+    path = tmp_path / "spaces.tsv"
+    path.write_bytes(b"   \n")
+    with pytest.raises(DataError, match=r"spaces\.tsv, line 1: expected 4 fields"):
+        _read_all(ts.Dataset(str(path), names=NAMES, dtypes=DTYPES, sep="\t"))
