@@ -39,6 +39,7 @@ import copy
 import hashlib
 import json
 import lzma
+import mmap
 import os
 import posixpath
 import re
@@ -82,6 +83,11 @@ DEFAULT_PART_SIZE = 64 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
 _CSV_EXT = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
 _BOM = b"\xef\xbb\xbf"
+# Arrow's CSV reader parses a block in chunks of this many bytes. Small chunks keep
+# its working buffers in the CPU cache and its allocations reused: a 38 MB block of
+# Criteo-like TSV parses in about a third of the CPU time with 2 MB chunks than as one
+# 64 MB chunk (measured 105 vs 340 ms); columns come out in ~20 chunks per block.
+_CSV_PARSE_BLOCK = 1 << 21
 # What a truncated or corrupt compressed file raises while it is decompressed.
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
@@ -118,6 +124,47 @@ class _CsvPiece:
     path: str
     offset: int
     length: int | None  # None: the whole file (compressed files cannot be split)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The text of a CSV piece: ``buf[start:end]``, where ``buf`` is a memory map of
+    the file (local, uncompressed: read without a copy) or the bytes read. Offsets
+    taken and returned by the methods are relative to ``start``."""
+
+    buf: Any  # mmap.mmap or bytes
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def find(self, sub: bytes, pos: int = 0) -> int:
+        i = self.buf.find(sub, self.start + pos, self.end)
+        return i - self.start if i >= 0 else -1
+
+    def data(self) -> bytes:
+        """The text as bytes (a copy of a mapped block: for error messages only)."""
+        return self.buf[self.start:self.end]
+
+    def arrow(self) -> pa.Buffer:
+        return pa.py_buffer(self.buf).slice(self.start, len(self))
+
+    def first_line(self) -> bytes:
+        nl = self.find(b"\n")
+        return self.buf[self.start:self.start + nl if nl >= 0 else self.end]
+
+    def isascii(self) -> bool:
+        """Only ASCII bytes (so valid UTF-8): about 1 ms per 38 MB."""
+        if not len(self):
+            return True
+        return int(np.frombuffer(self.buf, dtype=np.uint8, count=len(self), offset=self.start).max()) < 0x80
+
+    def no_lines(self) -> bool:
+        """Nothing but line endings (or nothing at all): no rows. A line of empty
+        fields (``"\t\t\n"``) is a row of nulls, not nothing."""
+        head = self.buf[self.start:min(self.end, self.start + 4096)]
+        return not head.strip(b"\r\n") and (len(self) <= 4096 or not self.data().strip(b"\r\n"))
 
 
 @dataclass(frozen=True)
@@ -492,7 +539,11 @@ class Dataset:
             table = self._read_piece_raw(piece, wanted, dictionary)
             tmp = f"{path}.{threading.get_ident()}.tmp"
             try:
-                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                # buffered: a table of many small chunks (a parsed CSV block) is
+                # otherwise written in thousands of small writes (measured 35 -> 18
+                # ms CPU per 38 MB block)
+                with pa.OSFile(tmp, "wb") as raw, pa.BufferedOutputStream(raw, 1 << 20) as sink, \
+                        pa.ipc.new_file(sink, table.schema) as writer:
                     writer.write_table(table)
                 os.replace(tmp, path)
             except OSError:
@@ -601,16 +652,18 @@ class Dataset:
         return table
 
     def _read_csv_piece(self, piece: _CsvPiece) -> pa.Table:
-        data = self._csv_block(piece)
+        block = self._csv_block(piece)
         skip_header = self._csv_header and piece.offset == 0
         if piece.offset == 0 and not skip_header:
-            self._check_header_line(piece, data)
-        if len(self._csv_names) > 1:
-            data = self._check_blank_lines(piece, data, skip_header)
+            self._check_header_line(piece, block.first_line())
+        several = len(self._csv_names) > 1
+        if several:
+            block = self._trim_blank_lines(piece, block, skip_header)
         # A NUL byte is valid UTF-8, so Arrow would keep it inside a string value:
         # text logs never hold one, a binary (or UTF-16) line does. memchr-fast.
-        nul = data.find(b"\0")
+        nul = block.find(b"\0")
         if nul >= 0:
+            data = block.data()
             line = self._line_at(piece, data, nul)
             raise _data_error(
                 f"{piece.path}, line {line}: a NUL byte at column {self._column_at(data, nul)!r}: "
@@ -619,15 +672,28 @@ class Dataset:
             )
         try:
             # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
-            return self._parse_csv(data, skip_header)
+            # Arrow's UTF-8 check of every string costs ~10% of the parse: it is
+            # skipped for a block of ASCII text, which is valid UTF-8 throughout.
+            table = self._parse_csv(b"" if block.no_lines() else block.arrow(), skip_header,
+                                    check_utf8=not block.isascii())
         except pa.ArrowInvalid as exc:
-            raise self._csv_error(piece, data, skip_header, exc) from exc
+            data = block.data()
+            pos = self._blank_line_at(block) if several else -1
+            raise (self._blank_line_error(piece, data, skip_header, pos) if pos >= 0
+                   else self._csv_error(piece, data, skip_header, exc)) from exc
+        # Arrow reads a blank line inside the block as a row of nulls. The block is
+        # searched for one only when every column has a null: a search of every block
+        # would cost about a tenth of its parse, a column's null count nothing.
+        if several and all(column.null_count for column in table.columns):
+            pos = self._blank_line_at(block)
+            if pos >= 0:
+                raise self._blank_line_error(piece, block.data(), skip_header, pos)
+        return table
 
-    def _check_header_line(self, piece: _CsvPiece, data: bytes) -> None:
+    def _check_header_line(self, piece: _CsvPiece, line: bytes) -> None:
         """``header=False`` but the file starts with the column names: refuse rather
         than read the names as a row of data."""
-        end = data.find(b"\n")
-        first = data[: end if end >= 0 else len(data)].removeprefix(_BOM).rstrip(b"\r")
+        first = line.removeprefix(_BOM).rstrip(b"\r")
         fields = first.split(self._csv_sep.encode())
         if self._csv_sep != "\t":  # CSV headers are often quoted
             fields = [f.strip(b'"') for f in fields]
@@ -649,33 +715,57 @@ class Dataset:
         index = data.count(self._csv_sep.encode(), start, pos)
         return self._csv_names[index] if index < len(self._csv_names) else f"field {index + 1}"
 
-    def _check_blank_lines(self, piece: _CsvPiece, data: bytes, skip_header: bool) -> bytes:
-        """A blank line inside the data is a line without its fields: an error (Arrow
-        would read it as a row of nulls). Blank lines at the end are dropped."""
-        end = len(data)
-        while end and data[end - 1] in (10, 13):  # b"\n", b"\r"
+    def _trim_blank_lines(self, piece: _CsvPiece, block: _Block, skip_header: bool) -> _Block:
+        """Blank lines at the end of the block carry nothing and are dropped. A blank
+        line inside the data is a line without its fields: an error (see
+        :meth:`_blank_line_at`); one at the very start is refused here, since with
+        ``header=True`` Arrow would take it for the header and read on."""
+        end = block.end
+        while end > block.start and block.buf[end - 1] in (10, 13):  # b"\n", b"\r"
             end -= 1
-        if data.count(b"\n", end) > 1:
-            data = data[:end] + b"\n"
-        pos = 0 if data[:1] in (b"\n", b"\r") and end else data.find(b"\n\n", 0, end)
-        if pos < 0:
-            pos = data.find(b"\n\r\n", 0, end)
-        if pos < 0:
-            return data
+        tail = block.buf[end:block.end]
+        if tail.count(b"\n") > 1:  # keep the last line's own ending only
+            block = _Block(block.buf, block.start, end + tail.index(b"\n") + 1)
+        if end > block.start and block.buf[block.start] in (10, 13):
+            raise self._blank_line_error(piece, block.data(), skip_header, 0)
+        return block
+
+    @staticmethod
+    def _blank_line_at(block: _Block) -> int:
+        """Where the first blank line of the block (trailing ones cut) starts, or -1."""
+        found = [p for p in (block.find(b"\n\n"), block.find(b"\n\r\n")) if p >= 0]
+        return min(found) if found else -1
+
+    def _blank_line_error(self, piece: _CsvPiece, data: bytes, skip_header: bool, pos: int) -> DataError:
+        """The blank line at ``pos`` of the block (0: the block starts with one), by
+        its line in the file."""
         first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
         line = first_line + data.count(b"\n", 0, pos + 1) if pos or data[:1] != b"\n" else first_line
-        raise DataError(
+        return DataError(
             f"{piece.path}, line {line}: expected {len(self._csv_names)} fields separated by "
             f"{self._csv_sep!r}, got a blank line"
         )
 
-    def _csv_block(self, piece: _CsvPiece) -> bytes:
+    def _csv_block(self, piece: _CsvPiece) -> _Block:
+        """The piece's text: from the first line starting at or after ``offset`` (the
+        file's start for offset 0) through the line holding byte ``offset + length``,
+        as ``fsspec.utils.read_block`` cuts it. A local uncompressed file is memory-
+        mapped (no copy of the text; about 0.5 ms less CPU per MB than reading it)."""
         if piece.length is not None:
+            if _is_local(self.fs):
+                with open(piece.path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size == 0:
+                        return _Block(b"", 0, 0)
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                start = 0 if piece.offset == 0 else _after_newline(mm, piece.offset)
+                return _Block(mm, start, max(start, _after_newline(mm, piece.offset + piece.length)))
             with self.fs.open(piece.path, "rb") as f:
-                return read_block(f, piece.offset, piece.length, delimiter=b"\n")
+                data = read_block(f, piece.offset, piece.length, delimiter=b"\n")
+            return _Block(data, 0, len(data))
         try:
             with self.fs.open(piece.path, "rb", compression="infer") as f:
-                return f.read()
+                data = f.read()
+            return _Block(data, 0, len(data))
         except _DECOMPRESS_ERRORS as exc:
             if isinstance(exc, OSError) and exc.errno is not None:
                 raise  # an I/O error of the system (missing file, permissions, network)
@@ -699,16 +789,17 @@ class Dataset:
             "the file was cut short (an interrupted copy or download?): fetch or compress it again",
         )
 
-    def _parse_csv(self, data: bytes, skip_header: bool,
-                   invalid_row_handler: Any = None, as_strings: bool = False) -> pa.Table:
+    def _parse_csv(self, data: bytes | pa.Buffer, skip_header: bool,
+                   invalid_row_handler: Any = None, as_strings: bool = False,
+                   check_utf8: bool = True) -> pa.Table:
         types = {n: pa.string() for n in self._csv_names} if as_strings else self._csv_types
         names = self._csv_names
-        if not data or data.isspace():
+        if len(data) == 0 or (isinstance(data, bytes) and not data.strip(b"\r\n")):
             return pa.table({n: pa.array([], type=self._arrow_schema.field(n).type) for n in names})
         return pacsv.read_csv(
             pa.BufferReader(data),
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
-                                           use_threads=False, block_size=1 << 26),
+                                           use_threads=False, block_size=_CSV_PARSE_BLOCK),
             # Raw logs are not quoted: with tabs, a quote is plain data (quoting would
             # let a stray quote swallow the following lines). A blank line is a line
             # with the wrong number of fields, never silently dropped.
@@ -719,6 +810,7 @@ class Dataset:
             convert_options=pacsv.ConvertOptions(
                 column_types={n: types.get(n, pa.string()) for n in names},
                 null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
+                check_utf8=check_utf8,
             ),
         )
 
@@ -747,7 +839,9 @@ class Dataset:
                 pass
             if bad:
                 row = bad[0]
-                line = first_line + (row.number - 1 if row.number is not None else 0)
+                # Arrow numbers the rows it skipped (the header) too
+                line = (first_line if row.number is None
+                        else 1 + self._lines_before(piece) + row.number - 1)
                 return DataError(
                     f"{piece.path}, line {line}: expected {row.expected_columns} fields "
                     f"separated by {self._csv_sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
@@ -1392,6 +1486,12 @@ def _check_header_names(path: str, names: list[str]) -> None:
                 "on the command line for Criteo TSV logs",
             )
         seen.add(name)
+
+
+def _after_newline(buf: Any, pos: int) -> int:
+    """The offset just past the first newline at or after ``pos`` (the end if none)."""
+    i = buf.find(b"\n", pos) if pos < len(buf) else -1
+    return len(buf) if i < 0 else i + 1
 
 
 def _data_error(message: str, hint: str) -> DataError:
