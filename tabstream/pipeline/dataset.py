@@ -487,12 +487,15 @@ class Dataset:
         path = os.path.join(self._cache_dir, f"piece{self._piece_index[piece]:06d}-{key}.arrow")
         if os.path.exists(path):
             with pa.memory_map(path) as source:
-                table = pa.ipc.open_file(source).read_all()
+                table = pa.ipc.open_stream(source).read_all()
         else:
             table = self._read_piece_raw(piece, wanted, dictionary)
             tmp = f"{path}.{threading.get_ident()}.tmp"
             try:
-                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                # the stream format, not the file format: a partition of several parquet
+                # row groups read as dictionaries has one dictionary per row group, and
+                # only a stream may replace a dictionary between its batches
+                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
                     writer.write_table(table)
                 os.replace(tmp, path)
             except OSError:

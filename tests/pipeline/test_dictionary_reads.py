@@ -125,3 +125,28 @@ def test_dictionary_reads_equal_plain_reads_with_num_buckets(tmp_path, frame):
         assert op_dict.tables[name].equals(op_plain.tables[name])
     from_parquet = wf.transform(ts.Dataset(path, part_size=3000)).compute()
     pd.testing.assert_frame_equal(from_parquet, plain.transform(frame))
+
+
+@pytest.mark.parametrize("freq_threshold", [0, 12])
+def test_disk_cache_keeps_dictionary_partitions_of_several_row_groups(tmp_path, frame, freq_threshold,
+                                                                      monkeypatch):
+    # a partition of several row groups read as dictionaries has one dictionary per
+    # row group: the cache keeps them (the export maps it instead of reading parquet)
+    path = _write(tmp_path, frame)
+    reads = []
+    original = ts.Dataset._read_piece_raw
+    monkeypatch.setattr(ts.Dataset, "_read_piece_raw",
+                        lambda self, piece, *a, **k: reads.append(piece) or original(self, piece, *a, **k))
+    (tmp_path / "cache").mkdir()
+    ds = ts.Dataset(path, part_size=10_000, cache="disk", cache_dir=str(tmp_path / "cache"))
+    assert 1 < ds.npartitions < 8  # pieces of several row groups
+    wf = ts.Workflow((["low", "shifted"] >> ops.Categorify(freq_threshold=freq_threshold)) + ["x"]).fit(ds)
+    cached = ds.read_piece(ds.pieces[0], wf.input_columns, ["low", "shifted"])
+    assert cached.column("shifted").num_chunks > 1 and pa.types.is_dictionary(cached.schema.field("shifted").type)
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert sorted(reads, key=ds.pieces.index) == ds.pieces  # each partition read from parquet once
+    got = pd.read_parquet(tmp_path / "out")
+    for name in ["low", "shifted"]:
+        values = frame[name].astype(object).where(frame[name].notna(), None).tolist()
+        assert got[name].tolist() == _ids_reference(values, freq_threshold)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
