@@ -563,7 +563,16 @@ class Categorify(StatOperator):
         out = []
         for chunk in chunks:
             ids = self._encode_flat(name, kernels.normalize_missing(chunk.dictionary))
-            out.append(pc.fill_null(ids.take(chunk.indices), pa.scalar(NULL_ID, out_type)))
+            indices = chunk.indices
+            if indices.null_count:
+                # a null index points at one extra entry holding the null id: filling
+                # the narrow indices, then a take without nulls, costs about a third of
+                # a take with nulls followed by filling the wide ids
+                ids = pa.concat_arrays([ids, pa.array([NULL_ID], out_type)])
+                if indices.type.bit_width < 32:
+                    indices = indices.cast(pa.int32())  # room for the extra entry's index
+                indices = pc.fill_null(indices, pa.scalar(len(ids) - 1, indices.type))
+            out.append(ids.take(indices))
         return pa.concat_arrays(out) if out else pa.array([], out_type)
 
     def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:
