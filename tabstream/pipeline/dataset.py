@@ -82,6 +82,8 @@ DEFAULT_PART_SIZE = 64 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
 _CSV_EXT = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
 _BOM = b"\xef\xbb\xbf"
+# Held while a Dataset makes its cache folder (module level: a Dataset is pickled).
+_CACHE_DIR_LOCK = threading.Lock()
 # What a truncated or corrupt compressed file raises while it is decompressed.
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
@@ -150,10 +152,14 @@ class Dataset:
         pass (fit, then export) maps it instead of parsing the raw files again.
         Costs disk space about the size of the data in memory. ``"auto"`` (the
         default) is ``"disk"`` for raw CSV/TSV logs, where parsing is the cost (fit
-        + export measured about 0.8x the time of parsing twice), and no cache for
-        parquet and in-memory data; in ``"auto"`` a partition that cannot be written
-        to the cache (a full disk) is simply parsed again when next read. ``None``
-        turns caching off.
+        + export measured about 0.8x the time of parsing twice); for parquet only
+        the partitions a Workflow's fit reads are kept (``read_piece(keep=True)``),
+        so the export after the fit maps them instead of decoding parquet again
+        (string columns stay dictionary-encoded where the files store them so; the
+        Criteo-like benchmark needs about 260 MB of disk per million rows); no cache
+        for in-memory data. In ``"auto"`` a partition that cannot be written to the
+        cache (a full disk) is simply read again when next needed. ``None`` turns
+        caching off.
     filters:
         Keep only the rows that pass, everywhere the Dataset is used (fit, export,
         ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
@@ -395,16 +401,20 @@ class Dataset:
         return self._arrow_schema
 
     def read_piece(self, piece: Any, columns: Sequence[str] | None = None,
-                   dictionary: Sequence[str] = ()) -> pa.Table:
+                   dictionary: Sequence[str] = (), keep: bool = False) -> pa.Table:
         """Read one partition as an Arrow table (only ``columns`` when given), keeping
         only the rows of this Dataset (its ``filters`` and split).
+
+        ``keep``: a later pass will read the same columns again (a Workflow's fit
+        says so): with the default ``cache="auto"``, a parquet partition is then kept
+        on local disk for it (see ``cache``).
 
         ``dictionary`` names string columns the caller takes as dictionary arrays:
         where a parquet file stores such a column in dictionary-encoded pages (in
         every row group of the partition) it is read as ``dictionary<int32, string>``
         chunks, one dictionary per row group, without decoding the strings. Other
         sources, and columns the Dataset's filters use, are read as usual."""
-        read = self._reader()
+        read = self._reader(keep)
         active = self._active_filters()
         if dictionary:
             used = {c for f in active for c in f.columns}
@@ -451,18 +461,29 @@ class Dataset:
         tasks = [dask.delayed(self.piece_mask, pure=False)(p) for p in self._pieces]
         return list(dask.compute(*tasks, scheduler="threads"))
 
-    def _reader(self) -> Any:
+    def _reader(self, keep: bool = False) -> Any:
         # "auto" caches in the process that made the Dataset (threads, the default
         # scheduler): a worker process of a cluster reads a copy of the Dataset whose
         # cache no later pass would find, so it parses as without a cache.
-        if self.cache and (not self._cache_auto or os.getpid() == self._owner_pid):
+        if self._cache_auto and os.getpid() != self._owner_pid:
+            return self._read_piece_raw
+        if self.cache:
             return self._read_cached
+        if self._cache_auto and self.engine == "parquet" and (keep or self._cache_dir is not None):
+            # parquet: only a read that a later pass repeats (the fit's) writes the
+            # cache; any read may use what is there
+            return self._read_cached if keep else self._read_if_cached
         return self._read_piece_raw
 
+    def _read_if_cached(self, piece: Any, columns: Sequence[str] | None,
+                        dictionary: Sequence[str] = ()) -> pa.Table:
+        return self._read_cached(piece, columns, dictionary, write=False)
+
     def _read_cached(self, piece: Any, columns: Sequence[str] | None,
-                     dictionary: Sequence[str] = ()) -> pa.Table:
+                     dictionary: Sequence[str] = (), write: bool = True) -> pa.Table:
         """Partitions as read, kept in uncompressed Arrow IPC files: the second pass
         over the data (fit, then export) memory-maps them instead of parsing again.
+        ``write=False`` uses a kept partition but keeps none.
 
         A CSV block is parsed whole whatever the columns asked for, so it is kept
         whole and every later read, of any columns, selects from it."""
@@ -474,8 +495,12 @@ class Dataset:
         wanted = None if whole else columns
         try:
             if self._cache_dir is None:
-                self._cache_dir = tempfile.mkdtemp(prefix="tabstream-cache-")
-                weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
+                if not write:
+                    return self._read_piece_raw(piece, columns, dictionary)
+                with _CACHE_DIR_LOCK:  # the first partitions are read side by side
+                    if self._cache_dir is None:
+                        self._cache_dir = tempfile.mkdtemp(prefix="tabstream-cache-")
+                        weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
         except OSError:
             if not self._cache_auto:
                 raise
@@ -488,6 +513,8 @@ class Dataset:
         if os.path.exists(path):
             with pa.memory_map(path) as source:
                 table = pa.ipc.open_stream(source).read_all()
+        elif not write:
+            return self._read_piece_raw(piece, columns, dictionary)
         else:
             table = self._read_piece_raw(piece, wanted, dictionary)
             tmp = f"{path}.{threading.get_ident()}.tmp"

@@ -513,7 +513,8 @@ class _Combine:
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
                input_schema: Schema, count_rows: bool = False,
                dictionary: Sequence[str] = ()) -> list[Any]:
-    table = ds.read_piece(piece, columns, dictionary) if dictionary else ds.read_piece(piece, columns)
+    # keep: the export after the fit reads the same columns again (see Dataset's cache)
+    table = ds.read_piece(piece, columns, dictionary, keep=True)
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
     out = []
