@@ -158,8 +158,9 @@ class Dataset:
         (string columns stay dictionary-encoded where the files store them so; the
         Criteo-like benchmark needs about 260 MB of disk per million rows); no cache
         for in-memory data. In ``"auto"`` a partition that cannot be written to the
-        cache (a full disk) is simply read again when next needed. ``None`` turns
-        caching off.
+        cache (a full disk), or that would leave its disk less than a tenth (and
+        less than 2 GiB) free, is simply read again when next needed. ``None``
+        turns caching off.
     filters:
         Keep only the rows that pass, everywhere the Dataset is used (fit, export,
         ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
@@ -517,6 +518,9 @@ class Dataset:
             return self._read_piece_raw(piece, columns, dictionary)
         else:
             table = self._read_piece_raw(piece, wanted, dictionary)
+            if self._cache_auto and not _disk_has_room(self._cache_dir, table.nbytes):
+                # "auto" never fills the disk: the partition is read again when needed
+                return table.select(list(columns)) if whole and columns is not None else table
             tmp = f"{path}.{threading.get_ident()}.tmp"
             try:
                 # the stream format, not the file format: a partition of several parquet
@@ -1029,6 +1033,21 @@ class _ReadPandas:
 
     def __call__(self, piece: Any) -> pd.DataFrame:
         return arrow_to_pandas(self.ds.read_piece(piece, self.columns))
+
+
+#: free disk space the default cache ("auto") leaves on the cache's disk: at least
+#: this many bytes, and at least a tenth of the disk
+CACHE_MIN_FREE_BYTES = 2 * 2**30
+
+
+def _disk_has_room(folder: str, nbytes: int) -> bool:
+    """Whether ``nbytes`` more in ``folder`` leave the disk its reserve (see
+    ``CACHE_MIN_FREE_BYTES``)."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return False
+    return usage.free - nbytes >= max(CACHE_MIN_FREE_BYTES, usage.total // 10)
 
 
 def _count_rows(ds: Dataset, piece: Any) -> int:

@@ -210,3 +210,29 @@ def test_default_cache_of_parquet_that_cannot_be_written_reads_parquet_again(tmp
     got = pd.read_parquet(tmp_path / "out")
     values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
     assert got["low"].tolist() == _ids_reference(values, 0)
+
+
+def test_default_cache_leaves_the_disk_a_reserve(tmp_path, frame, monkeypatch):
+    import collections
+
+    import tabstream.pipeline.dataset as dataset_module
+
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    usage = collections.namedtuple("usage", "total used free")
+    free = {"bytes": 100 * 2**30}
+    monkeypatch.setattr(dataset_module.shutil, "disk_usage",
+                        lambda folder: usage(200 * 2**30, 0, free["bytes"]))
+    ds = ts.Dataset(path, part_size=10_000)
+    first = ds.read_piece(ds.pieces[0], ["low", "x"], keep=True)
+    assert len(os.listdir(ds._cache_dir)) == 1  # room enough: kept
+    assert first.nbytes > 100
+    free["bytes"] = 20 * 2**30 + 100  # a tenth of the disk is its reserve
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    assert len(os.listdir(ds._cache_dir)) == 1  # nothing more kept
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == 1 + 2 * ds.npartitions
+    got = pd.read_parquet(tmp_path / "out")
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
