@@ -155,6 +155,11 @@ class Workflow:
             _check_has_rows(ds, ds.num_rows)
         with _cluster_spill_dir(self.client, [n.op for nodes in phases for n in nodes]):
             self._fit_phases(ds, columns, phases, progress)
+        # the partitions and partials of the fit are freed by now, but Arrow's allocator
+        # keeps their pages: handed back, the export after the fit (mapping the kept
+        # partitions, see Dataset's cache) peaks at its own size, not on top of them
+        # (2M Criteo-like rows: export peak RSS about 940 -> 750 MB, same CPU)
+        pa.default_memory_pool().release_unused()
         self._fitted = True
         return self
 

@@ -211,3 +211,21 @@ def test_fit_with_sharded_root_equals_pandas(workers, tmp_path):
         kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
         assert op.tables[f"c{k}"].to_pydict() == {"values": [v for v, _ in kept],
                                                    "counts": [int(c) for _, c in kept]}
+
+
+def test_fit_hands_the_allocators_unused_memory_back(tmp_path, monkeypatch):
+    calls = []
+    pool = pa.default_memory_pool()
+
+    class Spy:
+        def release_unused(self):
+            calls.append("release")
+            pool.release_unused()
+
+    frame = pd.DataFrame({"c": ["a", "b", "a"] * 50})
+    frame.to_parquet(tmp_path / "a.parquet")
+    monkeypatch.setattr(pa, "default_memory_pool", lambda: Spy())
+    op = ops.Categorify()
+    ts.Workflow(["c"] >> op).fit(ts.Dataset(str(tmp_path / "a.parquet")))
+    assert calls == ["release"]
+    assert op.tables["c"].to_pydict() == {"values": ["a", "b"], "counts": [100, 50]}
