@@ -236,3 +236,24 @@ def test_default_cache_leaves_the_disk_a_reserve(tmp_path, frame, monkeypatch):
     values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
     assert got["low"].tolist() == _ids_reference(values, 0)
     np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+
+
+def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monkeypatch):
+    import tabstream.pipeline.dataset as dataset_module
+
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    ds = ts.Dataset(path, part_size=4_000)
+    sizes = [ds.read_piece(p, ["low", "x"], ["low"]).nbytes for p in ds.pieces]
+    assert len(sizes) >= 3
+    reads.clear()
+    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", sizes[0] + sizes[1])
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    kept = len(os.listdir(ds._cache_dir))
+    assert 1 <= kept <= 2 and ds._kept_bytes <= sizes[0] + sizes[1]
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == 2 * ds.npartitions - kept  # the rest decoded again
+    got = pd.read_parquet(tmp_path / "out")
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
