@@ -148,7 +148,8 @@ def case_tabstream(fmt: str, files: list[str], out: str, profile: str | None,
     with ph("fit"):
         # cache="disk" keeps each partition as read in an Arrow IPC file, so the
         # export pass maps it instead of reading/parsing again; the Dataset's default
-        # ("auto") does so for raw CSV/TSV only. "none" passes cache=None (no cache).
+        # ("auto") does so for raw CSV/TSV, and for parquet keeps the partitions the
+        # fit reads. "none" passes cache=None (no cache).
         cache, _, backend = cache.partition("@")  # "default@cudf": see _variants
         extra = {} if cache == "default" else {"cache": None if cache == "none" else cache}
         extra["cpu"] = backend != "cudf"  # explicit: cpu=None would pick cudf on a GPU machine
@@ -490,7 +491,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--polars-mode", choices=("eager", "streaming"), default="eager")
     p.add_argument("--ts-cache", default="default",
                    help="tabstream Dataset(cache=...), comma separated to run several: 'default' (the "
-                        "Dataset's own: 'auto', a disk cache for raw CSV/TSV), 'none' (cache=None), "
+                        "Dataset's own: 'auto', a disk cache for raw CSV/TSV and of the fit's parquet "
+                        "partitions), 'none' (cache=None), "
                         "'disk', 'auto'")
     p.add_argument("--backend", default="arrow",
                    help="tabstream backend(s), comma-separated: arrow (CPU), cudf (GPU); e.g. arrow,cudf")

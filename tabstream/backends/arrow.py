@@ -132,13 +132,15 @@ class ArrowBackend(Backend):
 
     def _dictionary_value_counts(self, column: Column) -> pa.Table:
         """Counts of a dictionary column without decoding it: per chunk, a bincount of
-        the indices names how often each dictionary entry is used; the used entries
-        (normalized: a NaN entry is missing, ``-0.0`` is ``0.0``) and their counts are
-        then summed by value, over chunks whose dictionaries differ and over entries
-        that are equal after normalizing."""
+        the indices names how often each dictionary entry is used; the chunks'
+        dictionaries (normalized: a NaN entry is missing, ``-0.0`` is ``0.0``) are then
+        encoded once together, which maps equal entries (across chunks whose
+        dictionaries differ, or repeated within one) to one id, and a weighted
+        bincount sums their counts. Cheaper than a hash aggregation of the used
+        entries: one hash pass over the dictionaries, no group-by machinery."""
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         value_type = column.type.value_type
-        parts = []
+        dictionaries, counts = [], []
         for chunk in chunks:
             size = len(chunk.dictionary)
             if size == 0 or chunk.null_count == len(chunk):
@@ -146,16 +148,23 @@ class ArrowBackend(Backend):
             indices = chunk.indices
             if indices.null_count:
                 indices = indices.drop_null()
-            counts = np.bincount(indices.to_numpy(), minlength=size)
-            used = np.flatnonzero(counts)
-            values = normalize_missing(chunk.dictionary.take(pa.array(used)))
-            parts.append(pa.table({"values": values.cast(value_type),
-                                   "counts": pa.array(counts[used].astype(np.int64))}))
-        if not parts:
+            dictionaries.append(chunk.dictionary)
+            counts.append(np.bincount(indices.to_numpy(), minlength=size))
+        if not dictionaries:
             return pa.table({"values": pa.array([], value_type), "counts": pa.array([], pa.int64())})
-        table = pa.concat_tables(parts)
-        table = table.filter(pc.is_valid(table["values"]))
-        return self.groupby_aggregate(table, ["values"], [("counts", "sum", "counts")])
+        entries = normalize_missing(pa.concat_arrays(dictionaries) if len(dictionaries) > 1 else dictionaries[0])
+        uses = np.concatenate(counts) if len(counts) > 1 else counts[0]
+        encoded = pc.dictionary_encode(entries)  # a null (or NaN) entry gets a null id
+        ids = encoded.indices
+        if ids.null_count:
+            valid = ids.is_valid().to_numpy(zero_copy_only=False)
+            ids, uses = ids.filter(pa.array(valid)), uses[valid]
+        distinct = encoded.dictionary
+        # float64 weights are exact: a partition holds far fewer than 2**53 rows
+        sums = np.bincount(ids.to_numpy(), weights=uses, minlength=len(distinct)).astype(np.int64)
+        used = np.flatnonzero(sums)
+        return pa.table({"values": distinct.take(pa.array(used)).cast(value_type),
+                         "counts": pa.array(sums[used])})
 
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
         if pa.types.is_dictionary(column.type):

@@ -350,22 +350,56 @@ class Categorify(StatOperator):
             out[name] = self._maybe_spill(merged)
         return out
 
-    def combine_root(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+    #: the last combination of a fit may run as several tasks side by side, each
+    #: merging some of the vocabularies (see ``combine_root``'s ``shard``)
+    shards_root = True
+
+    def combine_root(self, partials: Sequence[dict[str, _Counts]], shard: int = 0,
+                     shards: int = 1) -> dict[str, _Counts]:
         """The last combination of a fit (its result goes straight to :meth:`finalize`).
 
         When nothing was spilled, the merged counts stay in memory: spilling them
         here would only write them out for ``finalize`` to read back bucket by
         bucket, while this task already holds them whole. ``freq_threshold`` is
         applied here, on the worker, so only the values that can enter the
-        vocabulary travel to the process that finalizes."""
+        vocabulary travel to the process that finalizes.
+
+        ``shards > 1``: only the vocabularies of part ``shard`` (see
+        :meth:`_root_share`) are merged; :meth:`join_root` puts the parts together."""
         out = {}
-        for name in partials[0]:
+        for name in self._root_share(partials, shard, shards):
             parts = [p[name] for p in partials]
             if any(p.spilled for p in parts):
                 out.update(self.combine([{name: p} for p in parts]))
                 continue
             tables = [p.table for p in parts if p.table is not None]
             out[name] = _Counts(self._threshold(merge_counts(tables), name) if tables else None)
+        return out
+
+    def _root_share(self, partials: Sequence[dict[str, _Counts]], shard: int, shards: int) -> list[str]:
+        """The vocabularies part ``shard`` of ``shards`` merges: the largest first, each
+        to the part with the fewest rows so far (every part computes the same split
+        from the same partials), so the parts take about equal time."""
+        names = list(partials[0])
+        if shards <= 1:
+            return names
+        sizes = {name: sum((p[name].table.num_rows if p[name].table is not None else 0)
+                           + len(p[name].spilled) * self.spill_rows for p in partials) for name in names}
+        load = [0] * shards
+        share = []
+        for name in sorted(names, key=lambda n: -sizes[n]):  # stable: ties keep column order
+            part = load.index(min(load))
+            load[part] += sizes[name]
+            if part == shard:
+                share.append(name)
+        return [n for n in names if n in share]
+
+    @staticmethod
+    def join_root(parts: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+        """The vocabularies merged by the parts of a sharded :meth:`combine_root`."""
+        out: dict[str, _Counts] = {}
+        for part in parts:
+            out.update(part)
         return out
 
     def _maybe_spill(self, counts: _Counts) -> _Counts:
@@ -529,7 +563,16 @@ class Categorify(StatOperator):
         out = []
         for chunk in chunks:
             ids = self._encode_flat(name, kernels.normalize_missing(chunk.dictionary))
-            out.append(pc.fill_null(ids.take(chunk.indices), pa.scalar(NULL_ID, out_type)))
+            indices = chunk.indices
+            if indices.null_count:
+                # a null index points at one extra entry holding the null id: filling
+                # the narrow indices, then a take without nulls, costs about a third of
+                # a take with nulls followed by filling the wide ids
+                ids = pa.concat_arrays([ids, pa.array([NULL_ID], out_type)])
+                if indices.type.bit_width < 32:
+                    indices = indices.cast(pa.int32())  # room for the extra entry's index
+                indices = pc.fill_null(indices, pa.scalar(len(ids) - 1, indices.type))
+            out.append(ids.take(indices))
         return pa.concat_arrays(out) if out else pa.array([], out_type)
 
     def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:

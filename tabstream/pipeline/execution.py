@@ -48,19 +48,34 @@ def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
 
 
 def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,
-                root: Callable[[list[Any]], Any] | None = None) -> Any:
+                root: Callable[..., Any] | None = None, shards: int = 1,
+                join: Callable[[list[Any]], Any] | None = None) -> Any:
     """Combine delayed partial results ``fan_in`` at a time until one is left, so no
     task ever holds more than ``fan_in`` partials.
 
     ``root``, when given, replaces ``combine`` for the last combination (the one whose
     result is the final partial): an op may skip work there that only serves a later
-    combination, such as spilling a large partial to disk for the next level."""
+    combination, such as spilling a large partial to disk for the next level.
+
+    ``shards > 1`` (with ``root`` and ``join``) runs the last combination as ``shards``
+    tasks side by side, ``root(partials, shard, shards)`` for ``shard`` in
+    ``range(shards)``, each combining its share of the partials' parts (for example
+    some of the columns); ``join`` of their results, in shard order, is the result.
+    Without it the last combination runs on one core however many are idle."""
     level = list(items)
     if not level:
         raise ValueError("nothing to reduce")
+    if shards > 1 and (root is None or join is None):
+        raise ValueError("tree_reduce: shards > 1 needs both root and join")
     combine_d = delayed(combine, pure=False)
     root_d = delayed(root, pure=False) if root is not None else combine_d
     while len(level) > 1:
-        step = root_d if len(level) <= fan_in else combine_d
-        level = [step(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
+        if len(level) > fan_in:
+            level = [combine_d(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
+        elif shards > 1:
+            assert join is not None
+            parts = [root_d(level, shard, shards) for shard in range(shards)]
+            level = [delayed(join, pure=False)(parts)]
+        else:
+            level = [root_d(level)]
     return level[0]

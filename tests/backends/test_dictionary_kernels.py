@@ -92,3 +92,27 @@ def test_encode_sliced_dictionary_chunk(backend):
     chunk = dict_chunk([0, 1, 2, 0, 1], pa.array(["x", "y", "z"])).slice(1, 3)  # y z x
     got = backend.encode(chunk, pa.array(["z", "x"]))
     assert (got.combine_chunks() if isinstance(got, pa.ChunkedArray) else got).to_pylist() == [None, 0, 1]
+
+
+@pytest.mark.parametrize("dictionary", [pa.array(["b", "a", "b", None, "a"]),
+                                        pa.array([0.0, float("nan"), -0.0, None, float("nan"), 2.5])])
+def test_value_counts_of_one_chunk_whose_dictionary_repeats_entries(backend, dictionary):
+    # one chunk: nothing to unify across chunks, the repeats must still be summed
+    chunk = dict_chunk([0, 1, 2, 2, 3, None, 4, 5 % len(dictionary), 1], dictionary)
+    got = backend.value_counts(chunk)
+    assert as_dict(got) == reference_counts(decoded(chunk))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_value_counts_of_many_random_dictionary_chunks(backend, seed):
+    rng = np.random.default_rng(seed)
+    words = np.array([f"w{i}" for i in range(300)], dtype=object)
+    chunks = []
+    for _ in range(int(rng.integers(1, 6))):
+        entries = list(words[rng.integers(0, 300, int(rng.integers(1, 80)))])  # may repeat
+        if rng.random() < 0.5:
+            entries[0] = None
+        indices = [None if rng.random() < 0.1 else int(i) for i in rng.integers(0, len(entries), 500)]
+        chunks.append(dict_chunk(indices, pa.array(entries, pa.string())))
+    column = pa.chunked_array(chunks)
+    assert as_dict(backend.value_counts(column)) == reference_counts(decoded(column))

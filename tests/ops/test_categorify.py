@@ -156,3 +156,24 @@ def test_max_size_of_a_joint_group_bounds_its_shared_table(pairs):
         assert out[col].tolist() == expected
         assert wf.output_schema[col].cardinality == 10
     assert out.max().max() == 9
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+@pytest.mark.parametrize("index_type", [pa.int8(), pa.int16(), pa.int32()])
+def test_dictionary_chunks_with_null_indices_encode_like_decoded_values(dtype, index_type):
+    # a full int8 dictionary (128 entries): a null index must still get id 1
+    rng = np.random.default_rng(3)
+    entries = pa.array([f"w{i}" for i in range(128)])
+    chunks = []
+    for k in range(3):
+        idx = [None if rng.random() < 0.2 else int(x) for x in rng.integers(0, 128 - k, 400)]
+        chunks.append(pa.DictionaryArray.from_arrays(pa.array(idx, index_type), entries.slice(k)))
+    column = pa.chunked_array(chunks)
+    decoded = [v for ch in chunks for v in ch.cast(pa.string()).to_pylist()]
+    op = ops.Categorify(freq_threshold=4, dtype=dtype).fit_table(pa.table({"c": decoded}))
+    got = op.transform(pa.table({"c": column}))["c"]
+    counts = pd.Series(decoded).dropna().value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 4), key=lambda kv: (-kv[1], kv[0]))
+    ids = {v: 3 + i for i, (v, _) in enumerate(kept)}
+    assert got.type == getattr(pa, dtype)()
+    assert got.to_pylist() == [1 if v is None else ids.get(v, 2) for v in decoded]

@@ -1,6 +1,8 @@
 """Parquet string columns that only Categorify reads are taken as dictionaries
 (no string decoding); the ids equal those of plain reads, computed with pandas."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -125,3 +127,133 @@ def test_dictionary_reads_equal_plain_reads_with_num_buckets(tmp_path, frame):
         assert op_dict.tables[name].equals(op_plain.tables[name])
     from_parquet = wf.transform(ts.Dataset(path, part_size=3000)).compute()
     pd.testing.assert_frame_equal(from_parquet, plain.transform(frame))
+
+
+@pytest.mark.parametrize("freq_threshold", [0, 12])
+def test_disk_cache_keeps_dictionary_partitions_of_several_row_groups(tmp_path, frame, freq_threshold,
+                                                                      monkeypatch):
+    # a partition of several row groups read as dictionaries has one dictionary per
+    # row group: the cache keeps them (the export maps it instead of reading parquet)
+    path = _write(tmp_path, frame)
+    reads = []
+    original = ts.Dataset._read_piece_raw
+    monkeypatch.setattr(ts.Dataset, "_read_piece_raw",
+                        lambda self, piece, *a, **k: reads.append(piece) or original(self, piece, *a, **k))
+    (tmp_path / "cache").mkdir()
+    ds = ts.Dataset(path, part_size=10_000, cache="disk", cache_dir=str(tmp_path / "cache"))
+    assert 1 < ds.npartitions < 8  # pieces of several row groups
+    wf = ts.Workflow((["low", "shifted"] >> ops.Categorify(freq_threshold=freq_threshold)) + ["x"]).fit(ds)
+    cached = ds.read_piece(ds.pieces[0], wf.input_columns, ["low", "shifted"])
+    assert cached.column("shifted").num_chunks > 1 and pa.types.is_dictionary(cached.schema.field("shifted").type)
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert sorted(reads, key=ds.pieces.index) == ds.pieces  # each partition read from parquet once
+    got = pd.read_parquet(tmp_path / "out")
+    for name in ["low", "shifted"]:
+        values = frame[name].astype(object).where(frame[name].notna(), None).tolist()
+        assert got[name].tolist() == _ids_reference(values, freq_threshold)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+
+
+def _count_raw_reads(monkeypatch):
+    reads = []
+    original = ts.Dataset._read_piece_raw
+    monkeypatch.setattr(ts.Dataset, "_read_piece_raw",
+                        lambda self, piece, *a, **k: reads.append(piece) or original(self, piece, *a, **k))
+    return reads
+
+
+def test_default_cache_keeps_the_fit_partitions_of_parquet_for_the_export(tmp_path, frame, monkeypatch):
+    import gc
+
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    ds = ts.Dataset(path, part_size=10_000)  # cache="auto"
+    assert ds.npartitions > 1
+    wf = ts.Workflow((["low", "shifted"] >> ops.Categorify(freq_threshold=12)) + ["other", "x"]).fit(ds)
+    assert len(reads) == ds.npartitions  # the fit read parquet once per partition ...
+    cache_dir = ds._cache_dir
+    assert cache_dir is not None and len(os.listdir(cache_dir)) == ds.npartitions
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == ds.npartitions  # ... and the export read none again
+    got = pd.read_parquet(tmp_path / "out")
+    for name in ["low", "shifted"]:
+        values = frame[name].astype(object).where(frame[name].notna(), None).tolist()
+        assert got[name].tolist() == _ids_reference(values, 12)
+    assert got["other"].tolist() == frame["other"].tolist()
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+    del ds, wf
+    gc.collect()
+    assert not os.path.exists(cache_dir)  # removed with the Dataset
+
+
+def test_default_cache_of_parquet_is_written_by_fits_only(tmp_path, frame, monkeypatch):
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    ds = ts.Dataset(path, part_size=10_000)
+    read = ds.to_ddf().compute().reset_index(drop=True)
+    assert read.astype(object).where(read.notna(), None).values.tolist() == \
+        frame.astype(object).where(frame.notna(), None).values.tolist()
+    ds.to_parquet(str(tmp_path / "copy"))
+    assert ds._cache_dir is None and len(reads) == 2 * ds.npartitions  # nothing kept
+    off = ts.Dataset(path, part_size=10_000, cache=None)
+    ts.Workflow(["low"] >> ops.Categorify()).fit(off)
+    assert off._cache_dir is None
+
+
+def test_default_cache_of_parquet_that_cannot_be_written_reads_parquet_again(tmp_path, frame, monkeypatch):
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    ds = ts.Dataset(path, part_size=10_000, cache_dir=str(tmp_path / "missing"))  # no such folder
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == 2 * ds.npartitions
+    got = pd.read_parquet(tmp_path / "out")
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+
+
+def test_default_cache_leaves_the_disk_a_reserve(tmp_path, frame, monkeypatch):
+    import collections
+
+    import tabstream.pipeline.dataset as dataset_module
+
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    usage = collections.namedtuple("usage", "total used free")
+    free = {"bytes": 100 * 2**30}
+    monkeypatch.setattr(dataset_module.shutil, "disk_usage",
+                        lambda folder: usage(200 * 2**30, 0, free["bytes"]))
+    ds = ts.Dataset(path, part_size=10_000)
+    first = ds.read_piece(ds.pieces[0], ["low", "x"], keep=True)
+    assert len(os.listdir(ds._cache_dir)) == 1  # room enough: kept
+    assert first.nbytes > 100
+    free["bytes"] = 20 * 2**30 + 100  # a tenth of the disk is its reserve
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    assert len(os.listdir(ds._cache_dir)) == 1  # nothing more kept
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == 1 + 2 * ds.npartitions
+    got = pd.read_parquet(tmp_path / "out")
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+
+
+def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monkeypatch):
+    import tabstream.pipeline.dataset as dataset_module
+
+    path = _write(tmp_path, frame)
+    reads = _count_raw_reads(monkeypatch)
+    ds = ts.Dataset(path, part_size=4_000)
+    sizes = [ds.read_piece(p, ["low", "x"], ["low"]).nbytes for p in ds.pieces]
+    assert len(sizes) >= 3
+    reads.clear()
+    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", sizes[0] + sizes[1])
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    kept = len(os.listdir(ds._cache_dir))
+    assert 1 <= kept <= 2 and ds._kept_bytes <= sizes[0] + sizes[1]
+    wf.transform(ds).to_parquet(str(tmp_path / "out"))
+    assert len(reads) == 2 * ds.npartitions - kept  # the rest decoded again
+    got = pd.read_parquet(tmp_path / "out")
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())

@@ -142,3 +142,90 @@ def test_unmerged_spill_alone_in_its_buckets_is_still_summed(tmp_path):
     counts = pa.concat_tables(frames).to_pandas()["c"].value_counts()
     kept = sorted(((v, c) for v, c in counts.items() if c >= 4), key=lambda kv: (-kv[1], kv[0]))
     assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 9, 20])
+@pytest.mark.parametrize("shards", [2, 3])
+def test_tree_reduce_splits_the_last_combination_into_shards(n, shards):
+    roots = []
+
+    def combine(parts):
+        return sum(parts)
+
+    def root(parts, shard, k):
+        roots.append((shard, k, len(parts)))
+        return [shard, sum(parts)]
+
+    def join(results):
+        assert [r[0] for r in results] == list(range(shards))  # in shard order
+        assert len({r[1] for r in results}) == 1  # every shard saw the same partials
+        return results[0][1] * 10
+
+    items = [delayed(lambda i=i: i)() for i in range(n)]
+    (result,) = dask.compute(tree_reduce(items, combine, fan_in=8, root=root, shards=shards, join=join),
+                             scheduler="sync")
+    if n == 1:
+        assert roots == [] and result == 0
+        return
+    assert result == sum(range(n)) * 10
+    assert sorted(s for s, _, _ in roots) == list(range(shards)) and {k for _, k, _ in roots} == {shards}
+    with pytest.raises(ValueError, match="shards > 1 needs both root and join"):
+        tree_reduce(items, combine, shards=2)
+
+
+@pytest.mark.parametrize("shards", [2, 3, 7])
+def test_categorify_root_shards_merge_each_vocabulary_once(shards):
+    rng = np.random.default_rng(shards)
+    # columns of very different cardinality, so that the split by size matters
+    frame = pd.DataFrame({f"c{k}": [f"v{x}" for x in rng.integers(0, 3 + 40 * k, 600)] for k in range(6)})
+    frame.loc[::7, "c2"] = None
+    op = ops.Categorify(freq_threshold=2)
+    partials = [op.fit_partition(pa.Table.from_pandas(frame.iloc[i::4], preserve_index=False))
+                for i in range(4)]
+    parts = [op.combine_root(partials, shard, shards) for shard in range(shards)]
+    names = [n for part in parts for n in part]
+    assert sorted(names) == sorted(frame.columns)  # each vocabulary in exactly one part
+    sizes = [sum(p.table.num_rows for name in part for p in [pp[name] for pp in partials]) for part in parts]
+    if shards == 2:  # the largest vocabularies are not all in one part
+        assert max(sizes) < sum(sizes)
+    op.finalize(op.join_root(parts))
+    for col in frame.columns:
+        counts = frame[col].dropna().value_counts()
+        kept = sorted(((v, c) for v, c in counts.items() if c >= 2), key=lambda kv: (-kv[1], kv[0]))
+        assert op.tables[col].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_fit_with_sharded_root_equals_pandas(workers, tmp_path):
+    rng = np.random.default_rng(workers)
+    frame = pd.DataFrame({f"c{k}": [f"v{x}" for x in rng.integers(0, 5 + 30 * k, 900)] for k in range(5)})
+    frame["x"] = rng.normal(size=900)
+    frame.to_parquet(tmp_path / "a.parquet", row_group_size=100)
+    ds = ts.Dataset(str(tmp_path / "a.parquet"), part_size=1)  # one partition per row group
+    assert ds.npartitions == 9
+    op = ops.Categorify(freq_threshold=3)
+    with dask.config.set(num_workers=workers):
+        ts.Workflow([f"c{k}" for k in range(5)] >> op).fit(ds)
+    for k in range(5):
+        counts = frame[f"c{k}"].value_counts()
+        kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
+        assert op.tables[f"c{k}"].to_pydict() == {"values": [v for v, _ in kept],
+                                                   "counts": [int(c) for _, c in kept]}
+
+
+def test_fit_hands_the_allocators_unused_memory_back(tmp_path, monkeypatch):
+    calls = []
+    pool = pa.default_memory_pool()
+
+    class Spy:
+        def release_unused(self):
+            calls.append("release")
+            pool.release_unused()
+
+    frame = pd.DataFrame({"c": ["a", "b", "a"] * 50})
+    frame.to_parquet(tmp_path / "a.parquet")
+    monkeypatch.setattr(pa, "default_memory_pool", lambda: Spy())
+    op = ops.Categorify()
+    ts.Workflow(["c"] >> op).fit(ts.Dataset(str(tmp_path / "a.parquet")))
+    assert calls == ["release"]
+    assert op.tables["c"].to_pydict() == {"values": ["a", "b"], "counts": [100, 50]}

@@ -125,8 +125,8 @@ def test_fit_memory_is_bounded_by_partitions(small_raw, monkeypatch):
     seen = []
     original = ts.Dataset.read_piece
 
-    def spy(self, piece, columns=None):
-        table = original(self, piece, columns)
+    def spy(self, piece, columns=None, *args, **kwargs):
+        table = original(self, piece, columns, *args, **kwargs)
         seen.append(table.num_rows)
         return table
 
