@@ -137,7 +137,11 @@ class _Chunk:
                 for p in range(len(self.parts)):
                     a, b = int(splits[p]), int(splits[p + 1])
                     if a < b:
-                        out[p].append((builder, at + a, rows[a:b] - self.bounds[p]))
+                        # `rows` is this segment's own array: made local in place
+                        local = rows[a:b]
+                        if self.bounds[p]:
+                            local -= self.bounds[p]
+                        out[p].append((builder, at + a, local))
         return out
 
     def fill(self, segments: list[_Segment]) -> None:
@@ -175,8 +179,41 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     allocator's high-water mark instead of two. Freed with its last array or tensor.
     Arrow's buffers are 64-byte aligned, which TensorFlow needs to take a numpy array
     over without copying it (numpy's own allocations are 16-byte aligned: copied).
+
+    The loader's other large temporaries (permutations, sorted row indices) come
+    from here too, not from numpy's allocator (the C library's ``malloc``): a
+    process may fix ``malloc``'s mmap threshold, and TensorFlow does, at 128 KiB,
+    whenever a ``from_generator`` dataset is made (``ApplyPython311MemoryPatch``).
+    From then on every ``malloc`` of 128 KiB or more in a thread whose heap has no
+    room is a fresh ``mmap``, zeroed page by page and unmapped on ``free``; for the
+    loader that was a 512 KiB - 800 KiB mapping per batch and per chunk.
     """
-    return np.frombuffer(pa.allocate_buffer(max(size * dtype.itemsize, 1)), dtype)[:size]
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
+
+
+# Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
+# under any malloc mmap threshold (see _empty).
+_RANGE_STEP = 8192
+
+
+def _permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``rng.permutation(n)`` (the same numbers: numpy shuffles a range in place),
+    in arrow's pool (see :func:`_empty`)."""
+    out = _empty(n, np.dtype(np.int64))
+    for start in range(0, n, _RANGE_STEP):
+        stop = min(n, start + _RANGE_STEP)
+        out[start:stop] = np.arange(start, stop, dtype=np.int64)
+    rng.shuffle(out)
+    return out
+
+
+def _sorted(a: np.ndarray) -> np.ndarray:
+    """``np.sort(a)`` in arrow's pool (see :func:`_empty`)."""
+    out = _empty(len(a), a.dtype)
+    out[:] = a
+    out.sort()
+    return out
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -308,15 +345,19 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str,
             level = level.flatten()  # honours the array's offset
             continue
         offsets = _numbers(level.offsets)
-        lengths = np.diff(offsets)
-        bad = np.flatnonzero(lengths != size)
-        if len(bad):
+        # arrow's kernels, not np.diff: their temporaries come from arrow's pool
+        # (see _empty), and this runs on every row group read
+        lengths = pc.list_value_length(level)
+        bad = pc.not_equal(lengths, pa.scalar(size, lengths.type))
+        if pc.any(bad).as_py():
+            at = pc.index(bad, True).as_py()
             kind = "list" if depth == 0 else "inner list"
             first = first_row * int(np.prod(shape[:depth], dtype=np.int64))
             raise DataError(
                 f"column {name!r}: the schema says every {kind} holds {size} values "
-                f"(value_count min == max, or shape), but {kind} {first + int(bad[0])} of {where} "
-                f"holds {int(lengths[bad[0]])} ({len(bad)} such); fix the schema or the data"
+                f"(value_count min == max, or shape), but {kind} {first + at} of {where} "
+                f"holds {lengths[at].as_py()} ({pc.sum(bad).as_py()} such); fix the schema or "
+                "the data"
             )
         level = level.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if level.null_count and depth + 1 < len(shape):
@@ -894,12 +935,16 @@ class Loader:
             return out
         rows: np.ndarray | slice
         if self.shuffle:
-            perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
-            rows = np.sort(perm[piece.start:piece.stop])
+            perm = _permutation(plan.unit_rows_rng(self.seed, epoch, piece.unit), unit.num_rows)
+            rows = _sorted(perm[piece.start:piece.stop])
         else:
             rows = slice(piece.start, piece.stop)
         for name, arr in out.items():
-            if isinstance(arr, np.ndarray):
+            if isinstance(arr, np.ndarray) and not isinstance(rows, slice):
+                out[name] = arr.take(rows, axis=0, mode="clip",
+                                     out=_empty(len(rows) * (arr.size // max(1, len(arr))),
+                                                arr.dtype).reshape((len(rows), *arr.shape[1:])))
+            elif isinstance(arr, np.ndarray):
                 out[name] = arr[rows]
             elif isinstance(rows, slice):
                 out[name] = arr.slice(rows.start, rows.stop - rows.start)
@@ -1002,15 +1047,15 @@ class Loader:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],
                                [p.num_rows for p in chunk_pieces])
-                order = (plan.chunk_rng(self.seed, epoch, self.global_rank, k)
-                         .permutation(chunk.num_rows) if self.shuffle else None)
+                order = (_permutation(plan.chunk_rng(self.seed, epoch, self.global_rank, k),
+                                      chunk.num_rows) if self.shuffle else None)
                 segments: list[_Segment] = []
                 done: list[_BatchBuilder] = []
                 pos = 0
                 while pos < chunk.num_rows and size:
                     take = min(size - filled, chunk.num_rows - pos)
                     rows = (slice(pos, pos + take) if order is None
-                            else np.sort(order[pos:pos + take]))
+                            else _sorted(order[pos:pos + take]))
                     segments.append((builder, filled, rows))
                     pos += take
                     filled += take
