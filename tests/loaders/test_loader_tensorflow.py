@@ -229,3 +229,26 @@ def test_held_tensors_keep_their_values(shared_export: Path, testdata: Any) -> N
         assert [values.numpy()[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:],
                                                               strict=True)] == \
             want["weights"].to_pylist()
+
+
+def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
+    import gc
+    import threading
+    import time
+
+    def running() -> int:
+        return sum(t.name == "tabstream-loader" and t.is_alive() for t in threading.enumerate())
+
+    loader = Loader(shared_export, 100)
+    before = running()
+    it = iter(loader)
+    next(it)
+    assert running() == before + 1
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while running() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() == before
+    assert len(list(loader.take(3))) == 3 and loader.epoch == 2
+    assert sum(1 for _ in loader) == len(loader)
