@@ -137,10 +137,14 @@ class _Chunk:
                 for p in range(len(self.parts)):
                     a, b = int(splits[p]), int(splits[p + 1])
                     if a < b:
-                        out[p].append((builder, at + a, rows[a:b] - self.bounds[p]))
+                        # `rows` is this segment's own array: made local in place
+                        local = rows[a:b]
+                        if self.bounds[p]:
+                            local -= self.bounds[p]
+                        out[p].append((builder, at + a, local))
         return out
 
-    def fill(self, segments: list[_Segment]) -> None:
+    def fill(self, segments: list[_Segment], recycler: _Recycler | None = None) -> None:
         """Copy the segments' rows into their batches, then forget the data.
 
         Column by column: one source column stays in cache while it feeds every
@@ -163,6 +167,8 @@ class _Chunk:
                         # copy); the indices are in range by construction.
                         col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)],
                                  mode="clip")
+                if recycler is not None:
+                    recycler.give_back(col)
                 del col
 
 
@@ -175,8 +181,90 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     allocator's high-water mark instead of two. Freed with its last array or tensor.
     Arrow's buffers are 64-byte aligned, which TensorFlow needs to take a numpy array
     over without copying it (numpy's own allocations are 16-byte aligned: copied).
+
+    The loader's other large temporaries (permutations, sorted row indices) come
+    from here too, not from numpy's allocator (the C library's ``malloc``): a
+    process may fix ``malloc``'s mmap threshold, and TensorFlow does, at 128 KiB,
+    whenever a ``from_generator`` dataset is made (``ApplyPython311MemoryPatch``).
+    From then on every ``malloc`` of 128 KiB or more in a thread whose heap has no
+    room is a fresh ``mmap``, zeroed page by page and unmapped on ``free``; for the
+    loader that was a 512 KiB - 800 KiB mapping per batch and per chunk.
     """
-    return np.frombuffer(pa.allocate_buffer(max(size * dtype.itemsize, 1)), dtype)[:size]
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
+
+
+# Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
+# under any malloc mmap threshold (see _empty).
+_RANGE_STEP = 8192
+
+
+def _permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``rng.permutation(n)`` (the same numbers: numpy shuffles a range in place),
+    in arrow's pool (see :func:`_empty`)."""
+    out = _empty(n, np.dtype(np.int64))
+    for start in range(0, n, _RANGE_STEP):
+        stop = min(n, start + _RANGE_STEP)
+        out[start:stop] = np.arange(start, stop, dtype=np.int64)
+    rng.shuffle(out)
+    return out
+
+
+def _sorted(a: np.ndarray) -> np.ndarray:
+    """``np.sort(a)`` in arrow's pool (see :func:`_empty`)."""
+    out = _empty(len(a), a.dtype)
+    out[:] = a
+    out.sort()
+    return out
+
+
+class _Recycler:
+    """Row-group read buffers handed back once a chunk's rows are copied into its
+    batches, for the next large row group to be read into.
+
+    A 16,384-row group of 100 x 10 multi-hot ids is a 131 MB buffer; allocated afresh
+    for every row group, each of its pages is a page fault and a page the kernel
+    zeroes (arrow's allocator returns blocks that large to the system on free).
+    Only these buffers are recycled: nothing but the chunk refers to them (batches
+    get copies), so once the chunk is filled they are free. Batch arrays are never
+    recycled: the consumer may hold them as long as it likes.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []   # flat uint8 buffers
+        self._lent: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array): (array, buffer)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialized array of ``shape`` (like :func:`_empty`), in a recycled
+        buffer when one is large enough (at most twice the size)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(size, 1) * dtype.itemsize
+        buffer = None
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if nbytes <= len(b) <= 2 * nbytes]
+            if fits:
+                buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i])))
+        if buffer is None:
+            buffer = _empty(nbytes, np.dtype(np.uint8))
+        array = buffer[:nbytes].view(dtype)[:size].reshape(shape)
+        with self._lock:
+            self._lent[id(array)] = (array, buffer)
+        return array
+
+    def forget(self, array: Any) -> None:
+        """``array`` will not be handed back (it was cut or copied): let it go."""
+        with self._lock:
+            self._lent.pop(id(array), None)
+
+    def give_back(self, array: Any) -> None:
+        """``array`` (from :meth:`empty`) is no longer used by anyone."""
+        with self._lock:
+            lent = self._lent.pop(id(array), None)
+            if lent is not None and len(self._free) < self._keep:
+                self._free.append(lent[1])
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -308,15 +396,19 @@ def _fixed_dense(arr: pa.Array, shape: tuple[int, ...], name: str, where: str,
             level = level.flatten()  # honours the array's offset
             continue
         offsets = _numbers(level.offsets)
-        lengths = np.diff(offsets)
-        bad = np.flatnonzero(lengths != size)
-        if len(bad):
+        # arrow's kernels, not np.diff: their temporaries come from arrow's pool
+        # (see _empty), and this runs on every row group read
+        lengths = pc.list_value_length(level)
+        bad = pc.not_equal(lengths, pa.scalar(size, lengths.type))
+        if pc.any(bad).as_py():
+            at = pc.index(bad, True).as_py()
             kind = "list" if depth == 0 else "inner list"
             first = first_row * int(np.prod(shape[:depth], dtype=np.int64))
             raise DataError(
                 f"column {name!r}: the schema says every {kind} holds {size} values "
-                f"(value_count min == max, or shape), but {kind} {first + int(bad[0])} of {where} "
-                f"holds {int(lengths[bad[0]])} ({len(bad)} such); fix the schema or the data"
+                f"(value_count min == max, or shape), but {kind} {first + at} of {where} "
+                f"holds {lengths[at].as_py()} ({pc.sum(bad).as_py()} such); fix the schema or "
+                "the data"
             )
         level = level.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if level.null_count and depth + 1 < len(shape):
@@ -822,7 +914,8 @@ class Loader:
             table = self._transform(table, unit.row_group, path)
         return {name: self._column(name, table.column(name), unit, path) for name in self.columns}
 
-    def _read_batched(self, unit: Any, path: str, batch_rows: int) -> dict[str, Any]:
+    def _read_batched(self, unit: Any, path: str, batch_rows: int,
+                      recycler: _Recycler | None = None) -> dict[str, Any]:
         """A large row group read ``batch_rows`` at a time, its numbers copied into
         one buffer per column allocated up front (list columns kept as arrow).
 
@@ -849,8 +942,11 @@ class Loader:
                     if isinstance(col, np.ndarray):
                         out = dense.get(name)
                         if out is None:
-                            size = rows * int(np.prod(col.shape[1:], dtype=np.int64))
-                            out = dense[name] = _empty(size, col.dtype).reshape((rows, *col.shape[1:]))
+                            shape = (rows, *col.shape[1:])
+                            out = dense[name] = (
+                                recycler.empty(shape, col.dtype) if recycler is not None
+                                else _empty(rows * int(np.prod(shape[1:], dtype=np.int64)),
+                                            col.dtype).reshape(shape))
                         out[at:at + n] = col
                     else:
                         lists.setdefault(name, []).append(col)
@@ -884,22 +980,30 @@ class Loader:
         self._check_nulls(name, col, path, unit.row_group)
         return _numbers(col)
 
-    def _read_piece(self, piece: plan.Piece, epoch: int) -> dict[str, Any]:
+    def _read_piece(self, piece: plan.Piece, epoch: int,
+                    recycler: _Recycler | None = None) -> dict[str, Any]:
         unit = self.source.units[piece.unit]
         path = self.source.files[unit.file]
         batch_rows = self._batch_rows(piece.unit)
-        out = (self._read_batched(unit, path, batch_rows) if batch_rows
+        out = (self._read_batched(unit, path, batch_rows, recycler) if batch_rows
                else self._read_whole(unit, path))
         if piece.num_rows == unit.num_rows:
             return out
+        if recycler is not None:  # the rows kept are cut or copied out below
+            for arr in out.values():
+                recycler.forget(arr)
         rows: np.ndarray | slice
         if self.shuffle:
-            perm = plan.unit_rows_permutation(unit.num_rows, self.seed, epoch, piece.unit)
-            rows = np.sort(perm[piece.start:piece.stop])
+            perm = _permutation(plan.unit_rows_rng(self.seed, epoch, piece.unit), unit.num_rows)
+            rows = _sorted(perm[piece.start:piece.stop])
         else:
             rows = slice(piece.start, piece.stop)
         for name, arr in out.items():
-            if isinstance(arr, np.ndarray):
+            if isinstance(arr, np.ndarray) and not isinstance(rows, slice):
+                out[name] = arr.take(rows, axis=0, mode="clip",
+                                     out=_empty(len(rows) * (arr.size // max(1, len(arr))),
+                                                arr.dtype).reshape((len(rows), *arr.shape[1:])))
+            elif isinstance(arr, np.ndarray):
                 out[name] = arr[rows]
             elif isinstance(rows, slice):
                 out[name] = arr.slice(rows.start, rows.stop - rows.start)
@@ -995,22 +1099,26 @@ class Loader:
         # One row group is read ahead of the chunk being cut into batches: the
         # reading never waits as long as cutting a chunk takes less time than
         # reading a row group, and at most parts_per_chunk + 1 are held.
-        reader = _PieceReader(lambda piece: self._read_piece(piece, epoch), pieces,
-                              budget=max((len(c) for c in chunks), default=1) + 1,
+        budget = max((len(c) for c in chunks), default=1) + 1
+        # a read takes a recycled buffer before allocating one, so the buffers in
+        # use or free never exceed the reader's budget of row groups
+        recycler = _Recycler(keep=budget * len(self.columns))
+        reader = _PieceReader(lambda piece: self._read_piece(piece, epoch, recycler), pieces,
+                              budget=budget,
                               threads=self._read_threads())
         try:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],
                                [p.num_rows for p in chunk_pieces])
-                order = (plan.chunk_rng(self.seed, epoch, self.global_rank, k)
-                         .permutation(chunk.num_rows) if self.shuffle else None)
+                order = (_permutation(plan.chunk_rng(self.seed, epoch, self.global_rank, k),
+                                      chunk.num_rows) if self.shuffle else None)
                 segments: list[_Segment] = []
                 done: list[_BatchBuilder] = []
                 pos = 0
                 while pos < chunk.num_rows and size:
                     take = min(size - filled, chunk.num_rows - pos)
                     rows = (slice(pos, pos + take) if order is None
-                            else np.sort(order[pos:pos + take]))
+                            else _sorted(order[pos:pos + take]))
                     segments.append((builder, filled, rows))
                     pos += take
                     filled += take
@@ -1019,7 +1127,7 @@ class Loader:
                         size, filled = next(sizes, 0), 0
                         if size:
                             builder = _BatchBuilder(dtypes, lists, size)
-                chunk.fill(segments)
+                chunk.fill(segments, recycler)
                 del chunk, segments
                 reader.release(len(chunk_pieces))
                 for finished in done:

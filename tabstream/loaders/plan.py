@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Piece", "RankShare", "chunk_bounds", "rank_pieces", "split_rows", "unit_order",
-           "unit_rows_permutation"]
+           "unit_rows_permutation", "unit_rows_rng"]
 
 # Distinct streams for the generators drawn from one (seed, epoch).
 _UNIT_ORDER, _UNIT_SPLIT, _CHUNK = 0, 1, 2
@@ -147,9 +147,14 @@ def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
     return _rng(seed, epoch, _UNIT_ORDER).permutation(num_units)
 
 
+def unit_rows_rng(seed: int, epoch: int, unit: int) -> np.random.Generator:
+    """The generator whose ``permutation(num_rows)`` is a unit's epoch row order."""
+    return _rng(seed, epoch, _UNIT_SPLIT, unit)
+
+
 def unit_rows_permutation(num_rows: int, seed: int, epoch: int, unit: int) -> np.ndarray:
     """The epoch order of one unit's rows, used when ranks split a unit."""
-    return _rng(seed, epoch, _UNIT_SPLIT, unit).permutation(num_rows)
+    return unit_rows_rng(seed, epoch, unit).permutation(num_rows)
 
 
 def chunk_rng(seed: int, epoch: int, rank: int, chunk: int) -> np.random.Generator:

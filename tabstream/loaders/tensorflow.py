@@ -33,9 +33,11 @@ the loader turns off tf.data auto-sharding, since it shards by itself.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
@@ -82,6 +84,27 @@ def _check_device(device: Any) -> str | None:
         raise ValueError(f"device {device!r}: TensorFlow has no such device here; "
                          f"available: {available}")
     return found[index]
+
+
+# TensorFlow's kernels expect tensor memory aligned to this many bytes (Eigen's
+# largest alignment); arrow's buffers, which the core loader's batches live in, are.
+_ALIGN = 64
+
+
+def _tensor(a: np.ndarray) -> tf.Tensor:
+    """A numpy batch array as a CPU tensor, zero-copy where that is safe.
+
+    ``tf.convert_to_tensor`` copies every array (a 17 MB memcpy into fresh pages
+    per Criteo batch of 65,536 rows). The core loader's batch arrays are fresh,
+    writable, contiguous and 64-byte aligned buffers that it never writes to again
+    once yielded, so the tensor takes the buffer over through DLPack instead (the
+    capsule keeps the array alive as long as the tensor). Anything else (a view at
+    an unaligned offset, a read-only array) is copied as before.
+    """
+    if (a.flags.c_contiguous and a.flags.writeable
+            and a.__array_interface__["data"][0] % _ALIGN == 0):
+        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+    return tf.convert_to_tensor(a)
 
 
 def _spec(core_loader: core.Loader) -> Any:
@@ -154,7 +177,10 @@ class Loader(dataset_ops.DatasetV2):
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
             storage_options=storage_options, transforms=transforms,
         )
-        ds = tf.data.Dataset.from_generator(self._generate, output_signature=_spec(self.core))
+        self._keys = itertools.count()
+        self._epochs: dict[int, core.BatchIterator] = {}
+        self._spec = _spec(self.core)
+        ds = self._batches(self._spec)
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -172,16 +198,48 @@ class Loader(dataset_ops.DatasetV2):
 
     @property
     def element_spec(self) -> Any:
-        return self._dataset.element_spec
+        # the specs with their column names (the mapped batches carry none)
+        return self._spec
 
-    def _generate(self) -> Iterator[Any]:
+    def _batches(self, spec: Any) -> tf.data.Dataset:
+        """One epoch per new iterator, its batches as tensors of ``spec``.
+
+        A generator dataset yields one key per iterator (its epoch's batches, in a
+        registry) and stays open until the epoch is consumed or the iterator is
+        dropped, which closes the epoch's threads. The batches themselves go through
+        ``tf.py_function``, one flat list of tensors per batch: about 0.5 ms per batch
+        of 40 columns less than ``from_generator`` takes to check and convert a nested
+        element (1,200 batches per 10M rows at batch 8192)."""
+        flat = tf.nest.flatten(spec)
+        dtypes = [s.dtype for s in flat]
+        count = len(self.core)
+
+        def batch(key: tf.Tensor) -> Any:
+            tensors = tf.py_function(self._next_batch, [key], dtypes)
+            for tensor, s in zip(tensors, flat, strict=True):
+                tensor.set_shape(s.shape)
+            return tf.nest.pack_sequence_as(spec, tensors)
+
+        keys = tf.data.Dataset.from_generator(self._open_epoch,
+                                              output_signature=tf.TensorSpec([], tf.int64))
+        return keys.flat_map(lambda key: tf.data.Dataset.range(count).map(lambda _: batch(key)))
+
+    def _to_tensors(self, batch: core.Batch) -> list[tf.Tensor]:
+        # In the loader's background thread, off tf.data's critical path.
+        element = batch if self.core.label_names else batch[0]
+        return [_tensor(a) for a in tf.nest.flatten(element)]
+
+    def _open_epoch(self) -> Iterator[int]:
         # Called by tf.data once per new iterator, i.e. once per epoch.
-        batches = self.core.iter_epoch(self.core.next_epoch())
+        key = next(self._keys)
+        self._epochs[key] = self.core.iter_epoch(self.core.next_epoch(), self._to_tensors)
         try:
-            for features, labels in batches:
-                yield features if not self.core.label_names else (features, labels)
-        finally:
-            batches.close()
+            yield key
+        finally:  # the epoch was consumed, or its iterator dropped
+            self._epochs.pop(key).close()
+
+    def _next_batch(self, key: tf.Tensor) -> list[tf.Tensor]:
+        return next(self._epochs[int(key)])
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""

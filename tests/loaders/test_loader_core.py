@@ -437,3 +437,65 @@ def test_loading_does_not_import_pandas(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, cwd=Path(tabstream.__file__).parents[1])
     assert out.stdout.split() == ["1200", "False"]
+
+
+@pytest.mark.parametrize("n", [0, 1, 8191, 8192, 8193, 30011])
+@pytest.mark.parametrize("seed", [0, 9])
+def test_pool_permutation_and_sort_equal_numpys(n: int, seed: int) -> None:
+    """The loader draws its shuffles into arrow's pool (not malloc); the numbers must
+    be numpy's own ``Generator.permutation`` and ``np.sort``."""
+    from tabstream.loaders.core import _permutation, _sorted
+
+    got = _permutation(np.random.default_rng([seed, 3]), n)
+    expected = np.random.default_rng([seed, 3]).permutation(n)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    part = expected[n // 3: n // 3 + n // 2]
+    np.testing.assert_array_equal(_sorted(part), np.sort(part))
+    for arr in (got, _sorted(part)):
+        assert arr.flags.writeable and arr.__array_interface__["data"][0] % 64 == 0
+
+
+def _expected_shuffled_batches(loader: Loader, epoch: int) -> list[np.ndarray]:
+    """A rank's row ids per batch, computed from the plan's generators with plain numpy
+    (one row group per chunk: ``parts_per_chunk=1`` and row groups far under
+    ``chunk_bytes``): a split row group keeps its sorted share of the unit's epoch
+    permutation; each batch takes the next entries of its chunk's permutation, sorted."""
+    from tabstream.loaders import plan
+
+    stream = []
+    for piece in loader.pieces(epoch):
+        unit = loader.source.units[piece.unit]
+        ids = pq.ParquetFile(loader.source.files[unit.file]).read_row_group(
+            unit.row_group, columns=["row_id"]).column("row_id").to_numpy()
+        if piece.num_rows < unit.num_rows:
+            perm = plan.unit_rows_permutation(unit.num_rows, loader.seed, epoch, piece.unit)
+            ids = ids[np.sort(perm[piece.start:piece.stop])]
+        stream.append(ids)
+    sizes = list(plan.split_rows(loader.num_rows, loader.batch_size, loader.global_size,
+                                 False)[loader.global_rank].batch_sizes())
+    batches: list[list[np.ndarray]] = [[]]
+    for k, ids in enumerate(stream):
+        order = plan.chunk_rng(loader.seed, epoch, loader.global_rank, k).permutation(len(ids))
+        pos = 0
+        while pos < len(ids):
+            want = sizes[len(batches) - 1] - sum(len(p) for p in batches[-1])
+            take = min(want, len(ids) - pos)
+            batches[-1].append(ids[np.sort(order[pos:pos + take])])
+            pos += take
+            if take == want and len(batches) < len(sizes):
+                batches.append([])
+    return [np.concatenate(b) for b in batches]
+
+
+@pytest.mark.parametrize(("w", "seed"), [(1, 0), (2, 5), (3, 11)])
+def test_shuffled_batches_follow_the_plan(shared_export: Path, w: int, seed: int) -> None:
+    for rank in range(w):
+        loader = Loader(shared_export, 97, seed=seed, parts_per_chunk=1, global_size=w,
+                        global_rank=rank, features=["row_id"])
+        loader.set_epoch(1)
+        expected = _expected_shuffled_batches(loader, 1)
+        got = epoch_ids(loader)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -286,3 +286,42 @@ def test_every_array_of_a_batch_is_64_byte_aligned(lists_export: tuple[Path, pa.
     assert np.array_equal(pad_nested(np.array([1, 2, 3]), np.array([0, 2, 3]),
                                      np.array([0, 1, 1, 3]), (2, 2))[0].ravel(),
                           [1, 0, 0, 0, 2, 3, 0, 0])
+
+
+@pytest.mark.parametrize("w", [1, 2])
+def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, w: int) -> None:
+    """Large row groups are read into buffers that are reused once a chunk is copied
+    into its batches: a whole epoch held at once still has every row as pyarrow reads
+    it, and far fewer buffers are allocated than row groups read."""
+    import tabstream.loaders.core as core
+
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, (480, F, L))
+    t = pa.table({"row_id": pa.array(np.arange(480)),
+                  "n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
+    schema = Schema([ColumnSchema("row_id", "int64"),
+                     ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    path = _write(tmp_path / "r", [t], schema, row_group=40)   # 12 equal row groups
+    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
+    fresh = []
+    empty = core._empty
+
+    def counting(size: int, dtype: np.dtype) -> np.ndarray:
+        if np.dtype(dtype) == np.uint8:   # the recycler's buffers
+            fresh.append(size)
+        return empty(size, dtype)
+
+    monkeypatch.setattr(core, "_empty", counting)
+    for rank in range(w):
+        fresh.clear()
+        loader = Loader(path, 30, seed=5, parts_per_chunk=1, global_size=w, global_rank=rank)
+        held = list(loader)
+        got_ids = np.concatenate([f["row_id"] for f, _ in held])
+        assert len(got_ids) == loader.rows_per_epoch
+        for features, _ in held:
+            np.testing.assert_array_equal(features["n"][0], ids[features["row_id"]])
+        # the row_id buffers and the id blocks: without reuse, 2 per row group read
+        units = len(loader.pieces(0))
+        assert 0 < len(fresh) <= 2 * 3 < 2 * units, fresh

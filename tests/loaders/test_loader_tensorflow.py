@@ -177,3 +177,78 @@ def test_gpu_device_delivers_gpu_tensors_in_the_cpu_order(shared_export: Path) -
     assert all("GPU:0" in t.device for t in got)
     for a, b in zip(got, plain, strict=True):
         assert np.array_equal(a.numpy(), b)
+
+
+def test_batch_arrays_become_tensors_without_a_copy() -> None:
+    """Fresh, aligned, writable batch arrays are handed to TensorFlow through DLPack
+    (the tensor is the array's memory); anything else is copied, as
+    ``tf.convert_to_tensor`` does."""
+    from tabstream.loaders.core import _empty
+    from tabstream.loaders.tensorflow import _tensor
+
+    fresh = _empty(1000, np.dtype(np.int64))
+    fresh[:] = np.arange(1000)
+    t = _tensor(fresh)
+    assert t.dtype == tf.int64 and t.shape == (1000,)
+    fresh[3] = -1
+    assert int(t[3]) == -1, "the tensor shares the batch's memory"
+
+    block = _empty(12, np.dtype(np.float32)).reshape(3, 4)
+    block[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    mask = _empty(6, np.dtype(bool)).reshape(3, 2)
+    mask[:] = [[True, False], [False, True], [True, True]]
+    for a in (block, mask):
+        np.testing.assert_array_equal(_tensor(a).numpy(), a)
+
+    unaligned = _empty(17, np.dtype(np.int64))[1:]   # 8 bytes into a 64-byte aligned buffer
+    unaligned[:] = 7
+    read_only = np.arange(5)
+    read_only.flags.writeable = False
+    strided = np.arange(10)[::2]
+    for a in (unaligned, read_only, strided):
+        np.testing.assert_array_equal(_tensor(a).numpy(), a)
+    copied = _tensor(unaligned)
+    unaligned[0] = 0
+    assert int(copied[0]) == 7, "an unaligned array is copied, not shared"
+
+
+def test_held_tensors_keep_their_values(shared_export: Path, testdata: Any) -> None:
+    """Batches share memory with their tensors, so no buffer may be reused while a
+    tensor of an earlier batch is still held: keep a whole epoch, then check it."""
+    expected = testdata.read_all(shared_export)
+    held = list(Loader(shared_export, 128, seed=2))
+    ids = np.concatenate([f["row_id"].numpy() for f, _ in held])
+    assert np.array_equal(np.sort(ids), np.arange(testdata.N))
+    for features, labels in held:
+        want = expected.take(features["row_id"].numpy())
+        np.testing.assert_array_equal(features["C1"].numpy(), want["C1"].to_numpy())
+        np.testing.assert_array_equal(features["I1"].numpy(), want["I1"].to_numpy())
+        np.testing.assert_array_equal(labels.numpy(), want["label"].to_numpy())
+        values, offsets = features["weights"]
+        offsets = offsets.numpy()
+        assert [values.numpy()[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:],
+                                                              strict=True)] == \
+            want["weights"].to_pylist()
+
+
+def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
+    import gc
+    import threading
+    import time
+
+    def running() -> int:
+        return sum(t.name == "tabstream-loader" and t.is_alive() for t in threading.enumerate())
+
+    loader = Loader(shared_export, 100)
+    before = running()
+    it = iter(loader)
+    next(it)
+    assert running() == before + 1
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while running() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() == before
+    assert len(list(loader.take(3))) == 3 and loader.epoch == 2
+    assert sum(1 for _ in loader) == len(loader)
