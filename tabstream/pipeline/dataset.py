@@ -205,9 +205,10 @@ class Dataset:
         so the export after the fit maps them instead of decoding parquet again
         (string columns stay dictionary-encoded where the files store them so; the
         Criteo-like benchmark needs about 260 MB per million rows), up to
-        ``PARQUET_CACHE_MAX_BYTES`` (1 GiB) per Dataset, later partitions being
-        decoded again: a larger cache is written back to disk, and reading it back
-        costs more than decoding parquet. No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
+        ``PARQUET_CACHE_MAX_BYTES`` (1 GiB) per Dataset: when the first partition
+        kept, times the number of partitions, would pass it, none is kept (a larger
+        cache is written back to disk, and reading it back costs more than decoding
+        parquet; keeping only part of it measured slower than keeping none). No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
         cache (a full disk), or that would leave its disk less than a tenth (and
         less than 2 GiB) free, is simply read again when next needed. ``None``
         turns caching off.
@@ -599,6 +600,11 @@ class Dataset:
             return False
         if self.engine == "parquet":
             with _CACHE_DIR_LOCK:
+                if not self._kept_bytes and nbytes * self.npartitions > PARQUET_CACHE_MAX_BYTES:
+                    # all or nothing: when the first partition says the fit's reads
+                    # would not all fit, keep none (at 16M rows, keeping the first
+                    # 1 GiB cost the fit 4.4 s and saved the export nothing)
+                    self._kept_bytes = PARQUET_CACHE_MAX_BYTES + 1
                 if self._kept_bytes + nbytes > PARQUET_CACHE_MAX_BYTES:
                     return False
                 self._kept_bytes += nbytes

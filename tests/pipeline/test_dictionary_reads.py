@@ -247,13 +247,24 @@ def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monk
     sizes = [ds.read_piece(p, ["low", "x"], ["low"]).nbytes for p in ds.pieces]
     assert len(sizes) >= 3
     reads.clear()
+    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    # a budget that holds two partitions of three or more: nothing is kept (all or nothing)
     monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", sizes[0] + sizes[1])
     wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
-    kept = len(os.listdir(ds._cache_dir))
-    assert 1 <= kept <= 2 and ds._kept_bytes <= sizes[0] + sizes[1]
+    assert not os.path.isdir(ds._cache_dir or "") or os.listdir(ds._cache_dir) == []
     wf.transform(ds).to_parquet(str(tmp_path / "out"))
-    assert len(reads) == 2 * ds.npartitions - kept  # the rest decoded again
+    assert len(reads) == 2 * ds.npartitions  # every partition decoded twice
     got = pd.read_parquet(tmp_path / "out")
-    values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
+    assert got["low"].tolist() == _ids_reference(values, 0)
+    np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
+    # a budget that holds them all (with room for partitions larger than the first)
+    reads.clear()
+    ds = ts.Dataset(path, part_size=4_000)
+    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", 2 * max(sizes) * len(sizes))
+    wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
+    assert len(os.listdir(ds._cache_dir)) == ds.npartitions
+    wf.transform(ds).to_parquet(str(tmp_path / "out2"))
+    assert len(reads) == ds.npartitions  # the export maps every kept partition
+    got = pd.read_parquet(tmp_path / "out2")
     assert got["low"].tolist() == _ids_reference(values, 0)
     np.testing.assert_array_equal(got["x"].to_numpy(), frame["x"].to_numpy())
