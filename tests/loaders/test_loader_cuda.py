@@ -10,6 +10,7 @@ test_loader_tensorflow.py."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +44,23 @@ def _epochs(loader: Any, n: int) -> list[list[Any]]:
     return [list(loader) for _ in range(n)]
 
 
-def _torch_equal(cpu_batch: Any, gpu_batch: Any, device_index: int = 0) -> None:
-    torch = _torch_cuda()
+def _tensor_pairs(cpu_batch: Any, gpu_batch: Any) -> Iterator[tuple[Any, Any]]:
+    """Each (CPU tensor, GPU tensor) of two ``(features, label)`` batches, list
+    columns' parts one by one; the two batches must have the same columns."""
     (cf, cy), (gf, gy) = cpu_batch, gpu_batch
     assert sorted(cf) == sorted(gf)
-    pairs = [(cy, gy)] + [(cf[k], gf[k]) for k in cf]
-    for c, g in pairs:
+    for c, g in [(cy, gy)] + [(cf[k], gf[k]) for k in cf]:
         cs, gs = (c, g) if isinstance(c, tuple) else ((c,), (g,))
         assert len(cs) == len(gs)
-        for a, b in zip(cs, gs, strict=True):
-            assert b.is_cuda and b.device.index == device_index
-            assert a.dtype == b.dtype and a.shape == b.shape
-            assert torch.equal(b.cpu(), a)
+        yield from zip(cs, gs, strict=True)
+
+
+def _torch_equal(cpu_batch: Any, gpu_batch: Any, device_index: int = 0) -> None:
+    torch = _torch_cuda()
+    for a, b in _tensor_pairs(cpu_batch, gpu_batch):
+        assert b.is_cuda and b.device.index == device_index
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(b.cpu(), a)
 
 
 def test_torch_cuda_ragged_lists_equal_cpu_for_two_epochs(shared_export: Path, testdata: Any) -> None:
@@ -111,16 +117,10 @@ def test_torch_cuda_from_a_dataset_on_the_cudf_backend(shared_export: Path) -> N
 
 
 def _tf_equal(cpu_batch: Any, gpu_batch: Any) -> None:
-    (cf, cy), (gf, gy) = cpu_batch, gpu_batch
-    assert sorted(cf) == sorted(gf)
-    pairs = [(cy, gy)] + [(cf[k], gf[k]) for k in cf]
-    for c, g in pairs:
-        cs, gs = (c, g) if isinstance(c, tuple) else ((c,), (g,))
-        assert len(cs) == len(gs)
-        for a, b in zip(cs, gs, strict=True):
-            assert "GPU:0" in b.device
-            assert a.dtype == b.dtype and a.shape == b.shape
-            np.testing.assert_array_equal(b.numpy(), a.numpy())
+    for a, b in _tensor_pairs(cpu_batch, gpu_batch):
+        assert "GPU:0" in b.device
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(b.numpy(), a.numpy())
 
 
 @pytest.mark.parametrize("pad", [False, True])
