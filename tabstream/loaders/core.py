@@ -54,6 +54,7 @@ import functools
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -1150,6 +1151,9 @@ class Loader:
 # thread, so a single wide column (multi-hot ids) needs concurrent row groups to
 # use a second core. Memory stays bounded by the reader's budget.
 _READ_THREADS = 2
+# how long closing a loader waits for its threads to end (they stop at their next
+# step: within a read of one row group)
+_JOIN_TIMEOUT_S = 30.0
 # Row groups larger than this (decoded) are read in slices of about _READ_BATCH_BYTES
 # into buffers allocated up front (see Loader._read_batched).
 _WHOLE_READ_BYTES = 32 * 2**20
@@ -1215,6 +1219,17 @@ class _PieceReader:
 
     def close(self) -> None:
         self._stop.set()
+        _join(self._threads)
+
+
+def _join(threads: Sequence[threading.Thread], timeout: float = _JOIN_TIMEOUT_S) -> None:
+    """Wait for stopped threads to end (never the calling one), so none is still inside
+    Arrow's native reading code when the interpreter exits: a daemon thread caught there
+    at exit aborts the process ("terminate called without an active exception")."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 _END = object()
@@ -1296,9 +1311,11 @@ class BatchIterator:
         return item
 
     def close(self) -> None:
-        """Stop the background thread; later ``next()`` calls raise StopIteration."""
+        """Stop the background thread and wait for it (and its reading threads) to
+        end; later ``next()`` calls raise StopIteration."""
         self._done = True
         self._stop.set()
+        _join([self._thread])
 
     def __del__(self) -> None:
         self._stop.set()

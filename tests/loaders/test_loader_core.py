@@ -237,6 +237,19 @@ def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
         assert not thread.is_alive(), f"{thread.name} still runs after the loop stopped"
 
 
+def test_close_returns_once_its_threads_ended(shared_export: Path) -> None:
+    # a thread still inside Arrow's reader when the interpreter exits aborts the
+    # process, so close() waits for the loader's threads instead of only signalling
+    for _ in range(3):
+        before = set(threading.enumerate())
+        batches = iter(Loader(shared_export, 10))
+        next(batches)
+        ours = [t for t in threading.enumerate() if t not in before and t.name.startswith("tabstream")]
+        assert len(ours) == 2
+        batches.close()
+        assert [t.name for t in ours if t.is_alive()] == []
+
+
 def test_len_and_repr(shared_export: Path, testdata: Any) -> None:
     loader = Loader(shared_export, 1000, global_size=2, global_rank=0)
     assert len(loader) == 2 and loader.num_rows == testdata.N
