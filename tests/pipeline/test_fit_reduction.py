@@ -57,7 +57,7 @@ def test_last_combination_keeps_counts_in_memory_and_thresholds(tmp_path, monkey
 
     spilled = []
     original = ops.Categorify._spill
-    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: spilled.append(t.num_rows) or original(self, t))
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t, offsets=None: spilled.append(t.num_rows) or original(self, t, offsets))
     op = ops.Categorify(freq_threshold=5, spill_rows=spill_rows, spill_dir=str(tmp_path))
     ts.Workflow(["c"] >> op).fit(ds)
 
@@ -95,7 +95,7 @@ def test_final_merge_splits_held_counts_without_writing_them(tmp_path, monkeypat
 
     written = []
     original = ops.Categorify._spill
-    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: written.append(t.num_rows) or original(self, t))
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t, offsets=None: written.append(t.num_rows) or original(self, t, offsets))
     op.finalize(op.combine_root([spilled_big, held_small]))
     assert written == []
 
@@ -117,7 +117,7 @@ def test_partials_that_would_spill_merged_are_spilled_unmerged(tmp_path, monkeyp
 
     written = []
     original = ops.Categorify._spill
-    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t: written.append(t.num_rows) or original(self, t))
+    monkeypatch.setattr(ops.Categorify, "_spill", lambda self, t, offsets=None: written.append(t.num_rows) or original(self, t, offsets))
     level = op.combine(partials)
     assert level["c"].table is None and written == [4 * 8]  # the partials' rows, not the merged ones
 
@@ -229,3 +229,35 @@ def test_fit_hands_the_allocators_unused_memory_back(tmp_path, monkeypatch):
     ts.Workflow(["c"] >> op).fit(ts.Dataset(str(tmp_path / "a.parquet")))
     assert calls == ["release"]
     assert op.tables["c"].to_pydict() == {"values": ["a", "b"], "counts": [100, 50]}
+
+
+@pytest.mark.parametrize("spill_rows", [1_000_000, 60])
+def test_large_partials_are_merged_bucket_by_bucket(tmp_path, monkeypatch, spill_rows):
+    # partials above _BUCKETED_ROWS distinct values are kept ordered by spill bucket and
+    # merged bucket by bucket (through every level of the tree, with and without spills);
+    # the vocabulary is the one pandas counts, and small partials next to them are merged too
+    from tabstream.ops import categorify
+
+    monkeypatch.setattr(categorify, "_BUCKETED_ROWS", 20)
+    rng = np.random.default_rng(9)
+    values = [f"v{x}" for x in rng.zipf(1.3, 12_000) % 3000]
+    values[7] = None
+    small = [f"s{x}" for x in rng.integers(0, 15, len(values))]  # under 20 distinct: never bucketed
+    table = pa.table({"c": pa.array(values, pa.string()), "s": small})
+    ds = ts.Dataset(table, part_size=table.nbytes // 40 + 1)
+    assert ds.npartitions > 16  # more partials than one combination takes
+
+    orders = []
+    original = ops.Categorify._bucket_order
+    monkeypatch.setattr(ops.Categorify, "_bucket_order",
+                        lambda self, t: orders.append(t.num_rows) or original(self, t))
+    op = ops.Categorify(freq_threshold=2, spill_rows=spill_rows, spill_buckets=5, spill_dir=str(tmp_path))
+    ts.Workflow(["c", "s"] >> op).fit(ds)
+
+    assert len(orders) >= ds.npartitions  # each partition's large partial, at least
+    for name, column in (("c", values), ("s", small)):
+        counts = pd.Series(column).dropna().value_counts()
+        kept = sorted(((v, c) for v, c in counts.items() if c >= 2), key=lambda kv: (-kv[1], kv[0]))
+        assert op.tables[name].to_pydict() == {"values": [v for v, _ in kept],
+                                                "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
