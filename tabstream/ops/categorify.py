@@ -58,10 +58,12 @@ and encoded once, then gathered by index. The ids are those of the decoded colum
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tempfile
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -517,26 +519,35 @@ class Categorify(StatOperator):
         held = None
         if counts.table is not None and counts.table.num_rows:
             held = (counts.table, counts.offsets) if counts.offsets is not None else self._bucket_order(counts.table)
-        kept = []
+
+        def merge_bucket(b: int) -> pa.Table:
+            merged: list[pa.Table] = []
+            pending: list[pa.Table] = []
+            pending_rows = 0
+            if held is not None:
+                table, offsets = held
+                pending.append(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
+                pending_rows = pending[-1].num_rows
+            for folder in folders:
+                fs, base = fsspec.core.url_to_fs(folder)
+                with fs.open(posixpath.join(base, _bucket_file(b)), "rb") as f:
+                    pending.append(pa.ipc.open_stream(f).read_all())
+                pending_rows += pending[-1].num_rows
+                if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
+                    merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
+            # always aggregated, even a single table: a spilled file may hold
+            # unmerged partials, so one value can appear on several of its rows
+            return self._threshold(_sum_counts(merged + pending), name)
+
+        # buckets are merged side by side, one per core (Arrow's reads and
+        # aggregations release the GIL): memory is that of as many buckets at once
+        workers = max(1, min(self.spill_buckets, os.cpu_count() or 1))
         try:
-            for b in range(self.spill_buckets):
-                merged: list[pa.Table] = []
-                pending: list[pa.Table] = []
-                pending_rows = 0
-                if held is not None:
-                    table, offsets = held
-                    pending.append(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
-                    pending_rows = pending[-1].num_rows
-                for folder in folders:
-                    fs, base = fsspec.core.url_to_fs(folder)
-                    with fs.open(posixpath.join(base, _bucket_file(b)), "rb") as f:
-                        pending.append(pa.ipc.open_stream(f).read_all())
-                    pending_rows += pending[-1].num_rows
-                    if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
-                        merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
-                # always aggregated, even a single table: a spilled file may hold
-                # unmerged partials, so one value can appear on several of its rows
-                kept.append(self._threshold(_sum_counts(merged + pending), name))
+            if workers == 1:
+                kept = [merge_bucket(b) for b in range(self.spill_buckets)]
+            else:
+                with ThreadPoolExecutor(workers, thread_name_prefix="tabstream-merge") as pool:
+                    kept = list(pool.map(merge_bucket, range(self.spill_buckets)))
         finally:
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
