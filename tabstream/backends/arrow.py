@@ -10,8 +10,7 @@ Every kernel works per chunk or per column (vectorized), never per row.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -176,12 +175,6 @@ class ArrowBackend(Backend):
         # float16 keys: looked up on an exact float32 view (no half-float kernels)
         return pc.index_in(widen_half(column), value_set=widen_half(vocabulary)).cast(pa.int64())
 
-    def encoder(self, vocabulary: pa.Array) -> Callable[[Column], pa.Array]:
-        if not (pa.types.is_string(vocabulary.type) or pa.types.is_large_string(vocabulary.type)
-                or pa.types.is_binary(vocabulary.type) or pa.types.is_large_binary(vocabulary.type)):
-            return super().encoder(vocabulary)
-        return _TextEncoder(self, vocabulary)
-
     def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:
         return murmur3_32_with_nulls(column, seed)
 
@@ -338,54 +331,3 @@ class ArrowBackend(Backend):
                 raise ValueError(f"sort_indices: order must be 'ascending' or 'descending', got {order!r}")
         # Arrow's sort is stable; float16 keys are sorted as exact float32
         return sort_indices(table, [(name, order, "at_end") for name, order in sort_keys]).cast(pa.int64())
-
-
-def _hash64(values: pa.Array) -> np.ndarray:
-    """A 64-bit hash of each value: the project's murmur3 under two seeds."""
-    high = murmur3_32_with_nulls(values, 0x9747B28C).hashes.astype(np.uint64)
-    return (high << np.uint64(32)) | murmur3_32_with_nulls(values, 0x5BD1E995).hashes
-
-
-class _TextEncoder:
-    """:meth:`ArrowBackend.encode` against one string vocabulary, for many columns.
-
-    ``pc.index_in`` builds a hash set of the whole vocabulary at every call: for a
-    small column (a parquet row group's dictionary of a few thousand entries) against
-    a large vocabulary that build is nearly all the work, repeated for every
-    partition (16M Criteo-like rows: 17 of the export's 45 CPU seconds). Here the
-    vocabulary's 64-bit hashes are sorted once; a small column is hashed and looked
-    up by binary search, and every match is confirmed by comparing the strings, so
-    a hash collision can never map a value to the wrong id. A column at least a
-    quarter of the vocabulary's size goes to ``index_in``, which is faster there."""
-
-    def __init__(self, backend: ArrowBackend, vocabulary: pa.Array) -> None:
-        self._backend = backend
-        self._vocabulary = vocabulary
-        self._sorted: np.ndarray | None = None
-        self._positions: np.ndarray | None = None
-        self._lock = threading.Lock()
-
-    def _index(self) -> tuple[np.ndarray, np.ndarray] | None:
-        with self._lock:
-            if self._sorted is None:
-                hashes = _hash64(self._vocabulary)
-                order = np.argsort(hashes, kind="stable")
-                self._sorted, self._positions = hashes[order], order
-        if len(self._sorted) > 1 and not np.all(self._sorted[1:] != self._sorted[:-1]):
-            return None  # two vocabulary values share a 64-bit hash: index_in only
-        return self._sorted, self._positions
-
-    def __call__(self, column: Column) -> pa.Array:
-        if pa.types.is_dictionary(column.type) or 4 * len(column) >= len(self._vocabulary):
-            return self._backend.encode(column, self._vocabulary)
-        index = self._index()
-        if index is None:
-            return self._backend.encode(column, self._vocabulary)
-        column = _combined(column)
-        sorted_hashes, positions = index
-        hashes = _hash64(column)
-        at = np.minimum(np.searchsorted(sorted_hashes, hashes), len(sorted_hashes) - 1)
-        candidate = positions[at]
-        same = pc.equal(self._vocabulary.take(pa.array(candidate)), column)
-        found = (sorted_hashes[at] == hashes) & pc.fill_null(same, False).to_numpy(zero_copy_only=False)
-        return pa.array(candidate.astype(np.int64), mask=~found)

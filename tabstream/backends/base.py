@@ -22,8 +22,7 @@ Conventions, shared by all kernels:
 from __future__ import annotations
 
 import abc
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -104,12 +103,6 @@ class Backend(abc.ABC):
         """int64 position of each value in ``vocabulary`` (same type as ``column``, or
         as its dictionary's values for a dictionary column), null where the value is
         not in it or is null."""
-
-    def encoder(self, vocabulary: pa.Array) -> Callable[[Column], pa.Array]:
-        """:meth:`encode` against one ``vocabulary`` as a function to call on many
-        columns (the partitions of an export): a backend may build its lookup
-        structure once here instead of once per call. The default encodes each call."""
-        return functools.partial(self.encode, vocabulary=vocabulary)
 
     @abc.abstractmethod
     def murmur3(self, column: Column, seed: int = DEFAULT_SEED) -> HashResult:

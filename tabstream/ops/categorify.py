@@ -257,8 +257,6 @@ class Categorify(StatOperator):
         self.spill_dir = spill_dir
         # fitted state: vocabulary name -> table (values, counts) in id order
         self.tables: dict[str, pa.Table] = {}
-        # (vocabulary, type, backend) -> (its table, the backend's encoder): see _encoder
-        self._encoders: dict[tuple[str, str, str], tuple[pa.Table, Any]] = {}
 
     # -- groups -------------------------------------------------------------
     @property
@@ -657,31 +655,13 @@ class Categorify(StatOperator):
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
-        ids = pc.add(self._encoder(name, vocab, kernels)(column), self.start_index)
+        ids = pc.add(kernels.encode(column, vocab), self.start_index)
         if self.num_buckets:
             oov: Any = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         else:
             oov = pa.scalar(OOV_ID, pa.int64())
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))
         return ids.cast(out_type)
-
-    def _encoder(self, name: str, vocab: pa.Array, kernels: Any) -> Any:
-        """The backend's reusable encoder for vocabulary ``name`` (as ``vocab``, of the
-        column's type), made once per vocabulary table, type and backend: every
-        partition of an export encodes against the same lookup structure."""
-        key = (name, str(vocab.type), kernels.name)
-        table = self.tables[name]
-        encoders = self.__dict__.setdefault("_encoders", {})  # absent on an op made by load
-        held = encoders.get(key)
-        if held is None or held[0] is not table:
-            held = (table, kernels.encoder(vocab))
-            encoders[key] = held
-        return held[1]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_encoders"] = {}  # lookup structures are rebuilt where the op runs
-        return state
 
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

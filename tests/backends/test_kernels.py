@@ -112,26 +112,6 @@ def test_encode(backend):
     assert got.type == pa.int64()
 
 
-@pytest.mark.parametrize("type_", [pa.string(), pa.large_string(), pa.binary(), pa.int64()])
-def test_encoder_reused_over_many_columns(backend, type_):
-    # a reusable encoder gives encode's positions for small columns (looked up by
-    # hash on the arrow backend) and large ones, nulls and unknown values included
-    def rep(x):
-        return x if type_ == pa.int64() else f"v{x}".encode() if type_ == pa.binary() else f"v{x}"
-
-    rng = np.random.default_rng(3)
-    raw = [int(x) for x in rng.permutation(5000)[:800]]
-    vocab = pa.array([rep(x) for x in raw], type_)
-    position = {rep(x): i for i, x in enumerate(raw)}
-    encode = backend.encoder(vocab)
-    for size in (0, 1, 7, 150, 199, 200, 3000):
-        ints = raw[: size // 2] + [int(x) for x in rng.integers(0, 10_000, size - size // 2)]
-        values = [rep(x) for x in ints] + [None]
-        got = encode(pa.array(values, type_))
-        assert got.type == pa.int64()
-        assert py(got) == [None if v is None else position.get(v) for v in values]
-
-
 def test_murmur3_is_the_reference_hash(backend):
     for col in (pa.array(["a", None, "", "bc"]), pa.array([0, -1, None, 2**40]), pa.array([1.5, None, 0.0])):
         hashes, is_null = backend.murmur3(col, 7)
@@ -365,23 +345,3 @@ def test_sort_indices_is_stable_with_nulls_last(backend, order):
     assert got.type == pa.int64() and got.to_pylist() == expected
     with pytest.raises(ValueError, match="sort_indices: order must be 'ascending' or 'descending', got 'up'"):
         backend.sort_indices(table, [("a", "up")])
-
-
-def test_arrow_encoder_confirms_every_hash_match(monkeypatch):
-    # the arrow backend's encoder finds small columns' values by a 64-bit hash of the
-    # strings: with a deliberately weak hash ("v5" and "w5" share one) a value that is
-    # not in the vocabulary but shares a member's hash stays unknown, and a vocabulary
-    # whose values share hashes is looked up by value instead
-    from tabstream.backends import arrow
-
-    def weak(values):
-        return np.array([0 if v is None else int(v[1:]) for v in values.to_pylist()], dtype=np.uint64)
-
-    monkeypatch.setattr(arrow, "_hash64", weak)
-    backend = arrow.ArrowBackend()
-    vocab = pa.array([f"v{i}" for i in range(100)])
-    got = backend.encoder(vocab)(pa.array(["v5", "w5", "w7", None, "v99"]))
-    assert got.to_pylist() == [5, None, None, None, 99]
-    shared = pa.array([f"v{i}" for i in range(50)] + [f"w{i}" for i in range(50)])  # v3 and w3 share a hash
-    got = backend.encoder(shared)(pa.array(["w3", "v3", "x3", None]))
-    assert got.to_pylist() == [53, 3, None, None]
