@@ -44,6 +44,9 @@ Statistics are per-partition value counts merged by a tree reduction. A partial
 count table that grows beyond ``spill_rows`` distinct values is hash-partitioned
 into ``spill_buckets`` Arrow IPC files under a temporary folder and merged bucket by
 bucket at the end, so memory is bounded by one bucket, not by the cardinality.
+Partials with many distinct values are kept in memory in the same bucket order and
+merged bucket by bucket too (each bucket's hash aggregation fits the CPU cache), and
+the final merge of spilled buckets runs one bucket per core.
 ``spill_dir`` may be any fsspec URL (``s3://bucket/tmp``) or a shared mount. On a
 dask cluster partials are spilled by one worker and merged by another process, so a
 spill there needs a ``spill_dir`` every worker and the client share: the local
