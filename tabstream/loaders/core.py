@@ -50,11 +50,14 @@ no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import collections
 import functools
+import mmap
 import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,32 +148,82 @@ class _Chunk:
                         out[p].append((builder, at + a, local))
         return out
 
-    def fill(self, segments: list[_Segment], recycler: _Recycler | None = None) -> None:
-        """Copy the segments' rows into their batches, then forget the data.
+    def fill(self, segments: list[_Segment], done: list[_BatchBuilder],
+             recycler: _Recycler | None = None) -> Iterator[_BatchBuilder]:
+        """Copy the segments' rows into their batches, then forget the data; yields
+        the batches of ``done`` (those this chunk completes) as they are complete.
 
-        Column by column: one source column stays in cache while it feeds every
-        batch of the chunk (2-4x faster than batch by batch), and each column is
-        dropped once copied, so the chunk's memory is handed over to its batches
-        instead of being held twice."""
+        Narrow columns go column by column: one source column stays in cache while
+        it feeds every batch of the chunk (2-4x faster than batch by batch), and
+        each column is dropped once copied, so the chunk's memory is handed over to
+        its batches instead of being held twice. Wide columns (a multi-hot block far
+        larger than any cache) gain nothing from that order, so they go batch by
+        batch after the narrow ones, each batch handed out as soon as it is
+        complete: one or two of their batches exist at a time instead of all the
+        chunk's, and the buffers the consumer gives back are reused at once (see
+        :class:`_BatchPool`)."""
         per_part = self._per_part(segments)
-        for name in list(self.parts[0]):
+        names = list(self.parts[0])
+        wide = [n for n in names if isinstance(self.parts[0][n], np.ndarray)
+                and self.parts[0][n].itemsize * self.parts[0][n].size // max(1, len(self.parts[0][n]))
+                * self.num_rows > _WIDE_COLUMN_BYTES]
+        for name in names:
+            if name in wide:
+                continue
             for part, segs in zip(self.parts, per_part, strict=True):
                 col = part.pop(name)
                 for builder, at, rows in segs:
-                    if isinstance(col, pa.Array):
-                        builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
-                                                   if isinstance(rows, slice)
-                                                   else pc.take(col, rows))
-                    elif isinstance(rows, slice):
-                        builder.column(name)[at:at + rows.stop - rows.start] = col[rows]
-                    else:
-                        # mode="clip" writes straight into `out` ("raise" buffers a
-                        # copy); the indices are in range by construction.
-                        col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)],
-                                 mode="clip")
+                    _copy_rows(col, builder, name, at, rows)
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
+        pending = set(map(id, done))
+        if wide:
+            # a batch's segments, part by part, in the order the batches are cut
+            by_batch: dict[int, list[tuple[int, int, np.ndarray | slice]]] = {}
+            builders: dict[int, _BatchBuilder] = {}
+            for p, segs in enumerate(per_part):
+                for builder, at, rows in segs:
+                    by_batch.setdefault(id(builder), []).append((p, at, rows))
+                    builders[id(builder)] = builder
+            for key, pieces in by_batch.items():
+                builder = builders[key]
+                for name in wide:
+                    for p, at, rows in pieces:
+                        _copy_rows(self.parts[p][name], builder, name, at, rows)
+                if key in pending:
+                    pending.discard(key)
+                    yield builder
+            for part in self.parts:
+                for name in wide:
+                    col = part.pop(name)
+                    if recycler is not None:
+                        recycler.give_back(col)
+                    del col
+            del builders, by_batch
+        for builder in done:
+            if id(builder) in pending:
+                yield builder
+
+
+# A dense column whose rows in one chunk take more bytes than this is copied into
+# its batches batch by batch (see _Chunk.fill): past the caches, the column-by-column
+# order saves nothing and holds every batch of the chunk at once.
+_WIDE_COLUMN_BYTES = 16 * 2**20
+
+
+def _copy_rows(col: Any, builder: _BatchBuilder, name: str, at: int,
+               rows: np.ndarray | slice) -> None:
+    """Rows ``rows`` of a chunk piece's column into ``builder`` from its row ``at``."""
+    if isinstance(col, pa.Array):
+        builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
+                                   if isinstance(rows, slice) else pc.take(col, rows))
+    elif isinstance(rows, slice):
+        builder.column(name)[at:at + rows.stop - rows.start] = col[rows]
+    else:
+        # mode="clip" writes straight into `out` ("raise" buffers a copy); the
+        # indices are in range by construction.
+        col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)], mode="clip")
 
 
 def _empty(size: int, dtype: np.dtype) -> np.ndarray:
@@ -193,6 +246,27 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
+
+
+# Buffers at least this large come from their own memory mapping (see _large_empty).
+_MAP_BYTES = 4 * 2**20
+
+
+def _large_empty(nbytes: int) -> Any:
+    """A writable buffer object (not a numpy array: see :class:`_BatchPool`) of
+    ``nbytes`` for the loader's recycled buffers (row groups read, batch columns),
+    64-byte aligned.
+
+    Large ones are an anonymous ``mmap`` of ordinary 4 KiB pages rather than a block
+    of arrow's pool: mimalloc asks for transparent huge pages on its arenas, and a
+    huge page's first touch cost 0.9-2.3 s per GB on the benchmark machine (a VM
+    whose free huge pages come back from the host one fault at a time) against
+    0.3 s for 4 KiB pages, each buffer being touched afresh once per process (the
+    loader recycles them after that). Unmapped with its last reference.
+    """
+    if nbytes < _MAP_BYTES:
+        return pa.allocate_buffer(max(nbytes, 1))
+    return mmap.mmap(-1, nbytes)
 
 
 # Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
@@ -225,10 +299,11 @@ class _Recycler:
 
     A 16,384-row group of 100 x 10 multi-hot ids is a 131 MB buffer; allocated afresh
     for every row group, each of its pages is a page fault and a page the kernel
-    zeroes (arrow's allocator returns blocks that large to the system on free).
+    zeroes (arrow's allocator returns blocks that large to the system on free; see
+    :func:`_large_empty` for where they come from).
     Only these buffers are recycled: nothing but the chunk refers to them (batches
-    get copies), so once the chunk is filled they are free. Batch arrays are never
-    recycled: the consumer may hold them as long as it likes.
+    get copies), so once the chunk is filled they are free. Batch arrays come back
+    only once the consumer drops them (see :class:`_BatchPool`).
     """
 
     def __init__(self, keep: int) -> None:
@@ -249,7 +324,7 @@ class _Recycler:
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i])))
         if buffer is None:
-            buffer = _empty(nbytes, np.dtype(np.uint8))
+            buffer = np.frombuffer(_large_empty(nbytes), np.uint8)
         array = buffer[:nbytes].view(dtype)[:size].reshape(shape)
         with self._lock:
             self._lent[id(array)] = (array, buffer)
@@ -266,6 +341,55 @@ class _Recycler:
             lent = self._lent.pop(id(array), None)
             if lent is not None and len(self._free) < self._keep:
                 self._free.append(lent[1])
+
+
+class _BatchPool:
+    """Batch column buffers that come back once the consumer drops the batch.
+
+    A batch column handed out is a view of a fresh numpy array made over a pooled
+    arrow buffer; numpy makes every later view of it (slices, reshapes, ``view``)
+    refer to that array, and torch's ``from_numpy`` and the DLPack capsule behind a
+    TensorFlow tensor hold it too. ``weakref.finalize`` on that array puts the buffer
+    back in the pool only when nothing can reach the array any more, so a batch the
+    consumer still holds, in any form, is never written to again.
+
+    Why: arrow's allocator (mimalloc) returns large freed blocks to the system
+    (``madvise(MADV_DONTNEED)``) and asks for huge pages on its arenas, so every
+    fresh 65 MB multi-hot batch is page faults, zeroed pages and, on a fragmented
+    machine, the kernel compacting memory: that system time was larger than the
+    loader's own work. At most ``keep`` buffers of each size are kept (what the
+    loader holds at once anyway: the batches being filled, the prefetch queue and
+    the consumer's); others are freed as before.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        # nbytes -> buffers; a deque appends and pops atomically, so the finalizers
+        # (which may run inside a garbage collection in any thread, even while this
+        # thread holds the lock) never need the lock
+        self._free: dict[int, collections.deque] = {}
+        self.allocated = 0   # fresh buffers, for the tests
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialized array of ``shape`` (64-byte aligned, like :func:`_empty`)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(size, 1) * dtype.itemsize
+        free = self._free.get(nbytes)
+        if free is None:
+            with self._lock:
+                free = self._free.setdefault(nbytes, collections.deque(maxlen=self._keep))
+        try:
+            buffer = free.pop()
+        except IndexError:
+            buffer = _large_empty(nbytes)
+            self.allocated += 1
+        # a fresh array over a buffer object that is no numpy array: numpy makes every
+        # view of `owner` refer to `owner` itself (over an array, to that array)
+        owner = np.frombuffer(buffer, np.uint8, count=nbytes)
+        weakref.finalize(owner, free.append, buffer).atexit = False
+        return owner.view(dtype)[:size].reshape(shape)
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -289,9 +413,10 @@ class _BatchBuilder:
     scalar, ``(L,)`` or ``(F, L)`` for a fixed-length list)."""
 
     def __init__(self, dtypes: dict[str, tuple[np.dtype, tuple[int, ...]]], lists: list[str],
-                 size: int) -> None:
+                 size: int, pool: _BatchPool | None = None) -> None:
         self.size = size
         self.dtypes = dtypes
+        self.pool = pool
         self.out: dict[str, np.ndarray] = {}
         self.lists: dict[str, list[pa.Array]] = {n: [] for n in lists}
 
@@ -299,8 +424,11 @@ class _BatchBuilder:
         col = self.out.get(name)
         if col is None:
             dtype, shape = self.dtypes[name]
-            flat = _empty(self.size * int(np.prod(shape, dtype=np.int64)), dtype)
-            col = self.out[name] = flat.reshape((self.size, *shape))
+            if self.pool is not None:
+                col = self.out[name] = self.pool.empty((self.size, *shape), dtype)
+            else:
+                flat = _empty(self.size * int(np.prod(shape, dtype=np.int64)), dtype)
+                col = self.out[name] = flat.reshape((self.size, *shape))
         return col
 
 
@@ -1095,7 +1223,11 @@ class Loader:
                   for n in self.columns if n not in lists}
         sizes = self._share.batch_sizes()
         size = next(sizes, 0)
-        builder = _BatchBuilder(dtypes, lists, size)
+        # batches are assembled in pooled buffers, at most as many kept free as one
+        # chunk's batches plus those queued and held by the consumer
+        batches_per_chunk = max((sum(p.num_rows for p in c) for c in chunks), default=0)
+        pool = _BatchPool(keep=-(-batches_per_chunk // max(1, size)) + self.prefetch + 3)
+        builder = _BatchBuilder(dtypes, lists, size, pool)
         filled = 0
         # One row group is read ahead of the chunk being cut into batches: the
         # reading never waits as long as cutting a chunk takes less time than
@@ -1127,13 +1259,17 @@ class Loader:
                         done.append(builder)
                         size, filled = next(sizes, 0), 0
                         if size:
-                            builder = _BatchBuilder(dtypes, lists, size)
-                chunk.fill(segments, recycler)
-                del chunk, segments
+                            builder = _BatchBuilder(dtypes, lists, size, pool)
+                for finished in chunk.fill(segments, done, recycler):
+                    batch = self._finish(finished)
+                    # the batch's arrays are the consumer's now: a builder kept in
+                    # `done` must not keep their buffers from the pool
+                    finished.out, finished.lists = {}, {}
+                    del finished
+                    yield batch
+                    del batch
+                del chunk, segments, done
                 reader.release(len(chunk_pieces))
-                for finished in done:
-                    yield self._finish(finished)
-                del done
         finally:
             reader.close()
         if size:  # the plan and the files disagree: never yield a short epoch silently
