@@ -9,16 +9,19 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 3. take ``parts_per_chunk`` row groups at a time (a *chunk*), deal its rows out to
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
-   source column once copied;
+   source column once copied (wide columns, such as multi-hot blocks, batch by
+   batch, each batch handed out once complete);
 4. hand the batches to the consumer through a queue of ``prefetch`` batches, from
    a second background thread.
 
 Memory is bounded by the chunk size, whatever the dataset size: at most
 ``parts_per_chunk + 1`` row groups read, one chunk's worth of batches being
 handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands
-(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). An
-error in a background thread is raised in the consumer at the next batch;
-abandoning an iteration stops the threads.
+(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). Row
+group and batch buffers are reused within an epoch: a batch's buffers only once
+nothing refers to the batch any more (see ``_BatchPool``). An error in a
+background thread is raised in the consumer at the next batch; abandoning an
+iteration stops the threads.
 
 Yielded structure, for ``batch_size=3`` and a schema with an id ``C1``, a float
 ``I1``, a list ``tags`` and the target ``label``::

@@ -95,11 +95,12 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
     """A numpy batch array as a CPU tensor, zero-copy where that is safe.
 
     ``tf.convert_to_tensor`` copies every array (a 17 MB memcpy into fresh pages
-    per Criteo batch of 65,536 rows). The core loader's batch arrays are fresh,
-    writable, contiguous and 64-byte aligned buffers that it never writes to again
-    once yielded, so the tensor takes the buffer over through DLPack instead (the
-    capsule keeps the array alive as long as the tensor). Anything else (a view at
-    an unaligned offset, a read-only array) is copied as before.
+    per Criteo batch of 65,536 rows). The core loader's batch arrays are writable,
+    contiguous and 64-byte aligned buffers that it never writes to again while
+    anything refers to them, so the tensor takes the buffer over through DLPack
+    instead: the capsule keeps the array alive as long as the tensor, and with it
+    the buffer out of the loader's pool (see ``core._BatchPool``). Anything else (a
+    view at an unaligned offset, a read-only array) is copied as before.
     """
     if (a.flags.c_contiguous and a.flags.writeable
             and a.__array_interface__["data"][0] % _ALIGN == 0):
