@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import mmap
 import queue
 import sys
 import threading
@@ -251,25 +250,17 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
 
 
-# Buffers at least this large come from their own memory mapping (see _large_empty).
-_MAP_BYTES = 4 * 2**20
-
-
 def _large_empty(nbytes: int) -> Any:
-    """A writable buffer object (not a numpy array: see :class:`_BatchPool`) of
-    ``nbytes`` for the loader's recycled buffers (row groups read, batch columns),
-    64-byte aligned.
+    """A writable buffer object of ``nbytes`` for the loader's recycled buffers (row
+    groups read, batch columns), 64-byte aligned, from arrow's pool (see
+    :func:`_empty`); not a numpy array (see :class:`_BatchPool`).
 
-    Large ones are an anonymous ``mmap`` of ordinary 4 KiB pages rather than a block
-    of arrow's pool: mimalloc asks for transparent huge pages on its arenas, and a
-    huge page's first touch cost 0.9-2.3 s per GB on the benchmark machine (a VM
-    whose free huge pages come back from the host one fault at a time) against
-    0.3 s for 4 KiB pages, each buffer being touched afresh once per process (the
-    loader recycles them after that). Unmapped with its last reference.
+    Anonymous ``mmap``s of 4 KiB pages were tried instead (mimalloc asks for huge
+    pages): on the benchmark VM they won when free memory had not been touched
+    lately and lost right after another process freed gigabytes, which is the state
+    the multi-hot benchmark runs in (benchmarks/RESULTS.md, session 6).
     """
-    if nbytes < _MAP_BYTES:
-        return pa.allocate_buffer(max(nbytes, 1))
-    return mmap.mmap(-1, nbytes)
+    return pa.allocate_buffer(max(nbytes, 1))
 
 
 # Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
