@@ -185,6 +185,12 @@ class Loader(dataset_ops.DatasetV2):
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        # Nothing here is autotuned (one sequential map, prefetch 1), and with
+        # autotuning on, the end of an epoch waited for tf.data's next optimization
+        # tick (its period doubles from 10 ms: ticks at about 2.55 s, 5.1 s, ... after
+        # the iterator starts), so whole epochs snapped to those times: the bimodal
+        # Criteo runs and the 0.098 M rows/s multi-hot epochs of benchmarks/RESULTS.md.
+        options.autotune.enabled = False
         ds = ds.with_options(options)
         if self.device is None:
             ds = ds.prefetch(1)

@@ -274,3 +274,12 @@ def test_held_tensors_keep_their_values_while_buffers_are_reused(
         rows = arrays[0]
         np.testing.assert_array_equal(arrays[1], expected["I1"].to_numpy()[rows])
         np.testing.assert_array_equal(arrays[2], expected["label"].to_numpy()[rows])
+
+
+def test_autotuning_is_off(shared_export: Path) -> None:
+    """The loader's pipeline has nothing to tune, and with tf.data's autotuning on the
+    end of an epoch waited for the tuner's next tick (see the Loader's options)."""
+    loader = Loader(shared_export, 100)
+    assert loader.options().autotune.enabled is False
+    assert loader.options().experimental_distribute.auto_shard_policy == \
+        tf.data.experimental.AutoShardPolicy.OFF
