@@ -9,16 +9,19 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
 3. take ``parts_per_chunk`` row groups at a time (a *chunk*), deal its rows out to
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
-   source column once copied;
+   source column once copied (wide columns, such as multi-hot blocks, batch by
+   batch, each batch handed out once complete);
 4. hand the batches to the consumer through a queue of ``prefetch`` batches, from
    a second background thread.
 
 Memory is bounded by the chunk size, whatever the dataset size: at most
 ``parts_per_chunk + 1`` row groups read, one chunk's worth of batches being
 handed out, and ``prefetch`` + 2 batches in the queue and in the consumer's hands
-(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). An
-error in a background thread is raised in the consumer at the next batch;
-abandoning an iteration stops the threads.
+(``Loader.chunk_bytes`` bounds a chunk with its copies and the read-ahead). Row
+group and batch buffers are reused within an epoch: a batch's buffers only once
+nothing refers to the batch any more (see ``_BatchPool``). An error in a
+background thread is raised in the consumer at the next batch; abandoning an
+iteration stops the threads.
 
 Yielded structure, for ``batch_size=3`` and a schema with an id ``C1``, a float
 ``I1``, a list ``tags`` and the target ``label``::
@@ -50,11 +53,13 @@ no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import collections
 import functools
 import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,32 +150,82 @@ class _Chunk:
                         out[p].append((builder, at + a, local))
         return out
 
-    def fill(self, segments: list[_Segment], recycler: _Recycler | None = None) -> None:
-        """Copy the segments' rows into their batches, then forget the data.
+    def fill(self, segments: list[_Segment], done: list[_BatchBuilder],
+             recycler: _Recycler | None = None) -> Iterator[_BatchBuilder]:
+        """Copy the segments' rows into their batches, then forget the data; yields
+        the batches of ``done`` (those this chunk completes) as they are complete.
 
-        Column by column: one source column stays in cache while it feeds every
-        batch of the chunk (2-4x faster than batch by batch), and each column is
-        dropped once copied, so the chunk's memory is handed over to its batches
-        instead of being held twice."""
+        Narrow columns go column by column: one source column stays in cache while
+        it feeds every batch of the chunk (2-4x faster than batch by batch), and
+        each column is dropped once copied, so the chunk's memory is handed over to
+        its batches instead of being held twice. Wide columns (a multi-hot block far
+        larger than any cache) gain nothing from that order, so they go batch by
+        batch after the narrow ones, each batch handed out as soon as it is
+        complete: one or two of their batches exist at a time instead of all the
+        chunk's, and the buffers the consumer gives back are reused at once (see
+        :class:`_BatchPool`)."""
         per_part = self._per_part(segments)
-        for name in list(self.parts[0]):
+        names = list(self.parts[0])
+        wide = [n for n in names if isinstance(self.parts[0][n], np.ndarray)
+                and self.parts[0][n].itemsize * self.parts[0][n].size // max(1, len(self.parts[0][n]))
+                * self.num_rows > _WIDE_COLUMN_BYTES]
+        for name in names:
+            if name in wide:
+                continue
             for part, segs in zip(self.parts, per_part, strict=True):
                 col = part.pop(name)
                 for builder, at, rows in segs:
-                    if isinstance(col, pa.Array):
-                        builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
-                                                   if isinstance(rows, slice)
-                                                   else pc.take(col, rows))
-                    elif isinstance(rows, slice):
-                        builder.column(name)[at:at + rows.stop - rows.start] = col[rows]
-                    else:
-                        # mode="clip" writes straight into `out` ("raise" buffers a
-                        # copy); the indices are in range by construction.
-                        col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)],
-                                 mode="clip")
+                    _copy_rows(col, builder, name, at, rows)
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
+        pending = set(map(id, done))
+        if wide:
+            # a batch's segments, part by part, in the order the batches are cut
+            by_batch: dict[int, list[tuple[int, int, np.ndarray | slice]]] = {}
+            builders: dict[int, _BatchBuilder] = {}
+            for p, segs in enumerate(per_part):
+                for builder, at, rows in segs:
+                    by_batch.setdefault(id(builder), []).append((p, at, rows))
+                    builders[id(builder)] = builder
+            for key, pieces in by_batch.items():
+                builder = builders[key]
+                for name in wide:
+                    for p, at, rows in pieces:
+                        _copy_rows(self.parts[p][name], builder, name, at, rows)
+                if key in pending:
+                    pending.discard(key)
+                    yield builder
+            for part in self.parts:
+                for name in wide:
+                    col = part.pop(name)
+                    if recycler is not None:
+                        recycler.give_back(col)
+                    del col
+            del builders, by_batch
+        for builder in done:
+            if id(builder) in pending:
+                yield builder
+
+
+# A dense column whose rows in one chunk take more bytes than this is copied into
+# its batches batch by batch (see _Chunk.fill): past the caches, the column-by-column
+# order saves nothing and holds every batch of the chunk at once.
+_WIDE_COLUMN_BYTES = 16 * 2**20
+
+
+def _copy_rows(col: Any, builder: _BatchBuilder, name: str, at: int,
+               rows: np.ndarray | slice) -> None:
+    """Rows ``rows`` of a chunk piece's column into ``builder`` from its row ``at``."""
+    if isinstance(col, pa.Array):
+        builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
+                                   if isinstance(rows, slice) else pc.take(col, rows))
+    elif isinstance(rows, slice):
+        builder.column(name)[at:at + rows.stop - rows.start] = col[rows]
+    else:
+        # mode="clip" writes straight into `out` ("raise" buffers a copy); the
+        # indices are in range by construction.
+        col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)], mode="clip")
 
 
 def _empty(size: int, dtype: np.dtype) -> np.ndarray:
@@ -193,6 +248,19 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
+
+
+def _large_empty(nbytes: int) -> Any:
+    """A writable buffer object of ``nbytes`` for the loader's recycled buffers (row
+    groups read, batch columns), 64-byte aligned, from arrow's pool (see
+    :func:`_empty`); not a numpy array (see :class:`_BatchPool`).
+
+    Anonymous ``mmap``s of 4 KiB pages were tried instead (mimalloc asks for huge
+    pages): on the benchmark VM they won when free memory had not been touched
+    lately and lost right after another process freed gigabytes, which is the state
+    the multi-hot benchmark runs in (benchmarks/RESULTS.md, session 6).
+    """
+    return pa.allocate_buffer(max(nbytes, 1))
 
 
 # Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
@@ -225,10 +293,11 @@ class _Recycler:
 
     A 16,384-row group of 100 x 10 multi-hot ids is a 131 MB buffer; allocated afresh
     for every row group, each of its pages is a page fault and a page the kernel
-    zeroes (arrow's allocator returns blocks that large to the system on free).
+    zeroes (arrow's allocator returns blocks that large to the system on free; see
+    :func:`_large_empty` for where they come from).
     Only these buffers are recycled: nothing but the chunk refers to them (batches
-    get copies), so once the chunk is filled they are free. Batch arrays are never
-    recycled: the consumer may hold them as long as it likes.
+    get copies), so once the chunk is filled they are free. Batch arrays come back
+    only once the consumer drops them (see :class:`_BatchPool`).
     """
 
     def __init__(self, keep: int) -> None:
@@ -249,7 +318,7 @@ class _Recycler:
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i])))
         if buffer is None:
-            buffer = _empty(nbytes, np.dtype(np.uint8))
+            buffer = np.frombuffer(_large_empty(nbytes), np.uint8)
         array = buffer[:nbytes].view(dtype)[:size].reshape(shape)
         with self._lock:
             self._lent[id(array)] = (array, buffer)
@@ -266,6 +335,55 @@ class _Recycler:
             lent = self._lent.pop(id(array), None)
             if lent is not None and len(self._free) < self._keep:
                 self._free.append(lent[1])
+
+
+class _BatchPool:
+    """Batch column buffers that come back once the consumer drops the batch.
+
+    A batch column handed out is a view of a fresh numpy array made over a pooled
+    arrow buffer; numpy makes every later view of it (slices, reshapes, ``view``)
+    refer to that array, and torch's ``from_numpy`` and the DLPack capsule behind a
+    TensorFlow tensor hold it too. ``weakref.finalize`` on that array puts the buffer
+    back in the pool only when nothing can reach the array any more, so a batch the
+    consumer still holds, in any form, is never written to again.
+
+    Why: arrow's allocator (mimalloc) returns large freed blocks to the system
+    (``madvise(MADV_DONTNEED)``) and asks for huge pages on its arenas, so every
+    fresh 65 MB multi-hot batch is page faults, zeroed pages and, on a fragmented
+    machine, the kernel compacting memory: that system time was larger than the
+    loader's own work. At most ``keep`` buffers of each size are kept (what the
+    loader holds at once anyway: the batches being filled, the prefetch queue and
+    the consumer's); others are freed as before.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        # nbytes -> buffers; a deque appends and pops atomically, so the finalizers
+        # (which may run inside a garbage collection in any thread, even while this
+        # thread holds the lock) never need the lock
+        self._free: dict[int, collections.deque] = {}
+        self.allocated = 0   # fresh buffers, for the tests
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialized array of ``shape`` (64-byte aligned, like :func:`_empty`)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(size, 1) * dtype.itemsize
+        free = self._free.get(nbytes)
+        if free is None:
+            with self._lock:
+                free = self._free.setdefault(nbytes, collections.deque(maxlen=self._keep))
+        try:
+            buffer = free.pop()
+        except IndexError:
+            buffer = _large_empty(nbytes)
+            self.allocated += 1
+        # a fresh array over a buffer object that is no numpy array: numpy makes every
+        # view of `owner` refer to `owner` itself (over an array, to that array)
+        owner = np.frombuffer(buffer, np.uint8, count=nbytes)
+        weakref.finalize(owner, free.append, buffer).atexit = False
+        return owner.view(dtype)[:size].reshape(shape)
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -289,9 +407,10 @@ class _BatchBuilder:
     scalar, ``(L,)`` or ``(F, L)`` for a fixed-length list)."""
 
     def __init__(self, dtypes: dict[str, tuple[np.dtype, tuple[int, ...]]], lists: list[str],
-                 size: int) -> None:
+                 size: int, pool: _BatchPool | None = None) -> None:
         self.size = size
         self.dtypes = dtypes
+        self.pool = pool
         self.out: dict[str, np.ndarray] = {}
         self.lists: dict[str, list[pa.Array]] = {n: [] for n in lists}
 
@@ -299,8 +418,11 @@ class _BatchBuilder:
         col = self.out.get(name)
         if col is None:
             dtype, shape = self.dtypes[name]
-            flat = _empty(self.size * int(np.prod(shape, dtype=np.int64)), dtype)
-            col = self.out[name] = flat.reshape((self.size, *shape))
+            if self.pool is not None:
+                col = self.out[name] = self.pool.empty((self.size, *shape), dtype)
+            else:
+                flat = _empty(self.size * int(np.prod(shape, dtype=np.int64)), dtype)
+                col = self.out[name] = flat.reshape((self.size, *shape))
         return col
 
 
@@ -1095,7 +1217,11 @@ class Loader:
                   for n in self.columns if n not in lists}
         sizes = self._share.batch_sizes()
         size = next(sizes, 0)
-        builder = _BatchBuilder(dtypes, lists, size)
+        # batches are assembled in pooled buffers, at most as many kept free as one
+        # chunk's batches plus those queued and held by the consumer
+        batches_per_chunk = max((sum(p.num_rows for p in c) for c in chunks), default=0)
+        pool = _BatchPool(keep=-(-batches_per_chunk // max(1, size)) + self.prefetch + 3)
+        builder = _BatchBuilder(dtypes, lists, size, pool)
         filled = 0
         # One row group is read ahead of the chunk being cut into batches: the
         # reading never waits as long as cutting a chunk takes less time than
@@ -1127,13 +1253,17 @@ class Loader:
                         done.append(builder)
                         size, filled = next(sizes, 0), 0
                         if size:
-                            builder = _BatchBuilder(dtypes, lists, size)
-                chunk.fill(segments, recycler)
-                del chunk, segments
+                            builder = _BatchBuilder(dtypes, lists, size, pool)
+                for finished in chunk.fill(segments, done, recycler):
+                    batch = self._finish(finished)
+                    # the batch's arrays are the consumer's now: a builder kept in
+                    # `done` must not keep their buffers from the pool
+                    finished.out, finished.lists = {}, {}
+                    del finished
+                    yield batch
+                    del batch
+                del chunk, segments, done
                 reader.release(len(chunk_pieces))
-                for finished in done:
-                    yield self._finish(finished)
-                del done
         finally:
             reader.close()
         if size:  # the plan and the files disagree: never yield a short epoch silently

@@ -95,11 +95,12 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
     """A numpy batch array as a CPU tensor, zero-copy where that is safe.
 
     ``tf.convert_to_tensor`` copies every array (a 17 MB memcpy into fresh pages
-    per Criteo batch of 65,536 rows). The core loader's batch arrays are fresh,
-    writable, contiguous and 64-byte aligned buffers that it never writes to again
-    once yielded, so the tensor takes the buffer over through DLPack instead (the
-    capsule keeps the array alive as long as the tensor). Anything else (a view at
-    an unaligned offset, a read-only array) is copied as before.
+    per Criteo batch of 65,536 rows). The core loader's batch arrays are writable,
+    contiguous and 64-byte aligned buffers that it never writes to again while
+    anything refers to them, so the tensor takes the buffer over through DLPack
+    instead: the capsule keeps the array alive as long as the tensor, and with it
+    the buffer out of the loader's pool (see ``core._BatchPool``). Anything else (a
+    view at an unaligned offset, a read-only array) is copied as before.
     """
     if (a.flags.c_contiguous and a.flags.writeable
             and a.__array_interface__["data"][0] % _ALIGN == 0):
@@ -184,6 +185,12 @@ class Loader(dataset_ops.DatasetV2):
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        # Nothing here is autotuned (one sequential map, prefetch 1), and with
+        # autotuning on, the end of an epoch waited for tf.data's next optimization
+        # tick (its period doubles from 10 ms: ticks at about 2.55 s, 5.1 s, ... after
+        # the iterator starts), so whole epochs snapped to those times: the bimodal
+        # Criteo runs and the 0.098 M rows/s multi-hot epochs of benchmarks/RESULTS.md.
+        options.autotune.enabled = False
         ds = ds.with_options(options)
         if self.device is None:
             ds = ds.prefetch(1)

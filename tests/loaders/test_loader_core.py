@@ -501,8 +501,16 @@ def _expected_shuffled_batches(loader: Loader, epoch: int) -> list[np.ndarray]:
     return [np.concatenate(b) for b in batches]
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize(("w", "seed"), [(1, 0), (2, 5), (3, 11)])
-def test_shuffled_batches_follow_the_plan(shared_export: Path, w: int, seed: int) -> None:
+def test_shuffled_batches_follow_the_plan(shared_export: Path, monkeypatch: pytest.MonkeyPatch,
+                                          w: int, seed: int, wide: bool) -> None:
+    """The batches are those the plan describes, rebuilt with plain numpy; also when
+    every column is copied batch by batch (the order wide columns take)."""
+    import tabstream.loaders.core as core
+
+    if wide:
+        monkeypatch.setattr(core, "_WIDE_COLUMN_BYTES", 0)
     for rank in range(w):
         loader = Loader(shared_export, 97, seed=seed, parts_per_chunk=1, global_size=w,
                         global_rank=rank, features=["row_id"])

@@ -306,14 +306,16 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
     monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
     monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
     fresh = []
-    empty = core._empty
+    recycler_empty = core._Recycler.empty
 
-    def counting(size: int, dtype: np.dtype) -> np.ndarray:
-        if np.dtype(dtype) == np.uint8:   # the recycler's buffers
-            fresh.append(size)
-        return empty(size, dtype)
+    def counting(self: core._Recycler, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        free = len(self._free)
+        out = recycler_empty(self, shape, dtype)
+        if len(self._free) == free:   # nothing taken from the free list: a fresh buffer
+            fresh.append(shape)
+        return out
 
-    monkeypatch.setattr(core, "_empty", counting)
+    monkeypatch.setattr(core._Recycler, "empty", counting)
     for rank in range(w):
         fresh.clear()
         loader = Loader(path, 30, seed=5, parts_per_chunk=1, global_size=w, global_rank=rank)
@@ -325,3 +327,62 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
         # the row_id buffers and the id blocks: without reuse, 2 per row group read
         units = len(loader.pieces(0))
         assert 0 < len(fresh) <= 2 * 3 < 2 * units, fresh
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("hold", ["numpy", "view", "torch"])
+def test_pooled_batch_buffers_never_overwrite_a_held_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wide: bool, hold: str) -> None:
+    """Batch columns live in pooled buffers that return to the pool when the consumer
+    drops the batch. Every other batch is kept (as the array, a slice of it, or a
+    tensor over it) and compared at the end with a copy taken when it was handed
+    out; the others are dropped at once, so their buffers are reused meanwhile."""
+    import tabstream.loaders.core as core
+
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 1000, (600, F, L))
+    t = pa.table({"row_id": pa.array(np.arange(600)),
+                  "n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
+    schema = Schema([ColumnSchema("row_id", "int64"),
+                     ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    path = _write(tmp_path / "p", [t], schema, row_group=100)
+    if wide:   # every dense column is copied batch by batch
+        monkeypatch.setattr(core, "_WIDE_COLUMN_BYTES", 0)
+    pools = []
+    pool_class = core._BatchPool
+
+    def recording(keep: int) -> core._BatchPool:
+        pools.append(pool_class(keep))
+        return pools[-1]
+
+    monkeypatch.setattr(core, "_BatchPool", recording)
+    loader = Loader(path, 32, seed=1, parts_per_chunk=2)
+    held, copies = [], []
+    count = 0
+    for features, _ in loader:
+        count += 1
+        # the batch's rows are those pyarrow reads, whatever buffer it was built in
+        np.testing.assert_array_equal(features["n"][0], ids[features["row_id"]])
+        if count % 2:
+            continue   # dropped: its buffers go back to the pool
+        dense, row_id = features["n"][0], features["row_id"]
+        copies.append((dense.copy(), row_id.copy()))
+        if hold == "view":
+            held.append((dense[1:], row_id[::2]))
+        elif hold == "torch":
+            torch = pytest.importorskip("torch")
+            held.append((torch.from_numpy(dense), torch.from_numpy(row_id)))
+        else:
+            held.append((dense, row_id))
+        del features, dense, row_id
+    assert count == len(loader) == -(-600 // 32)
+    (pool,) = pools
+    assert 0 < pool.allocated < 2 * count   # buffers were reused ...
+    for (dense, row_id), (dense0, row_id0) in zip(held, copies, strict=True):
+        # ... and never those of a batch still held
+        if hold == "view":
+            np.testing.assert_array_equal(dense, dense0[1:])
+            np.testing.assert_array_equal(row_id, row_id0[::2])
+        else:
+            np.testing.assert_array_equal(np.asarray(dense), dense0)
+            np.testing.assert_array_equal(np.asarray(row_id), row_id0)

@@ -252,3 +252,34 @@ def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
     assert running() == before
     assert len(list(loader.take(3))) == 3 and loader.epoch == 2
     assert sum(1 for _ in loader) == len(loader)
+
+
+def test_held_tensors_keep_their_values_while_buffers_are_reused(
+        shared_export: Path, testdata: Any) -> None:
+    """Batch columns are handed to TensorFlow without a copy (DLPack) from pooled
+    buffers; a tensor still held keeps its buffer out of the pool, so the values of
+    every held batch are those it had when delivered, and the rows those pyarrow
+    reads."""
+    expected = testdata.read_all(shared_export)
+    held, copies = [], []
+    for k, (features, labels) in enumerate(Loader(shared_export, 100, seed=3)):
+        if k % 2:
+            continue   # dropped: its buffers can be reused
+        held.append((features["row_id"], features["I1"], labels))
+        copies.append(tuple(np.array(t.numpy(), copy=True) for t in held[-1]))
+        del features, labels
+    for tensors, arrays in zip(held, copies, strict=True):
+        for t, a in zip(tensors, arrays, strict=True):
+            np.testing.assert_array_equal(t.numpy(), a)
+        rows = arrays[0]
+        np.testing.assert_array_equal(arrays[1], expected["I1"].to_numpy()[rows])
+        np.testing.assert_array_equal(arrays[2], expected["label"].to_numpy()[rows])
+
+
+def test_autotuning_is_off(shared_export: Path) -> None:
+    """The loader's pipeline has nothing to tune, and with tf.data's autotuning on the
+    end of an epoch waited for the tuner's next tick (see the Loader's options)."""
+    loader = Loader(shared_export, 100)
+    assert loader.options().autotune.enabled is False
+    assert loader.options().experimental_distribute.auto_shard_policy == \
+        tf.data.experimental.AutoShardPolicy.OFF
