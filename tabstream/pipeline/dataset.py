@@ -56,6 +56,7 @@ from urllib.parse import unquote
 
 import fsspec
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -205,10 +206,11 @@ class Dataset:
         so the export after the fit maps them instead of decoding parquet again
         (string columns stay dictionary-encoded where the files store them so; the
         Criteo-like benchmark needs about 260 MB per million rows), up to
-        ``PARQUET_CACHE_MAX_BYTES`` (1 GiB) per Dataset: when the first partition
-        kept, times the number of partitions, would pass it, none is kept (a larger
-        cache is written back to disk, and reading it back costs more than decoding
-        parquet; keeping only part of it measured slower than keeping none). No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
+        ``PARQUET_CACHE_MAX_BYTES`` (a quarter of the machine's memory, at least
+        1 GiB) per Dataset: when the first partition kept, times the number of
+        partitions, would pass it, none is kept (a cache larger than the page cache
+        is read back from disk, which costs more than decoding parquet; keeping only
+        part of it measured slower than keeping none). No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
         cache (a full disk), or that would leave its disk less than a tenth (and
         less than 2 GiB) free, is simply read again when next needed. ``None``
         turns caching off.
@@ -1199,11 +1201,12 @@ def _frame_to_arrow(frame: Any) -> pa.Table:
 
 
 #: parquet partitions the default cache ("auto") keeps for the export after a fit, in
-#: bytes as read (per Dataset); later partitions are decoded again. Kept partitions pay
-#: off while they stay in the page cache: at 2M Criteo-like rows (about 530 MB kept)
-#: fit + export took about 0.9x the CPU of decoding twice, but at 16M rows (4.2 GB,
-#: written back to disk) the export took 3x as long on the project's machine.
-PARQUET_CACHE_MAX_BYTES = 2**30
+#: bytes as read (per Dataset): a quarter of the machine's memory, at least 1 GiB, so
+#: that the kept files stay in the page cache. On the project's machine (24 GiB) at 16M
+#: Criteo-like rows (4.4 GB kept) fit + export took 43.8-47.4 s with every partition
+#: kept against 45.7-56.6 s with none (3 runs each; CPU 74-79 s vs 82-98 s): the
+#: export's 16-21 s against 26-27 s outweighs the fit's writing (about 3 s).
+PARQUET_CACHE_MAX_BYTES = max(2**30, psutil.virtual_memory().total // 4)
 #: free disk space the default cache ("auto") leaves on the cache's disk: at least
 #: this many bytes, and at least a tenth of the disk
 CACHE_MIN_FREE_BYTES = 2 * 2**30
