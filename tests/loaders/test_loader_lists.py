@@ -288,6 +288,17 @@ def test_every_array_of_a_batch_is_64_byte_aligned(lists_export: tuple[Path, pa.
                           [1, 0, 0, 0, 2, 3, 0, 0])
 
 
+def _fixed_blocks(rows: int, high: int, seed: int) -> tuple[np.ndarray, pa.Table, Schema]:
+    """``rows`` rows of a ``row_id`` and an ``(F, L)`` block ``n`` of random ids below
+    ``high``, as numpy, as a table and with the schema giving the block's shape."""
+    ids = np.random.default_rng(seed).integers(0, high, (rows, F, L))
+    t = pa.table({"row_id": pa.array(np.arange(rows)),
+                  "n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
+    schema = Schema([ColumnSchema("row_id", "int64"),
+                     ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    return ids, t, schema
+
+
 @pytest.mark.parametrize("w", [1, 2])
 def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, w: int) -> None:
@@ -296,12 +307,7 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
     it, and far fewer buffers are allocated than row groups read."""
     import tabstream.loaders.core as core
 
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 50, (480, F, L))
-    t = pa.table({"row_id": pa.array(np.arange(480)),
-                  "n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
-    schema = Schema([ColumnSchema("row_id", "int64"),
-                     ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    ids, t, schema = _fixed_blocks(480, 50, seed=3)
     path = _write(tmp_path / "r", [t], schema, row_group=40)   # 12 equal row groups
     monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
     monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
@@ -339,12 +345,7 @@ def test_pooled_batch_buffers_never_overwrite_a_held_batch(
     out; the others are dropped at once, so their buffers are reused meanwhile."""
     import tabstream.loaders.core as core
 
-    rng = np.random.default_rng(11)
-    ids = rng.integers(0, 1000, (600, F, L))
-    t = pa.table({"row_id": pa.array(np.arange(600)),
-                  "n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
-    schema = Schema([ColumnSchema("row_id", "int64"),
-                     ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
+    ids, t, schema = _fixed_blocks(600, 1000, seed=11)
     path = _write(tmp_path / "p", [t], schema, row_group=100)
     if wide:   # every dense column is copied batch by batch
         monkeypatch.setattr(core, "_WIDE_COLUMN_BYTES", 0)
