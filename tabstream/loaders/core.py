@@ -166,9 +166,9 @@ class _Chunk:
         :class:`_BatchPool`)."""
         per_part = self._per_part(segments)
         names = list(self.parts[0])
-        wide = [n for n in names if isinstance(self.parts[0][n], np.ndarray)
-                and self.parts[0][n].itemsize * self.parts[0][n].size // max(1, len(self.parts[0][n]))
-                * self.num_rows > _WIDE_COLUMN_BYTES]
+        first = self.parts[0]
+        wide = [n for n in names if isinstance(first[n], np.ndarray)
+                and first[n].nbytes // max(1, len(first[n])) * self.num_rows > _WIDE_COLUMN_BYTES]
         for name in names:
             if name in wide:
                 continue
@@ -250,19 +250,6 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(pa.allocate_buffer(max(size, 1) * dtype.itemsize), dtype)[:size]
 
 
-def _large_empty(nbytes: int) -> Any:
-    """A writable buffer object of ``nbytes`` for the loader's recycled buffers (row
-    groups read, batch columns), 64-byte aligned, from arrow's pool (see
-    :func:`_empty`); not a numpy array (see :class:`_BatchPool`).
-
-    Anonymous ``mmap``s of 4 KiB pages were tried instead (mimalloc asks for huge
-    pages): on the benchmark VM they won when free memory had not been touched
-    lately and lost right after another process freed gigabytes, which is the state
-    the multi-hot benchmark runs in (benchmarks/RESULTS.md, session 6).
-    """
-    return pa.allocate_buffer(max(nbytes, 1))
-
-
 # Rows per step when filling a range: numpy's temporary stays small (64 KiB), far
 # under any malloc mmap threshold (see _empty).
 _RANGE_STEP = 8192
@@ -293,8 +280,12 @@ class _Recycler:
 
     A 16,384-row group of 100 x 10 multi-hot ids is a 131 MB buffer; allocated afresh
     for every row group, each of its pages is a page fault and a page the kernel
-    zeroes (arrow's allocator returns blocks that large to the system on free; see
-    :func:`_large_empty` for where they come from).
+    zeroes (arrow's allocator returns blocks that large to the system on free).
+    Anonymous ``mmap``s of 4 KiB pages instead of arrow's pool (mimalloc asks for
+    huge pages) were tried for these and the batch buffers: on the benchmark VM they
+    won when free memory had not been touched lately and lost right after another
+    process freed gigabytes, the state the multi-hot benchmark runs in
+    (benchmarks/RESULTS.md, loader section of session 7).
     Only these buffers are recycled: nothing but the chunk refers to them (batches
     get copies), so once the chunk is filled they are free. Batch arrays come back
     only once the consumer drops them (see :class:`_BatchPool`).
@@ -318,7 +309,7 @@ class _Recycler:
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i])))
         if buffer is None:
-            buffer = np.frombuffer(_large_empty(nbytes), np.uint8)
+            buffer = _empty(nbytes, np.dtype(np.uint8))
         array = buffer[:nbytes].view(dtype)[:size].reshape(shape)
         with self._lock:
             self._lent[id(array)] = (array, buffer)
@@ -377,7 +368,8 @@ class _BatchPool:
         try:
             buffer = free.pop()
         except IndexError:
-            buffer = _large_empty(nbytes)
+            # a buffer object, not a numpy array (see `owner` below)
+            buffer = pa.allocate_buffer(nbytes)
             self.allocated += 1
         # a fresh array over a buffer object that is no numpy array: numpy makes every
         # view of `owner` refer to `owner` itself (over an array, to that array)

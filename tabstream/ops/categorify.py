@@ -160,6 +160,11 @@ class _Counts:
 _BUCKETED_ROWS = 1 << 15
 
 
+def _bucket_slice(table: pa.Table, offsets: np.ndarray, bucket: int) -> pa.Table:
+    """The rows of spill bucket ``bucket`` of ``table`` (ordered by bucket, ``offsets``)."""
+    return table.slice(int(offsets[bucket]), int(offsets[bucket + 1] - offsets[bucket]))
+
+
 def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
     parts, all_null = [], None
     for name in group:
@@ -352,11 +357,11 @@ class Categorify(StatOperator):
             out[name] = self._maybe_spill(self._bucketed(_Counts(counts)))
         return out
 
-    def _bucketed(self, counts: _Counts) -> _Counts:
-        """``counts`` ordered by spill bucket when its table is large enough to be
-        merged bucket by bucket (see :data:`_BUCKETED_ROWS`)."""
+    def _bucketed(self, counts: _Counts, min_rows: int = _BUCKETED_ROWS) -> _Counts:
+        """``counts`` ordered by spill bucket (with its offsets) when its table has
+        more than ``min_rows`` rows (see :data:`_BUCKETED_ROWS`) and is not yet."""
         table = counts.table
-        if table is None or counts.offsets is not None or table.num_rows <= _BUCKETED_ROWS:
+        if table is None or counts.offsets is not None or table.num_rows <= min_rows:
             return counts
         table, offsets = self._bucket_order(table)
         return _Counts(table, counts.spilled, offsets)
@@ -372,17 +377,12 @@ class Categorify(StatOperator):
             if len(held) == 1:
                 return _Counts(held[0].table, [], held[0].offsets)
             return _Counts(merge_counts([p.table for p in held]))
-        held = [p if p.offsets is not None else self._bucket_order_counts(p) for p in held]
+        held = [self._bucketed(p, 0) for p in held]
         merged, sizes = [], np.zeros(self.spill_buckets + 1, dtype=np.int64)
         for b in range(self.spill_buckets):
-            pieces = [p.table.slice(int(p.offsets[b]), int(p.offsets[b + 1] - p.offsets[b])) for p in held]
-            merged.append(merge_counts(pieces))
+            merged.append(merge_counts([_bucket_slice(p.table, p.offsets, b) for p in held]))
             sizes[b + 1] = merged[-1].num_rows
         return _Counts(pa.concat_tables(merged), [], np.cumsum(sizes))
-
-    def _bucket_order_counts(self, counts: _Counts) -> _Counts:
-        table, offsets = self._bucket_order(counts.table)
-        return _Counts(table, counts.spilled, offsets)
 
     def combine(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
         out = {}
@@ -460,12 +460,11 @@ class Categorify(StatOperator):
     def _spill_parts(self, parts: Sequence[_Counts]) -> str:
         """The in-memory tables of ``parts``, unmerged, spilled as one folder (each
         bucket's file holds the bucket's slice of every part)."""
-        held = [p if p.offsets is not None else self._bucket_order_counts(p)
-                for p in parts if p.table is not None and p.table.num_rows]
+        held = [self._bucketed(p, 0) for p in parts if p.table is not None and p.table.num_rows]
         tables, sizes = [], np.zeros(self.spill_buckets + 1, dtype=np.int64)
         for b in range(self.spill_buckets):
             for p in held:
-                tables.append(p.table.slice(int(p.offsets[b]), int(p.offsets[b + 1] - p.offsets[b])))
+                tables.append(_bucket_slice(p.table, p.offsets, b))
                 sizes[b + 1] += tables[-1].num_rows
         return self._spill(backend().concat(tables), np.cumsum(sizes))
 
@@ -506,7 +505,7 @@ class Categorify(StatOperator):
         for b in range(self.spill_buckets):
             with fs.open(posixpath.join(folder, _bucket_file(b)), "wb") as f:
                 with pa.ipc.new_stream(f, table.schema) as writer:
-                    writer.write_table(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
+                    writer.write_table(_bucket_slice(table, offsets, b))
         return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
@@ -519,17 +518,14 @@ class Categorify(StatOperator):
         folders = list(counts.spilled)
         # the counts still in memory are split by bucket here rather than written out
         # and read back: this task holds them already
-        held = None
-        if counts.table is not None and counts.table.num_rows:
-            held = (counts.table, counts.offsets) if counts.offsets is not None else self._bucket_order(counts.table)
+        held = self._bucketed(counts, 0) if counts.table is not None and counts.table.num_rows else None
 
         def merge_bucket(b: int) -> pa.Table:
             merged: list[pa.Table] = []
             pending: list[pa.Table] = []
             pending_rows = 0
             if held is not None:
-                table, offsets = held
-                pending.append(table.slice(int(offsets[b]), int(offsets[b + 1] - offsets[b])))
+                pending.append(_bucket_slice(held.table, held.offsets, b))
                 pending_rows = pending[-1].num_rows
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
