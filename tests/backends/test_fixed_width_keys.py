@@ -1,0 +1,107 @@
+"""Counting and grouping string/binary columns whose values all have one byte width
+(hashed as fixed-width keys, see ``_fixed_width_keys``), against pandas, with the
+cases that must fall back to the variable-width path: mixed widths, empty strings,
+a null slot holding bytes, sliced chunks, large offsets."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from tabstream.backends.arrow import ArrowBackend, _fixed_width_keys
+
+BACKEND = ArrowBackend()
+
+
+def ids(rng, n, width, distinct=50, null_share=0.2):
+    pool = ["".join(rng.choice(list("0123456789abcdef"), width)) for _ in range(distinct)]
+    values = rng.choice(pool, n).astype(object)
+    values[rng.random(n) < null_share] = None
+    return list(values)
+
+
+def pandas_counts(values):
+    s = pd.Series([v for v in values if v is not None], dtype=object)
+    return {k: int(c) for k, c in s.value_counts().items()}
+
+
+def as_dict(table):
+    values, counts = table["values"].to_pylist(), table["counts"].to_pylist()
+    assert len(set(values)) == len(values), "a value listed twice"
+    return dict(zip(values, counts))
+
+
+def values_of(column):
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return [v for chunk in chunks for v in chunk.to_pylist()]
+
+
+@pytest.mark.parametrize("type_", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+@pytest.mark.parametrize("width", [1, 3, 8, 12])
+def test_value_counts_of_one_width_match_pandas(type_, width):
+    rng = np.random.default_rng(width)
+    raw = ids(rng, 3000, width)
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
+        raw = [None if v is None else v.encode() for v in raw]
+    whole = pa.array(raw, type_)
+    # chunks of several lengths, sliced out of one array (offsets not starting at 0),
+    # an all-null chunk and an empty one
+    column = pa.chunked_array([whole.slice(0, 1000), whole.slice(1000, 1),
+                               pa.nulls(5, type_), whole.slice(1001, 0), whole.slice(1001)])
+    assert _fixed_width_keys(column) is not None
+    got = BACKEND.value_counts(column)
+    assert got.schema.field("values").type == type_
+    assert as_dict(got) == pandas_counts(values_of(column))
+
+
+def test_group_by_sum_of_one_width_keys_matches_pandas():
+    rng = np.random.default_rng(1)
+    keys = [v for v in ids(rng, 5000, 8, distinct=700, null_share=0) if v is not None]
+    counts = rng.integers(1, 100, len(keys))
+    table = pa.table({"values": pa.chunked_array([pa.array(keys[:2000]), pa.array(keys[2000:])]),
+                      "counts": pa.array(counts)})
+    assert _fixed_width_keys(table["values"]) is not None
+    got = BACKEND.groupby_aggregate(table, ["values"], [("counts", "sum", "counts")])
+    want = pd.DataFrame({"values": keys, "counts": counts}).groupby("values")["counts"].sum()
+    assert got.schema.field("values").type == pa.string()
+    assert as_dict(got) == {k: int(v) for k, v in want.items()}
+
+
+def test_group_by_with_a_null_key_keeps_the_null_group():
+    table = pa.table({"values": pa.array(["aa", None, "bb", None, "aa"]), "counts": [1, 2, 3, 4, 5]})
+    got = BACKEND.groupby_aggregate(table, ["values"], [("counts", "sum", "counts")])
+    assert dict(zip(got["values"].to_pylist(), got["counts"].to_pylist())) == {"aa": 6, None: 6, "bb": 3}
+
+
+def null_slot_with_bytes():
+    """``["ab", null, "cd"]`` whose null slot spans two bytes ("xy"): valid Arrow
+    (a null's bytes are undefined), so the widths cannot be read from the offsets."""
+    offsets = np.array([0, 2, 4, 6], np.int32)
+    validity = pa.array([True, False, True]).buffers()[1]
+    return pa.Array.from_buffers(pa.string(), 3, [validity, pa.py_buffer(offsets), pa.py_buffer(b"abxycd")],
+                                 null_count=1)
+
+
+@pytest.mark.parametrize("column", [
+    pa.array(["ab", "abc", "cd", None]),                                   # mixed widths
+    pa.array(["ab", "", "cd", "ab"]),                                      # an empty string is a value
+    pa.chunked_array([pa.array(["ab", "cd"]), pa.array(["abc", "abc"])]),  # chunks of two widths
+    pa.array(["", "", None]),                                              # width 0
+    null_slot_with_bytes(),
+], ids=["mixed", "empty-value", "chunk-widths", "width-0", "null-with-bytes"])
+def test_other_columns_fall_back_and_still_count_right(column):
+    assert _fixed_width_keys(column) is None
+    assert as_dict(BACKEND.value_counts(column)) == pandas_counts(values_of(column))
+
+
+def test_only_variable_width_types_are_viewed():
+    assert _fixed_width_keys(pa.array([1, 2, 3])) is None
+    assert _fixed_width_keys(pa.array(["ab", "cd"], pa.string_view())) is None
+    assert _fixed_width_keys(pa.nulls(3, pa.string())) is None
+
+
+def test_view_holds_the_values_in_order():
+    column = pa.chunked_array([pa.array(["ab", None, "cd"]), pa.array([None, "ef", "ab"]).slice(1)])
+    keys = _fixed_width_keys(column)
+    assert keys.type == pa.binary(2)
+    assert values_of(keys) == [b"ab", b"cd", b"ef", b"ab"]
