@@ -59,38 +59,37 @@ def _fixed_width_keys(column: Column) -> pa.ChunkedArray | None:
     """The non-null values of a string or binary column, in order, as
     ``fixed_size_binary(w)`` keys sharing the column's data buffers, when every value
     is ``w >= 1`` bytes long and every null is empty (as the CSV reader and parquet
-    leave them); else None.
+    leave them); else None. None too when the values would not fit one array of the
+    column's type (over 2 GiB with 32-bit offsets).
 
     Raw logs' categoricals are often ids of one width (Criteo's are 8 hex characters).
     Arrow hashes a fixed-width key without the per-value length bookkeeping of a
     variable-width one: on 8-byte ids, value counts take about 0.75x and a group-by
-    0.65x the CPU time (benchmarks/RESULTS.md). The check is one pass over the offsets."""
+    0.65x the CPU time (benchmarks/RESULTS.md). The check costs one length kernel and
+    the first and last offset of each chunk: the values' lengths have one minimum and
+    maximum ``w``, and the chunks' bytes add up to ``w`` per value, so nulls hold none."""
     offset_type = _OFFSETS.get(column.type)
-    if offset_type is None:
+    if offset_type is None or len(column) == column.null_count:
+        return None
+    low, high = pc.min_max(pc.binary_length(column)).values()
+    width = low.as_py()
+    if width == 0 or width != high.as_py():
         return None
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    width, keys = 0, []
+    itemsize = np.dtype(offset_type).itemsize
+    keys, total = [], 0
     for chunk in chunks:
         valid = len(chunk) - chunk.null_count
         if valid == 0:
             continue
         buffers = chunk.buffers()
-        offsets = np.frombuffer(buffers[1], offset_type, len(chunk) + 1,
-                                chunk.offset * np.dtype(offset_type).itemsize)
-        size = int(offsets[-1] - offsets[0])
-        if size == 0 or size % valid or (width and size // valid != width):
+        offsets = np.frombuffer(buffers[1], offset_type, len(chunk) + 1, chunk.offset * itemsize)
+        first, size = int(offsets[0]), int(offsets[-1] - offsets[0])
+        if size != width * valid:
             return None
-        width = size // valid
-        lengths = np.diff(offsets)
-        if chunk.null_count:
-            same = np.array_equal(lengths, chunk.is_valid().to_numpy(zero_copy_only=False) * width)
-        else:
-            same = bool((lengths == width).all())
-        if not same:
-            return None
-        keys.append(pa.Array.from_buffers(pa.binary(width), valid,
-                                          [None, buffers[2].slice(int(offsets[0]), size)]))
-    if not width:
+        total += size
+        keys.append(pa.Array.from_buffers(pa.binary(width), valid, [None, buffers[2].slice(first, size)]))
+    if itemsize == 4 and total >= 2**31:
         return None
     return pa.chunked_array(keys, pa.binary(width))
 
@@ -103,11 +102,6 @@ def _variable_width(keys: Column, type_: pa.DataType) -> pa.Array:
     offsets = np.arange(0, (n + 1) * width, width, dtype=_OFFSETS[type_])
     data = keys.buffers()[1].slice(keys.offset * width, n * width) if n else pa.py_buffer(b"")
     return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), data])
-
-
-def _fits_offsets(column: Column) -> bool:
-    """Whether ``column``'s values, all in one array, fit its offsets' type."""
-    return _OFFSETS[column.type] is np.int64 or column.nbytes < 2**31 - 1
 
 
 def _to_float64(column: Column) -> np.ndarray:
@@ -186,7 +180,7 @@ class ArrowBackend(Backend):
         column = normalize_missing(column)
         if _is_list(column.type):
             column = pc.list_flatten(column)
-        keys = _fixed_width_keys(column) if column.type in _OFFSETS and _fits_offsets(column) else None
+        keys = _fixed_width_keys(column)
         if keys is not None:
             vc = pc.value_counts(keys)
             return pa.table({"values": _variable_width(vc.field("values"), column.type),
@@ -260,7 +254,7 @@ class ArrowBackend(Backend):
         fixed = None
         if len(keys) == 1 and table.column(keys[0]).type in _OFFSETS:
             key = table.column(keys[0])
-            if key.null_count == 0 and _fits_offsets(key):
+            if key.null_count == 0:
                 fixed = _fixed_width_keys(key)
         if fixed is not None:
             table = table.set_column(table.schema.get_field_index(keys[0]), keys[0], fixed)
