@@ -61,7 +61,6 @@ and encoded once, then gathered by index. The ids are those of the decoded colum
 
 from __future__ import annotations
 
-import os
 import posixpath
 import tempfile
 import uuid
@@ -70,6 +69,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask.system
 import fsspec
 import numpy as np
 import pyarrow as pa
@@ -540,7 +540,7 @@ class Categorify(StatOperator):
 
         # buckets are merged side by side, one per core (Arrow's reads and
         # aggregations release the GIL): memory is that of as many buckets at once
-        workers = max(1, min(self.spill_buckets, os.cpu_count() or 1))
+        workers = max(1, min(self.spill_buckets, dask.system.CPU_COUNT or 1))  # the CPUs it may use
         try:
             if workers == 1:
                 kept = [merge_bucket(b) for b in range(self.spill_buckets)]

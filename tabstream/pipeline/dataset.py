@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import lzma
@@ -56,7 +57,6 @@ from urllib.parse import unquote
 
 import fsspec
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -206,8 +206,8 @@ class Dataset:
         so the export after the fit maps them instead of decoding parquet again
         (string columns stay dictionary-encoded where the files store them so; the
         Criteo-like benchmark needs about 260 MB per million rows), up to
-        ``PARQUET_CACHE_MAX_BYTES`` (a quarter of the machine's memory, at least
-        1 GiB) per Dataset: when the first partition kept, times the number of
+        ``PARQUET_CACHE_MAX_BYTES`` (a quarter of the memory the process may use: the
+        machine's, or a container's limit; at least 1 GiB) per Dataset: when the first partition kept, times the number of
         partitions, would pass it, none is kept (a cache larger than the page cache
         is read back from disk, which costs more than decoding parquet; keeping only
         part of it measured slower than keeping none). No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
@@ -601,13 +601,14 @@ class Dataset:
         if not _disk_has_room(self._cache_dir, nbytes):
             return False
         if self.engine == "parquet":
+            budget = _parquet_cache_budget()
             with _CACHE_DIR_LOCK:
-                if not self._kept_bytes and nbytes * self.npartitions > PARQUET_CACHE_MAX_BYTES:
+                if not self._kept_bytes and nbytes * self.npartitions > budget:
                     # all or nothing: when the first partition says the fit's reads
                     # would not all fit, keep none (at 16M rows, keeping the first
                     # 1 GiB cost the fit 4.4 s and saved the export nothing)
-                    self._kept_bytes = PARQUET_CACHE_MAX_BYTES + 1
-                if self._kept_bytes + nbytes > PARQUET_CACHE_MAX_BYTES:
+                    self._kept_bytes = budget + 1
+                if self._kept_bytes + nbytes > budget:
                     return False
                 self._kept_bytes += nbytes
         return True
@@ -1201,12 +1202,27 @@ def _frame_to_arrow(frame: Any) -> pa.Table:
 
 
 #: parquet partitions the default cache ("auto") keeps for the export after a fit, in
-#: bytes as read (per Dataset): a quarter of the machine's memory, at least 1 GiB, so
-#: that the kept files stay in the page cache. On the project's machine (24 GiB) at 16M
-#: Criteo-like rows (4.4 GB kept) fit + export took 43.8-47.4 s with every partition
-#: kept against 45.7-56.6 s with none (3 runs each; CPU 74-79 s vs 82-98 s): the
-#: export's 16-21 s against 26-27 s outweighs the fit's writing (about 3 s).
-PARQUET_CACHE_MAX_BYTES = max(2**30, psutil.virtual_memory().total // 4)
+#: bytes as read (per Dataset); None: a quarter of the memory this process may use, at
+#: least 1 GiB, so that the kept files stay in the page cache. The memory is the
+#: machine's or, in a container, its limit (cgroups v1/v2, RLIMIT_RSS: dask's
+#: ``distributed.system.memory_limit``): page cache, and a /tmp on tmpfs, count against
+#: a container's limit. On the project's machine (24 GiB) at 16M Criteo-like rows
+#: (4.4 GB kept) fit + export took 43.8-47.4 s with every partition kept against
+#: 45.7-56.6 s with none (3 runs each; CPU 74-79 s vs 82-98 s): the export's 16-21 s
+#: against 26-27 s outweighs the fit's writing (about 3 s).
+PARQUET_CACHE_MAX_BYTES: int | None = None
+
+
+def _parquet_cache_budget() -> int:
+    """:data:`PARQUET_CACHE_MAX_BYTES`, or its default where it is None."""
+    return PARQUET_CACHE_MAX_BYTES if PARQUET_CACHE_MAX_BYTES is not None else _default_parquet_cache_budget()
+
+
+@functools.cache
+def _default_parquet_cache_budget() -> int:
+    from distributed.system import memory_limit  # imported by the fit anyway; 0.3 s at import
+
+    return max(2**30, memory_limit() // 4)
 #: free disk space the default cache ("auto") leaves on the cache's disk: at least
 #: this many bytes, and at least a tenth of the disk
 CACHE_MIN_FREE_BYTES = 2 * 2**30

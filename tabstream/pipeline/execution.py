@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import dask
+import dask.system
 from dask import delayed
 
 __all__ = ["compute", "num_workers", "tree_reduce"]
@@ -18,7 +18,9 @@ def num_workers(client: Any = None) -> int:
     if client is not None:
         return max(1, len(client.scheduler_info().get("workers", {})))
     configured = dask.config.get("num_workers", None)
-    return int(configured or os.cpu_count() or 1)
+    # dask's count honours the CPUs the process may use (affinity, a container's
+    # CPU quota), as its threaded scheduler does; os.cpu_count() is the machine's
+    return int(configured or dask.system.CPU_COUNT or 1)
 
 
 def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,

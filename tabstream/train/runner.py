@@ -24,9 +24,10 @@ ExportResult('.../train', files=1, num_rows=8)
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
+
+import dask.system
 
 __all__ = ["MODELS", "train_on_export"]
 
@@ -59,7 +60,7 @@ def train_on_export(train: str, valid: str | None = None, model: str = "dlrm", e
     if model not in builders:
         raise ValueError(f"unknown model {model!r}; choose one of {list(builders)}")
     torch.manual_seed(seed)
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.set_num_threads(threads or dask.system.CPU_COUNT or 1)  # the CPUs the process may use
     train_ds = Dataset(train, engine="parquet")  # an export: never read raw text logs as CSV
     net = builders[model](train_ds.schema)
     train_loader = Loader(train_ds, batch_size=batch_size, shuffle=True, seed=seed)

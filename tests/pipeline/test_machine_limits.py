@@ -1,0 +1,56 @@
+"""The CPUs and memory tabstream plans with are those the process may use (CPU
+affinity, a container's limits), not the machine's: in a 2-CPU container on a 64-core
+host, 64 export threads would hold 64 partitions at once. Each case runs in a fresh
+interpreter whose limits are set before tabstream is imported."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_child(setup: str, report: str) -> dict:
+    code = f"{setup}\nimport json\n{report}"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs CPU affinity and at least 2 usable CPUs")
+def test_workers_follow_cpu_affinity():
+    got = run_child(
+        "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})",
+        "from tabstream.pipeline.execution import num_workers\n"
+        "print(json.dumps({'workers': num_workers(), 'usable': len(os.sched_getaffinity(0)), "
+        "'machine': os.cpu_count()}))")
+    assert got["usable"] == 1 and got["machine"] > 1  # the child sees a machine larger than its share
+    assert got["workers"] == got["usable"]
+
+
+@pytest.mark.parametrize("limit_gib", [4, 12])
+def test_parquet_cache_budget_follows_a_memory_limit(limit_gib):
+    """RLIMIT_RSS stands in for a container's memory limit (cgroup files cannot be
+    written here); the default budget is a quarter of the smaller of it and the
+    machine's memory, at least 1 GiB."""
+    import psutil
+
+    limit = limit_gib * 2**30
+    got = run_child(
+        f"import resource\nresource.setrlimit(resource.RLIMIT_RSS, ({limit}, {limit}))",
+        "from tabstream.pipeline import dataset\n"
+        "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
+    expected = max(2**30, min(limit, psutil.virtual_memory().total) // 4)
+    assert got["budget"] == expected
+
+
+def test_an_explicit_budget_wins(monkeypatch):
+    from tabstream.pipeline import dataset
+
+    monkeypatch.setattr(dataset, "PARQUET_CACHE_MAX_BYTES", 12345)
+    assert dataset._parquet_cache_budget() == 12345
