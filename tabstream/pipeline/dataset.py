@@ -1220,8 +1220,12 @@ def _parquet_cache_budget() -> int:
 
 @functools.cache
 def _default_parquet_cache_budget() -> int:
-    from distributed.system import memory_limit  # imported by the fit anyway; 0.3 s at import
+    try:
+        from distributed.system import memory_limit  # imported by the fit anyway; 0.3 s at import
+    except ImportError:  # shadowed, by a script named distributed.py beside the caller's
+        import psutil
 
+        return max(2**30, psutil.virtual_memory().total // 4)
     return max(2**30, memory_limit() // 4)
 #: free disk space the default cache ("auto") leaves on the cache's disk: at least
 #: this many bytes, and at least a tenth of the disk

@@ -54,3 +54,16 @@ def test_an_explicit_budget_wins(monkeypatch):
 
     monkeypatch.setattr(dataset, "PARQUET_CACHE_MAX_BYTES", 12345)
     assert dataset._parquet_cache_budget() == 12345
+
+
+def test_budget_when_distributed_is_shadowed(tmp_path):
+    """A script folder holding a distributed.py (benchmarks/ has one) shadows dask's
+    package: the budget falls back to the machine's memory instead of failing the fit."""
+    import psutil
+
+    (tmp_path / "distributed.py").write_text("NAME = 'not the package'\n")
+    got = run_child(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})",
+        "from tabstream.pipeline import dataset\n"
+        "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
+    assert got["budget"] == max(2**30, psutil.virtual_memory().total // 4)
