@@ -503,9 +503,14 @@ class Categorify(StatOperator):
         if offsets is None:
             table, offsets = self._bucket_order(table)
         for b in range(self.spill_buckets):
+            # serialized in memory, then written at once: Arrow writes a stream in
+            # many small pieces, each a Python call on an fsspec file (246k calls,
+            # 3.6 s CPU, in the 16M-row Criteo fit's 70 spills)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(_bucket_slice(table, offsets, b))
             with fs.open(posixpath.join(folder, _bucket_file(b)), "wb") as f:
-                with pa.ipc.new_stream(f, table.schema) as writer:
-                    writer.write_table(_bucket_slice(table, offsets, b))
+                f.write(sink.getvalue())
         return fs.unstrip_protocol(folder) if "://" in root else folder
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
@@ -530,7 +535,8 @@ class Categorify(StatOperator):
             for folder in folders:
                 fs, base = fsspec.core.url_to_fs(folder)
                 with fs.open(posixpath.join(base, _bucket_file(b)), "rb") as f:
-                    pending.append(pa.ipc.open_stream(f).read_all())
+                    data = f.read()  # one read (see _spill)
+                pending.append(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
                 pending_rows += pending[-1].num_rows
                 if pending_rows > max(4 * self.spill_rows, 2 * merged[0].num_rows if merged else 0):
                     merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
