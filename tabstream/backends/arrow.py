@@ -115,6 +115,38 @@ def _variable_width(keys: Column, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), data])
 
 
+#: vocabularies with fewer values are looked up as they are (see _encode_fixed_width)
+_FIXED_WIDTH_LOOKUP_MIN = 1 << 15
+
+
+def _encode_fixed_width(column: Column, vocabulary: Column) -> pa.Array | None:
+    """``index_in`` of a string/binary column in a vocabulary of the same type whose
+    values all have one byte width, as their fixed-width views (see
+    :func:`_fixed_width_keys`); None where either is not so, or the vocabulary has
+    fewer than :data:`_FIXED_WIDTH_LOOKUP_MIN` values.
+
+    The lookup's set is built from the vocabulary for every partition, and integer
+    keys build it about twice as fast as strings (a 145k-value vocabulary, 125k
+    values: 11.8 -> 5.8 ms), which pays once vocabularies grow with the data: the
+    Criteo recipe's transform of 6 partitions at 16M rows 962-1065 -> 611-643 ms CPU.
+    With small vocabularies the views and putting nulls back cost more than they save
+    (2M rows, every vocabulary under 32k values: 300 -> 328 ms)."""
+    if column.type not in _OFFSETS or vocabulary.type != column.type or vocabulary.null_count:
+        return None
+    if len(vocabulary) < _FIXED_WIDTH_LOOKUP_MIN:
+        return None
+    keys = _fixed_width_keys(column)
+    vocabulary_keys = _fixed_width_keys(vocabulary) if keys is not None else None
+    if vocabulary_keys is None or vocabulary_keys.type != keys.type:
+        return None
+    found = _combined(pc.index_in(keys, value_set=vocabulary_keys))
+    if not column.null_count:
+        return found.cast(pa.int64())
+    ids = np.full(len(column), -1, dtype=np.int64)  # nulls stay null: -1 is masked below
+    ids[column.is_valid().to_numpy(zero_copy_only=False)] = found.fill_null(-1).to_numpy()
+    return pa.array(ids, mask=ids < 0)
+
+
 def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str, str]]) -> pa.Table | None:
     """Integer sums per distinct key (a group-by of ``sum`` aggregations only) by a
     hash kernel and ``np.bincount``; None (use Arrow's group-by) unless the key is a
@@ -275,6 +307,9 @@ class ArrowBackend(Backend):
             chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
             out = [self.encode(chunk.dictionary, vocabulary).take(chunk.indices) for chunk in chunks]
             return pa.concat_arrays(out) if out else pa.array([], pa.int64())
+        fixed = _encode_fixed_width(column, vocabulary)
+        if fixed is not None:
+            return fixed
         # float16 keys: looked up on an exact float32 view (no half-float kernels)
         return pc.index_in(widen_half(column), value_set=widen_half(vocabulary)).cast(pa.int64())
 

@@ -166,3 +166,34 @@ def test_sums_with_null_values_or_keys_skip_nulls_as_arrow_does():
 def test_unsigned_sums_keep_arrow_type():
     got, out = grouped(pa.table({"k": ["a", "b", "a"], "v": pa.array([1, 2, 3], pa.uint32())}))
     assert got.schema.field("v").type == pa.uint64() and out == {"a": 4, "b": 2}
+
+
+@pytest.fixture
+def small_lookup_floor(monkeypatch):
+    import tabstream.backends.arrow as arrow
+
+    monkeypatch.setattr(arrow, "_FIXED_WIDTH_LOOKUP_MIN", 2)
+
+
+@pytest.mark.parametrize("vocab_width", [8, 6, None])  # None: a vocabulary of mixed widths
+def test_encode_matches_index_in_on_strings(vocab_width, small_lookup_floor):
+    rng = np.random.default_rng(7)
+    values = ids(rng, 3000, 8, distinct=400, null_share=0.15)
+    present = sorted({v for v in values if v is not None})
+    vocab = present[::2] + ["zzzzzzzz"]  # half the values, and one never seen
+    if vocab_width == 6:
+        vocab = [v[:6] for v in vocab]
+    elif vocab_width is None:
+        vocab = vocab + ["short"]
+    column = pa.chunked_array([pa.array(values[:1000]), pa.array(values[1000:])])
+    vocabulary = pa.array(vocab)
+    got = BACKEND.encode(column, vocabulary)
+    position = {v: i for i, v in enumerate(vocab)}
+    assert got.type == pa.int64()
+    assert got.to_pylist() == [position.get(v) if v is not None else None for v in values]
+
+
+def test_encode_without_nulls_matches_positions(small_lookup_floor):
+    vocab = ["aa", "bb", "cc"]
+    got = BACKEND.encode(pa.array(["cc", "dd", "aa", "cc"]), pa.array(vocab))
+    assert got.to_pylist() == [2, None, 0, 2]
