@@ -181,7 +181,16 @@ def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str
 
 
 def _to_float64(column: Column) -> np.ndarray:
-    """Values as float64 with nulls as NaN."""
+    """Values as float64 with nulls as NaN: float32/float64 without nulls are converted
+    by numpy straight into one array (no Arrow cast, no concatenated copy)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if not column.null_count and column.type in (pa.float32(), pa.float64()):
+        out = np.empty(len(column), dtype=np.float64)
+        at = 0
+        for chunk in chunks:
+            out[at:at + len(chunk)] = chunk.to_numpy()
+            at += len(chunk)
+        return out
     return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
@@ -235,11 +244,17 @@ class ArrowBackend(Backend):
 
     def moments(self, column: Column) -> tuple[int, float, float]:
         x = _to_float64(column)
-        x = x[np.isfinite(x)]
+        finite = np.isfinite(x)
+        if not finite.all():
+            x = x[finite]
         n = len(x)
-        mean = float(x.mean()) if n else 0.0
-        m2 = float(((x - mean) ** 2).sum()) if n else 0.0
-        return n, mean, m2
+        if not n:
+            return 0, 0.0, 0.0
+        mean = float(x.mean())
+        # the same sums as ((x - mean) ** 2).sum(), in one scratch array
+        deviations = np.subtract(x, mean)
+        np.square(deviations, out=deviations)
+        return n, mean, float(deviations.sum())
 
     def standardize(self, column: Column, mean: float, std: float) -> Column:
         x = pc.subtract(column.cast(pa.float64()), mean)

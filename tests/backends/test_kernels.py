@@ -84,6 +84,19 @@ def test_moments_use_finite_values_only(backend):
     assert backend.moments(pa.array([None, float("nan")], pa.float64())) == (0, 0.0, 0.0)
 
 
+@pytest.mark.parametrize("with_inf", [False, True])
+def test_moments_of_float32_chunks_without_nulls(backend, with_inf):
+    values = np.log1p(np.random.default_rng(5).integers(0, 1000, 3000)).astype(np.float32)
+    if with_inf:
+        values[::97] = np.inf
+    column = pa.chunked_array([pa.array(values[i:i + 700]) for i in range(0, len(values), 700)])
+    finite = values[np.isfinite(values)].astype(np.float64)
+    n, mean, m2 = backend.moments(column)
+    assert n == len(finite)
+    assert mean == pytest.approx(finite.mean(), rel=1e-12)
+    assert m2 == pytest.approx(((finite - finite.mean()) ** 2).sum(), rel=1e-12)
+
+
 def test_standardize(backend):
     col = pa.array([1, 2, None, 4], pa.int64())
     got = backend.standardize(col, 2.0, 0.5)
