@@ -70,8 +70,8 @@ def _fixed_width_keys(column: Column) -> pa.ChunkedArray | None:
 
     Raw logs' categoricals are often ids of one width (Criteo's are 8 hex characters).
     Arrow hashes a fixed-width key without the per-value length bookkeeping of a
-    variable-width one: on 8-byte ids, value counts take about 0.75x and a group-by
-    0.65x the CPU time (benchmarks/RESULTS.md). The check costs one length kernel and
+    variable-width one: on 8-byte ids viewed as ``uint64``, value counts take about
+    0.75x the CPU time (benchmarks/RESULTS.md). The check costs one length kernel and
     the first and last offset of each chunk: the values' lengths have one minimum and
     maximum ``w``, and the chunks' bytes add up to ``w`` per value, so nulls hold none.
 
