@@ -238,6 +238,13 @@ class ArrowBackend(Backend):
         # numpy's log1p with a float64 loop is ~7x faster here than pc.log1p on a
         # cast copy, and gives the same float32 values.
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        if not column.null_count and len(chunks) > 1 and (
+                pa.types.is_integer(column.type) or column.type in (pa.float32(), pa.float64())):
+            # no nulls (FillMissing ran first): one numpy call over all chunks, one
+            # chunk out (a parsed TSV block has ~20 chunks: 1.06 -> 0.4 ms per column)
+            x = np.concatenate([chunk.to_numpy() for chunk in chunks])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return pa.chunked_array([pa.array(np.log1p(x, dtype=np.float64).astype(np.float32))])
         out_chunks = []
         with np.errstate(divide="ignore", invalid="ignore"):
             for chunk in chunks:

@@ -84,6 +84,19 @@ def test_moments_use_finite_values_only(backend):
     assert backend.moments(pa.array([None, float("nan")], pa.float64())) == (0, 0.0, 0.0)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float64"])
+def test_log1p_of_many_chunks_without_nulls(backend, dtype):
+    """The shape FillMissing leaves a parsed TSV block in: ~20 chunks, no nulls."""
+    values = np.random.default_rng(9).integers(-1, 5000, 4000).astype(dtype)
+    column = pa.chunked_array([pa.array(values[i:i + 300]) for i in range(0, len(values), 300)])
+    got = backend.log1p(column)
+    assert got.type == pa.float32()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.log1p(values, dtype=np.float64).astype(np.float32)
+    got = np.asarray(py(got), dtype=np.float32)
+    assert np.array_equal(got, expected, equal_nan=True)
+
+
 @pytest.mark.parametrize("with_inf", [False, True])
 def test_moments_of_float32_chunks_without_nulls(backend, with_inf):
     values = np.log1p(np.random.default_rng(5).integers(0, 1000, 3000)).astype(np.float32)
