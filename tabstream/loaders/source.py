@@ -54,10 +54,6 @@ class Unit:
         return np.unpackbits(self.mask, count=self.stored_rows).view(bool)
 
 
-# Bytes read at a time per column from a local file (see ParquetSource.open).
-_LOCAL_BUFFER = 2**20
-
-
 def _arrow_filesystem(fs: Any) -> pafs.FileSystem | None:
     if isinstance(fs, LocalFileSystem):
         return None  # plain paths: pyarrow's own local reader is the fastest
@@ -112,19 +108,9 @@ class ParquetSource:
         return sum(u.num_rows for u in self.units)
 
     def open(self, file: int) -> pq.ParquetFile:
-        """Open one file, reusing the footer read when planning.
-
-        Local files are read through a 1 MiB buffer per column instead of arrow's
-        pre-buffering, which reads a row group's column chunks into one fresh
-        block per read (27 MB per 16,384-row multi-hot group, 10-27 MB per 100k-row
-        Criteo group) that its allocator gives back to the system when freed, so
-        every row group touched fresh pages (in-process epochs: multi-hot 0.15 against
-        0.10-0.14 M rows/s, 10M Criteo 4.4-5.8 against 3.5-3.7 M rows/s, page
-        faults down). Remote files keep pre-buffering: it coalesces their reads."""
-        fs = _arrow_filesystem(self.fs)
-        local = fs is None
-        return pq.ParquetFile(self.files[file], metadata=self.metadata[file], filesystem=fs,
-                              pre_buffer=not local, buffer_size=_LOCAL_BUFFER if local else 0)
+        """Open one file, reusing the footer read when planning."""
+        return pq.ParquetFile(self.files[file], metadata=self.metadata[file],
+                              filesystem=_arrow_filesystem(self.fs))
 
     def file_types(self, file: int) -> dict[str, pa.DataType]:
         """The arrow types of the columns one file holds (from its footer, once)."""

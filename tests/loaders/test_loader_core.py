@@ -212,45 +212,6 @@ def test_any_fsspec_filesystem(shared_export: Path, testdata: Any) -> None:
         fs.rm("/loader-test", recursive=True)
 
 
-@pytest.mark.parametrize("where", ["local", "memory"])
-def test_local_files_are_read_through_a_buffer_remote_ones_pre_buffered(
-        shared_export: Path, testdata: Any, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
-    """Local files: no pre-buffering (a fresh block per row group read), a 1 MiB
-    buffer per column instead; remote ones keep arrow's coalesced pre-buffered
-    reads. Either way every row comes with the values pyarrow reads."""
-    from tabstream.loaders import source
-
-    opened: list[tuple[bool, int]] = []
-    init = pq.ParquetFile.__init__
-
-    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
-        opened.append((kwargs["pre_buffer"], kwargs["buffer_size"]))
-        init(self, *args, **kwargs)
-
-    path = str(shared_export)
-    if where == "memory":
-        fs = fsspec.filesystem("memory")
-        for p in shared_export.iterdir():
-            fs.pipe(f"/buffer-test/{p.name}", p.read_bytes())
-        path = "memory://buffer-test"
-    try:
-        loader = Loader(path, 256, seed=3)
-        monkeypatch.setattr(pq.ParquetFile, "__init__", recording)
-        batches = [f for f, _ in loader]
-    finally:
-        if where == "memory":
-            fs.rm("/buffer-test", recursive=True)
-    want = testdata.read_all(shared_export)
-    ids = np.concatenate([f["row_id"] for f in batches])
-    order = np.argsort(ids)
-    assert np.array_equal(ids[order], want["row_id"].to_numpy())
-    np.testing.assert_array_equal(np.concatenate([f["I1"] for f in batches])[order],
-                                  want["I1"].to_numpy())
-    assert len(opened) == len(loader.source.units)
-    expected = (False, source._LOCAL_BUFFER) if where == "local" else (True, 0)
-    assert set(opened) == {expected}
-
-
 def test_schema_inferred_without_schema_json(tmp_path: Path, testdata: Any) -> None:
     path = testdata.write_export(tmp_path / "bare", schema=False)
     loader = Loader(path, 100)
