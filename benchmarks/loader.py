@@ -33,6 +33,9 @@ run. Targets: dense >= 1.0x, ragged >= 0.7x.
 
     python benchmarks/loader.py --multi-hot --rows 250000 --batch-sizes 8192
 
+(files of 62,500 rows in row groups of 16,384 unless --rows-per-file and
+--row-group-size say otherwise: 131 MB decoded per row group).
+
 Rates are rows per second over the whole epoch, reading included; time to first
 batch counts from building the loader (imports excluded). Medians are printed, with
 the tabstream loaders' ratios to ``raw`` and to ``handwritten``, and the peak RSS
@@ -60,6 +63,12 @@ CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 CASES = ("raw", "torch", "tf", "handwritten")
 MH_CASES = ("tfdata", "torch_dense", "tf_dense", "torch_ragged", "tf_ragged")
 MH_SLOTS, MH_NNZ, MH_VOCAB = 100, 10, 8192
+ROWS_PER_FILE, ROW_GROUP_SIZE = 1_000_000, 100_000
+# Multi-hot rows are 8 KB decoded (100 x 10 int64 ids), 30 times a Criteo row: 16,384
+# rows make a 131 MB row group (about 27 MB on disk), in the range parquet writers
+# aim for by bytes; 100,000 rows would be 800 MB groups, three to a 250k-row epoch.
+# Every multi-hot figure in benchmarks/RESULTS.md since session 4 used this layout.
+MH_ROWS_PER_FILE, MH_ROW_GROUP_SIZE = 62_500, 16_384
 
 
 def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed: int = 0) -> None:
@@ -355,7 +364,8 @@ def case_tf_ragged(data: str, batch_size: int, limit: int) -> dict:
 
 def main_multi_hot(args: argparse.Namespace) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    data = args.data_dir or os.path.join(root, "bench_data", f"multihot-{args.rows}")
+    data = args.data_dir or os.path.join(root, "bench_data",
+                                         f"multihot-{args.rows}-rg{args.row_group_size}")
     if not os.path.exists(data):
         print(f"writing {args.rows:,} multi-hot rows to {data} ...", flush=True)
         subprocess.run([sys.executable, os.path.abspath(__file__), "--multi-hot", "--generate",
@@ -442,8 +452,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="the multi-hot comparison with tf.data (see the module doc)")
     parser.add_argument("--shuffle-buffer", type=int, default=65536,
                         help="--multi-hot: tf.data's shuffle buffer (capped by --rows)")
-    parser.add_argument("--rows-per-file", type=int, default=1_000_000)
-    parser.add_argument("--row-group-size", type=int, default=100_000)
+    parser.add_argument("--rows-per-file", type=int, default=None,
+                        help=f"default {ROWS_PER_FILE:,}; {MH_ROWS_PER_FILE:,} with --multi-hot")
+    parser.add_argument("--row-group-size", type=int, default=None,
+                        help=f"default {ROW_GROUP_SIZE:,}; {MH_ROW_GROUP_SIZE:,} with --multi-hot")
     parser.add_argument("--handwritten-rows", type=int, default=200_000,
                         help="rows the hand-written DataLoader reads (it holds them all)")
     parser.add_argument("--data-dir", help="default: bench_data/loader-<rows>")
@@ -451,6 +463,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", choices=CASES + MH_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rows_per_file is None:
+        args.rows_per_file = MH_ROWS_PER_FILE if args.multi_hot else ROWS_PER_FILE
+    if args.row_group_size is None:
+        args.row_group_size = MH_ROW_GROUP_SIZE if args.multi_hot else ROW_GROUP_SIZE
 
     if args.multi_hot and args.generate:
         generate_multi_hot(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)

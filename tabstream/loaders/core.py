@@ -297,19 +297,23 @@ class _Recycler:
         self._free: list[np.ndarray] = []   # flat uint8 buffers
         self._lent: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array): (array, buffer)
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, capacity: int = 0) -> np.ndarray:
         """An uninitialized array of ``shape`` (like :func:`_empty`), in a recycled
-        buffer when one is large enough (at most twice the size)."""
+        buffer when one is large enough (at most twice the size, or ``capacity``
+        bytes). A fresh buffer holds at least ``capacity`` bytes: sized for the
+        largest row group, it serves every later one (a file's last, shorter row
+        group would otherwise leave a buffer too small for the next full one)."""
         dtype = np.dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64))
         nbytes = max(size, 1) * dtype.itemsize
         buffer = None
         with self._lock:
-            fits = [i for i, b in enumerate(self._free) if nbytes <= len(b) <= 2 * nbytes]
+            fits = [i for i, b in enumerate(self._free)
+                    if nbytes <= len(b) <= max(2 * nbytes, capacity)]
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i])))
         if buffer is None:
-            buffer = _empty(nbytes, np.dtype(np.uint8))
+            buffer = _empty(max(nbytes, capacity), np.dtype(np.uint8))
         array = buffer[:nbytes].view(dtype)[:size].reshape(shape)
         with self._lock:
             self._lent[id(array)] = (array, buffer)
@@ -988,9 +992,17 @@ class Loader:
         parallel, one column per thread: when no column holds more than half of a
         row group's bytes, one read keeps two cores busy and a second concurrent one
         would only hold another row group in memory. A row group dominated by one
-        wide column (multi-hot ids) decodes on one thread, so two are read at once."""
+        wide column (multi-hot ids) decodes on one thread, so two are read at once,
+        each decoded in its reading thread (see :meth:`_read_piece`)."""
         serial = any(widest * 2 > total for total, widest in self._unit_sizes())
         return _READ_THREADS if serial else 1
+
+    def _max_rows(self) -> int:
+        """The most rows a row group holds."""
+        rows = self.__dict__.get("_max_rows_cache")
+        if rows is None:
+            rows = self.__dict__["_max_rows_cache"] = max(u.stored_rows for u in self.source.units)
+        return rows
 
     def _batch_rows(self, unit_index: int) -> int:
         """Rows per read for a large row group, 0 to read it whole (see _read_batched).
@@ -1010,11 +1022,12 @@ class Loader:
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
 
-    def _read_whole(self, unit: Any, path: str) -> dict[str, Any]:
+    def _read_whole(self, unit: Any, path: str, use_threads: bool = True) -> dict[str, Any]:
         present = self._present[unit.file]
         parquet = self._open(unit, path)
         try:
-            table = parquet.read_row_group(unit.row_group, columns=present, use_threads=True)
+            table = parquet.read_row_group(unit.row_group, columns=present,
+                                           use_threads=use_threads)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
         if table.num_rows != unit.stored_rows and present:
@@ -1030,7 +1043,8 @@ class Loader:
         return {name: self._column(name, table.column(name), unit, path) for name in self.columns}
 
     def _read_batched(self, unit: Any, path: str, batch_rows: int,
-                      recycler: _Recycler | None = None) -> dict[str, Any]:
+                      recycler: _Recycler | None = None,
+                      use_threads: bool = True) -> dict[str, Any]:
         """A large row group read ``batch_rows`` at a time, its numbers copied into
         one buffer per column allocated up front (list columns kept as arrow).
 
@@ -1047,7 +1061,7 @@ class Loader:
         try:
             batches = parquet.iter_batches(
                 batch_size=batch_rows, row_groups=[unit.row_group],
-                columns=self._present[unit.file], use_threads=True)
+                columns=self._present[unit.file], use_threads=use_threads)
             for batch in batches:
                 n = batch.num_rows
                 if at + n > rows:
@@ -1058,8 +1072,10 @@ class Loader:
                         out = dense.get(name)
                         if out is None:
                             shape = (rows, *col.shape[1:])
+                            row_bytes = col.itemsize * int(np.prod(shape[1:], dtype=np.int64))
                             out = dense[name] = (
-                                recycler.empty(shape, col.dtype) if recycler is not None
+                                recycler.empty(shape, col.dtype, self._max_rows() * row_bytes)
+                                if recycler is not None
                                 else _empty(rows * int(np.prod(shape[1:], dtype=np.int64)),
                                             col.dtype).reshape(shape))
                         out[at:at + n] = col
@@ -1096,12 +1112,20 @@ class Loader:
         return _numbers(col)
 
     def _read_piece(self, piece: plan.Piece, epoch: int,
-                    recycler: _Recycler | None = None) -> dict[str, Any]:
+                    recycler: _Recycler | None = None,
+                    use_threads: bool = True) -> dict[str, Any]:
+        """One piece's rows, column by column. ``use_threads=False`` decodes in the
+        calling thread instead of arrow's CPU pool: for concurrent reads (see
+        :meth:`_read_threads`). That pool is shared by the whole process and sized
+        from ``OMP_NUM_THREADS`` when set, so under ``OMP_NUM_THREADS=1`` (usual in
+        training jobs, to keep torch's own threads down) two reads through it
+        decode one after the other: a multi-hot row group took 150-190 ms instead
+        of 80-100 ms, and a second core stayed idle."""
         unit = self.source.units[piece.unit]
         path = self.source.files[unit.file]
         batch_rows = self._batch_rows(piece.unit)
-        out = (self._read_batched(unit, path, batch_rows, recycler) if batch_rows
-               else self._read_whole(unit, path))
+        out = (self._read_batched(unit, path, batch_rows, recycler, use_threads) if batch_rows
+               else self._read_whole(unit, path, use_threads))
         if piece.num_rows == unit.num_rows:
             return out
         if recycler is not None:  # the rows kept are cut or copied out below
@@ -1222,9 +1246,10 @@ class Loader:
         # a read takes a recycled buffer before allocating one, so the buffers in
         # use or free never exceed the reader's budget of row groups
         recycler = _Recycler(keep=budget * len(self.columns))
-        reader = _PieceReader(lambda piece: self._read_piece(piece, epoch, recycler), pieces,
-                              budget=budget,
-                              threads=self._read_threads())
+        threads = self._read_threads()
+        reader = _PieceReader(
+            lambda piece: self._read_piece(piece, epoch, recycler, use_threads=threads == 1),
+            pieces, budget=budget, threads=threads)
         try:
             for k, chunk_pieces in enumerate(chunks):
                 chunk = _Chunk([reader.get() for _ in chunk_pieces],
@@ -1277,9 +1302,12 @@ _READ_THREADS = 2
 # step: within a read of one row group)
 _JOIN_TIMEOUT_S = 30.0
 # Row groups larger than this (decoded) are read in slices of about _READ_BATCH_BYTES
-# into buffers allocated up front (see Loader._read_batched).
+# into buffers allocated up front (see Loader._read_batched). Slices of 16 MiB
+# decoded into blocks that arrow's allocator hands back to the system once freed,
+# so each slice touched fresh pages again (15-26k page faults per 250k-row
+# multi-hot epoch against 8-10k with 1-2 MiB slices).
 _WHOLE_READ_BYTES = 32 * 2**20
-_READ_BATCH_BYTES = 16 * 2**20
+_READ_BATCH_BYTES = 2 * 2**20
 
 
 class _PieceReader:

@@ -408,9 +408,33 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
         started.append(len(self._threads))
 
     monkeypatch.setattr(core._PieceReader, "__init__", spy)
+    # Concurrent reads decode in their own threads, not in arrow's CPU pool: that
+    # pool is one thread under OMP_NUM_THREADS=1, and two reads through it took
+    # turns. A single read keeps the pool (its columns decode in parallel).
+    calls: list[tuple[str, bool]] = []
+    for method in ("iter_batches", "read_row_group"):
+        original = getattr(pq.ParquetFile, method)
+
+        def recording(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append((threading.current_thread().name, kwargs["use_threads"]))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(pq.ParquetFile, method, recording)
+    if wide:   # read in slices too
+        monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
+        monkeypatch.setattr(core, "_READ_BATCH_BYTES", 1000)
     labels = np.concatenate([y for _, y in loader])
     assert len(labels) == loader.num_rows
     assert started == [threads]
+    assert len(calls) == len(loader.source.units)
+    assert all(name.startswith("tabstream-read-") and use == (threads == 1)
+               for name, use in calls), calls
+    if wide:   # every row once, as numpy reads it (the order is the shuffle's)
+        ids = np.array(pq.read_table(data).column("slots").to_pylist())
+        values = np.concatenate([f["slots"][0] for f, _ in Loader(str(data), 64,
+                                                                 labels=["label"])])
+        got = values.reshape(-1, *ids.shape[1:])
+        assert sorted(map(bytes, got)) == sorted(map(bytes, ids))
 
 
 def test_numbers_match_pyarrow_to_numpy() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -314,9 +315,10 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
     fresh = []
     recycler_empty = core._Recycler.empty
 
-    def counting(self: core._Recycler, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def counting(self: core._Recycler, shape: tuple[int, ...], dtype: np.dtype,
+                 *args: Any) -> np.ndarray:
         free = len(self._free)
-        out = recycler_empty(self, shape, dtype)
+        out = recycler_empty(self, shape, dtype, *args)
         if len(self._free) == free:   # nothing taken from the free list: a fresh buffer
             fresh.append(shape)
         return out
@@ -333,6 +335,39 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
         # the row_id buffers and the id blocks: without reuse, 2 per row group read
         units = len(loader.pieces(0))
         assert 0 < len(fresh) <= 2 * 3 < 2 * units, fresh
+
+
+def test_read_buffers_fit_the_largest_row_group_whatever_comes_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of 100 rows in row groups of 40, 40 and 20: every fresh read buffer is
+    sized for 40 rows, so a buffer first used by a 20-row group serves the next
+    40-row one instead of a new buffer being allocated; the rows are still those
+    numpy gives."""
+    import tabstream.loaders.core as core
+
+    ids, t, schema = _fixed_blocks(300, 50, seed=8)
+    path = _write(tmp_path / "u", [t.slice(0, 100), t.slice(100, 100), t.slice(200, 100)],
+                  schema, row_group=40)
+    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
+    fresh: list[int] = []
+    allocate = core._empty
+
+    def recording(size: int, dtype: np.dtype) -> np.ndarray:
+        out = allocate(size, dtype)
+        if np.dtype(dtype) == np.uint8:   # the recycler's buffers, nothing else
+            fresh.append(size)
+        return out
+
+    monkeypatch.setattr(core, "_empty", recording)
+    for seed in range(4):   # several row group orders, short groups first in some
+        fresh.clear()
+        loader = Loader(path, 30, seed=seed, parts_per_chunk=1)
+        got = {int(r): n for f, _ in loader for r, n in zip(f["row_id"], f["n"][0], strict=True)}
+        assert sorted(got) == list(range(300))
+        for r, block in got.items():
+            np.testing.assert_array_equal(block, ids[r])
+        assert fresh and all(size in (40 * 8, 40 * F * L * 8) for size in fresh), fresh
 
 
 @pytest.mark.parametrize("wide", [False, True])
