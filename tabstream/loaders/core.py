@@ -153,7 +153,9 @@ class _Chunk:
     def fill(self, segments: list[_Segment], done: list[_BatchBuilder],
              recycler: _Recycler | None = None) -> Iterator[_BatchBuilder]:
         """Copy the segments' rows into their batches, then forget the data; yields
-        the batches of ``done`` (those this chunk completes) as they are complete.
+        those of ``done`` (the batches this chunk completes) that the wide columns'
+        pass completes, as it completes them; the caller hands out the others once
+        the chunk's data is gone (and its row groups' read budget released).
 
         Narrow columns go column by column: one source column stays in cache while
         it feeds every batch of the chunk (2-4x faster than batch by batch), and
@@ -203,9 +205,6 @@ class _Chunk:
                         recycler.give_back(col)
                     del col
             del builders, by_batch
-        for builder in done:
-            if id(builder) in pending:
-                yield builder
 
 
 # A dense column whose rows in one chunk take more bytes than this is copied into
@@ -997,12 +996,10 @@ class Loader:
         serial = any(widest * 2 > total for total, widest in self._unit_sizes())
         return _READ_THREADS if serial else 1
 
+    @functools.cached_property
     def _max_rows(self) -> int:
         """The most rows a row group holds."""
-        rows = self.__dict__.get("_max_rows_cache")
-        if rows is None:
-            rows = self.__dict__["_max_rows_cache"] = max(u.stored_rows for u in self.source.units)
-        return rows
+        return max(u.stored_rows for u in self.source.units)
 
     def _batch_rows(self, unit_index: int) -> int:
         """Rows per read for a large row group, 0 to read it whole (see _read_batched).
@@ -1074,7 +1071,7 @@ class Loader:
                             shape = (rows, *col.shape[1:])
                             row_bytes = col.itemsize * int(np.prod(shape[1:], dtype=np.int64))
                             out = dense[name] = (
-                                recycler.empty(shape, col.dtype, self._max_rows() * row_bytes)
+                                recycler.empty(shape, col.dtype, self._max_rows * row_bytes)
                                 if recycler is not None
                                 else _empty(rows * int(np.prod(shape[1:], dtype=np.int64)),
                                             col.dtype).reshape(shape))
@@ -1235,8 +1232,8 @@ class Loader:
         size = next(sizes, 0)
         # batches are assembled in pooled buffers, at most as many kept free as one
         # chunk's batches plus those queued and held by the consumer
-        batches_per_chunk = max((sum(p.num_rows for p in c) for c in chunks), default=0)
-        pool = _BatchPool(keep=-(-batches_per_chunk // max(1, size)) + self.prefetch + 3)
+        chunk_rows = max((sum(p.num_rows for p in c) for c in chunks), default=0)
+        pool = _BatchPool(keep=-(-chunk_rows // max(1, size)) + self.prefetch + 3)
         builder = _BatchBuilder(dtypes, lists, size, pool)
         filled = 0
         # One row group is read ahead of the chunk being cut into batches: the
@@ -1271,21 +1268,31 @@ class Loader:
                         size, filled = next(sizes, 0), 0
                         if size:
                             builder = _BatchBuilder(dtypes, lists, size, pool)
+                handed: set[int] = set()
                 for finished in chunk.fill(segments, done, recycler):
-                    batch = self._finish(finished)
-                    # the batch's arrays are the consumer's now: a builder kept in
-                    # `done` must not keep their buffers from the pool
-                    finished.out, finished.lists = {}, {}
-                    del finished
-                    yield batch
-                    del batch
+                    handed.add(id(finished))
+                    yield from self._hand_out(finished)
+                rest = [b for b in done if id(b) not in handed]
+                # the chunk's columns are all dropped by now: the reader may fill its
+                # budget again while the rest of the chunk's batches are consumed
                 del chunk, segments, done
                 reader.release(len(chunk_pieces))
+                for finished in rest:
+                    yield from self._hand_out(finished)
+                del rest
         finally:
             reader.close()
         if size:  # the plan and the files disagree: never yield a short epoch silently
             raise RuntimeError(f"rank {self.global_rank} ran out of rows before its last batch; "
                                "were the files modified while loading?")
+
+    def _hand_out(self, finished: _BatchBuilder) -> Iterator[Batch]:
+        batch = self._finish(finished)
+        # the batch's arrays are the consumer's now: a builder kept in a list of
+        # finished batches must not keep their buffers from the pool
+        finished.out, finished.lists = {}, {}
+        del finished
+        yield batch
 
     def iter_epoch(self, epoch: int,
                    transform: Callable[[Batch], Any] | None = None) -> BatchIterator:

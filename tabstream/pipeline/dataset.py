@@ -207,13 +207,14 @@ class Dataset:
         (string columns stay dictionary-encoded where the files store them so; the
         Criteo-like benchmark needs about 260 MB per million rows), up to
         ``PARQUET_CACHE_MAX_BYTES`` (a quarter of the memory the process may use: the
-        machine's, or a container's limit; at least 1 GiB) per Dataset: when the first partition kept, times the number of
-        partitions, would pass it, none is kept (a cache larger than the page cache
-        is read back from disk, which costs more than decoding parquet; keeping only
-        part of it measured slower than keeping none). No cache for in-memory data. In ``"auto"`` a partition that cannot be written to the
-        cache (a full disk), or that would leave its disk less than a tenth (and
-        less than 2 GiB) free, is simply read again when next needed. ``None``
-        turns caching off.
+        machine's, or a container's limit; at least 1 GiB) per Dataset: when the
+        first partition kept, times the number of partitions, would pass it, none is
+        kept (a cache larger than the page cache is read back from disk, which costs
+        more than decoding parquet; keeping only part of it measured slower than
+        keeping none). No cache for in-memory data. In ``"auto"`` a partition that
+        cannot be written to the cache (a full disk), or that would leave its disk
+        less than a tenth (and less than 2 GiB) free, is simply read again when next
+        needed. ``None`` turns caching off.
     filters:
         Keep only the rows that pass, everywhere the Dataset is used (fit, export,
         ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
@@ -1227,6 +1228,8 @@ def _default_parquet_cache_budget() -> int:
 
         return max(2**30, psutil.virtual_memory().total // 4)
     return max(2**30, memory_limit() // 4)
+
+
 #: free disk space the default cache ("auto") leaves on the cache's disk: at least
 #: this many bytes, and at least a tenth of the disk
 CACHE_MIN_FREE_BYTES = 2 * 2**30
