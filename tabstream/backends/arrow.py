@@ -123,36 +123,56 @@ def _variable_width(keys: Column, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), data])
 
 
-#: vocabularies with fewer values are looked up as they are (see _encode_fixed_width)
+#: vocabularies with fewer values are looked up as they are by ``encode`` (see
+#: _encode_fixed_width)
 _FIXED_WIDTH_LOOKUP_MIN = 1 << 15
 
 
-def _encode_fixed_width(column: Column, vocabulary: Column) -> pa.Array | None:
-    """``index_in`` of a string/binary column in a vocabulary of the same type whose
-    values all have one byte width, as their fixed-width views (see
-    :func:`_fixed_width_keys`); None where either is not so, or the vocabulary has
-    fewer than :data:`_FIXED_WIDTH_LOOKUP_MIN` values.
+def _lookup_fixed_width(column: Column, vocabulary: Column) -> np.ndarray | None:
+    """Position in ``vocabulary`` (``-1``: not in it) of each non-null value of a
+    string/binary column, looked up through the fixed-width views of both (see
+    :func:`_fixed_width_keys`); None where either has no such view, or the widths
+    differ, or the vocabulary holds a null.
 
-    The lookup's set is built from the vocabulary for every partition, and integer
-    keys build it about twice as fast as strings (a 145k-value vocabulary, 125k
-    values: 11.8 -> 5.8 ms), which pays once vocabularies grow with the data: the
-    Criteo recipe's transform of 6 partitions at 16M rows 962-1065 -> 611-643 ms CPU.
-    With small vocabularies the views and putting nulls back cost more than they save
-    (2M rows, every vocabulary under 32k values: 300 -> 328 ms)."""
+    Arrow hashes a fixed-width key without per-value length bookkeeping: on a block
+    of Criteo's 8-character ids (86k rows, 26 columns) ``index_in`` takes 14.1 ms on
+    the ``uint64`` views against 24.3 ms on the strings."""
     if column.type not in _OFFSETS or vocabulary.type != column.type or vocabulary.null_count:
-        return None
-    if len(vocabulary) < _FIXED_WIDTH_LOOKUP_MIN:
         return None
     keys = _fixed_width_keys(column)
     vocabulary_keys = _fixed_width_keys(vocabulary) if keys is not None else None
     if vocabulary_keys is None or vocabulary_keys.type != keys.type:
         return None
-    found = _combined(pc.index_in(keys, value_set=vocabulary_keys))
+    return _combined(pc.index_in(keys, value_set=vocabulary_keys)).fill_null(-1).to_numpy()
+
+
+def _encode_fixed_width(column: Column, vocabulary: Column) -> pa.Array | None:
+    """``index_in`` of a string/binary column through :func:`_lookup_fixed_width`,
+    None where that does not apply or the vocabulary has fewer than
+    :data:`_FIXED_WIDTH_LOOKUP_MIN` values.
+
+    The lookup's set is built from the vocabulary for every partition, and integer
+    keys build it about twice as fast as strings (a 145k-value vocabulary, 125k
+    values: 11.8 -> 5.8 ms), which pays once vocabularies grow with the data: the
+    Criteo recipe's transform of 6 partitions at 16M rows 962-1065 -> 611-643 ms CPU.
+    With small vocabularies putting the nulls back into an array with nulls costs
+    more than the views save (2M rows, every vocabulary under 32k values: 300 -> 328
+    ms); :meth:`ArrowBackend.encode_ids`, which fills them in, views every size."""
+    if len(vocabulary) < _FIXED_WIDTH_LOOKUP_MIN:
+        return None
+    found = _lookup_fixed_width(column, vocabulary)
+    if found is None:
+        return None
     if not column.null_count:
-        return found.cast(pa.int64())
+        return pa.array(found, mask=found < 0).cast(pa.int64())
     ids = np.full(len(column), -1, dtype=np.int64)  # nulls stay null: -1 is masked below
-    ids[column.is_valid().to_numpy(zero_copy_only=False)] = found.fill_null(-1).to_numpy()
+    ids[_validity(column)] = found
     return pa.array(ids, mask=ids < 0)
+
+
+def _validity(column: Column) -> np.ndarray:
+    """A numpy bool per row of ``column``: not null."""
+    return _combined(pc.is_valid(column)).to_numpy(zero_copy_only=False)
 
 
 def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str, str]]) -> pa.Table | None:
@@ -330,6 +350,30 @@ class ArrowBackend(Backend):
         used = np.flatnonzero(sums)
         return pa.table({"values": distinct.take(pa.array(used)).cast(value_type),
                          "counts": pa.array(sums[used])})
+
+    def encode_ids(self, column: Column, vocabulary: pa.Array, start: int, missing: int,
+                   unknown: int) -> pa.Array:
+        # One numpy pass per rule instead of Arrow's add, is_null, coalesce and
+        # if_else over int64 arrays with validity bitmaps: 34.1 -> ~20 ms per block of
+        # 86k rows and 26 columns, of which the lookup is 14.1 (benchmarks/RESULTS.md).
+        found = None if pa.types.is_dictionary(column.type) else _lookup_fixed_width(column, vocabulary)
+        if found is None:
+            found = _combined(self.encode(column, vocabulary)).fill_null(-1).to_numpy()  # every row
+            fixed = False
+        else:
+            fixed = True  # the non-null rows only
+        ids = found.astype(np.int64)
+        ids += start
+        np.copyto(ids, unknown, where=found < 0)
+        if column.null_count:
+            valid = _validity(column)
+            if fixed:
+                all_rows = np.full(len(column), missing, dtype=np.int64)
+                all_rows[valid] = ids
+                ids = all_rows
+            else:
+                ids[~valid] = missing
+        return pa.array(ids)
 
     def encode(self, column: Column, vocabulary: pa.Array) -> pa.Array:
         if pa.types.is_dictionary(column.type):

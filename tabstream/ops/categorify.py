@@ -660,11 +660,10 @@ class Categorify(StatOperator):
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
+        if not self.num_buckets:
+            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID).cast(out_type)
         ids = pc.add(kernels.encode(column, vocab), self.start_index)
-        if self.num_buckets:
-            oov: Any = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
-        else:
-            oov = pa.scalar(OOV_ID, pa.int64())
+        oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))
         return ids.cast(out_type)
 

@@ -197,3 +197,48 @@ def test_encode_without_nulls_matches_positions(small_lookup_floor):
     vocab = ["aa", "bb", "cc"]
     got = BACKEND.encode(pa.array(["cc", "dd", "aa", "cc"]), pa.array(vocab))
     assert got.to_pylist() == [2, None, 0, 2]
+
+
+def reference_ids(values, vocab, start, missing, unknown):
+    position = {v: i for i, v in enumerate(vocab)}
+    return [missing if v is None else position[v] + start if v in position else unknown
+            for v in values]
+
+
+def _columns():
+    """(values, column, vocabulary) cases: one width with nulls over two chunks (the
+    fixed-width path), mixed widths, integers, a vocabulary of another width, no
+    nulls, all nulls, nothing, a dictionary column."""
+    rng = np.random.default_rng(11)
+    fixed = ids(rng, 2000, 8, distinct=300, null_share=0.15)
+    present = sorted({v for v in fixed if v is not None})
+    vocab = present[::3] + ["zzzzzzzz"]
+    mixed = ["a", None, "bbb", "cc", "a", "dddd", None]
+    ints = [5, None, 7, 9, 5, 1]
+    yield fixed, pa.chunked_array([pa.array(fixed[:700]), pa.array(fixed[700:])]), vocab
+    yield fixed, pa.array(fixed), [v[:6] for v in vocab]
+    yield mixed, pa.array(mixed), ["cc", "a", "dddd", "e"]
+    yield ints, pa.array(ints, pa.int64()), [9, 5, 3]
+    no_nulls = [v for v in fixed if v is not None]
+    yield no_nulls, pa.array(no_nulls), vocab
+    yield [None, None], pa.array([None, None], pa.string()), vocab
+    yield [], pa.array([], pa.string()), vocab
+    yield mixed, pa.array(mixed).dictionary_encode(), ["cc", "a", "dddd", "e"]
+
+
+@pytest.mark.parametrize("case", list(range(8)))
+def test_encode_ids_match_positions_and_the_base_rules(case):
+    values, column, vocab = list(_columns())[case]
+    vocabulary = pa.array(vocab, column.type.value_type if pa.types.is_dictionary(column.type)
+                          else column.type)
+    expected = reference_ids(values, vocab, start=3, missing=1, unknown=2)
+    got = BACKEND.encode_ids(column, vocabulary, 3, 1, 2)
+    assert got.type == pa.int64() and got.null_count == 0
+    assert got.to_pylist() == expected
+    # the Backend default (encode, then the three rules in Arrow) gives the same ids
+    default = super(ArrowBackend, BACKEND).encode_ids(column, vocabulary, 3, 1, 2)
+    assert _combined_list(default) == expected
+
+
+def _combined_list(column):
+    return values_of(column) if isinstance(column, pa.ChunkedArray) else column.to_pylist()
