@@ -49,6 +49,23 @@ def test_csv_partitions_cover_every_line_once(tmp_path, part_size):
     assert got["C1"].tolist() == [r[2] for r in rows]
 
 
+@pytest.mark.parametrize("part_size", [1000, 3000])
+def test_csv_partitions_of_a_file_hold_about_equal_rows(tmp_path, part_size):
+    """A file is cut into equal blocks of at most 3/5 part_size, not into full blocks
+    and a short remainder: partitions are balanced across cores."""
+    rows = [["1", f"{i:05d}", "v"] for i in range(2000)]  # 10 bytes a row
+    path = write_tsv(tmp_path / "d.tsv", rows)
+    size = (tmp_path / "d.tsv").stat().st_size
+    ds = ts.Dataset(path, names=NAMES, dtypes=DTYPES, sep="\t", part_size=part_size)
+    expected_parts = -(-size // (part_size * 3 // 5))
+    assert ds.npartitions == expected_parts > 2
+    counts = [ds.read_piece(p).num_rows for p in ds.pieces]
+    assert sum(counts) == 2000
+    # equal byte ranges (rounded up, the last one takes the rest) of equal rows
+    assert max(counts) - min(counts) <= 4, counts
+    assert read_all(ds)["I1"].tolist() == list(range(2000))
+
+
 def test_csv_wrong_field_count_names_file_and_line(tmp_path):
     rows = [["1", "5", "ab"]] * 300 + [["0", "7"]] + [["1", "5", "ab"]] * 20
     path = write_tsv(tmp_path / "bad.tsv", rows)
