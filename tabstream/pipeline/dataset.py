@@ -605,7 +605,7 @@ class Dataset:
         if not _disk_has_room(self._cache_dir, nbytes):
             return False
         if self.engine == "parquet":
-            budget = _parquet_cache_budget()
+            budget = _parquet_cache_budget(self._cache_dir)
             with _CACHE_DIR_LOCK:
                 if not self._kept_bytes and nbytes * self.npartitions > budget:
                     # all or nothing: when the first partition says the fit's reads
@@ -1210,16 +1210,57 @@ def _frame_to_arrow(frame: Any) -> pa.Table:
 #: least 1 GiB, so that the kept files stay in the page cache. The memory is the
 #: machine's or, in a container, its limit (cgroups v1/v2, RLIMIT_RSS: dask's
 #: ``distributed.system.memory_limit``): page cache, and a /tmp on tmpfs, count against
-#: a container's limit. On the project's machine (24 GiB) at 16M Criteo-like rows
-#: (4.4 GB kept) fit + export took 43.8-47.4 s with every partition kept against
-#: 45.7-56.6 s with none (3 runs each; CPU 74-79 s vs 82-98 s): the export's 16-21 s
-#: against 26-27 s outweighs the fit's writing (about 3 s).
+#: a container's limit. A cache on a disk also stays under what the kernel holds
+#: before it starts writing dirty pages back (``vm.dirty_background_bytes``, else
+#: ``vm.dirty_background_ratio`` percent of the available memory): past it the fit
+#: writes at the disk's pace. On the project's machine (24 GiB, threshold ~2.2 GB) at
+#: 16M Criteo-like rows (4.4 GB kept) keeping every partition cost the fit 5.0-8.2 s
+#: and saved the export 3.4-4.1 s (2 runs each: 27.3 and 32.8 s against 26.4 and
+#: 27.7 s kept none); at 4M rows (1.1 GB) keeping them all saves 8% (benchmarks/RESULTS.md).
 PARQUET_CACHE_MAX_BYTES: int | None = None
 
 
-def _parquet_cache_budget() -> int:
-    """:data:`PARQUET_CACHE_MAX_BYTES`, or its default where it is None."""
-    return PARQUET_CACHE_MAX_BYTES if PARQUET_CACHE_MAX_BYTES is not None else _default_parquet_cache_budget()
+def _parquet_cache_budget(folder: str | None = None) -> int:
+    """:data:`PARQUET_CACHE_MAX_BYTES`, or its default where it is None, for a cache
+    in ``folder`` (None: the memory share alone)."""
+    if PARQUET_CACHE_MAX_BYTES is not None:
+        return PARQUET_CACHE_MAX_BYTES
+    budget = _default_parquet_cache_budget()
+    if folder is not None and not _in_memory_filesystem(folder):
+        threshold = _writeback_threshold()
+        if threshold is not None:
+            budget = min(budget, threshold)
+    return budget
+
+
+def _writeback_threshold() -> int | None:
+    """Bytes of written file data the kernel keeps in memory before writing them
+    back to disk in the background; None where it does not say (not Linux)."""
+    try:
+        with open("/proc/sys/vm/dirty_background_bytes") as f:
+            fixed = int(f.read())
+        if fixed > 0:
+            return fixed
+        with open("/proc/sys/vm/dirty_background_ratio") as f:
+            ratio = int(f.read())
+    except (OSError, ValueError):
+        return None
+    import psutil
+
+    return psutil.virtual_memory().available * ratio // 100
+
+
+def _in_memory_filesystem(folder: str) -> bool:
+    """Whether ``folder`` is on tmpfs or ramfs (no writing back to a disk)."""
+    import psutil
+
+    path = os.path.realpath(folder)
+    best, fstype = "", ""
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint.rstrip("/") + "/"
+        if (path + "/").startswith(mount) and len(mount) > len(best):
+            best, fstype = mount, part.fstype
+    return fstype in ("tmpfs", "ramfs")
 
 
 @functools.cache

@@ -67,3 +67,30 @@ def test_budget_when_distributed_is_shadowed(tmp_path):
         "from tabstream.pipeline import dataset\n"
         "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
     assert got["budget"] == max(2**30, psutil.virtual_memory().total // 4)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/vm/dirty_background_ratio"), reason="Linux only")
+def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
+    """On a disk, the budget is at most what the kernel keeps before writing back
+    (read here from /proc and psutil); on tmpfs, the memory share alone."""
+    import psutil
+
+    from tabstream.pipeline import dataset
+
+    memory_share = dataset._parquet_cache_budget()
+    with open("/proc/sys/vm/dirty_background_bytes") as f:
+        fixed = int(f.read())
+    with open("/proc/sys/vm/dirty_background_ratio") as f:
+        ratio = int(f.read())
+    threshold = fixed or psutil.virtual_memory().available * ratio // 100
+    def fstype(path):
+        out = subprocess.run(["df", "--output=fstype", path], capture_output=True, text=True)
+        return out.stdout.split()[-1] if out.returncode == 0 else None
+
+    if fstype(str(tmp_path)) in (None, "tmpfs", "ramfs"):
+        pytest.skip("the test folder is not on a disk (or df cannot say)")
+    got = dataset._parquet_cache_budget(str(tmp_path))
+    expected = min(memory_share, threshold)
+    assert abs(got - expected) <= expected * 0.05  # available memory moves a little
+    if os.path.isdir("/dev/shm") and fstype("/dev/shm") == "tmpfs":
+        assert dataset._parquet_cache_budget("/dev/shm") == memory_share
