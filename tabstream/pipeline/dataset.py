@@ -283,6 +283,7 @@ class Dataset:
         self._cache_auto = cache == "auto"
         self._owner_pid = os.getpid()
         self._kept_bytes = 0  # parquet partitions kept by "auto" (see PARQUET_CACHE_MAX_BYTES)
+        self._cache_budget: int | None = None  # their budget in bytes, set when the first is read
         if self._cache_auto:
             self.cache = "disk" if self.engine == "csv" else None
         self._planned: list[Any] | None = None  # the pieces, see _pieces
@@ -605,8 +606,10 @@ class Dataset:
         if not _disk_has_room(self._cache_dir, nbytes):
             return False
         if self.engine == "parquet":
-            budget = _parquet_cache_budget(self._cache_dir)
             with _CACHE_DIR_LOCK:
+                if self._cache_budget is None:  # once per Dataset: every partition the same
+                    self._cache_budget = _parquet_cache_budget(self._cache_dir)
+                budget = self._cache_budget
                 if not self._kept_bytes and nbytes * self.npartitions > budget:
                     # all or nothing: when the first partition says the fit's reads
                     # would not all fit, keep none (at 16M rows, keeping the first
