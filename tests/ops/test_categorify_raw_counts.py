@@ -122,3 +122,34 @@ def test_merging_raw_partials_aggregates_every_bucket(rows):
         got = merged.table.to_pydict()
         assert dict(zip(got["values"], got["counts"])) == expected
         assert len(got["values"]) == len(expected)
+
+
+@pytest.mark.parametrize("kind", ["int64", "float64"])
+def test_nearly_distinct_numbers_match_pandas(tmp_path, raw_calls, kind):
+    """Integer ids, and floats with NaN (missing) and -0.0 (counted as 0.0), take the
+    same path."""
+    rng = np.random.default_rng(9)
+    parts = []
+    for _ in range(2):
+        x = rng.integers(-60_000, 60_000, 40_000)
+        if kind == "int64":
+            parts.append(pa.array(x, pa.int64()))
+        else:
+            f = x.astype(np.float64) / 7
+            f[rng.random(len(f)) < 0.05] = np.nan
+            f[rng.random(len(f)) < 0.01] = -0.0
+            f[rng.random(len(f)) < 0.01] = 0.0
+            parts.append(pa.array(f))
+    files = []
+    for i, arr in enumerate(parts):
+        path = tmp_path / f"n{i}.parquet"
+        pq.write_table(pa.table({"hi": arr}), path, use_dictionary=False)
+        files.append(str(path))
+    cat = ops.Categorify()
+    ts.Workflow(["hi"] >> cat).fit(ts.Dataset(files))
+    assert raw_calls["raw"] == 2
+    values = [v for arr in parts for v in arr.to_pylist()]
+    values = [None if v is None or v != v else (0.0 if v == 0 else v) for v in values]
+    expected_values, expected_counts = reference_vocabulary(values)
+    assert cat.tables["hi"]["values"].to_pylist() == expected_values
+    assert cat.tables["hi"]["counts"].to_pylist() == expected_counts
