@@ -72,7 +72,8 @@ def test_budget_when_distributed_is_shadowed(tmp_path):
 @pytest.mark.skipif(not os.path.exists("/proc/sys/vm/dirty_background_ratio"), reason="Linux only")
 def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
     """On a disk, the budget is at most what the kernel keeps before writing back
-    (read here from /proc and psutil); on tmpfs, the memory share alone."""
+    (read here from /proc and psutil); on tmpfs, the memory share alone. Each folder's
+    filesystem is named by ``df``."""
     import psutil
 
     from tabstream.pipeline import dataset
@@ -83,14 +84,13 @@ def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
     with open("/proc/sys/vm/dirty_background_ratio") as f:
         ratio = int(f.read())
     threshold = fixed or psutil.virtual_memory().available * ratio // 100
-    def fstype(path):
-        out = subprocess.run(["df", "--output=fstype", path], capture_output=True, text=True)
-        return out.stdout.split()[-1] if out.returncode == 0 else None
-
-    if fstype(str(tmp_path)) in (None, "tmpfs", "ramfs"):
-        pytest.skip("the test folder is not on a disk (or df cannot say)")
-    got = dataset._parquet_cache_budget(str(tmp_path))
-    expected = min(memory_share, threshold)
-    assert abs(got - expected) <= expected * 0.05  # available memory moves a little
-    if os.path.isdir("/dev/shm") and fstype("/dev/shm") == "tmpfs":
-        assert dataset._parquet_cache_budget("/dev/shm") == memory_share
+    folders = [str(tmp_path), REPO] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
+    for folder in folders:
+        out = subprocess.run(["df", "--output=fstype", folder], capture_output=True, text=True, check=True)
+        in_memory = out.stdout.split()[-1] in ("tmpfs", "ramfs")
+        got = dataset._parquet_cache_budget(folder)
+        if in_memory:
+            assert got == memory_share, folder
+        else:
+            expected = min(memory_share, threshold)
+            assert abs(got - expected) <= expected * 0.05, folder  # available memory moves a little
