@@ -170,6 +170,61 @@ def _encode_fixed_width(column: Column, vocabulary: Column) -> pa.Array | None:
     return pa.array(ids, mask=ids < 0)
 
 
+#: vocabularies with fewer values get no index (:meth:`ArrowBackend.vocabulary_index`):
+#: ``index_in`` builds their set for each call in less time than the rest of the lookup
+_INDEX_MIN = 1 << 15
+
+
+class _VocabularyIndex:
+    """A hash table over a vocabulary's keys (pandas' index engine), built once and
+    probed by every partition's :meth:`ArrowBackend.encode_ids`: ``index_in`` builds
+    its set from the vocabulary for each call, which costs more as vocabularies grow
+    with the data (benchmarks/RESULTS.md, session 12). ``fixed``: the keys are the
+    fixed-width views of a string/binary vocabulary (:func:`_fixed_width_keys`), of
+    type ``key_type``; else integers of type ``key_type`` as they are."""
+
+    __slots__ = ("fixed", "key_type", "table")
+
+    def __init__(self, fixed: bool, key_type: pa.DataType, keys: np.ndarray) -> None:
+        import pandas as pd
+
+        self.fixed, self.key_type = fixed, key_type
+        self.table = pd.Index(keys, copy=False)
+
+    def positions(self, column: pa.Array) -> tuple[np.ndarray, bool] | None:
+        """Position (-1: absent) of each value of ``column`` and whether they cover
+        its non-null values only (``True``) or every row (nulls' entries then mean
+        nothing); None where the column's values are not this index's kind of key."""
+        if self.fixed:
+            keys = _fixed_width_keys(column) if column.type in _OFFSETS else None
+            if keys is None or keys.type != self.key_type:
+                return None
+            return self.table.get_indexer(_combined(keys).to_numpy()), True
+        if column.type != self.key_type:
+            return None
+        # every row's slot, nulls' included: the caller overwrites those
+        values = np.frombuffer(column.buffers()[1], column.type.to_pandas_dtype(),
+                               len(column), column.offset * column.type.byte_width)
+        return self.table.get_indexer(values), False
+
+
+def _vocabulary_index(vocabulary: Column) -> _VocabularyIndex | None:
+    vocabulary = _combined(vocabulary)
+    if len(vocabulary) < _INDEX_MIN or vocabulary.null_count:
+        return None
+    if vocabulary.type in _OFFSETS:
+        keys = _fixed_width_keys(vocabulary)
+        if keys is None or not pa.types.is_unsigned_integer(keys.type):
+            return None
+        index = _VocabularyIndex(True, keys.type, _combined(keys).to_numpy())
+    elif pa.types.is_integer(vocabulary.type):
+        index = _VocabularyIndex(False, vocabulary.type, vocabulary.to_numpy())
+    else:
+        return None
+    # builds the hash table (once, here); a vocabulary with repeated values has none
+    return index if index.table.is_unique else None
+
+
 def _validity(column: Column) -> np.ndarray:
     """A numpy bool per row of ``column``: not null."""
     return _combined(pc.is_valid(column)).to_numpy(zero_copy_only=False)
@@ -351,18 +406,25 @@ class ArrowBackend(Backend):
         return pa.table({"values": distinct.take(pa.array(used)).cast(value_type),
                          "counts": pa.array(sums[used])})
 
+    def vocabulary_index(self, vocabulary: pa.Array) -> _VocabularyIndex | None:
+        return _vocabulary_index(vocabulary)
+
     def encode_ids(self, column: Column, vocabulary: pa.Array, start: int, missing: int,
-                   unknown: int) -> pa.Array:
+                   unknown: int, index: Any = None) -> pa.Array:
         # One numpy pass per rule instead of Arrow's add, is_null, coalesce and
         # if_else over int64 arrays with validity bitmaps: Categorify's encoding of a
         # block of 86k rows and 26 columns 34.1 -> 28.2 ms, of which the lookup takes
         # 19.2 (benchmarks/RESULTS.md).
-        found = None if pa.types.is_dictionary(column.type) else _lookup_fixed_width(column, vocabulary)
-        if found is None:
-            found = _combined(self.encode(column, vocabulary)).fill_null(-1).to_numpy()  # every row
-            fixed = False
-        else:
-            fixed = True  # the non-null rows only
+        hit = None
+        if not pa.types.is_dictionary(column.type):
+            column = _combined(column)
+            hit = index.positions(column) if index is not None else None
+            if hit is None:
+                found = _lookup_fixed_width(column, vocabulary)
+                hit = None if found is None else (found, True)  # the non-null rows only
+        if hit is None:
+            hit = _combined(self.encode(column, vocabulary)).fill_null(-1).to_numpy(), False  # every row
+        found, fixed = hit
         ids = found.astype(np.int64)
         ids += start
         np.copyto(ids, unknown, where=found < 0)

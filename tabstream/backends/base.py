@@ -105,12 +105,22 @@ class Backend(abc.ABC):
         as its dictionary's values for a dictionary column), null where the value is
         not in it or is null."""
 
+    def vocabulary_index(self, vocabulary: pa.Array) -> Any:
+        """A lookup structure over ``vocabulary`` (distinct values, no null) that
+        :meth:`encode_ids` may be given with it, for a vocabulary that encodes many
+        partitions: built once instead of once per call. None (this default) where
+        the backend has none worth building; the caller then passes None. Never part
+        of fitted state: rebuilt in each process that encodes."""
+        return None
+
     def encode_ids(self, column: Column, vocabulary: pa.Array, start: int, missing: int,
-                   unknown: int) -> pa.Array:
+                   unknown: int, index: Any = None) -> pa.Array:
         """int64 id of each value without nulls: its position in ``vocabulary`` plus
         ``start``; ``missing`` for a null, ``unknown`` for a value not in it. The same
         as :meth:`encode` followed by those three rules (what this default does);
-        backends may compute it in fewer passes."""
+        backends may compute it in fewer passes. ``index``: what
+        :meth:`vocabulary_index` built from ``vocabulary``, or None; it changes no
+        result."""
         ids = pc.add(self.encode(column, vocabulary), start)
         return pc.if_else(pc.is_null(column), pa.scalar(missing, pa.int64()),
                           pc.coalesce(ids, pa.scalar(unknown, pa.int64())))

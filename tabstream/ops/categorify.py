@@ -700,11 +700,33 @@ class Categorify(StatOperator):
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
         if not self.num_buckets:
-            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID).cast(out_type)
+            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID,
+                                      self._vocabulary_index(name, kernels)).cast(out_type)
         ids = pc.add(kernels.encode(column, vocab), self.start_index)
         oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))
         return ids.cast(out_type)
+
+    def _vocabulary_index(self, name: str, kernels: Any) -> Any:
+        """The backend's lookup index over vocabulary ``name``, built on first use in
+        this process and kept for every later partition (see
+        :meth:`~tabstream.backends.base.Backend.vocabulary_index`); rebuilt when the
+        vocabulary table is replaced. Two threads may both build it at first: the
+        same index, one kept."""
+        table = self.tables[name]
+        key = (type(kernels).__name__, name)
+        indexes = self.__dict__.setdefault("_indexes", {})
+        held = indexes.get(key)
+        if held is None or held[0] is not table:
+            held = indexes[key] = (table, kernels.vocabulary_index(table["values"]))
+        return held[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (dask ships ops to workers) without the lookup indexes: a worker
+        builds its own."""
+        state = self.__dict__.copy()
+        state.pop("_indexes", None)
+        return state
 
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

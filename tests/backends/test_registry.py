@@ -111,9 +111,9 @@ class _Recording(ArrowBackend):
         self.calls.append("encode")
         return super().encode(column, vocabulary)
 
-    def encode_ids(self, column, vocabulary, start, missing, unknown):
+    def encode_ids(self, column, vocabulary, start, missing, unknown, index=None):
         self.calls.append("encode_ids")
-        return super().encode_ids(column, vocabulary, start, missing, unknown)
+        return super().encode_ids(column, vocabulary, start, missing, unknown, index)
 
 
 @pytest.fixture

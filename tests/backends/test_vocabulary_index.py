@@ -1,0 +1,169 @@
+"""The arrow backend's vocabulary index (a hash table built once per vocabulary and
+probed by every partition's ``encode_ids``): the ids it gives equal a plain dict
+lookup, it is used where it applies and declined (falling back to ``index_in``)
+where it does not, and Categorify builds it once per vocabulary and process."""
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import tabstream.backends.arrow as arrow
+from tabstream.backends.arrow import ArrowBackend
+from tabstream.ops import Categorify
+
+BACKEND = ArrowBackend()
+
+
+def hex_ids(rng, n, width=8):
+    """``n`` distinct lower-case hex strings of ``width`` characters."""
+    codes = rng.choice(16 ** min(width, 12), size=n * 2, replace=False)[:n] if width < 8 else \
+        np.unique(rng.integers(0, 16 ** width, size=n * 2))[:n]
+    out = np.array([format(int(c), f"0{width}x") for c in codes], dtype=object)
+    rng.shuffle(out)
+    return list(out)
+
+
+def reference_ids(values, vocab, start=3, missing=1, unknown=2):
+    position = {v: i for i, v in enumerate(vocab)}
+    return [missing if v is None else position[v] + start if v in position else unknown
+            for v in values]
+
+
+@pytest.fixture
+def small_index_floor(monkeypatch):
+    monkeypatch.setattr(arrow, "_INDEX_MIN", 2)
+
+
+def _string_cases():
+    """(values, column, vocabulary values, vocabulary type) where the index applies."""
+    rng = np.random.default_rng(3)
+    pool = hex_ids(rng, 600)
+    vocab = pool[::2] + ["zzzzzzzz"]  # half the values seen, and one never seen
+    values = list(rng.choice(np.array(pool, dtype=object), 3000))
+    for i in rng.choice(3000, 400, replace=False):
+        values[i] = None
+    yield "nulls", values, pa.array(values), vocab, pa.string()
+    yield "two chunks", values, pa.chunked_array([pa.array(values[:999]), pa.array(values[999:])]), \
+        vocab, pa.string()
+    yield "large_string column", values, pa.array(values, pa.large_string()), vocab, pa.string()
+    yield "large_string vocabulary", values, pa.array(values), vocab, pa.large_string()
+    whole = pa.array([None, *values])
+    yield "sliced", values, whole.slice(1), vocab, pa.string()
+    no_nulls = [v for v in values if v is not None]
+    yield "no nulls", no_nulls, pa.array(no_nulls), vocab, pa.string()
+    as_bytes = [None if v is None else v.encode() for v in values]
+    yield "binary", as_bytes, pa.array(as_bytes, pa.binary()), [v.encode() for v in vocab], pa.binary()
+
+
+@pytest.mark.parametrize("case", list(_string_cases()), ids=lambda c: c[0])
+def test_string_ids_through_the_index_match_a_dict_lookup(case, small_index_floor):
+    _, values, column, vocab, vocab_type = case
+    vocabulary = pa.array(vocab, vocab_type)
+    index = BACKEND.vocabulary_index(vocabulary)
+    assert index is not None
+    assert index.positions(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    got = BACKEND.encode_ids(column, vocabulary, 3, 1, 2, index)
+    assert got.type == pa.int64() and got.null_count == 0
+    assert got.to_pylist() == reference_ids(values, vocab)
+    assert got.to_pylist() == BACKEND.encode_ids(column, vocabulary, 3, 1, 2).to_pylist()
+
+
+@pytest.mark.parametrize("type_", [pa.int64(), pa.int32(), pa.uint16(), pa.int8()])
+def test_integer_ids_through_the_index_match_a_dict_lookup(type_, small_index_floor):
+    rng = np.random.default_rng(5)
+    values = [int(v) for v in rng.integers(0, 100, 2000)]
+    for i in rng.choice(2000, 300, replace=False):
+        values[i] = None
+    vocab = [int(v) for v in rng.permutation(100)[:60]]
+    whole = pa.array([7, *values], type_)  # sliced: the values start at offset 1
+    column = whole.slice(1)
+    vocabulary = pa.array(vocab, type_)
+    index = BACKEND.vocabulary_index(vocabulary)
+    assert index is not None and index.positions(column) is not None
+    got = BACKEND.encode_ids(column, vocabulary, 3, 1, 2, index)
+    assert got.to_pylist() == reference_ids(values, vocab)
+
+
+def test_columns_the_index_cannot_read_fall_back_to_the_same_ids(small_index_floor):
+    vocab = ["aaaaaaaa", "bbbbbbbb", "cccccccc"]
+    index = BACKEND.vocabulary_index(pa.array(vocab))
+    cases = [
+        ["aaaaaaaa", "b", None, "cccccccc"],       # mixed widths: no fixed-width view
+        ["aaaa", "bbbb", None],                    # another width: never in the vocabulary
+    ]
+    for values in cases:
+        column = pa.array(values)
+        assert index.positions(column) is None
+        assert BACKEND.encode_ids(column, pa.array(vocab), 3, 1, 2, index).to_pylist() == \
+            reference_ids(values, vocab)
+    # a dictionary column: each chunk's dictionary is looked up, the index unused
+    values = ["cccccccc", None, "zzzzzzzz", "aaaaaaaa", "cccccccc"]
+    column = pa.array(values).dictionary_encode()
+    assert BACKEND.encode_ids(column, pa.array(vocab), 3, 1, 2, index).to_pylist() == \
+        reference_ids(values, vocab)
+    # integers of another type than the vocabulary's: index_in after all
+    int_index = BACKEND.vocabulary_index(pa.array([4, 5, 6], pa.int64()))
+    column = pa.array([6, None, 9, 4], pa.int32())
+    assert int_index.positions(column) is None
+    assert BACKEND.encode_ids(column, pa.array([4, 5, 6], pa.int32()), 3, 1, 2, int_index).to_pylist() == \
+        [5, 1, 2, 3]
+
+
+def test_vocabularies_without_an_index(small_index_floor):
+    for vocabulary in (
+        pa.array(["abc", "abd", "abc"]),          # repeated values
+        pa.array(["abcd", None, "abce"]),         # a null
+        pa.array(["abc", "abcd"]),                # mixed widths
+        pa.array(["abc", "abd"]),                 # width 3: no integer view
+        pa.array([1.5, 2.5]),                     # floats
+    ):
+        assert BACKEND.vocabulary_index(vocabulary) is None, vocabulary
+
+
+def test_index_only_for_large_vocabularies():
+    rng = np.random.default_rng(9)
+    large = hex_ids(rng, arrow._INDEX_MIN)
+    assert BACKEND.vocabulary_index(pa.array(large)) is not None
+    assert BACKEND.vocabulary_index(pa.array(large[:-1])) is None
+    values = list(rng.choice(np.array(large + hex_ids(rng, 500), dtype=object), 20000))
+    index = BACKEND.vocabulary_index(pa.array(large))
+    got = BACKEND.encode_ids(pa.array(values), pa.array(large), 3, 1, 2, index)
+    assert got.to_pylist() == reference_ids(values, large)
+
+
+def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_index_floor):
+    rng = np.random.default_rng(13)
+    pool = np.array(hex_ids(rng, 300), dtype=object)
+    frame = pd.DataFrame({"a": rng.choice(pool, 5000), "b": rng.choice(pool[:40], 5000)})
+    frame.loc[rng.choice(5000, 500, replace=False), "a"] = None
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    op = Categorify()
+    op.finalize(op.combine_root([op.fit_partition(table.slice(0, 2500)), op.fit_partition(table.slice(2500))]))
+
+    def expected(column):
+        counts = frame[column].value_counts().reset_index()
+        counts.columns = ["value", "count"]
+        order = counts.sort_values(["count", "value"], ascending=[False, True])["value"]
+        ids = {v: i + op.start_index for i, v in enumerate(order)}
+        return [1 if pd.isna(v) else ids[v] for v in frame[column]]
+
+    parts = [op.transform(table.slice(0, 1000)), op.transform(table.slice(1000))]
+    built = dict(op._indexes)
+    assert {name for _, name in built} == {"a", "b"}
+    assert all(index is not None for _, index in built.values())
+    op.transform(table.slice(0, 10))
+    assert all(op._indexes[k][1] is built[k][1] for k in built)  # not built again
+    for column in ("a", "b"):
+        got = pa.chunked_array([p[column] for p in parts]).to_pylist()
+        assert got == expected(column)
+
+    # replaced vocabularies get a new index; a pickled op carries none and encodes alike
+    op.tables = {name: t.slice(0) for name, t in op.tables.items()}
+    op.transform(table.slice(0, 10))
+    assert all(op._indexes[k][1] is not built[k][1] for k in built)
+    copy = pickle.loads(pickle.dumps(op))
+    assert "_indexes" not in copy.__dict__
+    assert copy.transform(table).to_pydict() == op.transform(table).to_pydict()
