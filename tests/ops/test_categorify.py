@@ -1,5 +1,7 @@
 """Categorify beyond the basics: groups, given vocabularies, lists, buckets, spilling."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -177,3 +179,52 @@ def test_dictionary_chunks_with_null_indices_encode_like_decoded_values(dtype, i
     ids = {v: 3 + i for i, (v, _) in enumerate(kept)}
     assert got.type == getattr(pa, dtype)()
     assert got.to_pylist() == [1 if v is None else ids.get(v, 2) for v in decoded]
+
+
+def test_a_spill_is_one_file_read_back_by_bucket(tmp_path, monkeypatch):
+    rng = np.random.default_rng(12)
+    df = pd.DataFrame({"c": pd.array([f"v{x:04d}" for x in rng.zipf(1.2, 6000) % 2000], dtype="str")})
+    op = ops.Categorify(freq_threshold=2, spill_rows=40, spill_buckets=6, spill_dir=str(tmp_path))
+    spills, seen = [], []
+    spill, merge = ops.Categorify._spill, ops.Categorify._merge_spilled
+
+    def spy_spill(self, *args):
+        written = spill(self, *args)
+        spills.append(written)
+        return written
+
+    def spy_merge(self, name, counts):
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        return merge(self, name, counts)
+
+    monkeypatch.setattr(ops.Categorify, "_spill", spy_spill)
+    monkeypatch.setattr(ops.Categorify, "_merge_spilled", spy_merge)
+    ts.Workflow(["c"] >> op).fit(ts.Dataset(df, part_size=8000))
+    assert len(spills) > 1
+    # one file per spill, its buckets at the recorded byte ranges, all bytes accounted for
+    assert seen == [sorted(os.path.basename(s.path) for s in spills)]
+    assert all(s.path.endswith(".arrow") and len(s.offsets) == 7 for s in spills)
+    counts = df["c"].value_counts()
+    counts = counts[counts >= 2]
+    expected = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"]["values"].to_pylist() == [v for v, _ in expected]
+    assert op.tables["c"]["counts"].to_pylist() == [c for _, c in expected]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_spill_write_leaves_no_file(tmp_path, monkeypatch):
+    op = ops.Categorify(spill_rows=1, spill_buckets=4, spill_dir=str(tmp_path))
+    table = pa.table({"values": pa.array(["a", "b", "c", "d", "e"]), "counts": pa.array([1, 2, 3, 4, 5])})
+    calls = []
+    original = pa.ipc.new_stream
+
+    def failing(sink, schema):
+        calls.append(1)
+        if len(calls) == 3:  # the third bucket
+            raise OSError("disk full")
+        return original(sink, schema)
+
+    monkeypatch.setattr(pa.ipc, "new_stream", failing)
+    with pytest.raises(OSError, match="disk full"):
+        op._spill(table)
+    assert list(tmp_path.iterdir()) == []

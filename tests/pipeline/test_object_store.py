@@ -200,3 +200,33 @@ def test_workflow_save_load_and_loader_on_s3(s3):
         features, labels = batch
         seen.append(np.asarray(labels["label"] if isinstance(labels, dict) else labels).reshape(-1))
     assert np.array_equal(np.concatenate(seen), wf.transform(frame)["label"].to_numpy())
+
+
+def test_categorify_spills_to_s3_reads_buckets_back_and_removes_them(s3, monkeypatch):
+    """``spill_dir`` on an object store: each spill one object, its buckets read back
+    by ranged requests, every object removed after the merge."""
+    import fsspec.config
+
+    fs, options = s3
+    monkeypatch.setitem(fsspec.config.conf, "s3", options)  # what spill_dir's s3:// URL connects with
+    rng = np.random.default_rng(4)
+    frame = pd.DataFrame({"c": [f"v{x:05d}" for x in rng.zipf(1.3, 6000) % 3000]})
+    op = ops.Categorify(freq_threshold=2, spill_rows=50, spill_buckets=5, spill_dir="s3://bkt/spill")
+    spills = []
+    spill = ops.Categorify._spill
+
+    def spy(self, *args):
+        written = spill(self, *args)
+        spills.append(written)
+        assert written.path.removeprefix("s3://") in _keys(fs, "bkt/spill")
+        return written
+
+    monkeypatch.setattr(ops.Categorify, "_spill", spy)
+    ts.Workflow(["c"] >> op).fit(ts.Dataset(frame, part_size=8000))
+    assert len(spills) > 1 and all(s.path.startswith("s3://bkt/spill/") for s in spills)
+    counts = frame["c"].value_counts()
+    counts = counts[counts >= 2]
+    expected = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"]["values"].to_pylist() == [v for v, _ in expected]
+    assert op.tables["c"]["counts"].to_pylist() == [c for _, c in expected]
+    assert _keys(fs, "bkt/spill") == set()
