@@ -719,13 +719,13 @@ class Categorify(StatOperator):
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
+        index = self._vocabulary_index(name, kernels)
         if not self.num_buckets:
-            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID,
-                                      self._vocabulary_index(name, kernels)).cast(out_type)
-        ids = pc.add(kernels.encode(column, vocab), self.start_index)
+            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID, index).cast(out_type)
+        # values out of the vocabulary get -1 (no id is negative), then their hash bucket
+        ids = kernels.encode_ids(column, vocab, self.start_index, NULL_ID, -1, index)
         oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
-        ids = pc.if_else(pc.is_null(column), pa.scalar(NULL_ID, pa.int64()), pc.coalesce(ids, oov))
-        return ids.cast(out_type)
+        return pc.if_else(pc.equal(ids, -1), oov, ids).cast(out_type)
 
     def _vocabulary_index(self, name: str, kernels: Any) -> Any:
         """The backend's lookup index over vocabulary ``name``, built on first use in

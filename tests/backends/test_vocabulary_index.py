@@ -167,3 +167,30 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
     copy = pickle.loads(pickle.dumps(op))
     assert "_indexes" not in copy.__dict__
     assert copy.transform(table).to_pydict() == op.transform(table).to_pydict()
+
+
+@pytest.mark.parametrize("num_buckets", [1, 7])
+def test_hashed_out_of_vocabulary_ids_through_the_index(small_index_floor, num_buckets):
+    from tabstream.pipeline.hashing import murmur3_32
+
+    rng = np.random.default_rng(17)
+    pool = np.array(hex_ids(rng, 400), dtype=object)
+    train = pd.DataFrame({"c": rng.choice(pool[:250], 4000)})
+    apply = [*rng.choice(pool, 300), None, "zzzzzzzz", "short"]  # seen, unseen, null, other widths
+    op = Categorify(num_buckets=num_buckets)
+    op.finalize(op.combine_root([op.fit_partition(pa.Table.from_pandas(train, preserve_index=False))]))
+    counts = train["c"].value_counts()
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ids = {v: i + 2 + num_buckets for i, (v, _) in enumerate(order)}
+
+    def reference(v):
+        if v is None:
+            return 1
+        return ids.get(v, 2 + int(murmur3_32(pa.array([v]))[0]) % num_buckets)
+
+    got = op.transform(pa.table({"c": pa.array(apply, pa.string())}))["c"].to_pylist()
+    assert got == [reference(v) for v in apply]
+    assert op._indexes[("ArrowBackend", "c")][1] is not None  # the index was used
+    fixed = [v for v in apply if v is None or len(v) == 8]
+    got = op.transform(pa.table({"c": pa.array(fixed, pa.string())}))["c"].to_pylist()
+    assert got == [reference(v) for v in fixed]
