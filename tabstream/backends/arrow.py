@@ -200,11 +200,12 @@ class _VocabularyIndex:
             if keys is None or keys.type != self.key_type:
                 return None
             return self.table.get_indexer(_combined(keys).to_numpy()), True
-        if column.type != self.key_type:
+        data = column.buffers()[1] if column.type == self.key_type else None
+        if data is None:
             return None
         # every row's slot, nulls' included: the caller overwrites those
-        values = np.frombuffer(column.buffers()[1], column.type.to_pandas_dtype(),
-                               len(column), column.offset * column.type.byte_width)
+        values = np.frombuffer(data, column.type.to_pandas_dtype(), len(column),
+                               column.offset * column.type.byte_width)
         return self.table.get_indexer(values), False
 
 
