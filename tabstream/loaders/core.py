@@ -53,6 +53,7 @@ no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
@@ -1311,6 +1312,29 @@ _READ_THREADS = 2
 # how long closing a loader waits for its threads to end (they stop at their next
 # step: within a read of one row group)
 _JOIN_TIMEOUT_S = 30.0
+# the loaders' threads still running, and the events that stop them (weak: a thread
+# leaves the set when it ends; its event lives as long as the thread holds it)
+_RUNNING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_STOPS: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+
+
+def _start(thread: threading.Thread, stop: threading.Event) -> None:
+    _STOPS.add(stop)
+    _RUNNING.add(thread)
+    thread.start()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stop every loader thread and wait for it while the interpreter still runs
+    Python code. An epoch left unfinished (a script that stops after a few batches,
+    a fixed number of steps per epoch) is only told to stop when its iterator is
+    dropped; a reading thread caught inside Arrow's native code when the process
+    exits aborts it (see :func:`_join`): seen as a distributed training example's
+    rank exiting with SIGABRT after its last step."""
+    for stop in list(_STOPS):
+        stop.set()
+    _join(list(_RUNNING))
 # Row groups larger than this (decoded) are read in slices of about _READ_BATCH_BYTES
 # into buffers allocated up front (see Loader._read_batched). Slices of 16 MiB
 # decoded into blocks that arrow's allocator hands back to the system once freed,
@@ -1336,7 +1360,7 @@ class _PieceReader:
                                           name=f"tabstream-read-{k}", daemon=True)
                          for k in range(max(1, min(threads, len(pieces))))]
         for thread in self._threads:
-            thread.start()
+            _start(thread, self._stop)
 
     @small_pages()  # while the loader reads (see tabstream.core.pages)
     def _run(self, read: Callable[[plan.Piece], Any], pieces: Sequence[plan.Piece]) -> None:
@@ -1447,7 +1471,7 @@ class BatchIterator:
         self._thread = threading.Thread(target=_produce,
                                         args=(self._queue, self._stop, batches, transform),
                                         name="tabstream-loader", daemon=True)
-        self._thread.start()
+        _start(self._thread, self._stop)
 
     def __iter__(self) -> BatchIterator:
         return self

@@ -561,3 +561,29 @@ def test_huge_pages_are_off_while_an_epoch_is_read(shared_export: Path, testdata
     assert rows == testdata.N
     assert seen == [0]
     assert huge_pages.enabled() == 1
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_threads_of_an_unfinished_epoch_end_before_the_interpreter_does(shared_export: Path,
+                                                                        tmp_path: Path, keep: bool) -> None:
+    # a script that stops after one batch, holding its iterator (keep) or dropping it:
+    # the loader's threads are stopped and waited for at exit, before the process
+    # tears down Arrow (a thread caught inside Arrow's reader then aborts it)
+    import subprocess
+    import sys
+
+    script = tmp_path / "one_batch.py"
+    script.write_text(
+        "import atexit, threading\n"
+        "def report():  # registered first, so it runs after tabstream's exit handler\n"
+        "    alive = sorted(t.name for t in threading.enumerate() if t.name.startswith('tabstream'))\n"
+        "    print('alive at exit:', alive)\n"
+        "atexit.register(report)\n"
+        "from tabstream.loaders import Loader\n"
+        f"batches = iter(Loader({str(shared_export)!r}, 10))\n"
+        "next(batches)\n"
+        + ("" if keep else "del batches\n")
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alive at exit: []" in done.stdout, done.stdout + done.stderr[-2000:]
