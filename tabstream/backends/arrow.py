@@ -181,7 +181,8 @@ class _VocabularyIndex:
     its set from the vocabulary for each call, which costs more as vocabularies grow
     with the data (benchmarks/RESULTS.md, session 12). ``fixed``: the keys are the
     fixed-width views of a string/binary vocabulary (:func:`_fixed_width_keys`), of
-    type ``key_type``; else integers of type ``key_type`` as they are."""
+    type ``key_type``; else integers of type ``key_type`` as they are. Holds about 32
+    bytes per value (keys, positions, the table's slots) for as long as it is kept."""
 
     __slots__ = ("fixed", "key_type", "table")
 
@@ -196,9 +197,13 @@ class _VocabularyIndex:
         its non-null values only (``True``) or every row (nulls' entries then mean
         nothing); None where the column's values are not this index's kind of key."""
         if self.fixed:
-            keys = _fixed_width_keys(column) if column.type in _OFFSETS else None
-            if keys is None or keys.type != self.key_type:
+            if column.type not in _OFFSETS:
                 return None
+            keys = _fixed_width_keys(column)
+            if keys is None:  # values of several widths (or bytes in a null's slot)
+                return self._positions_of_width(column), True
+            if keys.type != self.key_type:  # every value of another width: none is in it
+                return np.full(len(column) - column.null_count, -1, dtype=np.intp), True
             return self.table.get_indexer(_combined(keys).to_numpy()), True
         data = column.buffers()[1] if column.type == self.key_type else None
         if data is None:
@@ -207,6 +212,26 @@ class _VocabularyIndex:
         values = np.frombuffer(data, column.type.to_pandas_dtype(), len(column),
                                column.offset * column.type.byte_width)
         return self.table.get_indexer(values), False
+
+    def _positions_of_width(self, column: pa.Array) -> np.ndarray:
+        """:meth:`positions` of a string/binary column whose values differ in width:
+        the values of the vocabulary's width are looked up (their bytes gathered into
+        keys), every other one is absent."""
+        buffers = column.buffers()
+        offset_type = _OFFSETS[column.type]
+        offsets = np.frombuffer(buffers[1], offset_type, len(column) + 1,
+                                column.offset * np.dtype(offset_type).itemsize)
+        width = self.key_type.byte_width
+        take = np.diff(offsets) == width
+        valid = _validity(column) if column.null_count else None
+        if valid is not None:
+            take &= valid
+        starts = offsets[:-1][take]
+        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+        keys = np.ascontiguousarray(data[starts[:, None] + np.arange(width)]).view(f"u{width}").ravel()
+        found = np.full(len(column), -1, dtype=np.intp)
+        found[take] = self.table.get_indexer(keys)
+        return found[valid] if valid is not None else found
 
 
 def _vocabulary_index(vocabulary: Column) -> _VocabularyIndex | None:
@@ -222,8 +247,12 @@ def _vocabulary_index(vocabulary: Column) -> _VocabularyIndex | None:
         index = _VocabularyIndex(False, vocabulary.type, vocabulary.to_numpy())
     else:
         return None
-    # builds the hash table (once, here); a vocabulary with repeated values has none
-    return index if index.table.is_unique else None
+    if not index.table.is_unique:  # repeated values: no index
+        return None
+    # pandas fills its hash table at the first lookup (is_unique of a sorted
+    # vocabulary does not): filled here, so that no partition pays for it
+    index.table.get_indexer(index.table[:1])
+    return index
 
 
 def _validity(column: Column) -> np.ndarray:

@@ -557,6 +557,7 @@ class Categorify(StatOperator):
         fs, base = fsspec.core.url_to_fs(root)
         fs.makedirs(base, exist_ok=True)
         path = posixpath.join(base.rstrip("/"), f"tabstream-categorify-{uuid.uuid4().hex}.arrow")
+        url = fs.unstrip_protocol(path) if "://" in root else path
         if offsets is None:
             table, offsets = self._bucket_order(table)
         ends = [0]
@@ -573,10 +574,10 @@ class Categorify(StatOperator):
                     f.write(data)
                     ends.append(ends[-1] + data.size)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(path)  # no half-written spill left behind
+            with contextlib.suppress(Exception):  # the write's error is the one to see
+                _Spill(url, ()).remove()  # no half-written spill left behind
             raise
-        return _Spill(fs.unstrip_protocol(path) if "://" in root else path, tuple(ends))
+        return _Spill(url, tuple(ends))
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
         """Merge spilled tables bucket by bucket; equal values always share a bucket,
@@ -655,6 +656,7 @@ class Categorify(StatOperator):
                     f"max_size={self._setting(self.max_size, name)} leaves room for {limit}")
             tables[name] = pa.table({"values": arr, "counts": pa.nulls(len(arr), pa.int64())})
         self.tables = tables
+        self.__dict__.pop("_indexes", None)  # those of the vocabularies replaced
         self.fitted = True
 
     # -- transform ----------------------------------------------------------
@@ -719,7 +721,7 @@ class Categorify(StatOperator):
                 raise TypeError(f"Categorify: column {name!r} is {column.type}, "
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
-        index = self._vocabulary_index(name, kernels)
+        index = self._vocabulary_index(name, vocab, kernels)
         if not self.num_buckets:
             return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID, index).cast(out_type)
         # values out of the vocabulary get -1 (no id is negative), then their hash bucket
@@ -727,18 +729,20 @@ class Categorify(StatOperator):
         oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         return pc.if_else(pc.equal(ids, -1), oov, ids).cast(out_type)
 
-    def _vocabulary_index(self, name: str, kernels: Any) -> Any:
-        """The backend's lookup index over vocabulary ``name``, built on first use in
-        this process and kept for every later partition (see
-        :meth:`~tabstream.backends.base.Backend.vocabulary_index`); rebuilt when the
-        vocabulary table is replaced. Two threads may both build it at first: the
-        same index, one kept."""
+    def _vocabulary_index(self, name: str, vocab: pa.ChunkedArray, kernels: Any) -> Any:
+        """The backend's lookup index over ``vocab`` (vocabulary ``name`` as the column
+        being encoded takes it: cast to its type), built on first use in this process
+        and kept for every later partition (see
+        :meth:`~tabstream.backends.base.Backend.vocabulary_index`); dropped with the
+        vocabularies when the op is fitted or loaded again, rebuilt when a vocabulary
+        table is replaced. Two threads may both build it at first: the same index,
+        one kept."""
         table = self.tables[name]
-        key = (type(kernels).__name__, name)
+        key = (type(kernels), name, vocab.type)
         indexes = self.__dict__.setdefault("_indexes", {})
         held = indexes.get(key)
         if held is None or held[0] is not table:
-            held = indexes[key] = (table, kernels.vocabulary_index(table["values"]))
+            held = indexes[key] = (table, kernels.vocabulary_index(vocab))
         return held[1]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -754,6 +758,7 @@ class Categorify(StatOperator):
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.tables = {k: tables[f"vocab.{k}"] for k in values["vocabularies"]}
+        self.__dict__.pop("_indexes", None)
         self.fitted = True
 
     def reverse_mapping(self, name: str) -> pa.Table:

@@ -37,6 +37,21 @@ def small_index_floor(monkeypatch):
     monkeypatch.setattr(arrow, "_INDEX_MIN", 2)
 
 
+@pytest.fixture
+def probes(monkeypatch):
+    """How many lookups the index answered (positions() not None) and declined."""
+    seen = {"answered": 0, "declined": 0}
+    original = arrow._VocabularyIndex.positions
+
+    def positions(self, column):
+        out = original(self, column)
+        seen["declined" if out is None else "answered"] += 1
+        return out
+
+    monkeypatch.setattr(arrow._VocabularyIndex, "positions", positions)
+    return seen
+
+
 def _string_cases():
     """(values, column, vocabulary values, vocabulary type) where the index applies."""
     rng = np.random.default_rng(3)
@@ -87,16 +102,16 @@ def test_integer_ids_through_the_index_match_a_dict_lookup(type_, small_index_fl
     assert got.to_pylist() == reference_ids(values, vocab)
 
 
-def test_columns_the_index_cannot_read_fall_back_to_the_same_ids(small_index_floor):
+def test_columns_of_other_widths_or_types_get_the_same_ids(small_index_floor):
     vocab = ["aaaaaaaa", "bbbbbbbb", "cccccccc"]
     index = BACKEND.vocabulary_index(pa.array(vocab))
     cases = [
-        ["aaaaaaaa", "b", None, "cccccccc"],       # mixed widths: no fixed-width view
+        ["aaaaaaaa", "b", None, "cccccccc"],       # mixed widths: those of 8 bytes looked up
         ["aaaa", "bbbb", None],                    # another width: never in the vocabulary
     ]
     for values in cases:
         column = pa.array(values)
-        assert index.positions(column) is None
+        assert index.positions(column) is not None
         assert BACKEND.encode_ids(column, pa.array(vocab), 3, 1, 2, index).to_pylist() == \
             reference_ids(values, vocab)
     # a dictionary column: each chunk's dictionary is looked up, the index unused
@@ -152,7 +167,7 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
 
     parts = [op.transform(table.slice(0, 1000)), op.transform(table.slice(1000))]
     built = dict(op._indexes)
-    assert {name for _, name in built} == {"a", "b"}
+    assert {key[1] for key in built} == {"a", "b"}
     assert all(index is not None for _, index in built.values())
     op.transform(table.slice(0, 10))
     assert all(op._indexes[k][1] is built[k][1] for k in built)  # not built again
@@ -170,7 +185,7 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
 
 
 @pytest.mark.parametrize("num_buckets", [1, 7])
-def test_hashed_out_of_vocabulary_ids_through_the_index(small_index_floor, num_buckets):
+def test_hashed_out_of_vocabulary_ids_through_the_index(small_index_floor, probes, num_buckets):
     from tabstream.pipeline.hashing import murmur3_32
 
     rng = np.random.default_rng(17)
@@ -190,7 +205,57 @@ def test_hashed_out_of_vocabulary_ids_through_the_index(small_index_floor, num_b
 
     got = op.transform(pa.table({"c": pa.array(apply, pa.string())}))["c"].to_pylist()
     assert got == [reference(v) for v in apply]
-    assert op._indexes[("ArrowBackend", "c")][1] is not None  # the index was used
     fixed = [v for v in apply if v is None or len(v) == 8]
     got = op.transform(pa.table({"c": pa.array(fixed, pa.string())}))["c"].to_pylist()
     assert got == [reference(v) for v in fixed]
+    assert probes == {"answered": 2, "declined": 0}  # both through the index, mixed widths too
+
+
+def test_values_of_several_widths_are_looked_up_through_the_index(small_index_floor, probes):
+    rng = np.random.default_rng(21)
+    pool = hex_ids(rng, 500)
+    vocab = pool[:300]
+    values = [*rng.choice(np.array(pool, dtype=object), 400), "abc", "", "0123456789", None, "zz"]
+    rng.shuffle(values)
+    raw = pa.array(values, pa.large_string())
+    for column in (raw, raw.slice(3), pa.chunked_array([raw.slice(0, 100), raw.slice(100)])):
+        expected = reference_ids(column.to_pylist(), vocab)
+        index = BACKEND.vocabulary_index(pa.array(vocab))
+        assert BACKEND.encode_ids(column, pa.array(vocab), 3, 1, 2, index).to_pylist() == expected
+    assert probes == {"answered": 3, "declined": 0}
+    # a null whose slot holds bytes (no fixed-width view either)
+    with_bytes = pa.Array.from_buffers(pa.string(), 3, [pa.py_buffer(bytes([0b101])),
+                                                        pa.py_buffer(np.array([0, 8, 16, 24], np.int32)),
+                                                        pa.py_buffer((vocab[0] + "zzzzzzzz" + vocab[1]).encode())])
+    assert with_bytes.to_pylist() == [vocab[0], None, vocab[1]]
+    index = BACKEND.vocabulary_index(pa.array(vocab))
+    assert BACKEND.encode_ids(with_bytes, pa.array(vocab), 3, 1, 2, index).to_pylist() == [3, 1, 4]
+
+
+def test_an_integer_column_without_a_data_buffer_falls_back(small_index_floor):
+    index = BACKEND.vocabulary_index(pa.array([4, 5, 6], pa.int64()))
+    empty = pa.Array.from_buffers(pa.int64(), 0, [None, None])
+    assert index.positions(empty) is None
+    assert BACKEND.encode_ids(empty, pa.array([4, 5, 6], pa.int64()), 3, 1, 2, index).to_pylist() == []
+
+
+def test_categorify_indexes_the_vocabulary_as_the_column_takes_it(small_index_floor, probes):
+    # a vocabulary given as int64, columns of int32: the index is over the cast values
+    op = Categorify(vocabs={"c": list(range(0, 2000, 2))})
+    op.finalize(op.combine_root([op.fit_partition(pa.table({"c": pa.array([0], pa.int64())}))]))
+    values = [0, 3, 1998, None, 2000, 64]
+    got = op.transform(pa.table({"c": pa.array(values, pa.int32())}))["c"].to_pylist()
+    assert got == [1 if v is None else 3 + v // 2 if v % 2 == 0 and v < 2000 else 2 for v in values]
+    assert probes == {"answered": 1, "declined": 0}
+
+
+def test_a_refit_drops_the_indexes_of_the_old_vocabularies(small_index_floor):
+    op = Categorify()
+    op.finalize(op.combine_root([op.fit_partition(pa.table({"a": ["aaaaaaaa", "bbbbbbbb"]}))]))
+    op.transform(pa.table({"a": ["aaaaaaaa"]}))
+    assert [key[1] for key in op._indexes] == ["a"]
+    op.finalize(op.combine_root([op.fit_partition(pa.table({"b": ["cccccccc", "dddddddd"]}))]))
+    assert "_indexes" not in op.__dict__
+    op.set_state(*op.get_state())
+    op.transform(pa.table({"b": ["dddddddd"]}))
+    assert [key[1] for key in op._indexes] == ["b"]

@@ -185,23 +185,27 @@ def test_a_spill_is_one_file_read_back_by_bucket(tmp_path, monkeypatch):
     rng = np.random.default_rng(12)
     df = pd.DataFrame({"c": pd.array([f"v{x:04d}" for x in rng.zipf(1.2, 6000) % 2000], dtype="str")})
     op = ops.Categorify(freq_threshold=2, spill_rows=40, spill_buckets=6, spill_dir=str(tmp_path))
-    spills, seen = [], []
+    spills, rows, seen = [], {}, []
     spill, merge = ops.Categorify._spill, ops.Categorify._merge_spilled
 
-    def spy_spill(self, *args):
-        written = spill(self, *args)
+    def spy_spill(self, table, *args):
+        written = spill(self, table, *args)
         spills.append(written)
+        rows[written.path] = table.num_rows
         return written
 
     def spy_merge(self, name, counts):
         seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        for s in counts.spilled:  # the buckets' byte ranges cover the file, and hold the rows
+            assert os.path.getsize(s.path) == s.offsets[-1]
+            assert sum(s.read(b).num_rows for b in range(6)) == rows[s.path]
         return merge(self, name, counts)
 
     monkeypatch.setattr(ops.Categorify, "_spill", spy_spill)
     monkeypatch.setattr(ops.Categorify, "_merge_spilled", spy_merge)
     ts.Workflow(["c"] >> op).fit(ts.Dataset(df, part_size=8000))
     assert len(spills) > 1
-    # one file per spill, its buckets at the recorded byte ranges, all bytes accounted for
+    # one file per spill, every one merged
     assert seen == [sorted(os.path.basename(s.path) for s in spills)]
     assert all(s.path.endswith(".arrow") and len(s.offsets) == 7 for s in spills)
     counts = df["c"].value_counts()

@@ -153,7 +153,7 @@ def test_categorify_spill_goes_through_shared_dir_on_cluster(real_cluster, raw_t
         assert dict(zip(vocab["values"], vocab["counts"])) == {str(k): int(v) for k, v in expected.items()}
     pd_left, pd_right = wf.transform(frame), local.transform(frame)
     assert pd_left.equals(pd_right)
-    assert list(shared.iterdir()) == []  # spill folders removed after the merge
+    assert list(shared.iterdir()) == []  # spill files removed after the merge
 
 
 def test_categorify_spill_without_spill_dir_on_one_host_uses_a_fit_folder(real_cluster, raw_tsv,
