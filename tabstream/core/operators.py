@@ -174,6 +174,13 @@ class Operator(metaclass=_OpMeta):
     #: ops that need no fitting leave this False
     is_stat: ClassVar[bool] = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (dask ships ops to workers) without ``_indexes``, the lookup
+        indexes an op may keep over its fitted keys: each process builds its own."""
+        state = self.__dict__.copy()
+        state.pop("_indexes", None)
+        return state
+
     # -- parameters ---------------------------------------------------------
     def get_params(self) -> dict[str, Any]:
         """Constructor parameters, read back from attributes of the same name."""

@@ -745,13 +745,6 @@ class Categorify(StatOperator):
             held = indexes[key] = (table, kernels.vocabulary_index(vocab))
         return held[1]
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled (dask ships ops to workers) without the lookup indexes: a worker
-        builds its own."""
-        state = self.__dict__.copy()
-        state.pop("_indexes", None)
-        return state
-
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         return {"vocabularies": list(self.tables)}, {f"vocab.{k}": v for k, v in self.tables.items()}

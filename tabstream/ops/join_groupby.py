@@ -189,6 +189,7 @@ class JoinGroupby(StatOperator):
                 cols[out] = pa.array(np.where(valid, values, 0.0), mask=~valid)
             tables[name] = _with_columns(t.select(keys), cols)
         self.tables = tables
+        self.__dict__.pop("_indexes", None)  # those of the statistics replaced
         self.fitted = True
 
     def transform(self, table: pa.Table) -> pa.Table:
@@ -197,7 +198,8 @@ class JoinGroupby(StatOperator):
         for g in self._groups_of(table.column_names):
             name = self.name_sep.join(g)
             stats = self.tables[name]
-            idx = lookup(stats.select(g), table.select(g), "JoinGroupby")
+            idx = lookup(stats.select(g), table.select(g), "JoinGroupby",
+                         indexes=self.__dict__.setdefault("_indexes", {}).setdefault(name, {}), source=stats)
             taken = backend().take(stats, pa.array(idx, mask=idx < 0))
             for out, _, stat in self._outputs(name):
                 column = taken.column(out)
@@ -209,4 +211,5 @@ class JoinGroupby(StatOperator):
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.tables = {k: tables[f"stats.{k}"] for k in values["groups"]}
+        self.__dict__.pop("_indexes", None)
         self.fitted = True

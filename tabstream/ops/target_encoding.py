@@ -202,8 +202,10 @@ class TargetEncoding(StatOperator):
         folds = self._folds(table)
         data = {}
         for g in self._groups_of(table.column_names):
-            uniq, per_target = self._arrays["_".join(g)]
-            idx = lookup(uniq, table.select(g), "TargetEncoding")
+            name = "_".join(g)
+            uniq, per_target = self._arrays[name]
+            idx = lookup(uniq, table.select(g), "TargetEncoding",
+                         indexes=self.__dict__.setdefault("_indexes", {}).setdefault(name, {}), source=uniq)
             seen = idx >= 0
             at = np.where(seen, idx, 0)
             for t in self.targets:

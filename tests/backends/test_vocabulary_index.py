@@ -259,3 +259,72 @@ def test_a_refit_drops_the_indexes_of_the_old_vocabularies(small_index_floor):
     op.set_state(*op.get_state())
     op.transform(pa.table({"b": ["dddddddd"]}))
     assert [key[1] for key in op._indexes] == ["b"]
+
+
+def _key_frame(rng, n, key_kind):
+    pool = np.array(hex_ids(rng, 300), dtype=object) if key_kind == "string" else rng.permutation(10_000)[:300]
+    keys = pool[rng.integers(0, 200, n)]  # the first 200 seen in training
+    frame = pd.DataFrame({"k": pd.array(keys, dtype="str" if key_kind == "string" else "Int64"),
+                          "price": rng.normal(size=n), "label": rng.integers(0, 2, n)})
+    return frame, pool
+
+
+@pytest.mark.parametrize("key_kind", ["string", "int"])
+@pytest.mark.parametrize("op_kind", ["JoinGroupby", "TargetEncoding"])
+def test_key_lookups_of_joins_through_the_index_match_the_coded_lookup(monkeypatch, probes, key_kind, op_kind):
+    import tabstream as ts
+    from tabstream.ops import JoinGroupby, TargetEncoding
+
+    rng = np.random.default_rng(23)
+    train, pool = _key_frame(rng, 3000, key_kind)
+    apply, _ = _key_frame(rng, 500, key_kind)
+    apply.loc[:40, "k"] = pool[250]  # keys never seen in training
+    apply.loc[41:60, "k"] = None     # missing keys
+    apply.loc[61, "k"] = pool[0][:5] if key_kind == "string" else pool[0]  # another width
+
+    def run(index_floor):
+        monkeypatch.setattr(arrow, "_INDEX_MIN", index_floor)
+        node = (["k", "price"] >> JoinGroupby(cont_cols=["price"], stats=["count", "sum", "mean"])
+                if op_kind == "JoinGroupby" else ["k", "label"] >> TargetEncoding("label", kfold=1, p_smooth=3))
+        wf = ts.Workflow(node).fit(ts.Dataset(train, part_size=20_000))
+        return wf.transform(apply), wf.transform(apply.iloc[100:]), wf
+
+    coded, coded_tail, _ = run(1 << 40)
+    assert probes == {"answered": 0, "declined": 0}
+    indexed, indexed_tail, wf = run(2)
+    assert probes["answered"] == 2 and probes["declined"] == 0
+    pd.testing.assert_frame_equal(indexed, coded)
+    pd.testing.assert_frame_equal(indexed_tail, coded_tail)
+    # a pickled workflow (as dask ships it) carries no index and gives the same
+    copy = pickle.loads(pickle.dumps(wf))
+    assert all("_indexes" not in node.op.__dict__ for node in copy.output_node.walk()
+               if getattr(node, "op", None) is not None)
+    pd.testing.assert_frame_equal(copy.transform(apply), coded)
+
+
+def test_join_groupby_counts_through_the_index_match_pandas(small_index_floor, probes):
+    import tabstream as ts
+    from tabstream.ops import JoinGroupby
+
+    rng = np.random.default_rng(29)
+    train, pool = _key_frame(rng, 2000, "string")
+    wf = ts.Workflow(["k", "price"] >> JoinGroupby(cont_cols=["price"], stats=["count"])).fit(ts.Dataset(train))
+    keys = [*pool[:250], None]
+    out = wf.transform(pd.DataFrame({"k": pd.array(keys, dtype="str"), "price": 0.0}))
+    counts = train["k"].value_counts()
+    got = out[[c for c in out.columns if c.endswith("count")][0]].tolist()
+    seen = [i for i, k in enumerate(keys[:250]) if k in counts]
+    assert len(seen) == 200 and [got[i] for i in seen] == [counts[keys[i]] for i in seen]
+    assert probes["answered"] == 1
+
+
+def test_a_missing_key_among_the_fitted_keys_is_coded_not_indexed(small_index_floor, probes):
+    import tabstream as ts
+    from tabstream.ops import JoinGroupby
+
+    train = pd.DataFrame({"k": pd.array(["aaaaaaaa", None, "bbbbbbbb", None, "aaaaaaaa"], dtype="str"),
+                          "price": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    wf = ts.Workflow(["k", "price"] >> JoinGroupby(cont_cols=["price"], stats=["sum"])).fit(ts.Dataset(train))
+    out = wf.transform(pd.DataFrame({"k": pd.array([None, "bbbbbbbb", "aaaaaaaa"], dtype="str"), "price": 0.0}))
+    assert out[out.columns[-1]].tolist() == [6.0, 3.0, 6.0]  # the missing key is a key: its rows sum to 6
+    assert probes == {"answered": 0, "declined": 0}
