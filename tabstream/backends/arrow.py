@@ -439,6 +439,9 @@ class ArrowBackend(Backend):
     def vocabulary_index(self, vocabulary: pa.Array) -> _VocabularyIndex | None:
         return _vocabulary_index(vocabulary)
 
+    def vocabulary_positions(self, index: Any, column: Column) -> tuple[np.ndarray, bool] | None:
+        return index.positions(_combined(column)) if isinstance(index, _VocabularyIndex) else None
+
     def encode_ids(self, column: Column, vocabulary: pa.Array, start: int, missing: int,
                    unknown: int, index: Any = None) -> pa.Array:
         # One numpy pass per rule instead of Arrow's add, is_null, coalesce and
@@ -448,7 +451,7 @@ class ArrowBackend(Backend):
         hit = None
         if not pa.types.is_dictionary(column.type):
             column = _combined(column)
-            hit = index.positions(column) if index is not None else None
+            hit = self.vocabulary_positions(index, column) if index is not None else None
             if hit is None:
                 found = _lookup_fixed_width(column, vocabulary)
                 hit = None if found is None else (found, True)  # the non-null rows only

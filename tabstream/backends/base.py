@@ -113,6 +113,14 @@ class Backend(abc.ABC):
         of fitted state: rebuilt in each process that encodes."""
         return None
 
+    def vocabulary_positions(self, index: Any, column: Column) -> tuple[np.ndarray, bool] | None:
+        """Position in the vocabulary of ``index`` (what :meth:`vocabulary_index`
+        built) of each value of ``column``, -1 where absent, and whether the positions
+        cover the non-null values only (True) or every row (the nulls' entries then
+        mean nothing); None where the index cannot read the column (the caller looks
+        the values up another way). This default has no index to read."""
+        return None
+
     def encode_ids(self, column: Column, vocabulary: pa.Array, start: int, missing: int,
                    unknown: int, index: Any = None) -> pa.Array:
         """int64 id of each value without nulls: its position in ``vocabulary`` plus

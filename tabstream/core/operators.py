@@ -21,6 +21,7 @@ import math
 import string
 import types
 import typing
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Union
 
@@ -168,18 +169,28 @@ class _OpMeta(abc.ABCMeta):
         raise TypeError(f"{cls.__name__} is a class; apply an instance: >> {cls.__name__}(...)")
 
 
+#: lookup indexes ops keep over their fitted keys (see
+#: ``Backend.vocabulary_index``), per op: outside the op's attributes, so never
+#: pickled (dask ships ops to workers, each process builds its own) nor saved, and
+#: gone with the op
+_LOOKUP_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lookup_indexes(op: Any, group: str) -> dict:
+    """The dict of lookup indexes ``op`` keeps for ``group`` (a vocabulary, a key
+    column group); :func:`drop_lookup_indexes` empties them when the op fits again."""
+    return _LOOKUP_INDEXES.setdefault(op, {}).setdefault(group, {})
+
+
+def drop_lookup_indexes(op: Any) -> None:
+    _LOOKUP_INDEXES.pop(op, None)
+
+
 class Operator(metaclass=_OpMeta):
     """Base class of all ops; ``columns >> op`` builds a graph node."""
 
     #: ops that need no fitting leave this False
     is_stat: ClassVar[bool] = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled (dask ships ops to workers) without ``_indexes``, the lookup
-        indexes an op may keep over its fitted keys: each process builds its own."""
-        state = self.__dict__.copy()
-        state.pop("_indexes", None)
-        return state
 
     # -- parameters ---------------------------------------------------------
     def get_params(self) -> dict[str, Any]:

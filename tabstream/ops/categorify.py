@@ -79,7 +79,7 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
-from tabstream.core.operators import StatOperator
+from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
@@ -656,7 +656,7 @@ class Categorify(StatOperator):
                     f"max_size={self._setting(self.max_size, name)} leaves room for {limit}")
             tables[name] = pa.table({"values": arr, "counts": pa.nulls(len(arr), pa.int64())})
         self.tables = tables
-        self.__dict__.pop("_indexes", None)  # those of the vocabularies replaced
+        drop_lookup_indexes(self)  # those of the vocabularies replaced
         self.fitted = True
 
     # -- transform ----------------------------------------------------------
@@ -738,8 +738,8 @@ class Categorify(StatOperator):
         table is replaced. Two threads may both build it at first: the same index,
         one kept."""
         table = self.tables[name]
-        key = (type(kernels), name, vocab.type)
-        indexes = self.__dict__.setdefault("_indexes", {})
+        key = (type(kernels), vocab.type)
+        indexes = lookup_indexes(self, name)
         held = indexes.get(key)
         if held is None or held[0] is not table:
             held = indexes[key] = (table, kernels.vocabulary_index(vocab))
@@ -751,7 +751,7 @@ class Categorify(StatOperator):
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.tables = {k: tables[f"vocab.{k}"] for k in values["vocabularies"]}
-        self.__dict__.pop("_indexes", None)
+        drop_lookup_indexes(self)
         self.fitted = True
 
     def reverse_mapping(self, name: str) -> pa.Table:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices
-from tabstream.core.operators import StatOperator
+from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     _check_scalar_categories,
@@ -189,7 +189,7 @@ class JoinGroupby(StatOperator):
                 cols[out] = pa.array(np.where(valid, values, 0.0), mask=~valid)
             tables[name] = _with_columns(t.select(keys), cols)
         self.tables = tables
-        self.__dict__.pop("_indexes", None)  # those of the statistics replaced
+        drop_lookup_indexes(self)  # those of the statistics replaced
         self.fitted = True
 
     def transform(self, table: pa.Table) -> pa.Table:
@@ -199,7 +199,7 @@ class JoinGroupby(StatOperator):
             name = self.name_sep.join(g)
             stats = self.tables[name]
             idx = lookup(stats.select(g), table.select(g), "JoinGroupby",
-                         indexes=self.__dict__.setdefault("_indexes", {}).setdefault(name, {}), source=stats)
+                         indexes=lookup_indexes(self, name), source=stats)
             taken = backend().take(stats, pa.array(idx, mask=idx < 0))
             for out, _, stat in self._outputs(name):
                 column = taken.column(out)
@@ -211,5 +211,5 @@ class JoinGroupby(StatOperator):
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.tables = {k: tables[f"stats.{k}"] for k in values["groups"]}
-        self.__dict__.pop("_indexes", None)
+        drop_lookup_indexes(self)
         self.fitted = True

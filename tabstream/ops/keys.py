@@ -108,9 +108,9 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     """:func:`lookup` of one key column through a vocabulary index; None where there is
     none (too few keys, a missing key among them, floats, types that do not meet):
     the caller codes the keys instead (and reports types that do not meet)."""
-    field = table_keys.schema.field(0)
-    theirs = plain(keys.column(0))
-    common = _key_type(field.type, theirs.type)
+    field, given = table_keys.schema.field(0), keys.column(0)
+    given_type = given.type.value_type if pa.types.is_dictionary(given.type) else given.type
+    common = _key_type(field.type, given_type)
     if common is None:
         return None
     kernels = backend()
@@ -127,10 +127,10 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     if index is None:
         return None
     try:
-        theirs = theirs.cast(common)
+        theirs = plain(given).cast(common)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    hit = index.positions(theirs)
+    hit = kernels.vocabulary_positions(index, theirs)
     if hit is None:
         return None
     found, non_null_only = hit

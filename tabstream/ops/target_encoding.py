@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices
-from tabstream.core.operators import StatOperator
+from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     FOLD,
@@ -176,6 +176,7 @@ class TargetEncoding(StatOperator):
 
     def _prepare(self) -> None:
         """Per group: distinct categories and (category x fold) sum/count arrays."""
+        drop_lookup_indexes(self)  # those of the categories replaced
         self._arrays = {}
         for name, table in self.stats.items():
             keys = [c for c in table.column_names if c != FOLD and not c.startswith(("__sum__", "__count__"))]
@@ -205,7 +206,7 @@ class TargetEncoding(StatOperator):
             name = "_".join(g)
             uniq, per_target = self._arrays[name]
             idx = lookup(uniq, table.select(g), "TargetEncoding",
-                         indexes=self.__dict__.setdefault("_indexes", {}).setdefault(name, {}), source=uniq)
+                         indexes=lookup_indexes(self, name), source=uniq)
             seen = idx >= 0
             at = np.where(seen, idx, 0)
             for t in self.targets:

@@ -12,6 +12,7 @@ import pytest
 
 import tabstream.backends.arrow as arrow
 from tabstream.backends.arrow import ArrowBackend
+from tabstream.core.operators import _LOOKUP_INDEXES
 from tabstream.ops import Categorify
 
 BACKEND = ArrowBackend()
@@ -24,6 +25,12 @@ def hex_ids(rng, n, width=8):
     out = np.array([format(int(c), f"0{width}x") for c in codes], dtype=object)
     rng.shuffle(out)
     return list(out)
+
+
+def held(op):
+    """(group, key) -> (source, index) of what ``op`` keeps."""
+    return {(group, key): entry for group, kept in _LOOKUP_INDEXES.get(op, {}).items()
+            for key, entry in kept.items()}
 
 
 def reference_ids(values, vocab, start=3, missing=1, unknown=2):
@@ -166,11 +173,11 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
         return [1 if pd.isna(v) else ids[v] for v in frame[column]]
 
     parts = [op.transform(table.slice(0, 1000)), op.transform(table.slice(1000))]
-    built = dict(op._indexes)
-    assert {key[1] for key in built} == {"a", "b"}
+    built = held(op)
+    assert {key[0] for key in built} == {"a", "b"}
     assert all(index is not None for _, index in built.values())
     op.transform(table.slice(0, 10))
-    assert all(op._indexes[k][1] is built[k][1] for k in built)  # not built again
+    assert all(held(op)[k][1] is built[k][1] for k in built)  # not built again
     for column in ("a", "b"):
         got = pa.chunked_array([p[column] for p in parts]).to_pylist()
         assert got == expected(column)
@@ -178,9 +185,9 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
     # replaced vocabularies get a new index; a pickled op carries none and encodes alike
     op.tables = {name: t.slice(0) for name, t in op.tables.items()}
     op.transform(table.slice(0, 10))
-    assert all(op._indexes[k][1] is not built[k][1] for k in built)
+    assert all(held(op)[k][1] is not built[k][1] for k in built)
     copy = pickle.loads(pickle.dumps(op))
-    assert "_indexes" not in copy.__dict__
+    assert copy not in _LOOKUP_INDEXES
     assert copy.transform(table).to_pydict() == op.transform(table).to_pydict()
 
 
@@ -253,12 +260,12 @@ def test_a_refit_drops_the_indexes_of_the_old_vocabularies(small_index_floor):
     op = Categorify()
     op.finalize(op.combine_root([op.fit_partition(pa.table({"a": ["aaaaaaaa", "bbbbbbbb"]}))]))
     op.transform(pa.table({"a": ["aaaaaaaa"]}))
-    assert [key[1] for key in op._indexes] == ["a"]
+    assert [key[0] for key in held(op)] == ["a"]
     op.finalize(op.combine_root([op.fit_partition(pa.table({"b": ["cccccccc", "dddddddd"]}))]))
-    assert "_indexes" not in op.__dict__
+    assert op not in _LOOKUP_INDEXES
     op.set_state(*op.get_state())
     op.transform(pa.table({"b": ["dddddddd"]}))
-    assert [key[1] for key in op._indexes] == ["b"]
+    assert [key[0] for key in held(op)] == ["b"]
 
 
 def _key_frame(rng, n, key_kind):
@@ -297,7 +304,7 @@ def test_key_lookups_of_joins_through_the_index_match_the_coded_lookup(monkeypat
     pd.testing.assert_frame_equal(indexed_tail, coded_tail)
     # a pickled workflow (as dask ships it) carries no index and gives the same
     copy = pickle.loads(pickle.dumps(wf))
-    assert all("_indexes" not in node.op.__dict__ for node in copy.output_node.walk()
+    assert all(node.op not in _LOOKUP_INDEXES for node in copy.output_node.walk()
                if getattr(node, "op", None) is not None)
     pd.testing.assert_frame_equal(copy.transform(apply), coded)
 
@@ -328,3 +335,23 @@ def test_a_missing_key_among_the_fitted_keys_is_coded_not_indexed(small_index_fl
     out = wf.transform(pd.DataFrame({"k": pd.array([None, "bbbbbbbb", "aaaaaaaa"], dtype="str"), "price": 0.0}))
     assert out[out.columns[-1]].tolist() == [6.0, 3.0, 6.0]  # the missing key is a key: its rows sum to 6
     assert probes == {"answered": 0, "declined": 0}
+
+
+def test_target_encoding_drops_the_indexes_of_its_old_keys(small_index_floor):
+    import tabstream as ts
+    from tabstream.ops import TargetEncoding
+
+    op = TargetEncoding("label", kfold=1, p_smooth=2)
+    wf = ts.Workflow(["k", "label"] >> op)
+    ints = pd.DataFrame({"k": [10, 11, 12, 10], "label": [1, 0, 1, 1]})
+    wf.fit(ts.Dataset(ints))
+    wf.transform(ints)
+    assert [key for _, key in held(op)] == [(type(BACKEND), "k", pa.int64())]
+    strings = pd.DataFrame({"k": pd.array(["aaaaaaaa", "bbbbbbbb", "aaaaaaaa"], dtype="str"), "label": [1, 0, 0]})
+    wf.fit(ts.Dataset(strings))
+    assert held(op) == {}
+    out = wf.transform(strings)
+    assert [key[2] for _, key in held(op)] == [pa.large_string()]
+    # (sum + p_smooth * global mean) / (count + p_smooth), global mean 1/3
+    aaa, bbb = (1 + 2 / 3) / (2 + 2), (0 + 2 / 3) / (1 + 2)
+    assert out[out.columns[0]].tolist() == pytest.approx([aaa, bbb, aaa], rel=1e-6)
