@@ -79,8 +79,8 @@ def lookup(table_keys: pa.Table, keys: pa.Table, op: str,
     then looked up through the backend's vocabulary index over ``table_keys``, built
     on the first call and kept (see :meth:`~tabstream.backends.base.Backend.vocabulary_index`):
     otherwise every call codes the fitted keys together with the given ones, which
-    costs as much as the fitted keys are many (100k rows against 1M fitted keys:
-    87-136 ms, benchmarks/RESULTS.md, session 12)."""
+    costs as much as the fitted keys are many (100k rows against about 1M fitted
+    keys: 90-153 ms, through the index 5-10 ms; benchmarks/RESULTS.md, session 12)."""
     if indexes is not None and table_keys.num_columns == 1 and keys.num_columns == 1:
         found = _indexed_lookup(table_keys, keys, indexes, source)
         if found is not None:
