@@ -120,7 +120,7 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
         try:
             mine = plain(table_keys.column(0)).cast(common)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
+            return None  # the coded lookup casts again and raises the TypeError naming the column
         # a fitted missing key (null) or float keys get no index: they are coded instead
         held = indexes[cache_key] = (source, kernels.vocabulary_index(mine))
     index = held[1]
@@ -129,7 +129,7 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     try:
         theirs = plain(given).cast(common)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+        return None  # as above: a value that does not fit (uint64 past int64) is reported there
     hit = kernels.vocabulary_positions(index, theirs)
     if hit is None:
         return None

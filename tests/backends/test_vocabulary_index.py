@@ -355,3 +355,16 @@ def test_target_encoding_drops_the_indexes_of_its_old_keys(small_index_floor):
     # (sum + p_smooth * global mean) / (count + p_smooth), global mean 1/3
     aaa, bbb = (1 + 2 / 3) / (2 + 2), (0 + 2 / 3) / (1 + 2)
     assert out[out.columns[0]].tolist() == pytest.approx([aaa, bbb, aaa], rel=1e-6)
+
+
+def test_a_key_that_does_not_fit_the_fitted_type_is_reported_as_before(small_index_floor):
+    from tabstream.ops.keys import lookup
+
+    stored = pa.table({"k": pa.array([1, 2, 3], pa.int64())})
+    indexes = {}
+    assert lookup(stored, pa.table({"k": pa.array([2, 9], pa.uint64())}), "JoinGroupby",
+                  indexes=indexes, source=stored).tolist() == [1, -1]
+    assert [entry[1] for entry in indexes.values()] != [None]  # the index answered that one
+    with pytest.raises(TypeError, match="key column 'k' is uint64, but the fitted statistics' key 'k' is int64"):
+        lookup(stored, pa.table({"k": pa.array([2, 2**63 + 5], pa.uint64())}), "JoinGroupby",
+               indexes=indexes, source=stored)
