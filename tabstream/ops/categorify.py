@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
+import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
@@ -148,10 +149,9 @@ def _sum_counts(tables: Sequence[pa.Table]) -> pa.Table:
 
 def _on_dask_worker() -> bool:
     """True inside a task run by a ``distributed`` worker."""
-    try:
-        from distributed import get_worker
-    except ImportError:
+    if "distributed" not in sys.modules:  # a worker has imported it; do not pay the import
         return False
+    from distributed import get_worker
     try:
         get_worker()
     except ValueError:

@@ -521,8 +521,10 @@ class Dataset:
             return [None] * len(self._pieces)
         import dask
 
+        from tabstream.pipeline.execution import local_compute
+
         tasks = [dask.delayed(self.piece_mask, pure=False)(p) for p in self._pieces]
-        return list(dask.compute(*tasks, scheduler="threads"))
+        return local_compute(tasks)
 
     def _reader(self, keep: bool = False) -> Any:
         # "auto" caches in the process that made the Dataset (threads, the default
@@ -664,7 +666,9 @@ class Dataset:
         if isinstance(piece, _CsvPiece):
             t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
-        part = self._ddf.get_partition(piece).compute(scheduler="sync")
+        from tabstream.pipeline.execution import local_compute
+
+        part = local_compute([self._ddf.get_partition(piece)], sync=True)[0]
         t = _frame_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
 
@@ -1043,8 +1047,10 @@ class Dataset:
             return self._table.num_rows
         import dask
 
+        from tabstream.pipeline.execution import local_compute
+
         tasks = [dask.delayed(_count_rows)(self, p) for p in self._pieces]
-        return int(sum(dask.compute(*tasks, scheduler="threads")))
+        return int(sum(local_compute(tasks)))
 
     def to_iter(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
         """Yield the partitions one by one as pandas DataFrames."""
@@ -1235,8 +1241,8 @@ def _frame_to_arrow(frame: Any) -> pa.Table:
 #: parquet partitions the default cache ("auto") keeps for the export after a fit, in
 #: bytes as read (per Dataset); None: a quarter of the memory this process may use, at
 #: least 1 GiB, so that the kept files stay in the page cache. The memory is the
-#: machine's or, in a container, its limit (cgroups v1/v2, RLIMIT_RSS: dask's
-#: ``distributed.system.memory_limit``): page cache, and a /tmp on tmpfs, count against
+#: machine's or, in a container, its limit (cgroups v1/v2, RLIMIT_RSS: what dask's
+#: ``distributed.system.memory_limit`` reads): page cache, and a /tmp on tmpfs, count against
 #: a container's limit. A cache on a disk also stays under what the kernel holds
 #: before it starts writing dirty pages back (``vm.dirty_background_bytes``, else
 #: ``vm.dirty_background_ratio`` percent of the available memory): past it the fit
@@ -1292,13 +1298,37 @@ def _in_memory_filesystem(folder: str) -> bool:
 
 @functools.cache
 def _default_parquet_cache_budget() -> int:
-    try:
-        from distributed.system import memory_limit  # imported by the fit anyway; 0.3 s at import
-    except ImportError:  # shadowed, by a script named distributed.py beside the caller's
-        import psutil
+    return max(2**30, _memory_limit() // 4)
 
-        return max(2**30, psutil.virtual_memory().total // 4)
-    return max(2**30, memory_limit() // 4)
+
+# cgroup memory limits (v1 hard and soft, v2 max and high) a container may set
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.soft_limit_in_bytes",
+                  "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.high")
+
+
+def _memory_limit() -> int:
+    """The memory this process may use: the machine's, or less where a cgroup limit
+    or ``RLIMIT_RSS`` says so (what dask workers size themselves by). Not
+    ``distributed.system.memory_limit``: importing ``distributed`` took 0.14 s and
+    13 MB of RSS in every process that fits a workflow on the threaded scheduler."""
+    import psutil
+
+    limit = psutil.virtual_memory().total
+    for path in _CGROUP_LIMITS if sys.platform == "linux" else ():
+        try:
+            with open(path) as f:
+                value = int(f.read())  # "max" (no limit) is no int
+        except (OSError, ValueError):
+            continue
+        if value > 0:
+            limit = min(limit, value)
+    try:
+        import resource
+    except ImportError:  # Windows
+        return limit
+    rss = resource.getrlimit(resource.RLIMIT_RSS)[1]
+    return min(limit, rss) if rss > 0 else limit
 
 
 #: free disk space the default cache ("auto") leaves on the cache's disk: a tenth of

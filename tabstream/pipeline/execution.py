@@ -7,10 +7,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import dask
+import dask.local
 import dask.system
+import dask.threaded
 from dask import delayed
 
-__all__ = ["compute", "num_workers", "tree_reduce"]
+__all__ = ["compute", "local_compute", "num_workers", "tree_reduce"]
 
 
 def num_workers(client: Any = None) -> int:
@@ -46,7 +48,21 @@ def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
     from tqdm.dask import TqdmCallback
 
     with TqdmCallback(desc=desc, disable=disable, unit="task"):
-        return list(dask.compute(*tasks, scheduler="threads"))
+        return local_compute(tasks)
+
+
+def local_compute(tasks: Sequence[Any], sync: bool = False, **kwargs: Any) -> list[Any]:
+    """``dask.compute(*tasks)`` on dask's threaded scheduler (``sync``: the
+    synchronous one) in this process, whatever client is active; ``kwargs`` go to
+    the scheduler (e.g. ``pool=``).
+
+    The scheduler is passed as its function, not by name: given a name, dask imports
+    ``distributed`` (if installed) to look for an active client even for
+    ``"threads"``, where the answer changes nothing. That import was 0.14-0.17 s and
+    13 MB of RSS in the first fit of every process (a tenth of a 1M-row Criteo fit).
+    """
+    get = dask.local.get_sync if sync else dask.threaded.get
+    return list(dask.compute(*tasks, scheduler=get, **kwargs))
 
 
 def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,

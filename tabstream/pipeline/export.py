@@ -64,7 +64,7 @@ from tabstream.core.errors import ExportError, TabstreamError
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
 from tabstream.pipeline.dataset import Dataset
-from tabstream.pipeline.execution import compute, num_workers
+from tabstream.pipeline.execution import compute, local_compute, num_workers
 
 __all__ = ["ExportResult", "export"]
 
@@ -229,11 +229,10 @@ def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: s
     to this computation alone, not set in dask's global config)."""
     if pool is None or not tasks:
         return compute(tasks, client, desc=desc, progress=progress)
-    import dask
     from tqdm.dask import TqdmCallback
 
     with TqdmCallback(desc=desc, disable=None if progress is None else not progress, unit="task"):
-        return list(dask.compute(*tasks, scheduler="threads", pool=pool))
+        return local_compute(tasks, pool=pool)
 
 
 def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:

@@ -58,15 +58,55 @@ def test_an_explicit_budget_wins(monkeypatch):
 
 def test_budget_when_distributed_is_shadowed(tmp_path):
     """A script folder holding a distributed.py (benchmarks/ has one) shadows dask's
-    package: the budget falls back to the machine's memory instead of failing the fit."""
+    package: the budget never imports it, and is the machine's share as usual."""
     import psutil
 
-    (tmp_path / "distributed.py").write_text("NAME = 'not the package'\n")
+    (tmp_path / "distributed.py").write_text("raise RuntimeError('imported the shadow')\n")
     got = run_child(
         f"import sys\nsys.path.insert(0, {str(tmp_path)!r})",
         "from tabstream.pipeline import dataset\n"
         "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
     assert got["budget"] == max(2**30, psutil.virtual_memory().total // 4)
+
+
+def test_memory_limit_reads_cgroup_files(tmp_path, monkeypatch):
+    """The smallest positive limit among the cgroup files that hold a number wins;
+    "max" (v2's no limit), a missing file and garbage are skipped."""
+    import psutil
+
+    from tabstream.pipeline import dataset
+
+    total = psutil.virtual_memory().total
+    files = {"v1": str(total // 3), "v1_soft": "max\n", "v2": "garbage", "v2_high": f"{total // 5}\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = [str(tmp_path / n) for n in files] + [str(tmp_path / "missing")]
+    monkeypatch.setattr(dataset, "_CGROUP_LIMITS", tuple(paths))
+    assert dataset._memory_limit() == total // 5
+    monkeypatch.setattr(dataset, "_CGROUP_LIMITS", (str(tmp_path / "v1_soft"), str(tmp_path / "missing")))
+    assert dataset._memory_limit() == total
+
+
+def test_a_local_fit_and_export_never_import_distributed(tmp_path):
+    """dask imports ``distributed`` to look for a client when given a scheduler by
+    name; tabstream passes the threaded scheduler's function, so a fit and an export
+    on one machine never pay that import (0.14 s, 13 MB)."""
+    got = run_child(
+        "import sys",
+        "import numpy as np, pandas as pd, pyarrow as pa, pyarrow.parquet as pq\n"
+        "import tabstream\nfrom tabstream import ops\n"
+        f"pq.write_table(pa.table({{'c': pa.array(['a', 'b', 'a'] * 50000), "
+        f"'x': np.arange(150000.0)}}), {str(tmp_path / 'in.parquet')!r}, row_group_size=20000)\n"
+        f"ds = tabstream.Dataset({str(tmp_path / 'in.parquet')!r}, part_size='200kB')\n"
+        "wf = tabstream.Workflow((['c'] >> ops.Categorify(spill_rows=1)) + (['x'] >> ops.Normalize()))\n"
+        "wf.fit(ds, progress=False)\n"
+        f"wf.transform(ds).to_parquet({str(tmp_path / 'out')!r}, progress=False)\n"
+        f"ids = pq.read_table({str(tmp_path / 'out')!r}).column('c').to_pylist()\n"
+        "print(json.dumps({'distributed': 'distributed' in sys.modules, 'parts': ds.npartitions, "
+        "'ids': sorted(set(ids)), 'rows': len(ids)}))")
+    assert got["distributed"] is False
+    assert got["parts"] > 1 and got["rows"] == 150000
+    assert got["ids"] == [3, 4]  # "a" (more frequent) then "b", after the reserved ids
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/sys/vm/dirty_background_ratio"), reason="Linux only")
