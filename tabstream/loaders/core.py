@@ -78,7 +78,7 @@ from tabstream.core.schema import Schema, Tags
 from tabstream.loaders import plan
 from tabstream.loaders.source import ParquetSource, open_source
 
-__all__ = ["Batch", "BatchIterator", "Layout", "Loader", "pad_lists", "pad_nested"]
+__all__ = ["Batch", "BatchIterator", "Layout", "Loader", "column_block", "pad_lists", "pad_nested"]
 
 # (features, labels): see the module docstring.
 Batch = tuple[dict[str, Any], Any]
@@ -385,6 +385,30 @@ class _BatchPool:
         return owner.view(dtype)[:size].reshape(shape)
 
 
+def column_block(columns: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The ``(len(columns), rows)`` buffer whose rows ``columns`` are, in order (a
+    batch's columns of one block, see :meth:`Loader.set_column_blocks`), as a view
+    that keeps it alive; None where they are not such rows (then the caller hands
+    them on one by one)."""
+    if not columns:
+        return None
+    first = columns[0]
+    owner = first.base
+    if (not isinstance(owner, np.ndarray) or owner.dtype != np.uint8 or owner.ndim != 1
+            or first.ndim != 1):
+        return None
+    row_bytes = first.nbytes
+    start = first.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    for i, col in enumerate(columns):
+        if (col.base is not owner or col.dtype != first.dtype or col.shape != first.shape
+                or not col.flags.c_contiguous
+                or col.__array_interface__["data"][0]
+                != owner.__array_interface__["data"][0] + start + i * row_bytes):
+            return None
+    return owner[start:start + len(columns) * row_bytes].view(first.dtype).reshape(
+        len(columns), len(first))
+
+
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Zeros of ``shape`` in arrow's pool (see :func:`_empty`)."""
     out = _empty(int(np.prod(shape, dtype=np.int64)), np.dtype(dtype)).reshape(shape)
@@ -406,22 +430,36 @@ class _BatchBuilder:
     scalar, ``(L,)`` or ``(F, L)`` for a fixed-length list)."""
 
     def __init__(self, dtypes: dict[str, tuple[np.dtype, tuple[int, ...]]], lists: list[str],
-                 size: int, pool: _BatchPool | None = None) -> None:
+                 size: int, pool: _BatchPool | None = None,
+                 blocks: Mapping[str, tuple[int, int, int]] | None = None) -> None:
         self.size = size
         self.dtypes = dtypes
         self.pool = pool
+        # name -> (block, row, rows): scalar columns delivered as rows of one buffer
+        # (see Loader.set_column_blocks), allocated when its first column is written
+        self.blocks = blocks or {}
+        self.held: dict[int, np.ndarray] = {}
         self.out: dict[str, np.ndarray] = {}
         self.lists: dict[str, list[pa.Array]] = {n: [] for n in lists}
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if self.pool is not None:
+            return self.pool.empty(shape, dtype)
+        return _empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
     def column(self, name: str) -> np.ndarray:
         col = self.out.get(name)
         if col is None:
             dtype, shape = self.dtypes[name]
-            if self.pool is not None:
-                col = self.out[name] = self.pool.empty((self.size, *shape), dtype)
+            block = self.blocks.get(name)
+            if block is None:
+                col = self.out[name] = self._allocate((self.size, *shape), dtype)
             else:
-                flat = _empty(self.size * int(np.prod(shape, dtype=np.int64)), dtype)
-                col = self.out[name] = flat.reshape((self.size, *shape))
+                key, row, rows = block
+                held = self.held.get(key)
+                if held is None:
+                    held = self.held[key] = self._allocate((rows, self.size), dtype)
+                col = self.out[name] = held[row]
         return col
 
 
@@ -846,8 +884,34 @@ class Loader:
         self._share = plan.split_rows(self.num_rows, self.batch_size, self.global_size,
                                       self.drop_last)[self.global_rank]
         self._epoch = 0
+        self._column_blocks: list[list[str]] = []
 
     # -- configuration -------------------------------------------------------
+    def set_column_blocks(self, blocks: Sequence[Sequence[str]]) -> None:
+        """Assemble each group of ``blocks`` (scalar columns of one dtype) in one
+        ``(len(group), batch)`` buffer per batch, a column per row, in the group's
+        order. Batches still hold one array per column, each a row of that buffer;
+        :func:`column_block` gives the buffer back. For a consumer that hands a batch
+        on as few arrays as it can: the TensorFlow loader passes a buffer per dtype
+        through ``tf.py_function`` instead of one tensor per column. Applies to the
+        epochs started after the call; ``[]`` turns it off."""
+        seen: set[str] = set()
+        groups = [list(g) for g in blocks]
+        for group in groups:
+            for name in group:
+                layout = self.layouts.get(name)
+                if layout is None or layout.depth:
+                    raise ValueError(f"column block {group}: {name!r} is not a selected scalar "
+                                     f"column; scalar columns: "
+                                     f"{[n for n in self.columns if not self.layouts[n].depth]}")
+                if name in seen:
+                    raise ValueError(f"column {name!r} is in two column blocks")
+                seen.add(name)
+            dtypes = sorted({str(self.layouts[n].dtype) for n in group})
+            if len(dtypes) > 1:
+                raise ValueError(f"column block {group} mixes dtypes {dtypes}: one dtype per block")
+        self._column_blocks = [g for g in groups if g]
+
     def _transformed_types(self) -> dict[str, pa.DataType]:
         """The arrow types the workflow outputs, from transforming an empty table of
         the dataset's input types (no data read)."""
@@ -1238,7 +1302,9 @@ class Loader:
         # chunk's batches plus those queued and held by the consumer
         chunk_rows = max((sum(p.num_rows for p in c) for c in chunks), default=0)
         pool = _BatchPool(keep=-(-chunk_rows // max(1, size)) + self.prefetch + 3)
-        builder = _BatchBuilder(dtypes, lists, size, pool)
+        blocks = {n: (k, row, len(group)) for k, group in enumerate(self._column_blocks)
+                  for row, n in enumerate(group)}
+        builder = _BatchBuilder(dtypes, lists, size, pool, blocks)
         filled = 0
         # One row group is read ahead of the chunk being cut into batches: the
         # reading never waits as long as cutting a chunk takes less time than
@@ -1271,7 +1337,7 @@ class Loader:
                         done.append(builder)
                         size, filled = next(sizes, 0), 0
                         if size:
-                            builder = _BatchBuilder(dtypes, lists, size, pool)
+                            builder = _BatchBuilder(dtypes, lists, size, pool, blocks)
                 handed: set[int] = set()
                 for finished in chunk.fill(segments, done, recycler):
                     handed.add(id(finished))
@@ -1294,7 +1360,7 @@ class Loader:
         batch = self._finish(finished)
         # the batch's arrays are the consumer's now: a builder kept in a list of
         # finished batches must not keep their buffers from the pool
-        finished.out, finished.lists = {}, {}
+        finished.out, finished.lists, finished.held = {}, {}, {}
         del finished
         yield batch
 

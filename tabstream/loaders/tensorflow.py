@@ -45,7 +45,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.ops import dataset_ops, iterator_ops
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_dataset_ops
 
 try:  # the dataset op behind from_generator (TensorFlow's own module, private)
     from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
@@ -117,6 +120,18 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
             and a.__array_interface__["data"][0] % _ALIGN == 0):
         return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
     return tf.convert_to_tensor(a)
+
+
+def _blocks(core_loader: core.Loader, spec: Any) -> list[list[int]]:
+    """Positions in the flattened element of the scalar columns, grouped by dtype in
+    that order (groups of two or more): each group travels through ``tf.py_function``
+    as one ``(columns, batch)`` tensor, unstacked in the graph into its columns."""
+    scalar = {n for n in core_loader.columns if not core_loader.column_layout(n).depth}
+    groups: dict[tf.DType, list[int]] = {}
+    for i, s in enumerate(tf.nest.flatten(spec)):
+        if s.name in scalar:
+            groups.setdefault(s.dtype, []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def _spec(core_loader: core.Loader) -> Any:
@@ -197,6 +212,11 @@ class Loader(dataset_ops.DatasetV2):
         self._closed = False     # set at interpreter exit (see _close_at_exit)
         _OPEN.add(self)
         self._spec = _spec(self.core)
+        flat = tf.nest.flatten(self._spec)
+        self._block_positions = _blocks(self.core, self._spec)
+        grouped = {i for g in self._block_positions for i in g}
+        self._single_positions = [i for i in range(len(flat)) if i not in grouped]
+        self.core.set_column_blocks([[flat[i].name for i in g] for g in self._block_positions])
         ds = self._batches(self._spec)
         ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
         options = tf.data.Options()
@@ -219,6 +239,12 @@ class Loader(dataset_ops.DatasetV2):
     def _inputs(self) -> list[tf.data.Dataset]:
         return [self._dataset]
 
+    def __iter__(self) -> iterator_ops.OwnedIterator:
+        if context.executing_eagerly():
+            with ops.colocate_with(self._variant_tensor):  # as tf.data.Dataset.__iter__
+                return _EagerIterator(self)
+        return super().__iter__()
+
     @property
     def element_spec(self) -> Any:
         # the specs with their column names (the mapped batches carry none)
@@ -239,7 +265,10 @@ class Loader(dataset_ops.DatasetV2):
         fallback where TensorFlow no longer has the op's Python class
         (benchmarks/RESULTS.md, session 11)."""
         flat = tf.nest.flatten(spec)
-        dtypes = [s.dtype for s in flat]
+        blocks, singles = self._block_positions, self._single_positions
+        # the py_function's outputs: a (columns, batch) tensor per block, then the
+        # other arrays one by one
+        dtypes = [flat[g[0]].dtype for g in blocks] + [flat[i].dtype for i in singles]
 
         # Plain graph-building code: autograph's rewrite of these functions (parsing
         # their source) was a third of building the first loader in a process.
@@ -247,7 +276,14 @@ class Loader(dataset_ops.DatasetV2):
 
         @plain
         def next_batch(key: tf.Tensor) -> Any:
-            tensors = tf.py_function(self._next_batch, [key], dtypes)
+            outputs = tf.py_function(self._next_batch, [key], dtypes)
+            tensors: list[Any] = [None] * len(flat)
+            for g, block in zip(blocks, outputs, strict=False):
+                # rows of a contiguous buffer: slices, not copies
+                for i, row in zip(g, tf.unstack(block, num=len(g)), strict=True):
+                    tensors[i] = row
+            for i, tensor in zip(singles, outputs[len(blocks):], strict=True):
+                tensors[i] = tensor
             for tensor, s in zip(tensors, flat, strict=True):
                 tensor.set_shape(s.shape)
             return tf.nest.pack_sequence_as(spec, tensors)
@@ -281,7 +317,16 @@ class Loader(dataset_ops.DatasetV2):
     def _to_tensors(self, batch: core.Batch) -> list[tf.Tensor]:
         # In the loader's background thread, off tf.data's critical path.
         element = batch if self.core.label_names else batch[0]
-        return [_tensor(a) for a in tf.nest.flatten(element)]
+        flat = tf.nest.flatten(element)
+        out = []
+        for g in self._block_positions:
+            columns = [flat[i] for i in g]
+            block = core.column_block(columns)
+            # the core assembles them as one buffer (set_column_blocks); stacked
+            # otherwise (a copy), should that ever not hold
+            out.append(_tensor(np.stack(columns) if block is None else block))
+        out.extend(_tensor(flat[i]) for i in self._single_positions)
+        return out
 
     # tf.data's three calls into the loader, from its own threads. Each is counted
     # (see _close); once the loader is closed at exit they end at once.
@@ -372,6 +417,26 @@ _OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()
 _EXIT_WAIT_S = 10.0
 # Quiet for this long (no call into the loader), tf.data has stopped asking.
 _QUIET_S = 0.05
+
+
+class _EagerIterator(iterator_ops.OwnedIterator):
+    """The loader's iterator in eager code (``for features, labels in loader``).
+
+    tf.data's own checks every tensor of every element against the element spec
+    in Python (``set_shape`` per tensor and the nest packing: 0.17 ms per batch of
+    40 columns alone, several times that while the loader's threads compete for
+    the interpreter); the iterator op has already checked them against the same
+    shapes and types, so this one only packs them. Inside a ``tf.function`` (which
+    rebuilds the iterator from its spec) and on any other path it is tf.data's."""
+
+    def _next_internal(self) -> Any:
+        if not context.executing_eagerly():
+            return super()._next_internal()
+        with context.execution_mode(context.SYNC):
+            tensors = gen_dataset_ops.iterator_get_next(
+                self._iterator_resource, output_types=self._flat_output_types,
+                output_shapes=self._flat_output_shapes)
+        return tf.nest.pack_sequence_as(self._element_spec, tensors)
 
 
 def _foreign_python_running() -> bool:

@@ -587,3 +587,56 @@ def test_threads_of_an_unfinished_epoch_end_before_the_interpreter_does(shared_e
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "alive at exit: []" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_column_blocks_are_rows_of_one_buffer_with_the_same_values(shared_export: Path,
+                                                                   testdata: Any,
+                                                                   shuffle: bool) -> None:
+    from tabstream.loaders.core import column_block
+
+    plain = Loader(shared_export, 97, shuffle=shuffle, seed=4)
+    blocked = Loader(shared_export, 97, shuffle=shuffle, seed=4)
+    blocked.set_column_blocks([["label", "row_id", "C1"]])
+    rows = 0
+    for (f, lab), (g, m) in zip(plain, blocked, strict=True):
+        for name in ("row_id", "C1", "I1"):
+            assert np.array_equal(f[name], g[name]) and f[name].dtype == g[name].dtype
+        assert np.array_equal(lab, m)
+        block = column_block([m, g["row_id"], g["C1"]])
+        assert block is not None and block.shape == (3, len(m)) and block.dtype == np.int64
+        np.testing.assert_array_equal(block, np.stack([lab, f["row_id"], f["C1"]]))
+        assert np.shares_memory(block, g["C1"]) and np.shares_memory(block, m)
+        assert column_block([g["row_id"], m, g["C1"]]) is None  # not the block's order
+        assert column_block([m, g["row_id"]]) is not None  # a leading part is rows too
+        assert column_block([f["row_id"], f["C1"]]) is None  # separate buffers
+        rows += len(lab)
+    assert rows == testdata.N
+
+
+def test_held_columns_of_a_block_keep_its_buffer(shared_export: Path, testdata: Any) -> None:
+    """A block's buffer goes back to the pool only once none of its rows is held:
+    keep two of its three columns of every other batch, then check them."""
+    expected = testdata.read_all(shared_export)
+    loader = Loader(shared_export, 100, seed=3)
+    loader.set_column_blocks([["row_id", "C1", "label"]])
+    held = []
+    for k, (features, labels) in enumerate(loader):
+        if k % 2 == 0:
+            held.append((features["C1"], labels, features["row_id"].copy()))
+        del features, labels
+    for c1, labels, ids in held:
+        np.testing.assert_array_equal(c1, expected["C1"].to_numpy()[ids])
+        np.testing.assert_array_equal(labels, expected["label"].to_numpy()[ids])
+
+
+def test_column_blocks_are_checked(shared_export: Path) -> None:
+    loader = Loader(shared_export, 100)
+    with pytest.raises(ValueError, match="'tags' is not a selected scalar column"):
+        loader.set_column_blocks([["C1", "tags"]])
+    with pytest.raises(ValueError, match="'nope' is not a selected scalar column"):
+        loader.set_column_blocks([["nope"]])
+    with pytest.raises(ValueError, match=r"mixes dtypes \['float32', 'int64'\]"):
+        loader.set_column_blocks([["C1", "I1"]])
+    with pytest.raises(ValueError, match="'C1' is in two column blocks"):
+        loader.set_column_blocks([["C1", "row_id"], ["C1"]])

@@ -366,3 +366,46 @@ def test_a_script_that_stops_mid_epoch_exits(tmp_path: Path, testdata: Any) -> N
             pytest.fail("the process did not exit within 30 s of its last batch")
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["rows", "65536"]
+
+
+def test_scalar_columns_cross_into_tensorflow_as_one_tensor_per_dtype(shared_export: Path) -> None:
+    """The int64 scalar columns (C1, row_id, label) pass through ``tf.py_function``
+    as one (3, batch) tensor over the batch's own buffer; I1, the only float32
+    scalar, and the list arrays one by one. A batch whose columns are separate
+    arrays is stacked into the same tensor."""
+    loader = Loader(shared_export, 100)
+    flat_spec = tf.nest.flatten(loader.element_spec)
+    assert [[flat_spec[i].name for i in g] for g in loader._block_positions] == [["C1", "row_id", "label"]]
+    epoch = loader.core.iter_epoch(0)
+    features, labels = next(epoch)
+    epoch.close()
+    out = loader._to_tensors((features, labels))
+    assert len(out) == 1 + len(flat_spec) - 3
+    block = out[0]
+    np.testing.assert_array_equal(block.numpy(), np.stack([features["C1"], features["row_id"], labels]))
+    features["C1"][0] = -5
+    assert int(block[0, 0]) == -5, "the block tensor is the batch's buffer"
+    copies = ({n: (tuple(np.array(x) for x in a) if isinstance(a, tuple) else np.array(a))
+               for n, a in features.items()}, np.array(labels))
+    again = loader._to_tensors(copies)
+    assert len(again) == len(out)
+    for a, b in zip(again, out, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_eager_iteration_equals_tf_datas_own_iterator(shared_export: Path) -> None:
+    """``for ... in loader`` runs the loader's eager iterator (no Python check per
+    tensor); tf.data's own iterator over the same epoch gives the same elements."""
+    from tensorflow.python.data.ops import iterator_ops
+
+    loader = Loader(shared_export, 300, seed=6)
+    it = iter(loader)
+    assert type(it).__name__ == "_EagerIterator"
+    ours = list(it)
+    loader.set_epoch(0)
+    theirs = list(iterator_ops.OwnedIterator(loader))
+    assert len(ours) == len(theirs) == len(loader)
+    for a, b in zip(ours, theirs, strict=True):
+        assert tf.nest.map_structure(lambda s: s.dtype, a) == tf.nest.map_structure(lambda s: s.dtype, b)
+        for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
