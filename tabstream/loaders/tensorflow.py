@@ -122,14 +122,22 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
     return tf.convert_to_tensor(a)
 
 
-def _blocks(core_loader: core.Loader, spec: Any) -> list[list[int]]:
+def _blocks(spec: Any) -> list[list[int]]:
     """Positions in the flattened element of the scalar columns, grouped by dtype in
     that order (groups of two or more): each group travels through ``tf.py_function``
     as one ``(columns, batch)`` tensor, unstacked in the graph into its columns."""
-    scalar = {n for n in core_loader.columns if not core_loader.column_layout(n).depth}
+    def column(s: Any) -> Any:  # a scalar column is one spec; others a tuple of them
+        return True if isinstance(s, tf.TensorSpec) else tuple(False for _ in s)
+
+    def columns(specs: Any) -> Any:
+        return {n: column(s) for n, s in specs.items()} if isinstance(specs, dict) else column(specs)
+
+    # the spec's nesting with each scalar column's leaf marked (by structure: a list
+    # column's tensors have names of their own, which a scalar column may share)
+    marks = columns(spec) if isinstance(spec, dict) else tuple(columns(part) for part in spec)
     groups: dict[tf.DType, list[int]] = {}
-    for i, s in enumerate(tf.nest.flatten(spec)):
-        if s.name in scalar:
+    for i, (s, scalar) in enumerate(zip(tf.nest.flatten(spec), tf.nest.flatten(marks), strict=True)):
+        if scalar:
             groups.setdefault(s.dtype, []).append(i)
     return [g for g in groups.values() if len(g) > 1]
 
@@ -213,7 +221,7 @@ class Loader(dataset_ops.DatasetV2):
         _OPEN.add(self)
         self._spec = _spec(self.core)
         flat = tf.nest.flatten(self._spec)
-        self._block_positions = _blocks(self.core, self._spec)
+        self._block_positions = _blocks(self._spec)
         grouped = {i for g in self._block_positions for i in g}
         self._single_positions = [i for i in range(len(flat)) if i not in grouped]
         self.core.set_column_blocks([[flat[i].name for i in g] for g in self._block_positions])

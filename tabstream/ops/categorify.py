@@ -151,7 +151,10 @@ def _on_dask_worker() -> bool:
     """True inside a task run by a ``distributed`` worker."""
     if "distributed" not in sys.modules:  # a worker has imported it; do not pay the import
         return False
-    from distributed import get_worker
+    try:
+        from distributed import get_worker
+    except ImportError:  # shadowed, by a script named distributed.py beside the caller's
+        return False
     try:
         get_worker()
     except ValueError:

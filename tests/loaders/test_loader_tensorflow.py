@@ -409,3 +409,20 @@ def test_eager_iteration_equals_tf_datas_own_iterator(shared_export: Path) -> No
         assert tf.nest.map_structure(lambda s: s.dtype, a) == tf.nest.map_structure(lambda s: s.dtype, b)
         for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_a_scalar_column_named_like_a_list_columns_tensor(tmp_path: Path) -> None:
+    """Scalar columns are told from a list column's tensors by the element's
+    structure, not by name: a scalar column "x__offsets" beside a list column "x"
+    (whose offsets tensor has that name) is one more int64 scalar."""
+    x = [[1], [2, 3], [], [4]]
+    pq.write_table(pa.table({"x": pa.array(x, pa.list_(pa.int64())),
+                             "x__offsets": pa.array([0, 1, 2, 3], pa.int64()),
+                             "a": pa.array([0, 2, 4, 6], pa.int64())}), tmp_path / "part.parquet")
+    loader = Loader(str(tmp_path / "part.parquet"), 4, shuffle=False)
+    (features,) = list(loader)
+    np.testing.assert_array_equal(features["x__offsets"].numpy(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(features["a"].numpy(), [0, 2, 4, 6])
+    values, offsets = features["x"]
+    np.testing.assert_array_equal(values.numpy(), [1, 2, 3, 4])
+    np.testing.assert_array_equal(offsets.numpy(), [0, 1, 3, 3, 4])

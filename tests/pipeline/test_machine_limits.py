@@ -59,23 +59,28 @@ def test_an_explicit_budget_wins(monkeypatch):
 def test_budget_when_distributed_is_shadowed(tmp_path):
     """A script folder holding a distributed.py (benchmarks/ has one) shadows dask's
     package: the budget never imports it, and is the machine's share as usual."""
-    import psutil
+    from tabstream.pipeline import dataset
 
     (tmp_path / "distributed.py").write_text("raise RuntimeError('imported the shadow')\n")
     got = run_child(
         f"import sys\nsys.path.insert(0, {str(tmp_path)!r})",
         "from tabstream.pipeline import dataset\n"
-        "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
-    assert got["budget"] == max(2**30, psutil.virtual_memory().total // 4)
+        "print(json.dumps({'budget': dataset._parquet_cache_budget(), "
+        "'imported': 'distributed' in sys.modules}))")
+    assert got["budget"] == max(2**30, dataset._memory_limit() // 4)  # same limits as this process
+    assert got["imported"] is False
 
 
 def test_memory_limit_reads_cgroup_files(tmp_path, monkeypatch):
     """The smallest positive limit among the cgroup files that hold a number wins;
     "max" (v2's no limit), a missing file and garbage are skipped."""
+    import resource
+
     import psutil
 
     from tabstream.pipeline import dataset
 
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (-1, -1))  # no RSS limit here
     total = psutil.virtual_memory().total
     files = {"v1": str(total // 3), "v1_soft": "max\n", "v2": "garbage", "v2_high": f"{total // 5}\n"}
     for name, text in files.items():
@@ -134,3 +139,23 @@ def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
         else:
             expected = min(memory_share, threshold)
             assert abs(got - expected) <= expected * 0.05, folder  # available memory moves a little
+
+
+def test_categorify_spills_beside_a_shadowed_distributed(tmp_path):
+    """A distributed.py on the path, imported by the script (a folder of scripts may
+    hold one): a spilling Categorify still fits, counting as on no dask worker."""
+    (tmp_path / "distributed.py").write_text("NAME = 'not the package'\n")
+    got = run_child(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport distributed",
+        "import pyarrow as pa, pyarrow.parquet as pq\n"
+        "import tabstream\nfrom tabstream import ops\n"
+        f"pq.write_table(pa.table({{'c': pa.array(['a', 'b', 'b', 'c'] * 5000)}}), "
+        f"{str(tmp_path / 'in.parquet')!r}, row_group_size=2000)\n"
+        f"ds = tabstream.Dataset({str(tmp_path / 'in.parquet')!r}, part_size='20kB')\n"
+        "op = ops.Categorify(spill_rows=1)\n"
+        "tabstream.Workflow(['c'] >> op).fit(ds, progress=False)\n"
+        "t = op.tables['c']\n"
+        "print(json.dumps({'values': t['values'].to_pylist(), 'counts': t['counts'].to_pylist(), "
+        "'parts': ds.npartitions}))")
+    assert got["parts"] > 1
+    assert got["values"] == ["b", "a", "c"] and got["counts"] == [10000, 5000, 5000]
