@@ -47,7 +47,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
@@ -64,7 +63,7 @@ from tabstream.core.errors import ExportError, TabstreamError
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
 from tabstream.pipeline.dataset import Dataset
-from tabstream.pipeline.execution import compute, local_compute, num_workers
+from tabstream.pipeline.execution import TaskGroup, compute, local_compute, num_workers, shared_pool
 
 __all__ = ["ExportResult", "export"]
 
@@ -208,22 +207,23 @@ def export(
 
 
 @contextmanager
-def _task_pool(client: Any) -> Iterator[ThreadPoolExecutor | None]:
-    """A thread pool of this export's own for its local (threaded) tasks, so that
-    when one task fails the export waits for its running siblings (and drops the
-    queued ones) before it removes the temporary folder: no task is left writing,
-    or holding a file open, in a folder that is being deleted."""
+def _task_pool(client: Any) -> Iterator[TaskGroup | None]:
+    """This export's local (threaded) tasks as a group, so that when one task fails
+    the export waits for its running siblings (and drops the queued ones) before it
+    removes the temporary folder: no task is left writing, or holding a file open,
+    in a folder that is being deleted. On the process's shared threads where it can
+    (see :func:`~tabstream.pipeline.execution.shared_pool`), else on its own."""
     if client is not None:
         yield None
         return
-    pool = ThreadPoolExecutor(num_workers(None), thread_name_prefix="tabstream-export")
+    group = TaskGroup(shared_pool())
     try:
-        yield pool
+        yield group
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        group.close()
 
 
-def _run(tasks: list[Any], client: Any, pool: ThreadPoolExecutor | None, desc: str,
+def _run(tasks: list[Any], client: Any, pool: TaskGroup | None, desc: str,
          progress: bool | None) -> list[Any]:
     """:func:`~tabstream.pipeline.execution.compute`, on ``pool`` when given (passed
     to this computation alone, not set in dask's global config)."""
@@ -519,7 +519,7 @@ def _deal(plan: _Plan, piece_indices: list[int], writers: list[Any], shuffle: st
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
-                  progress: bool | None, pool: ThreadPoolExecutor | None) -> list[tuple[str, int]]:
+                  progress: bool | None, pool: TaskGroup | None) -> list[tuple[str, int]]:
     scatter = posixpath.join(plan.tmp, "_scatter")
     tasks = [delayed(_scatter_piece, pure=False)(plan, p, total_files, scatter) for p in range(len(pieces))]
     _run(tasks, client, pool, "export: scatter", progress)
