@@ -337,6 +337,10 @@ class _Plan:
         return np.random.default_rng([self.seed, *key])
 
 
+# a file's per-partition unique ids are merged once more than this many wait
+_KEYSET_MERGE = 8
+
+
 class _FileWriter:
     """A parquet file opened on first write, with the keyset of its categorical ids."""
 
@@ -370,6 +374,10 @@ class _FileWriter:
             if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
                 values = pc.list_flatten(values)
             found.append(pc.unique(values))
+            if len(found) > _KEYSET_MERGE:
+                # merged as they come: a file's keyset holds at most its distinct ids
+                # and a few partitions' worth more, however many partitions it takes
+                found[:] = [pc.unique(pa.chunked_array(found))]
 
     def close(self) -> tuple[str, int]:
         """Finish the file; a writer that got no rows leaves no file."""

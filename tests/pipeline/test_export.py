@@ -179,3 +179,29 @@ def test_dataset_export_without_workflow(small_raw, tmp_path):
 def test_bad_export_arguments(small_raw, tmp_path, kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         fitted(small_raw).transform(ts.Dataset(small_raw)).to_parquet(str(tmp_path / "o"), **kwargs)
+
+
+def test_keysets_stay_bounded_over_many_partitions(small_raw, tmp_path, monkeypatch):
+    """A file's unique ids are merged as partitions arrive (at most _KEYSET_MERGE + 1
+    arrays wait), so a file of many partitions holds about its distinct ids, not one
+    array per partition; the keysets are those of the files all the same."""
+    import tabstream.pipeline.export as export_mod
+
+    longest = {"n": 0}
+    original = export_mod._FileWriter.write
+
+    def write(self, table):
+        original(self, table)
+        longest["n"] = max([longest["n"], *(len(found) for found in self.keys.values())])
+
+    monkeypatch.setattr(export_mod._FileWriter, "write", write)
+    monkeypatch.setattr(export_mod, "_KEYSET_MERGE", 2)
+    wf = fitted(small_raw)
+    out = str(tmp_path / "out")
+    ds = ts.Dataset(small_raw, part_size=1000)
+    assert ds.npartitions >= 8
+    wf.transform(ds).to_parquet(out, num_files=1, write_keysets=True)
+    assert 1 <= longest["n"] <= 3
+    manifest, frames = read_export(out)
+    keys = pq.read_table(os.path.join(out, "_keysets", manifest["files"][0]["path"])).to_pandas()
+    assert sorted(keys["id"]) == sorted(frames[0]["C1"].unique())
