@@ -68,7 +68,6 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +81,7 @@ from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
+from tabstream.core.threads import TaskGroup, shared_pool
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
 
@@ -611,15 +611,20 @@ class Categorify(StatOperator):
             return self._threshold(_sum_counts(merged + pending), name)
 
         # buckets are merged side by side, one per core (Arrow's reads and
-        # aggregations release the GIL): memory is that of as many buckets at once
+        # aggregations release the GIL): memory is that of as many buckets at once.
+        # On the process's shared threads where it can: a pool of its own per column
+        # left its freed memory behind for the export (16M Criteo rows peaked at
+        # 714-718 MB against 634-646 on the shared threads)
         workers = max(1, min(self.spill_buckets, dask.system.CPU_COUNT or 1))  # the CPUs it may use
+        group = TaskGroup(shared_pool(), workers) if workers > 1 else None
         try:
-            if workers == 1:
+            if group is None:
                 kept = [merge_bucket(b) for b in range(self.spill_buckets)]
             else:
-                with ThreadPoolExecutor(workers, thread_name_prefix="tabstream-merge") as pool:
-                    kept = list(pool.map(merge_bucket, range(self.spill_buckets)))
+                kept = list(group.map(merge_bucket, range(self.spill_buckets)))
         finally:
+            if group is not None:
+                group.close()  # no bucket still reading a spill removed below
             for spill in spills:
                 spill.remove()
         return pa.concat_tables(kept)

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import dask
@@ -15,6 +12,8 @@ import dask.system
 import dask.threaded
 from dask import delayed
 
+from tabstream.core.threads import TaskGroup, local_workers, shared_pool
+
 __all__ = ["TaskGroup", "compute", "local_compute", "num_workers", "shared_pool", "tree_reduce"]
 
 
@@ -22,10 +21,7 @@ def num_workers(client: Any = None) -> int:
     """Processes (client) or threads (local) that run tasks side by side."""
     if client is not None:
         return max(1, len(client.scheduler_info().get("workers", {})))
-    configured = dask.config.get("num_workers", None)
-    # dask's count honours the CPUs the process may use (affinity, a container's
-    # CPU quota), as its threaded scheduler does; os.cpu_count() is the machine's
-    return int(configured or dask.system.CPU_COUNT or 1)
+    return local_workers()
 
 
 def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
@@ -71,62 +67,6 @@ def local_compute(tasks: Sequence[Any], sync: bool = False, **kwargs: Any) -> li
     return list(dask.compute(*tasks, scheduler=dask.threaded.get, **kwargs))
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def shared_pool() -> Executor | None:
-    """The threads that run this process's local tasks started from its main thread
-    (fits, exports, Categorify's merges), one pool per :func:`num_workers` count;
-    None elsewhere (a task that computes more inside a pool thread, or a pool set in
-    dask's config): then dask picks, as before.
-
-    One set of threads rather than a new pool per pass: Arrow's allocator keeps freed
-    memory in the heap of the thread that used it, so an export on fresh threads
-    (its own pool, as before) held the fit's freed pages and its own: 10M Criteo
-    rows peaked at 800-804 MB against 707-722 MB on the fit's threads."""
-    if threading.current_thread() is not threading.main_thread() or dask.config.get("pool", None):
-        return None
-    workers = num_workers(None)
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
-        if pool is None:
-            pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tabstream")
-    return pool
-
-
-class TaskGroup(Executor):
-    """The tasks one caller submits to a shared pool, so that it can end them without
-    shutting the pool down: :meth:`close` drops those not started and waits for
-    those running (an export that failed waits for its running siblings before it
-    removes its temporary folder). Passed to dask as ``pool=``."""
-
-    def __init__(self, pool: Executor | None = None, workers: int | None = None) -> None:
-        self._pool = pool if pool is not None else ThreadPoolExecutor(
-            workers or num_workers(None), thread_name_prefix="tabstream-export")
-        self._own = pool is None
-        self._max_workers = getattr(self._pool, "_max_workers", workers or num_workers(None))
-        self._futures: list[Future] = []
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        future = self._pool.submit(fn, *args, **kwargs)
-        with self._lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(future)
-        return future
-
-    def close(self) -> None:
-        with self._lock:
-            futures, self._futures = self._futures, []
-        for f in futures:
-            f.cancel()
-        concurrent.futures.wait(futures)
-        if self._own:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.close()
 
 
 def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,

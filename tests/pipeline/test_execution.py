@@ -102,3 +102,39 @@ def test_a_task_group_of_its_own_threads_shuts_them_down():
     group.close()
     with pytest.raises(RuntimeError):
         group._pool.submit(int)
+
+
+@pytest.mark.parametrize("main", [True, False])
+def test_categorify_merges_spills_on_the_shared_threads(tmp_path, monkeypatch, main):
+    """Spilled buckets are merged on the shared threads when the fit runs on the
+    main thread, on threads of their own otherwise; the vocabulary is pandas'."""
+    from tabstream.ops import categorify
+
+    names: set[str] = set()
+    original = categorify._Spill.read
+
+    def read(self, bucket):
+        names.add(threading.current_thread().name)
+        return original(self, bucket)
+
+    monkeypatch.setattr(categorify._Spill, "read", read)
+    monkeypatch.setattr("dask.system.CPU_COUNT", 2)  # merged side by side on any machine
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"c": rng.choice([f"v{i}" for i in range(300)], 6000)})
+    ds = ts.Dataset(df, part_size=df.memory_usage(deep=True).sum() // 6 + 1)
+    op = ops.Categorify(spill_rows=10)
+    wf = ts.Workflow(["c"] >> op)
+    if main:
+        wf.fit(ds, progress=False)
+    else:
+        t = threading.Thread(target=wf.fit, args=(ds,), kwargs={"progress": False})
+        t.start()
+        t.join(60)
+    assert names
+    prefix = "tabstream_" if main else "tabstream-tasks_"
+    assert all(n.startswith(prefix) for n in names), names
+    counts = df["c"].value_counts()
+    want = sorted(zip(-counts.to_numpy(), counts.index))
+    got = op.tables["c"]
+    assert list(zip((-got["counts"].to_numpy()).tolist(), got["values"].to_pylist())) == \
+        [(int(a), b) for a, b in want]

@@ -1,0 +1,88 @@
+"""The threads that run a process's local tasks.
+
+One set per process (per worker count) for the passes started from its main thread:
+the fit's dask tasks, the export's, Categorify's merges of spilled buckets. Arrow's
+allocator keeps freed memory per thread, so every fresh pool held memory of its own
+beside what the earlier ones kept (benchmarks/RESULTS.md, session 13).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
+
+import dask.config
+import dask.system
+
+__all__ = ["TaskGroup", "local_workers", "shared_pool"]
+
+
+def local_workers() -> int:
+    """Threads that run local tasks side by side: dask's ``num_workers`` setting, or
+    the CPUs the process may use (dask's count honours CPU affinity and a
+    container's CPU quota, as its threaded scheduler does; ``os.cpu_count()`` is the
+    machine's)."""
+    configured = dask.config.get("num_workers", None)
+    return int(configured or dask.system.CPU_COUNT or 1)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool() -> Executor | None:
+    """The threads that run this process's local tasks started from its main thread
+    (fits, exports, Categorify's merges), one pool per :func:`local_workers` count;
+    None elsewhere (a task that computes more inside a pool thread, or a pool set in
+    dask's config): then dask picks, as before.
+
+    One set of threads rather than a new pool per pass: Arrow's allocator keeps freed
+    memory in the heap of the thread that used it, so an export on fresh threads
+    (its own pool, as before) held the fit's freed pages and its own: 10M Criteo
+    rows peaked at 800-804 MB against 707-722 MB on the fit's threads, and 16M rows,
+    whose Categorify merges had a pool per column too, 714-718 against 634-646 MB."""
+    if threading.current_thread() is not threading.main_thread() or dask.config.get("pool", None):
+        return None
+    workers = local_workers()
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tabstream")
+    return pool
+
+
+class TaskGroup(Executor):
+    """The tasks one caller submits to a shared pool, so that it can end them without
+    shutting the pool down: :meth:`close` drops those not started and waits for
+    those running (an export that failed waits for its running siblings before it
+    removes its temporary folder). Passed to dask as ``pool=``."""
+
+    def __init__(self, pool: Executor | None = None, workers: int | None = None) -> None:
+        self._pool = pool if pool is not None else ThreadPoolExecutor(
+            workers or local_workers(), thread_name_prefix="tabstream-tasks")
+        self._own = pool is None
+        self._max_workers = getattr(self._pool, "_max_workers", workers or local_workers())
+        self._futures: list[Future] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future = self._pool.submit(fn, *args, **kwargs)
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)
+        return future
+
+    def close(self) -> None:
+        with self._lock:
+            futures, self._futures = self._futures, []
+        for f in futures:
+            f.cancel()
+        concurrent.futures.wait(futures)
+        if self._own:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.close()
