@@ -484,11 +484,14 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
 
 #: partials one combination of a fit merges. Each merge hashes every value of its
 #: partials once, and a merged partial past an op's spill limit is written to disk
-#: and read back, so fewer levels cost less: 16 partitions (2M Criteo-like rows) are
-#: merged once, in memory, where 8 took two levels and a spill (fit CPU about 0.65x,
-#: measured on a loaded machine, see benchmarks/RESULTS.md). Memory: one task holds
-#: up to this many partials.
-FIT_FAN_IN = 16
+#: and read back, so fewer levels cost less (16 once measured 0.65x the fit CPU of 8
+#: on 2M Criteo-like rows, on a loaded machine). Memory: dask runs partitions ahead of
+#: the combinations that wait for them, so about twice this many partials are held
+#: at once (31 at 16 on 160 partitions): with the merges since made cheaper, 8 holds
+#: the 16M-row Criteo fit's peak RSS at 541-555 MB against 665 with 16, in the same
+#: time; 2M rows 531-564 against 641-655 MB for about 3% more fit time
+#: (benchmarks/RESULTS.md, session 13).
+FIT_FAN_IN = 8
 
 
 def _root_shards(client: Any, nodes: Sequence[Node]) -> int:
