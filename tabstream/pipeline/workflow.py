@@ -174,7 +174,8 @@ class Workflow:
                                                 dictionary)
                 for piece in ds.pieces
             ]
-            reduced = tree_reduce(partials, _Combine(nodes), fan_in=FIT_FAN_IN, root=_Combine(nodes, root=True),
+            reduced = tree_reduce(partials, _Combine(nodes), fan_in=fit_fan_in(len(partials)),
+                                  root=_Combine(nodes, root=True),
                                   shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
             if level == 0:  # the first pass also counts the rows
@@ -482,16 +483,24 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-#: partials one combination of a fit merges. Each merge hashes every value of its
-#: partials once, and a merged partial past an op's spill limit is written to disk
-#: and read back, so fewer levels cost less (16 once measured 0.65x the fit CPU of 8
-#: on 2M Criteo-like rows, on a loaded machine). Memory: dask runs partitions ahead of
-#: the combinations that wait for them, so about twice this many partials are held
-#: at once (31 at 16 on 160 partitions): with the merges since made cheaper, 8 holds
-#: the 16M-row Criteo fit's peak RSS at 541-555 MB against 665 with 16, in the same
-#: time; 2M rows 531-564 against 641-655 MB for about 3% more fit time
-#: (benchmarks/RESULTS.md, session 13).
+#: partials one combination of a fit merges, where the fit's partitions are more than
+#: :data:`FIT_FAN_IN_MAX`. Each merge hashes every value of its partials once, and a
+#: merged partial past an op's spill limit is written to disk and read back, so fewer
+#: levels cost less; but dask runs partitions ahead of the combinations that wait for
+#: them, so about twice the fan-in of partials are held at once (31 at 16 on 160
+#: partitions). At 8, the 16M-row Criteo fit peaks at 541-555 MB RSS against 665 at
+#: 16, in the same time; 4M rows 489-509 against 576-589 MB (benchmarks/RESULTS.md,
+#: session 13).
 FIT_FAN_IN = 8
+#: up to this many partitions are merged in one combination, in memory: 16 partitions
+#: (2M Criteo-like rows) fit about 8% faster merged at once than in two levels of 8
+#: with a spill (1.32-1.39 against 1.48-1.54 s).
+FIT_FAN_IN_MAX = 16
+
+
+def fit_fan_in(partitions: int) -> int:
+    """Partials per combination for a fit of ``partitions`` (see :data:`FIT_FAN_IN`)."""
+    return FIT_FAN_IN_MAX if partitions <= FIT_FAN_IN_MAX else FIT_FAN_IN
 
 
 def _root_shards(client: Any, nodes: Sequence[Node]) -> int:

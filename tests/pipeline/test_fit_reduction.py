@@ -261,3 +261,34 @@ def test_large_partials_are_merged_bucket_by_bucket(tmp_path, monkeypatch, spill
         assert op.tables[name].to_pydict() == {"values": [v for v, _ in kept],
                                                 "counts": [int(c) for _, c in kept]}
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("parts", [12, 40])
+def test_fit_combines_up_to_16_partitions_at_once_and_8_beyond(parts, monkeypatch):
+    """A fit of up to FIT_FAN_IN_MAX partitions merges them in one combination; a
+    larger one combines FIT_FAN_IN at a time (fewer partials held at once); the
+    vocabulary is pandas' either way."""
+    import tabstream.pipeline.workflow as workflow_mod
+
+    sizes: list[int] = []
+    original = workflow_mod._Combine.__call__
+
+    def combine(self, partial_lists, *args, **kwargs):
+        sizes.append(len(partial_lists))
+        return original(self, partial_lists, *args, **kwargs)
+
+    monkeypatch.setattr(workflow_mod._Combine, "__call__", combine)
+    rng = np.random.default_rng(parts)
+    df = pd.DataFrame({"c": rng.integers(0, 50, parts * 100).astype(str)})
+    ds = ts.Dataset(df, part_size=int(df.memory_usage(deep=True).sum()) // parts + 1)
+    n = ds.npartitions
+    assert (n <= workflow_mod.FIT_FAN_IN_MAX) == (parts == 12) and n > 1
+    op = ops.Categorify()
+    ts.Workflow(["c"] >> op).fit(ds, progress=False)
+    if n <= workflow_mod.FIT_FAN_IN_MAX:
+        assert set(sizes) == {n}  # one combination (its shards each take every partial)
+    else:
+        assert max(sizes) == workflow_mod.FIT_FAN_IN == 8 and len(sizes) > 1
+    counts = df["c"].value_counts()
+    got = dict(zip(op.tables["c"]["values"].to_pylist(), op.tables["c"]["counts"].to_pylist()))
+    assert got == counts.to_dict()
