@@ -8,7 +8,6 @@ from typing import Any
 
 import dask
 import dask.local
-import dask.system
 import dask.threaded
 from dask import delayed
 
