@@ -524,6 +524,9 @@ def _deal(plan: _Plan, piece_indices: list[int], writers: list[Any], shuffle: st
             writers[turn * len(writers) // len(piece_indices)].write(table)
         else:
             writers[turn % len(writers)].write(table)
+        # written: not held while the next partition is read (the transformed table
+        # refers to the input's buffers, a mapped cache file's pages among them)
+        del table
 
 
 def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,

@@ -1,6 +1,7 @@
 import json
 import os
 
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -205,3 +206,32 @@ def test_keysets_stay_bounded_over_many_partitions(small_raw, tmp_path, monkeypa
     manifest, frames = read_export(out)
     keys = pq.read_table(os.path.join(out, "_keysets", manifest["files"][0]["path"])).to_pandas()
     assert sorted(keys["id"]) == sorted(frames[0]["C1"].unique())
+
+
+def test_a_partition_is_dropped_before_the_next_is_read(small_raw, tmp_path, monkeypatch):
+    """An export task holds one partition at a time: the table written is gone when
+    the next partition is read (it refers to the input's buffers, a mapped cache
+    file's pages among them); the output is every row all the same."""
+    import weakref
+
+    import tabstream.pipeline.export as export_mod
+
+    alive: list[weakref.ref] = []
+    held_during_read: list[bool] = []
+    original = export_mod._Plan.read
+
+    def read(self, piece_index):
+        held_during_read.append(any(r() is not None for r in alive))
+        table = original(self, piece_index)
+        alive.append(weakref.ref(table))
+        return table
+
+    monkeypatch.setattr(export_mod._Plan, "read", read)
+    wf = fitted(small_raw)
+    ds = ts.Dataset(small_raw, part_size=2000)
+    assert ds.npartitions >= 3
+    with dask.config.set(num_workers=1):
+        wf.transform(ds).to_parquet(str(tmp_path / "out"), num_files=1)
+    assert len(held_during_read) == ds.npartitions and not any(held_during_read)
+    manifest, frames = read_export(str(tmp_path / "out"))
+    assert sum(len(f) for f in frames) == len(wf.transform(small_raw))
