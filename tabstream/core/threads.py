@@ -9,6 +9,7 @@ beside what the earlier ones kept (benchmarks/RESULTS.md, session 13).
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -31,6 +32,19 @@ def local_workers() -> int:
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """In a child made by ``fork``: the parent's pools have no threads here (an
+    executor that believes its idle threads exist starts none, and its tasks never
+    run), so the child makes its own."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def shared_pool() -> Executor | None:
@@ -58,17 +72,25 @@ class TaskGroup(Executor):
     """The tasks one caller submits to a shared pool, so that it can end them without
     shutting the pool down: :meth:`close` drops those not started and waits for
     those running (an export that failed waits for its running siblings before it
-    removes its temporary folder). Passed to dask as ``pool=``."""
+    removes its temporary folder). Passed to dask as ``pool=``.
+
+    ``workers``: at most this many of the group's tasks run at once (on a pool of
+    its own, its size); None: as many as the pool has threads."""
 
     def __init__(self, pool: Executor | None = None, workers: int | None = None) -> None:
         self._pool = pool if pool is not None else ThreadPoolExecutor(
             workers or local_workers(), thread_name_prefix="tabstream-tasks")
         self._own = pool is None
-        self._max_workers = getattr(self._pool, "_max_workers", workers or local_workers())
+        size = getattr(self._pool, "_max_workers", None) or workers or local_workers()
+        self._max_workers = min(size, workers) if workers else size
+        self._slots = (threading.BoundedSemaphore(self._max_workers)
+                       if self._max_workers < size else None)
         self._futures: list[Future] = []
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        if self._slots is not None:
+            fn, args = _limited, (self._slots, fn, *args)
         future = self._pool.submit(fn, *args, **kwargs)
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
@@ -86,3 +108,9 @@ class TaskGroup(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.close()
+
+
+def _limited(slots: threading.BoundedSemaphore, fn: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> Any:
+    with slots:
+        return fn(*args, **kwargs)

@@ -66,8 +66,6 @@ def local_compute(tasks: Sequence[Any], sync: bool = False, **kwargs: Any) -> li
     return list(dask.compute(*tasks, scheduler=dask.threaded.get, **kwargs))
 
 
-
-
 def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,
                 root: Callable[..., Any] | None = None, shards: int = 1,
                 join: Callable[[list[Any]], Any] | None = None) -> Any:

@@ -4,8 +4,12 @@ its own tasks without shutting the shared threads down."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -23,25 +27,33 @@ def _where() -> str:
     return threading.current_thread().name
 
 
-def test_passes_from_the_main_thread_share_one_set_of_threads():
-    first = set(local_compute([delayed(_where, pure=False)() for _ in range(8)]))
-    second = set(local_compute([delayed(_where, pure=False)() for _ in range(8)]))
+def _ident() -> int:
+    time.sleep(0.01)
+    return threading.get_ident()
+
+
+def _shared_idents() -> set[int]:
     pool = shared_pool()
     assert pool is not None and shared_pool() is pool
-    assert first | second <= {t.name for t in threading.enumerate() if t.name.startswith("tabstream_")}
-    assert all(name.startswith("tabstream_") for name in first | second)
+    return {t.ident for t in pool._threads}
+
+
+def test_passes_from_the_main_thread_share_one_set_of_threads():
+    first = set(local_compute([delayed(_ident, pure=False)() for _ in range(8)]))
+    second = set(local_compute([delayed(_ident, pure=False)() for _ in range(8)]))
+    assert first and second and first | second <= _shared_idents()
 
 
 def test_a_fit_and_its_export_run_on_the_same_threads(tmp_path, monkeypatch):
-    seen: dict[str, set[str]] = {"fit": set(), "export": set()}
+    seen: dict[str, set[int]] = {"fit": set(), "export": set()}
     original_fit, original_read = ops.Normalize.fit_partition, export_mod._Plan.read
 
     def fit(self, table):
-        seen["fit"].add(threading.current_thread().name)
+        seen["fit"].add(threading.get_ident())
         return original_fit(self, table)
 
     def read(self, piece_index):
-        seen["export"].add(threading.current_thread().name)
+        seen["export"].add(threading.get_ident())
         return original_read(self, piece_index)
 
     monkeypatch.setattr(ops.Normalize, "fit_partition", fit)
@@ -52,7 +64,7 @@ def test_a_fit_and_its_export_run_on_the_same_threads(tmp_path, monkeypatch):
     wf.fit(ds, progress=False)
     wf.transform(ds).to_parquet(str(tmp_path / "out"), progress=False)
     assert seen["fit"] and seen["export"]
-    assert all(n.startswith("tabstream_") for n in seen["fit"] | seen["export"])
+    assert seen["fit"] | seen["export"] <= _shared_idents()
     out = pd.read_parquet(tmp_path / "out")
     np.testing.assert_allclose(np.sort(out["x"].to_numpy()),
                                (df["x"] - df["x"].mean()) / df["x"].std(), rtol=1e-5)
@@ -138,3 +150,78 @@ def test_categorify_merges_spills_on_the_shared_threads(tmp_path, monkeypatch, m
     got = op.tables["c"]
     assert list(zip((-got["counts"].to_numpy()).tolist(), got["values"].to_pylist())) == \
         [(int(a), b) for a, b in want]
+
+
+def test_a_task_group_runs_at_most_workers_of_its_tasks_at_once():
+    """Given fewer workers than the pool has threads, the group runs that many of
+    its tasks at a time (Categorify merges one bucket per core, whatever dask's
+    num_workers sizes the shared pool to)."""
+    pool = ThreadPoolExecutor(4)
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def task(i: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return i * i
+
+    try:
+        group = TaskGroup(pool, workers=2)
+        assert group._max_workers == 2
+        assert list(group.map(task, range(12))) == [i * i for i in range(12)]
+        group.close()
+        assert most[0] == 2
+        most[0] = 0
+        group = TaskGroup(pool)
+        assert list(group.map(task, range(12))) == [i * i for i in range(12)]
+        group.close()
+        assert most[0] == 4
+    finally:
+        pool.shutdown()
+
+
+FORKED = """
+import multiprocessing, sys
+import numpy as np, pandas as pd
+import tabstream as ts
+from tabstream import ops
+
+def fit_and_export(out):
+    df = pd.DataFrame({"c": np.arange(3000) % 7, "x": np.arange(3000.0)})
+    ds = ts.Dataset(df, part_size=df.memory_usage().sum() // 4 + 1)
+    wf = ts.Workflow((["c"] >> ops.Categorify()) + (["x"] >> ops.Normalize()))
+    wf.fit(ds, progress=False)
+    wf.transform(ds).to_parquet(out, progress=False)
+    return wf
+
+if __name__ == "__main__":
+    fit_and_export(sys.argv[1] + "/parent")  # the shared threads exist now
+    child = multiprocessing.get_context("fork").Process(target=fit_and_export,
+                                                        args=(sys.argv[1] + "/child",))
+    child.start()
+    child.join(60)
+    print("alive" if child.is_alive() else f"exit {child.exitcode}")
+    if child.is_alive():
+        child.kill()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_after_a_fit_fits_and_exports(tmp_path):
+    """The parent's shared threads do not exist in a forked child: the child makes
+    its own instead of waiting for ever on an executor without threads."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "exit 0"
+    parent = pd.read_parquet(tmp_path / "parent").sort_values("x", ignore_index=True)
+    child = pd.read_parquet(tmp_path / "child").sort_values("x", ignore_index=True)
+    pd.testing.assert_frame_equal(parent, child)
+    assert sorted(child["c"].unique()) == list(range(3, 10))  # 7 values after the reserved ids
