@@ -83,27 +83,37 @@ class _RowCache:
         return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, len(ids))
 
     def put(self, ids: np.ndarray, rows: np.ndarray, keep: np.ndarray | None = None) -> None:
-        """Cache ``rows`` of ``ids`` (not cached yet); never evicts slots in ``keep``."""
-        if len(ids) > self.capacity:
-            ids, rows = ids[: self.capacity], rows[: self.capacity]
-        need = len(ids) - len(self.free)
+        """Cache ``rows`` of ``ids`` (none of them cached yet), evicting the least
+        recently used cached rows but never the slots in ``keep`` (the batch's hits).
+        Ids beyond the room left are not cached (they were served all the same)."""
+        keep = np.zeros(0, np.int64) if keep is None else np.unique(keep)
+        n = min(len(ids), self.capacity - len(keep))
+        ids, rows = ids[:n], rows[:n]
+        need = n - len(self.free)
         if need > 0:
-            used = self.used.copy()
-            if keep is not None and len(keep):
-                used[keep] = np.iinfo(np.int64).max
-            victims = np.argpartition(used, need - 1)[:need]
-            victims = victims[used[victims] != np.iinfo(np.int64).max]
+            # victims are taken from occupied slots only: a free slot chosen here
+            # would go on the free list twice and two ids would share it
+            candidates = np.setdiff1d(np.flatnonzero(self.keys >= 0), keep, assume_unique=True)
+            victims = candidates[np.argpartition(self.used[candidates], need - 1)[:need]]
             for key in self.keys[victims].tolist():
-                self.slot.pop(key, None)
+                del self.slot[key]
             self.keys[victims] = -1
             self.free.extend(victims.tolist())
-            if len(self.free) < len(ids):
-                ids, rows = ids[: len(self.free)], rows[: len(self.free)]
-        slots = np.array([self.free.pop() for _ in range(len(ids))], np.int64)
+        slots = np.array([self.free.pop() for _ in range(n)], np.int64)
         self.rows[slots] = rows
         self.keys[slots] = ids
         self.used[slots] = self.clock
         self.slot.update(zip(ids.tolist(), slots.tolist()))
+
+    def check(self) -> None:
+        """Assert the bookkeeping: each slot holds at most one id, each cached id
+        one slot, and free + used slots = capacity (for tests)."""
+        occupied = np.flatnonzero(self.keys >= 0)
+        assert len(set(self.free)) == len(self.free), "a slot is on the free list twice"
+        assert not set(self.free) & set(occupied.tolist()), "a free slot holds an id"
+        assert len(self.free) + len(occupied) == self.capacity, "free + used != capacity"
+        assert len(self.slot) == len(occupied), "cached ids and occupied slots differ"
+        assert all(self.keys[s] == k for k, s in self.slot.items()), "an id points at another's slot"
 
     def clear(self) -> None:
         self.keys[:] = -1
