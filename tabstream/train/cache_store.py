@@ -59,12 +59,15 @@ rows have been touched since the last release.
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import json
 import math
 import mmap
 import os
 import shutil
+import socket
+import time
 import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -86,6 +89,7 @@ _FORMAT = "tabstream.ParameterServer/1"
 _META = "_server.json"
 _UNDO = "_undo"
 _SNAPSHOT = "_snapshot"
+_LOCK = "_lock"
 _MAGIC = b"TSUNDO01"
 _DEFAULT_EPS = {"adagrad": 1e-10, "adam": 1e-8}
 
@@ -131,7 +135,9 @@ class _Table:
         self.cfg = cfg
         self.n_state = n_state
         self._maps: list[mmap.mmap] = []
+        self._files: list[tuple[Path, int]] = []  # (file, bytes per row) of a disk table
         self.in_memory = folder is None
+        self.version_path = None if folder is None else folder / f"{cfg.name}.version.i64"
         n, d = cfg.cardinality, cfg.dim
         if folder is None:  # host memory: zeroed pages are only backed once written
             self.weight = self._anonymous(np.float32, (n, d))
@@ -140,7 +146,7 @@ class _Table:
         else:
             self.weight = self._map(folder / f"{cfg.name}.weight.f32", np.float32, (n, d))
             self.state = self._map(folder / f"{cfg.name}.state.f32", np.float32, (n, n_state * d))
-            self.version = self._map(folder / f"{cfg.name}.version.i64", np.int64, (n,))
+            self.version = self._map(self.version_path, np.int64, (n,))
 
     def _anonymous(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         size = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
@@ -153,8 +159,36 @@ class _Table:
         self._maps.append(mm)
         return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
+    def reserve(self, ids: np.ndarray) -> None:
+        """Allocate the disk blocks of rows ``ids`` (sorted, never written before)
+        in the three files before they are written through the maps.
+
+        A write through a map into a hole of a sparse file needs a block from the
+        filesystem; on a full disk the kernel can only answer with SIGBUS, which
+        kills the process. ``posix_fallocate`` asks first and fails with ENOSPC,
+        an ordinary error. Rows already written have their blocks."""
+        if self.in_memory or not len(ids):
+            return
+        page = mmap.PAGESIZE
+        for path, width in self._files:
+            start = ids * width // page
+            stop = ((ids + 1) * width + page - 1) // page
+            # runs of consecutive pages: one call per run
+            breaks = np.flatnonzero(start[1:] > stop[:-1]) + 1
+            firsts = start[np.concatenate([[0], breaks])]
+            lasts = stop[np.concatenate([breaks - 1, [len(ids) - 1]])]
+            fd = os.open(path, os.O_RDWR)
+            try:
+                size = os.fstat(fd).st_size
+                for a, b in zip(firsts.tolist(), lasts.tolist()):
+                    # posix_fallocate grows a file it reaches past: stop at its end
+                    os.posix_fallocate(fd, a * page, min(b * page, size) - a * page)
+            finally:
+                os.close(fd)
+
     def _map(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self._files.append((path, int(np.prod(shape[1:])) * np.dtype(dtype).itemsize))
         with open(path, "a+b") as f:
             if os.fstat(f.fileno()).st_size != size:
                 if os.fstat(f.fileno()).st_size not in (0, size):
@@ -211,6 +245,54 @@ def _config_dict(cfg: TableConfig) -> dict[str, Any]:
     return {"name": cfg.name, "cardinality": cfg.cardinality, "dim": cfg.dim,
             "feature_names": list(cfg.feature_names), "is_list": cfg.is_list,
             "combiner": cfg.combiner}
+
+
+class _FolderLock:
+    """An exclusive lock on a server folder while a process has it open.
+
+    ``fcntl.flock`` on ``<folder>/_lock``: the kernel drops the lock when its
+    holder exits (``kill -9`` included), so a stale lock of a dead process is
+    simply taken; the file names the holder (host, pid, since when) for the error
+    a second opener gets. Two objects of one process conflict too (each opens its
+    own file description).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        path = folder / _LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            try:
+                who = json.loads(holder)
+                pid, host, since = int(who["pid"]), who["host"], float(who["since"])
+            except (ValueError, KeyError, TypeError):
+                raise DataError(f"parameter server {folder} is open in another process "
+                                "(its lock file names none)") from None
+            same = pid == os.getpid() and host == socket.gethostname()
+            opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+            raise DataError(
+                f"parameter server {folder} is open in "
+                + ("this process (another ParameterServer object)" if same else
+                   f"process {pid} on host {host}")
+                + f" since {opened}; one process at a time may hold a server",
+                hint="close it there first (ps.close()), or open a copy of the folder",
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.time()}).encode(), 0)
+        self.fd: int | None = fd
+        # an object dropped without close() (a failed test, a notebook cell) unlocks too
+        self._finalizer = weakref.finalize(self, os.close, fd)
+
+    def release(self) -> None:
+        if self._finalizer.alive:
+            self._finalizer()  # closing the descriptor releases the flock
 
 
 class ParameterServer:
@@ -290,6 +372,8 @@ class ParameterServer:
                     f"ParameterServer.open({str(self.path)!r}) or use another folder"
                 )
             self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = _FolderLock(self.path)
+        if _meta is None:
             self.version = 0  # update counter: +1 per apply()
             self.table_steps = {cfg.name: 0 for cfg in configs}
             self.last_export = 0
@@ -297,11 +381,15 @@ class ParameterServer:
             self._previous_state: dict[str, Any] | None = None
             self._committed = self._mark_state()
         folder = self.path if storage == "disk" else None
-        self._tables = {cfg.name: _Table(cfg, self._n_state, folder) for cfg in configs}
-        if _meta is None:
-            self._write_meta()
-        else:
-            self._restore(_meta)
+        try:
+            self._tables = {cfg.name: _Table(cfg, self._n_state, folder) for cfg in configs}
+            if _meta is None:
+                self._write_meta()
+            else:
+                self._restore(_meta)
+        except BaseException:
+            self._lock.release()
+            raise
 
     # -- persistence --------------------------------------------------------
 
@@ -345,6 +433,61 @@ class ParameterServer:
                    eps=meta["eps"], init_scale=meta["init_scale"], release_bytes=release_bytes,
                    _meta=meta)
 
+    @classmethod
+    def open_or_create(
+        cls,
+        path: str | os.PathLike[str],
+        table_configs: Iterable[TableConfig],
+        **settings: Any,
+    ) -> ParameterServer:
+        """The server in ``path``: reopened (as :meth:`open`) when the folder holds one,
+        else created with ``table_configs`` and ``settings`` (those of the constructor).
+
+        The one call a continuous-training script makes on every start, a restart
+        after a crash included. A folder holding a server of other tables (names,
+        sizes, features) or other settings is refused with the differences, never
+        reused: its rows would answer for the wrong ids.
+
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> tables = [TableConfig("C1", 100, 4, ("C1",))]
+        >>> ps = ParameterServer.open_or_create(tmp.name + "/ps", tables, optimizer="adam")
+        >>> _ = ps.apply("C1", [3], np.ones((1, 4), np.float32)); _ = ps.flush(); ps.close()
+        >>> ps = ParameterServer.open_or_create(tmp.name + "/ps", tables, optimizer="adam")
+        >>> ps.version, ps.touched("C1").tolist()
+        (1, [3])
+        >>> ps.close(); tmp.cleanup()
+        """
+        configs = tuple(table_configs)
+        if not (Path(path) / _META).exists():
+            return cls(path, configs, **settings)
+        ps = cls.open(path, **({"release_bytes": settings["release_bytes"]}
+                               if "release_bytes" in settings else {}))
+        diffs = []
+        have = {c.name: _config_dict(c) for c in ps.configs}
+        asked = {c.name: _config_dict(c) for c in configs}
+        for name in sorted(set(have) | set(asked)):
+            if have.get(name) != asked.get(name):
+                diffs.append(f"table {name!r}: folder {have.get(name)}, given {asked.get(name)}")
+        current = ps._settings()
+        defaults = {"storage": "disk", "seed": 0, "optimizer": "adagrad", "lr": 0.01,
+                    "betas": (0.9, 0.999), "init_scale": 0.05}
+        for key, default in defaults.items():
+            value = settings.get(key, default)
+            value = [float(v) for v in value] if key == "betas" else value
+            if value != current[key] and not (key == "lr" and float(value) == current[key]):
+                diffs.append(f"{key}: folder {current[key]!r}, given {value!r}")
+        if "eps" in settings and settings["eps"] is not None and float(settings["eps"]) != ps.eps:
+            diffs.append(f"eps: folder {ps.eps!r}, given {settings['eps']!r}")
+        if diffs:
+            ps.close()
+            raise DataError(
+                f"{path} holds a parameter server of other tables or settings: "
+                + "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""),
+                hint="pass the tables and settings it was created with, or use another folder",
+            )
+        return ps
+
     def _restore(self, meta: dict[str, Any]) -> None:
         mark = meta["mark"]
         self.version = int(mark["version"])
@@ -373,17 +516,31 @@ class ParameterServer:
 
     # -- undo log (disk) ----------------------------------------------------
 
-    def _log(self, index: int, ids: np.ndarray, table: _Table) -> None:
+    def _log(self, index: int, ids: np.ndarray, w: np.ndarray, s: np.ndarray, v: np.ndarray) -> None:
+        """Append the stored values ``w, s, v`` of rows ``ids`` (before an update)."""
         folder = self.path / _UNDO
         folder.mkdir(exist_ok=True)
         body = b"".join([
             np.int64(index).tobytes(), np.int64(len(ids)).tobytes(), ids.tobytes(),
-            table.weight[ids].tobytes(), table.state[ids].tobytes(), table.version[ids].tobytes(),
+            w.tobytes(), s.tobytes(), v.tobytes(),
         ])
         # a record counts only when its trailer (length) is there: a write cut short
         # by a crash is recognised and skipped (its rows were not overwritten yet)
-        with open(folder / f"from_{self.mark:012d}.log", "ab") as f:
-            f.write(_MAGIC + body + np.int64(len(body)).tobytes())
+        record = memoryview(_MAGIC + body + np.int64(len(body)).tobytes())
+        fd = os.open(folder / f"from_{self.mark:012d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                while record:
+                    record = record[os.write(fd, record):]
+            except OSError:
+                # a record cut short (a full disk) would hide every later record
+                # from the reader: the log goes back to its last whole record
+                os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
 
     def _read_log(self, log: Path) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         data = log.read_bytes()
@@ -421,22 +578,26 @@ class ParameterServer:
         log.unlink()  # rolling back twice is harmless: the values are absolute
 
     def rollback_to(self, version: int) -> None:
-        """Return to the mark before the last one (``version ==
-        previous_mark``): used when a training checkpoint was written just before
-        the server's last :meth:`flush` and the process died in between."""
-        if version == self.mark:
-            return
-        if version != self.previous_mark or self._previous_state is None:
+        """Return to the last mark (``version == mark``) or the one before it
+        (``version == previous_mark``, disk storage): used when a training
+        checkpoint was written just before the server's last :meth:`flush` and the
+        process died in between. Updates made after the last mark are undone first
+        in either case (what :meth:`open` does after a crash)."""
+        if version != self.mark and (version != self.previous_mark or self._previous_state is None):
             raise DataError(
                 f"parameter server {self.path} is at version {self.mark} (previous mark "
                 f"{self.previous_mark}); it cannot go back to version {version}. Is this the "
                 "server this checkpoint was trained with?"
             )
-        if self.storage == "memory":
+        if version != self.mark and self.storage == "memory":
             raise DataError(
                 f"parameter server {self.path} keeps memory snapshots only of its last "
                 f"flush (version {self.mark}); it cannot go back to version {version}"
             )
+        if self.version != self.mark:
+            self._discard_uncommitted()
+        if version == self.mark:
+            return
         log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
         if log.exists():
             self._roll_back(log)
@@ -447,6 +608,25 @@ class ParameterServer:
         self.mark, self.previous_mark, self._previous_state = self.version, None, None
         self._committed = self._mark_state()
         self._write_meta()
+        self._notify("reset")
+
+    def _discard_uncommitted(self) -> None:
+        """Undo the updates made after the last mark; the caches are told."""
+        if self.storage == "disk":
+            log = self.path / _UNDO / f"from_{self.mark:012d}.log"
+            if log.exists():
+                self._roll_back(log)
+        else:
+            for table in self._tables.values():
+                newer = np.flatnonzero(table.version > self.mark)
+                table.weight[newer] = 0
+                table.state[newer] = 0
+                table.version[newer] = 0
+            self._load_snapshot()  # rows changed before the mark and after it again
+        state = self._committed
+        self.version = int(state["version"])
+        self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
+        self.last_export = int(state["last_export"])
         self._notify("reset")
 
     # -- memory snapshots ---------------------------------------------------
@@ -499,6 +679,8 @@ class ParameterServer:
     def _ids(self, name: str, ids: Any) -> np.ndarray:
         cfg = self.table(name)
         arr = np.asarray(ids)
+        if arr.size == 0:  # [] reads as float64: no id, nothing to check
+            return np.zeros(0, np.int64)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"table {name!r}: ids must be integers, got dtype {arr.dtype}")
         arr = arr.reshape(-1).astype(np.int64, copy=False)
@@ -514,12 +696,29 @@ class ParameterServer:
         """Rows ``ids`` of ``table``, ``(len(ids), dim)`` float32 (a copy)."""
         arr = self._ids(table, ids)
         t = self._tables[table]
-        rows = t.weight[arr]
         fresh = t.version[arr] == 0
-        if fresh.any():
-            rows[fresh] = initial_rows(self.seed, table, arr[fresh], t.cfg.dim, self.init_scale)
+        if fresh.all():  # never written: the files hold holes there, nothing to read
+            rows = initial_rows(self.seed, table, arr, t.cfg.dim, self.init_scale)
+        else:
+            rows = t.weight[arr]
+            if fresh.any():
+                rows[fresh] = initial_rows(self.seed, table, arr[fresh], t.cfg.dim,
+                                           self.init_scale)
         self._count(t, len(arr))
         return rows
+
+    def _stored(self, t: _Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The stored weight, state and version of rows ``ids``. Rows never written
+        are zeros without reading them: a read of a hole costs a page on tmpfs (and
+        a fault everywhere)."""
+        v = t.version[ids]
+        old = np.flatnonzero(v)
+        w = np.zeros((len(ids), t.cfg.dim), np.float32)
+        st = np.zeros((len(ids), t.n_state * t.cfg.dim), np.float32)
+        if len(old):
+            w[old] = t.weight[ids[old]]
+            st[old] = t.state[ids[old]]
+        return w, st, v
 
     def touched(self, table: str) -> np.ndarray:
         """Sorted ids of the rows of ``table`` that were ever updated."""
@@ -527,12 +726,23 @@ class ParameterServer:
         return self._scan(table, 0)
 
     def _scan(self, table: str, after: int) -> np.ndarray:
+        """Sorted ids of the rows of ``table`` changed after version ``after``.
+
+        A disk table's version file is read in 32 MB blocks with ``pread``, never
+        through the process's map: mapping it would make the whole file resident
+        (320 MB at 40M rows) until the next release."""
         t = self._tables[table]
-        step = 1 << 22  # 32 MB of versions at a time, then released
-        found = [np.flatnonzero(t.version[i:i + step] > after) + i
-                 for i in range(0, t.cfg.cardinality, step)]
-        if self.storage == "disk":
-            t.release()
+        step = 1 << 22  # rows per block: 32 MB of versions
+        found = []
+        if t.version_path is None:
+            for i in range(0, t.cfg.cardinality, step):
+                found.append(np.flatnonzero(t.version[i:i + step] > after) + i)
+        else:
+            with open(t.version_path, "rb") as f:
+                for i in range(0, t.cfg.cardinality, step):
+                    block = np.frombuffer(os.pread(f.fileno(), 8 * min(step, t.cfg.cardinality - i),
+                                                   8 * i), np.int64)
+                    found.append(np.flatnonzero(block > after) + i)
         return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
     def _count(self, t: _Table, n: int) -> None:
@@ -565,10 +775,24 @@ class ParameterServer:
             g = summed
         else:
             g = g[np.argsort(arr, kind="stable")]
-        w = self.lookup(table, uniq)
-        s = t.state[uniq]
+        stored_w, s, stored_v = self._stored(t, uniq)
+        fresh = stored_v == 0
+        w = stored_w.copy()
+        if fresh.any():
+            w[fresh] = initial_rows(self.seed, table, uniq[fresh], t.cfg.dim, self.init_scale)
+        self._count(t, len(uniq))
         if self.storage == "disk":
-            self._log([c.name for c in self.configs].index(table), uniq, t)
+            try:
+                t.reserve(uniq[fresh])
+                self._log([c.name for c in self.configs].index(table), uniq, stored_w, s, stored_v)
+            except OSError as exc:
+                raise DataError(
+                    f"parameter server {self.path}: could not write table {table!r} "
+                    f"({exc.strerror or exc}); this update was not applied and the server "
+                    "is as it was before it",
+                    hint="free space on that disk, or move the server (its path) to a disk "
+                    "with room; storage='memory' keeps the rows in memory instead",
+                ) from exc
         self.table_steps[table] += 1
         d = t.cfg.dim
         if self.optimizer == "adagrad":
@@ -676,19 +900,20 @@ class ParameterServer:
         self.flush()
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         counts = {}
-        for cfg in self.configs:
-            ids = self._scan(cfg.name, self.last_export)
-            rows = self.lookup(cfg.name, ids)
-            values = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), cfg.dim)
-            table = pa.table({"key": pa.array(ids, pa.int64()),
-                              "value": values.cast(pa.list_(pa.float32()))})
-            (tmp / cfg.name).mkdir()
-            pq.write_table(table, tmp / cfg.name / "part_00000.parquet")
-            counts[cfg.name] = len(ids)
-        _write_json(tmp / "_delta.json", {"from_version": self.last_export,
-                                         "to_version": self.version, "rows": counts})
+        try:
+            tmp.mkdir(parents=True)
+            for cfg in self.configs:
+                counts[cfg.name] = self._export_table(cfg, tmp / cfg.name)
+            _write_json(tmp / "_delta.json", {"from_version": self.last_export,
+                                             "to_version": self.version, "rows": counts})
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DataError(
+                f"export_delta: could not write {out} ({exc.strerror or exc}); nothing was "
+                "exported and the rows stay pending for the next export",
+                hint="free space there or pass another directory to export_delta",
+            ) from exc
         # Recorded before the rename: if the process dies right after it, open()
         # sees the folder and counts the export as done (no row is exported twice).
         meta = self._settings()
@@ -704,9 +929,28 @@ class ParameterServer:
             self._write_snapshot()
         return counts
 
+    def _export_table(self, cfg: TableConfig, folder: Path) -> int:
+        """One table's changed rows into ``folder/part_00000.parquet``, in blocks of
+        ids (a whole table's rows are never held at once). Returns the row count."""
+        ids = self._scan(cfg.name, self.last_export)
+        folder.mkdir()
+        schema = pa.schema([("key", pa.int64()), ("value", pa.list_(pa.float32()))])
+        block = max(1, (64 << 20) // (4 * cfg.dim))  # 64 MB of rows at a time
+        with pq.ParquetWriter(folder / "part_00000.parquet", schema) as writer:
+            for i in range(0, max(len(ids), 1), block):
+                part = ids[i:i + block]
+                rows = self.lookup(cfg.name, part)
+                values = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), cfg.dim)
+                writer.write_table(pa.table({"key": pa.array(part, pa.int64()),
+                                             "value": values.cast(pa.list_(pa.float32()))},
+                                            schema=schema))
+        return len(ids)
+
     def close(self) -> None:
+        """Release the maps and the folder's lock (another process may open it then)."""
         for table in self._tables.values():
             table.close()
+        self._lock.release()
 
     def __repr__(self) -> str:
         return (f"ParameterServer({str(self.path)!r}, {len(self.configs)} tables, "

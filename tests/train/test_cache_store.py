@@ -132,6 +132,7 @@ def test_bad_inputs_are_refused_with_clear_messages(tmp_path):
         ps.apply("C1", [1], np.ones((1, 3)))
     with pytest.raises(DataError, match="holds no parameter server"):
         ParameterServer.open(tmp_path / "nothing")
+    ps.close()  # the folder is locked while open
     (tmp_path / "ps" / "C1.weight.f32").write_bytes(b"\0" * 10)
     with pytest.raises(DataError, match=r"C1.weight.f32 has 10 bytes, expected 16000"):
         ParameterServer.open(tmp_path / "ps")
