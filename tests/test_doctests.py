@@ -53,6 +53,7 @@ RUNNABLE = [
     "tabstream.train.torch",
     "tabstream.train.torch.blocks",
     "tabstream.train.torch.cache",
+    "tabstream.train.torch.continuous",
     "tabstream.train.torch.distributed",
     "tabstream.train.torch.embeddings",
     "tabstream.train.torch.fit",

@@ -33,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.cache import CachedEmbeddings, ParameterServer
+from tabstream.train.torch.continuous import fit_lists, lists_done
 from tabstream.train.torch.embeddings import (
     DEFAULT_SPARSE_THRESHOLD,
     EmbeddingTables,
@@ -71,7 +72,9 @@ __all__ = [
     "embedding_tables_from_schema",
     "evaluate",
     "fit",
+    "fit_lists",
     "infer_embedding_dim",
+    "lists_done",
     "log_loss",
     "move_to_device",
     "recall_at_k",

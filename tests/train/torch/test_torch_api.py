@@ -12,7 +12,7 @@ EXPORTED = {
     "EmbeddingTables", "FeatureInputs", "LazyAdam", "MultiOptimizer", "NonFiniteLossError",
     "NothingToTrainWarning", "CachedEmbeddings", "ParameterServer",
     "TableConfig", "TwoTower", "WideAndDeep", "embedding_tables_from_schema", "evaluate", "fit",
-    "infer_embedding_dim", "log_loss", "move_to_device", "recall_at_k", "roc_auc",
+    "fit_lists", "lists_done", "infer_embedding_dim", "log_loss", "move_to_device", "recall_at_k", "roc_auc",
     "split_embeddings_on_size", "table_configs_from_schema",
 }
 
