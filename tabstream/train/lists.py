@@ -32,15 +32,10 @@ from typing import Any
 
 from tabstream.core.errors import DataError
 
-__all__ = ["LISTS_FILE", "NothingToTrainWarning", "lists_done", "train_lists"]
+__all__ = ["LISTS_FILE", "lists_done", "train_lists"]
 
 LISTS_FILE = "_lists.json"
 _FORMAT = "tabstream.lists/1"
-
-
-class NothingToTrainWarning(UserWarning):
-    """``fit`` was asked to train but had nothing left to train (the checkpoint
-    already covers it)."""
 
 
 def lists_done(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
@@ -145,6 +140,7 @@ def train_lists(
                     ps.prefetch(keysets)
         with warnings.catch_warnings():
             # a list the fit loop finished just before a crash: nothing left, as expected
+            # (the fit loops' NothingToTrainWarning, a UserWarning)
             warnings.filterwarnings("ignore", category=UserWarning,
                                     message=".*already holds.*trained epoch")
             history = train_one(loader)
