@@ -10,6 +10,14 @@ steps in each of these setups, each in a fresh child process:
     in memory       DLRM(sparse=True): nn.EmbeddingBag tables + torch Adagrad on
                     them, Adam on the MLPs (the speed reference)
 
+    continuous      (``--setups continuous``) the continuous-training flow of
+                    issue 28: ``--lists`` file lists of ``--steps`` batches
+                    each through ``fit_lists`` over ParameterServer.open_or_create
+                    (disk, Adam state), ``export_delta`` after each list, under
+                    an ``RLIMIT_DATA`` of ``--data-limit-gb``; it reports the
+                    peak RSS of each list (VmHWM, reset between lists) and the
+                    delta's rows
+
 Each child reports steps/s (after 5 warm-up steps), the cache hit rate, its peak
 RSS (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
 (``st_blocks``) against their apparent size. The ids of every step are drawn
@@ -20,6 +28,7 @@ Usage::
 
     python benchmarks/cache.py                          # 50M x 16, batch 4096, 200 steps
     python benchmarks/cache.py --rows 5000000 --steps 100 --skip-memory
+    python benchmarks/cache.py --setups continuous --rows 40000000 --lists 5 --steps 50
 """
 
 from __future__ import annotations
@@ -60,7 +69,72 @@ def _batch(rng, rows: int, batch: int, zipf_a: float):
     return features, torch.as_tensor(rng.integers(0, 2, batch), dtype=torch.float32)
 
 
+class _List:
+    """One file list of synthetic batches, drawn when iterated (as a loader reads
+    its files) and named as a loader's files would name it."""
+
+    def __init__(self, args: argparse.Namespace, index: int) -> None:
+        self.args, self.index, self.data_id = args, index, f"list{index}"
+
+    def __len__(self) -> int:
+        return self.args.steps
+
+    def __iter__(self):
+        import numpy as np
+
+        rng = np.random.default_rng(self.index)
+        for _ in range(self.args.steps):
+            yield _batch(rng, self.args.rows, self.args.batch, self.args.zipf)
+
+
+def _hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def continuous(args: argparse.Namespace, workdir: str) -> dict:
+    import torch
+
+    from tabstream.train import table_configs_from_schema
+    from tabstream.train.torch import DLRM, CachedEmbeddings, ParameterServer, fit_lists
+
+    limit = int(args.data_limit_gb * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    torch.set_num_threads(1)
+    schema = _schema(args.rows)
+    configs = table_configs_from_schema(schema.without(["click"]), dim=16)
+    ps = ParameterServer.open_or_create(os.path.join(workdir, "ps"), configs, storage="disk",
+                                        optimizer="adam", lr=0.01)
+    torch.manual_seed(0)
+    model = DLRM(schema, embedding_dim=16, embeddings=CachedEmbeddings(ps, args.cache_rows))
+    opt = torch.optim.Adam(model.parameters())
+    per_list: list[dict] = []
+
+    def list_end(position: int, loader: object, history: object) -> None:
+        delta = os.path.join(workdir, "delta", f"{position:05d}", "item_id", "part_00000.parquet")
+        import pyarrow.parquet as pq
+
+        per_list.append({"list": position, "peak_rss_mb": round(_hwm_mb(), 1),
+                         "delta_rows": pq.ParquetFile(delta).metadata.num_rows,
+                         "seconds": round(time.perf_counter() - started[0], 2)})
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM: the next list's peak is its own
+        started[0] = time.perf_counter()
+
+    lists = [_List(args, i) for i in range(args.lists)]
+    for i in range(args.lists):  # a new list arrives each "day"; the job reruns over all
+        started = [time.perf_counter()]
+        fit_lists(model, lists[:i + 1], opt, checkpoint_dir=os.path.join(workdir, "ck"),
+                  delta_dir=os.path.join(workdir, "delta"), progress=False, on_list_end=list_end)
+    ps.close()
+    return {"setup": "continuous", "lists": per_list,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+
+
 def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
+    if setup == "continuous":
+        return continuous(args, workdir)
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -125,6 +199,8 @@ def main() -> None:
     parser.add_argument("--flush-every", type=int, default=100, help="commit the server every N steps")
     parser.add_argument("--skip-memory", action="store_true", help="skip the in-memory reference")
     parser.add_argument("--setups", default="disk + cache,memory + cache,in memory")
+    parser.add_argument("--lists", type=int, default=5, help="continuous: file lists")
+    parser.add_argument("--data-limit-gb", type=float, default=3.0, help="continuous: RLIMIT_DATA")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -141,7 +217,8 @@ def main() -> None:
         workdir = tempfile.mkdtemp(prefix="tabstream-cache-bench-")
         try:
             argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
-            for k in ("rows", "batch", "steps", "cache_rows", "zipf", "flush_every"):
+            for k in ("rows", "batch", "steps", "cache_rows", "zipf", "flush_every", "lists",
+                      "data_limit_gb"):
                 argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             proc = subprocess.run(argv, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -151,6 +228,15 @@ def main() -> None:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         results.append(r)
+        if setup == "continuous":
+            for x in r["lists"]:
+                print(f"list {x['list'] + 1}: peak RSS {x['peak_rss_mb']:,.0f} MB  delta "
+                      f"{x['delta_rows']:,} rows  {x['seconds']:.1f} s", flush=True)
+            peaks = [x["peak_rss_mb"] for x in r["lists"]]
+            print(f"continuous: peak RSS {r['peak_rss_gb']:.2f} GB over {len(peaks)} lists, last / "
+                  f"first list {peaks[-1] / peaks[0]:.2f}x (limit {args.data_limit_gb} GB "
+                  "RLIMIT_DATA)", flush=True)
+            continue
         line = f"{setup:15s} {r['steps_per_s']:8.2f} steps/s  peak RSS {r['peak_rss_gb']:.2f} GB"
         if r.get("hit_rate") is not None:
             line += f"  hit rate {r['hit_rate']:.3f}"

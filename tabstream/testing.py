@@ -94,7 +94,7 @@ def nasty_floats(min_size: int = 0, max_size: int = 50, bound: float = 1e6, step
     tolerance). Needs Hypothesis (a test dependency), imported on call.
 
     >>> from hypothesis import given, settings
-    >>> @settings(max_examples=5)
+    >>> @settings(max_examples=5, deadline=None)  # no timing: a busy machine is slow
     ... @given(nasty_floats())
     ... def test_x(values):
     ...     assert len(pa.array(values, pa.float64())) == len(values)

@@ -361,7 +361,13 @@ class ParameterServer:
         self.init_scale = float(init_scale)
         self.release_bytes = int(release_bytes)
         self._by_name = {cfg.name: cfg for cfg in configs}
-        self.feature_to_table = {f: cfg.name for cfg in configs for f in cfg.feature_names}
+        # a feature may be looked up in several tables (Wide&Deep: its deep table and
+        # its 1-wide wide table); feature_to_table names the first of them
+        self.feature_tables: dict[str, tuple[str, ...]] = {}
+        for cfg in configs:
+            for f in cfg.feature_names:
+                self.feature_tables[f] = (*self.feature_tables.get(f, ()), cfg.name)
+        self.feature_to_table = {f: tables[0] for f, tables in self.feature_tables.items()}
         self._n_state = 1 if optimizer == "adagrad" else 2
         self._touched = 0
         self._listeners: list[Any] = []
@@ -833,10 +839,9 @@ class ParameterServer:
         """
         per_table: dict[str, list[np.ndarray]] = {}
         for column, ids in _read_keysets(keysets):
-            table = self.feature_to_table.get(column, column if column in self._by_name else None)
-            if table is None:
-                continue  # a categorical column this server has no table for
-            per_table.setdefault(table, []).append(self._ids(table, ids))
+            tables = self.feature_tables.get(column, (column,) if column in self._by_name else ())
+            for table in tables:  # none: a categorical column this server has no table for
+                per_table.setdefault(table, []).append(self._ids(table, ids))
         staged = {}
         for table, parts in per_table.items():
             uniq = np.unique(np.concatenate(parts))

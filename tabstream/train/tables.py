@@ -91,3 +91,18 @@ def table_configs_from_schema(
             )
         )
     return configs
+
+
+#: suffix of a Wide&Deep wide table's name in a parameter server: ``C1`` -> ``C1_wide``
+WIDE_SUFFIX = "_wide"
+
+
+def wide_table_configs(schema: Schema, combiner: str = "sum") -> list[TableConfig]:
+    """The 1-wide tables of a Wide&Deep model's wide part over ``schema``'s
+    categorical columns, named ``<table>_wide`` (so that one parameter server can
+    hold them beside the deep tables of the same features)."""
+    from tabstream.train.spec import feature_spec
+
+    return [TableConfig(cfg.name + WIDE_SUFFIX, cfg.cardinality, 1, cfg.feature_names,
+                        cfg.is_list, cfg.combiner)
+            for cfg in feature_spec(schema, dim=1, combiner=combiner).tables]

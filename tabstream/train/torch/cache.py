@@ -130,20 +130,44 @@ class CachedEmbeddings(nn.Module):
     Args:
         ps: the parameter server holding every table's rows and optimizer state.
         cache_rows: at most this many rows per table are kept in memory.
+        tables: the server's tables this module serves; by default, for each
+            feature, the first table that lists it (a server may hold a second
+            table for a feature, as Wide&Deep's wide tables, served by a second
+            module with ``tables=``).
 
     ``hit_rate`` (cache hits over lookups since construction), ``cached_rows``
     and ``table_names``/``feature_names``/``output_dims`` describe it.
     """
 
-    def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000) -> None:
+    def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000,
+                 tables: Any = None) -> None:
         super().__init__()
         if not isinstance(ps, ParameterServer):
             raise TypeError(f"CachedEmbeddings: ps must be a ParameterServer, got {type(ps).__name__}")
         if isinstance(cache_rows, bool) or not isinstance(cache_rows, int) or cache_rows < 1:
             raise ValueError(f"CachedEmbeddings: cache_rows must be an int >= 1, got {cache_rows!r}")
         self.ps = ps
-        self.configs: tuple[TableConfig, ...] = ps.configs
-        self.feature_to_table: dict[str, str] = dict(ps.feature_to_table)
+        self.cache_rows = cache_rows
+        if tables is None:
+            names = list(dict.fromkeys(ps.feature_to_table.values()))
+            names += [c.name for c in ps.configs if not c.feature_names]
+        else:
+            names = [tables] if isinstance(tables, str) else list(tables)
+            unknown = sorted(set(names) - {c.name for c in ps.configs})
+            if unknown:
+                raise SchemaError(f"CachedEmbeddings: parameter server {ps.path} has no tables "
+                                  f"{unknown}; it has {[c.name for c in ps.configs]}")
+        self.configs: tuple[TableConfig, ...] = tuple(c for c in ps.configs if c.name in names)
+        self.feature_to_table: dict[str, str] = {}
+        for cfg in self.configs:
+            for f in cfg.feature_names:
+                if f in self.feature_to_table:
+                    raise ValueError(
+                        f"CachedEmbeddings: feature {f!r} is in tables "
+                        f"{self.feature_to_table[f]!r} and {cfg.name!r}; serve them with two "
+                        "modules (tables=...)"
+                    )
+                self.feature_to_table[f] = cfg.name
         self._config_by_name = {c.name: c for c in self.configs}
         self._caches = {c.name: _RowCache(min(cache_rows, c.cardinality), c.dim)
                         for c in self.configs}
@@ -259,7 +283,9 @@ class CachedEmbeddings(nn.Module):
                 cache.clear()
         elif event == "stage":
             table, ids, rows = args
-            cache = self._caches[table]
+            cache = self._caches.get(table)
+            if cache is None:
+                return  # a table of the server another module serves
             slots = cache.find(ids)
             fresh = slots < 0
             room = max(cache.capacity - len(cache), 0)

@@ -37,8 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tabstream.core.errors import SchemaError
 from tabstream.core.schema import Schema, Tags
 from tabstream.train.spec import check_positive, feature_spec
+from tabstream.train.tables import TableConfig, wide_table_configs
 from tabstream.train.torch.blocks import MLP, CrossNetwork, DotInteraction, FeatureInputs
 from tabstream.train.torch.embeddings import DEFAULT_SPARSE_THRESHOLD
 
@@ -152,7 +154,28 @@ class WideAndDeep(nn.Module):
     ones) added to an MLP over all embeddings and continuous features.
 
     ``wide_columns`` defaults to every feature of the schema.
+
+    With ``embeddings=`` a :class:`~tabstream.train.torch.CachedEmbeddings`, the
+    wide part trains from the same parameter server: create the server with
+    :meth:`table_configs` (the deep tables, then a 1-wide ``<table>_wide`` table
+    per wide categorical), so that ``export_delta`` covers the whole sparse model.
+    Wide rows then start from the server's initial values (uniform in
+    ``+-init_scale``) instead of zeros.
     """
+
+    @staticmethod
+    def table_configs(
+        schema: Schema,
+        embedding_dim: int | dict[str, int] | None = None,
+        multiplier: float = 2.0,
+        wide_columns: Iterable[str] | None = None,
+        combiner: str = "sum",
+    ) -> list[TableConfig]:
+        """Every embedding table of this model over ``schema``, for a parameter
+        server: the deep tables, then the wide ones (``<table>_wide``, 1 wide)."""
+        wide_schema = schema if wide_columns is None else schema.select_by_name(list(wide_columns))
+        deep = feature_spec(schema, dim=embedding_dim, multiplier=multiplier, combiner=combiner)
+        return [*deep.tables, *wide_table_configs(wide_schema, combiner=combiner)]
 
     def __init__(
         self,
@@ -175,7 +198,7 @@ class WideAndDeep(nn.Module):
         wide_schema = schema if wide_columns is None else schema.select_by_name(list(wide_columns))
         self.wide_inputs = FeatureInputs(
             wide_schema, embedding_dim=1, sparse=sparse, sparse_threshold=sparse_threshold,
-            combiner=combiner, init_scale=0.0,
+            combiner=combiner, init_scale=0.0, embeddings=_wide_from_server(embeddings, wide_schema),
         )
         n_cont = self.wide_inputs.num_continuous
         self.wide_linear = nn.Linear(n_cont, 1) if n_cont else None
@@ -188,6 +211,27 @@ class WideAndDeep(nn.Module):
         if self.wide_linear is not None:
             logits = logits + self.wide_linear(continuous).squeeze(1)
         return logits
+
+
+def _wide_from_server(embeddings: nn.Module | None, wide_schema: Schema) -> nn.Module | None:
+    """The wide part's tables from the deep part's parameter server, when the deep
+    tables come from one (``None``: plain in-memory wide tables)."""
+    ps = getattr(embeddings, "ps", None)
+    if ps is None:
+        return None
+    from tabstream.train.torch.cache import CachedEmbeddings
+
+    wanted = [cfg.name for cfg in wide_table_configs(wide_schema)]
+    have = {cfg.name for cfg in ps.configs}
+    missing = [name for name in wanted if name not in have]
+    if missing:
+        raise SchemaError(
+            f"WideAndDeep: embeddings= serves the deep tables from parameter server {ps.path}, "
+            f"which has no wide tables {missing}: the wide part would train in memory, outside "
+            "the server and its export_delta. Create the server with "
+            "WideAndDeep.table_configs(schema, embedding_dim) (deep and wide tables)"
+        )
+    return CachedEmbeddings(ps, getattr(embeddings, "cache_rows", 1_000_000), tables=wanted)
 
 
 class _Tower(nn.Module):

@@ -55,7 +55,10 @@ def make_batches(seed, n_batches=6, batch=16, layout="ragged"):
 def twin_models(tmp_path, optimizer, storage, cache_rows, combiner="sum", model_cls=DLRM,
                 schema=schema, **kw):
     """A cached model and an in-memory model with the same initial parameters."""
-    configs = table_configs_from_schema(schema().without(["click"]), dim=8, combiner=combiner)
+    if model_cls is WideAndDeep:  # its wide tables train from the server too
+        configs = WideAndDeep.table_configs(schema().without(["click"]), 8, combiner=combiner)
+    else:
+        configs = table_configs_from_schema(schema().without(["click"]), dim=8, combiner=combiner)
     ps = ParameterServer(tmp_path / "ps", configs, storage=storage, optimizer=optimizer, lr=0.1)
     torch.manual_seed(0)
     cached = model_cls(schema(), embedding_dim=8, embeddings=CachedEmbeddings(ps, cache_rows), **kw)
@@ -64,14 +67,16 @@ def twin_models(tmp_path, optimizer, storage, cache_rows, combiner="sum", model_
     dense = {k: v for k, v in cached.state_dict().items() if not k.endswith("ps_version")}
     missing, _ = plain.load_state_dict(dense, strict=False)
     # the tables the cached model serves from the server (WideAndDeep's 1-wide
-    # wide tables stay ordinary modules, loaded above)
-    tables = [m for name, m in plain.named_modules() if isinstance(m, EmbeddingTables)
+    # wide tables are <table>_wide there)
+    tables = [(m, "_wide" if name.startswith("wide_inputs") else "")
+              for name, m in plain.named_modules() if isinstance(m, EmbeddingTables)
               and f"{name}.{m.table_names[0]}.weight" in missing]
     with torch.no_grad():
-        for t in tables:
+        for t, suffix in tables:
             for cfg in t.configs:
-                t[cfg.name].weight.copy_(torch.from_numpy(ps.lookup(cfg.name, np.arange(cfg.cardinality))))
-    return ps, cached, plain, tables
+                rows = ps.lookup(cfg.name + suffix, np.arange(cfg.cardinality))
+                t[cfg.name].weight.copy_(torch.from_numpy(rows))
+    return ps, cached, plain, [t for t, _ in tables]
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -121,6 +126,48 @@ def test_other_bundled_models_take_cached_embeddings(tmp_path, model_cls, kw):
     features, _ = make_batches(1, n_batches=1)[0]
     with torch.no_grad():
         torch.testing.assert_close(cached(features), plain(features))
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_wide_and_deep_trains_its_wide_tables_in_the_server(tmp_path, optimizer):
+    """Deep and wide tables of one feature live in one server; training equals the
+    in-memory model and export_delta holds the wide rows too."""
+    ps, cached, plain, tables = twin_models(tmp_path, optimizer, "disk", 6, combiner="mean",
+                                            model_cls=WideAndDeep, deep=(8,))
+    assert {c.name for c in ps.configs} == {"C1", "C2", "C1_wide", "C2_wide"}
+    by_module = {}
+    for name, m in plain.named_modules():
+        if isinstance(m, EmbeddingTables) and m in tables:
+            by_module[name] = m
+    assert sorted(by_module) == ["deep_inputs.embeddings", "wide_inputs.embeddings"]
+    table_params = [t[c.name].weight for t in tables for c in t.configs]
+    table_ids = {id(p) for p in table_params}
+    sparse_opt = (torch.optim.Adagrad if optimizer == "adagrad" else LazyAdam)(table_params, lr=0.1)
+    dense_plain = torch.optim.SGD([p for p in plain.parameters() if id(p) not in table_ids], lr=0.05)
+    dense_cached = torch.optim.SGD(cached.parameters(), lr=0.05)
+    for features, labels in make_batches(4, n_batches=4):
+        for model, opts in ((cached, [dense_cached]), (plain, [dense_plain, sparse_opt])):
+            for o in opts:
+                o.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(model(features), labels).backward()
+            with torch.sparse.check_sparse_tensor_invariants(enable=True):
+                for o in opts:
+                    o.step()
+    for name, t in by_module.items():
+        suffix = "_wide" if name.startswith("wide") else ""
+        for cfg in t.configs:
+            np.testing.assert_allclose(ps.lookup(cfg.name + suffix, np.arange(cfg.cardinality)),
+                                       t[cfg.name].weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    counts = ps.export_delta(tmp_path / "delta")
+    assert counts["C1_wide"] == len(ps.touched("C1_wide")) > 0
+    assert counts["C1_wide"] == counts["C1"]  # one lookup per id in each part
+    # a server without the wide tables is refused: they would train outside it
+    deep_only = ParameterServer(tmp_path / "ps2", table_configs_from_schema(
+        schema().without(["click"]), dim=8), storage="memory")
+    with pytest.raises(SchemaError, match=r"WideAndDeep: embeddings= serves the deep tables from "
+                                          r"parameter server .*ps2, which has no wide tables "
+                                          r"\['C1_wide', 'C2_wide'\].*WideAndDeep.table_configs"):
+        WideAndDeep(schema(), embedding_dim=8, embeddings=CachedEmbeddings(deep_only, 10))
 
 
 def two_tower_schema():
