@@ -13,20 +13,21 @@ Steps:
 2. A :class:`ParameterServer` on disk holds every embedding table (16 wide) and
    its Adagrad state; a :class:`CachedEmbeddings` keeps the hot rows in memory
    and a ``DLRM`` reads its embeddings through it. The MLPs train with Adam.
-3. For each pass and each list: ``ps.prefetch(list)`` stages the list's rows by
-   its keysets, ``fit(..., checkpoint_dir=..., resume=True)`` trains it (a new
-   list after a finished one is a new pass of ``fit``), then
-   ``ps.export_delta(...)`` writes the rows that changed since the previous
-   export, the incremental model a serving system would load.
-4. In the second pass one list "crashes" half way (the loader raises); the
-   server is reopened (rolled back to the last checkpoint) and ``fit`` resumes
-   inside that list.
+3. The training job is one function run on every start, a restart after a
+   crash included: ``ParameterServer.open_or_create`` reopens the server (as
+   committed at the last checkpoint), and ``fit_lists`` trains the lists in
+   order, ``--passes`` times, staging each list's rows by its keysets first and
+   exporting its delta (the rows it changed) to ``deltas/<position>`` after it.
+   Lists already trained are skipped, the list cut short resumes inside itself,
+   each delta is written once: no glue code decides what is left to do.
+4. The first start "crashes" in the second pass half way through a list (the
+   loader raises); the second start finishes the job.
 
 Prints one line per list, for example::
 
     pass 1 list 1: loss 0.5214  val_auc 0.7012  delta 21,345 rows  hit rate 0.41
     ...
-    pass 2 list 3: crashed after 6 batches; reopened the server at version 2,808
+    pass 2 list 3: crashed after 6 batches; restarting the job
     pass 2 list 3: loss 0.4732  val_auc 0.7611  delta 18,112 rows  hit rate 0.66 (resumed)
 """
 
@@ -37,14 +38,17 @@ import os
 import tempfile
 from typing import Any
 
+import pyarrow.parquet as pq
+
 
 class CrashingLoader:
-    """Wraps a loader and raises after ``after`` batches: a stand-in for a crash."""
+    """Wraps a loader and raises after ``after`` batches of its ``on_pass``-th
+    iteration: a stand-in for a crash."""
 
-    def __init__(self, loader: Any, after: int) -> None:
+    def __init__(self, loader: Any, after: int, on_pass: int) -> None:
         from tabstream.train.torch.fit import data_identity
 
-        self.loader, self.after = loader, after
+        self.loader, self.after, self.on_pass, self.passes = loader, after, on_pass, 0
         self.data_id = data_identity(loader)  # the same file list as the loader it wraps
 
     def set_epoch(self, epoch: int) -> None:
@@ -54,9 +58,10 @@ class CrashingLoader:
         return len(self.loader)
 
     def __iter__(self) -> Any:
+        self.passes += 1
         for i, batch in enumerate(self.loader):
-            if i == self.after:
-                raise RuntimeError("simulated crash")
+            if self.passes == self.on_pass and i == self.after:
+                raise RuntimeError(f"simulated crash after {i} batches")
             yield batch
 
 
@@ -91,6 +96,47 @@ def build_model(ps: Any, schema: Any, cache_rows: int, seed: int) -> tuple[Any, 
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
+def job(workdir: str, list_dirs: list[str], valid_dir: str, args: Any,
+        crash_at: tuple[int, int] | None = None) -> None:
+    """What the training job runs on every start."""
+    import tabstream as ts
+    from tabstream.loaders.torch import Loader
+    from tabstream.train import ParameterServer, table_configs_from_schema
+    from tabstream.train.torch import fit_lists, lists_done
+
+    schema = ts.Dataset(list_dirs[0]).schema
+    features = schema.without(schema.select_by_tag("target").column_names)
+    ck_dir = os.path.join(workdir, "checkpoint")
+    ps = ParameterServer.open_or_create(os.path.join(workdir, "ps"),
+                                        table_configs_from_schema(features, dim=16),
+                                        storage="disk", seed=args.seed, optimizer="adagrad", lr=0.05)
+    model, optimizer = build_model(ps, schema, args.cache_rows, args.seed)
+    loaders: list[Any] = [Loader(d, batch_size=args.batch_size, shuffle=True, seed=args.seed)
+                          for d in list_dirs]
+    if crash_at is not None:
+        p, i = crash_at
+        loaders[i] = CrashingLoader(loaders[i], max(len(loaders[i]) // 2, 1), on_pass=p + 1)
+    resumed = [len(lists_done(ck_dir)) if os.path.isdir(ck_dir) else 0]
+
+    def report(position: int, loader: Any, history: dict) -> None:
+        p, i = divmod(position, len(list_dirs))
+        delta = os.path.join(workdir, "deltas", f"{position:05d}")
+        rows = sum(len(pq.read_table(os.path.join(delta, t, "part_00000.parquet")))
+                   for t in os.listdir(delta) if not t.startswith("_"))
+        note = " (resumed)" if crash_at is None and position == resumed[0] else ""
+        print(f"pass {p + 1} list {i + 1}: loss {history['loss'][-1]:.4f}  "
+              f"val_auc {history['val_auc'][-1]:.4f}  delta {rows:,} rows  "
+              f"hit rate {model.inputs.embeddings.hit_rate:.2f}{note}", flush=True)
+
+    try:
+        fit_lists(model, loaders, optimizer, checkpoint_dir=ck_dir, passes=args.passes,
+                  delta_dir=os.path.join(workdir, "deltas"), on_list_end=report,
+                  valid_loader=Loader(valid_dir, batch_size=65536, shuffle=False),
+                  checkpoint_every=max(len(loaders[0]) // 4, 1), progress=False)
+    finally:
+        ps.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=50_000, help="rows per file list")
@@ -104,50 +150,20 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    import tabstream as ts
-    from tabstream.loaders.torch import Loader
-    from tabstream.train import table_configs_from_schema
-    from tabstream.train.torch import ParameterServer, fit
-
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         list_dirs, valid_dir = build_exports(workdir, args.rows, args.lists, args.seed)
-        schema = ts.Dataset(list_dirs[0]).schema
-        features = schema.without(schema.select_by_tag("target").column_names)
-        ps_dir, ck_dir = os.path.join(workdir, "ps"), os.path.join(workdir, "checkpoint")
-        ps = ParameterServer(ps_dir, table_configs_from_schema(features, dim=16),
-                             storage="disk", seed=args.seed, optimizer="adagrad", lr=0.05)
-        model, optimizer = build_model(ps, schema, args.cache_rows, args.seed)
-        valid = Loader(valid_dir, batch_size=65536, shuffle=False)
-        crash_at = (1, args.lists // 2) if args.passes > 1 else None
-        for p in range(args.passes):
-            for i, list_dir in enumerate(list_dirs):
-                train = Loader(list_dir, batch_size=args.batch_size, shuffle=True, seed=args.seed + p)
-                ps.prefetch(list_dir)
-                note = ""
-                if crash_at == (p, i):
-                    half = max(len(train) // 2, 1)
-                    try:
-                        fit(model, CrashingLoader(train, half), optimizer, checkpoint_dir=ck_dir,
-                            resume=True, checkpoint_every=max(half // 2, 1), progress=False)
-                    except RuntimeError as exc:
-                        if "simulated crash" not in str(exc):
-                            raise
-                    ps.close()  # the process "died": reopen everything from disk
-                    ps = ParameterServer.open(ps_dir)
-                    print(f"pass {p + 1} list {i + 1}: crashed after {half} batches; reopened the "
-                          f"server at version {ps.version:,}", flush=True)
-                    model, optimizer = build_model(ps, schema, args.cache_rows, args.seed)
-                    note = " (resumed)"
-                history = fit(model, train, optimizer, valid_loader=valid, checkpoint_dir=ck_dir,
-                              resume=True, checkpoint_every=50, progress=False)
-                delta = ps.export_delta(os.path.join(workdir, "deltas", f"pass{p + 1}_list{i + 1:02d}"))
-                hit = model.inputs.embeddings.hit_rate
-                print(f"pass {p + 1} list {i + 1}: loss {history['loss'][-1]:.4f}  "
-                      f"val_auc {history['val_auc'][-1]:.4f}  delta {sum(delta.values()):,} rows  "
-                      f"hit rate {hit:.2f}{note}", flush=True)
-        ps.close()
+        if args.passes > 1:
+            crash_at = (1, args.lists // 2)
+            try:
+                job(workdir, list_dirs, valid_dir, args, crash_at=crash_at)
+            except RuntimeError as exc:
+                if "simulated crash" not in str(exc):
+                    raise
+                print(f"pass {crash_at[0] + 1} list {crash_at[1] + 1}: crashed after "
+                      f"{str(exc).split()[-2]} batches; restarting the job", flush=True)
+        job(workdir, list_dirs, valid_dir, args)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ def test_continuous_training_example(tmp_path) -> None:
                             sorted((tmp_path / "lists" / f"list_{int(i) - 1:02d}" / "_keysets").glob("*.parquet")))
         expected = keysets.drop_duplicates().shape[0]
         assert int(delta.replace(",", "")) == expected, (p, i)
+        position = (int(p) - 1) * 3 + int(i) - 1
         written = sum(len(pd.read_parquet(d)) for d in
-                      (tmp_path / "deltas" / f"pass{p}_list{int(i):02d}").iterdir() if d.is_dir())
+                      (tmp_path / "deltas" / f"{position:05d}").iterdir() if d.is_dir())
         assert written == expected
         assert 0.0 < float(auc) <= 1.0 and float(loss) > 0
     # the model learns: the last list's validation AUC beats the first's
