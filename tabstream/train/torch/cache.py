@@ -312,6 +312,19 @@ class CachedEmbeddings(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
 
+def refuse_cached_under_ranks(model: nn.Module, who: str) -> None:
+    """Refuse a model that trains tables through a parameter server in a run of
+    several ranks: each rank would update its own server (or the same folder
+    twice), so the tables would not train as one process on the global batch."""
+    cached = [name or "<model>" for name, m in model.named_modules() if isinstance(m, CachedEmbeddings)]
+    if cached:
+        raise ValueError(
+            f"{who}: the model trains {cached} through a ParameterServer, which serves one "
+            "process; under several ranks each rank would train its own copy of the tables. "
+            "Train it in one process, or use in-memory tables (HybridParallel shards them)"
+        )
+
+
 def _parse(feature: str, cfg: TableConfig, features: Features) -> tuple[torch.Tensor, ...]:
     """``(ids,)`` for single-hot features, ``(values, offsets)`` for lists."""
     x = parse_feature(feature, cfg, features)

@@ -599,6 +599,9 @@ class HybridParallel(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"HybridParallel wraps an nn.Module, got {type(model).__name__}")
+        from tabstream.train.torch.cache import refuse_cached_under_ranks
+
+        refuse_cached_under_ranks(model, "HybridParallel")
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError(
                 "HybridParallel needs torch.distributed: call "

@@ -429,3 +429,14 @@ def test_a_dropped_cache_is_not_kept_alive_by_its_server(tmp_path):
     gc.collect()
     assert ref() is None
     assert ps.prefetch({"C1": [1, 2]}) == {"C1": 2}
+
+
+def test_hybrid_parallel_refuses_a_model_trained_through_a_server(tmp_path):
+    from tabstream.train.torch.distributed import HybridParallel
+
+    configs = table_configs_from_schema(schema().without(["click"]), dim=8)
+    ps = ParameterServer(tmp_path / "ps", configs, storage="memory")
+    model = DLRM(schema(), embedding_dim=8, embeddings=CachedEmbeddings(ps, 10))
+    with pytest.raises(ValueError, match=r"HybridParallel: the model trains \['inputs.embeddings'\] "
+                                         r"through a ParameterServer, which serves one process"):
+        HybridParallel(model)
