@@ -75,6 +75,7 @@ from tabstream.core.dtypes import (
 from tabstream.core.errors import CacheWarning, DataError, SchemaError
 from tabstream.core.merlin import read_merlin_schema
 from tabstream.core.schema import ColumnSchema, Schema
+from tabstream.pipeline import stores
 
 if TYPE_CHECKING:  # pandas is imported where a frame is made or given, so that a
     import pandas as pd  # Dataset for a loader (parquet in, arrow out) never loads it
@@ -275,6 +276,7 @@ class Dataset:
         self._folders: list[tuple[str, Any]] = []
         self._row_filter: Any = None  # a split's rows (see split / split_by_value)
         self._filter: _ExprFilter | None = None
+        self._file_tags: dict[str, str | None] = {}  # remote file -> its ETag when opened
 
         if _is_pandas_dataframe(path_or_df):
             self.engine = "dataframe"
@@ -286,17 +288,8 @@ class Dataset:
             self.engine = "dask"
             self._ddf = path_or_df
         else:
-            self.fs, self.files, self._folders = _expand_paths(path_or_df, self.storage_options, engine)
-            if not self.files:  # an export folder whose files are all gone
-                _check_manifests(self.fs, [], self._folders, {})
-                raise FileNotFoundError(f"{path_or_df!r} holds no data files (no files match)")
-            self.engine = engine or _infer_engine(self.files)
-            if self.engine not in ("parquet", "csv"):
-                raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
-            self._stored_schema = (_read_schema_json(self.fs, self.files)
-                                   or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
-                                       else None)
-                                   or read_merlin_schema(self.fs, self.files))  # NVTabular exports
+            with stores.translate_store_errors(_first_path(path_or_df)):
+                self._open_files(path_or_df, engine)
 
         self._cache_auto = cache == "auto"
         self._owner_pid = os.getpid()
@@ -307,12 +300,31 @@ class Dataset:
             self.cache = "disk" if self.engine == "csv" else None
         self._planned: list[Any] | None = None  # the pieces, see _pieces
         self._planned_index: dict[Any, int] | None = None
-        self._arrow_schema = self._plan()
+        with stores.translate_store_errors(_first_path(path_or_df)):
+            self._arrow_schema = self._plan()
         if schema is None and self.files:
             _check_schema_file(self.fs, self.files, self._stored_schema, self._arrow_schema)
         self.schema = self._merge_schema(schema)
         if filters is not None:
             self._filter = _ExprFilter(filters, self._arrow_schema)
+
+    def _open_files(self, path: Any, engine: str | None) -> None:
+        """The files of ``path`` as the store holds them now, their format and the
+        schema stored beside them. On an object store each file's ETag is kept: a read
+        of a file replaced since is refused (see :mod:`tabstream.pipeline.stores`)."""
+        self.fs, self.files, self._folders = _expand_paths(path, self.storage_options, engine)
+        if not _is_local(self.fs):
+            self._file_tags = {f: stores.file_tag(self.fs, f) for f in self.files}
+        if not self.files:  # an export folder whose files are all gone
+            _check_manifests(self.fs, [], self._folders, {})
+            raise FileNotFoundError(f"{path!r} holds no data files (no files match)")
+        self.engine = engine or _infer_engine(self.files)
+        if self.engine not in ("parquet", "csv"):
+            raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
+        self._stored_schema = (_read_schema_json(self.fs, self.files)
+                               or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
+                                   else None)
+                               or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
     # -- planning -----------------------------------------------------------
     @property
@@ -715,7 +727,8 @@ class Dataset:
         if isinstance(piece, _ParquetPiece):
             return self._read_parquet_piece(piece, columns, dictionary)
         if isinstance(piece, _CsvPiece):
-            t = self._read_csv_piece(piece)
+            with stores.translate_store_errors(piece.path):
+                t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
         from tabstream.pipeline.execution import local_compute
 
@@ -753,6 +766,8 @@ class Dataset:
         cols = [c for c in target.names if c in present]
         as_dictionary = self._dictionary_encoded(piece, [c for c in dictionary if c in cols]) if dictionary else []
         try:
+            if not _is_local(self.fs):  # a file replaced since the Dataset was opened
+                stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
             if self.backend_name == "cudf" and cols:
                 table = _read_row_groups_on_gpu(self.fs, piece, cols)
             elif _is_local(self.fs):
@@ -765,6 +780,8 @@ class Dataset:
                     pf = pq.ParquetFile(f, read_dictionary=as_dictionary or None)
                     table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
+            if not _is_local(self.fs) and (err := stores.store_error(piece.path, exc)) is not None:
+                raise err from exc
             raise DataError(f"{piece.path}: cannot read row groups {list(piece.row_groups)}: {exc}") from exc
         if table.num_rows != piece.num_rows and cols:
             raise DataError(f"{piece.path}: row groups {list(piece.row_groups)} hold {table.num_rows} "
@@ -905,9 +922,12 @@ class Dataset:
                     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 start = 0 if piece.offset == 0 else _after_newline(mm, piece.offset)
                 return _Block(mm, start, max(start, _after_newline(mm, piece.offset + piece.length)))
+            stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
             with self.fs.open(piece.path, "rb") as f:
                 data = read_block(f, piece.offset, piece.length, delimiter=b"\n")
             return _Block(data, 0, len(data))
+        if not _is_local(self.fs):
+            stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
         try:
             with self.fs.open(piece.path, "rb", compression="infer") as f:
                 data = f.read()
@@ -1447,9 +1467,14 @@ def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pandas(df, preserve_index=False)
 
 
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
+_is_local = stores.is_local
+
+
+def _first_path(path: Any) -> str:
+    """The path (the first of a list) errors of a store name."""
+    if isinstance(path, (list, tuple)):
+        return str(path[0]) if path else ""
+    return str(path) if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else ""
 
 
 def _is_dask_dataframe(obj: Any) -> bool:
@@ -1467,7 +1492,10 @@ def _expand_paths(path: Any, storage_options: dict,
     if not paths:
         raise FileNotFoundError("Dataset got an empty list of paths")
     paths = [str(p) for p in paths]
-    fs, _, _ = get_fs_token_paths(paths[0], storage_options=storage_options)
+    fs, _, _ = get_fs_token_paths(paths[0], storage_options=stores.store_options(paths[0], storage_options))
+    # the store as it is now, not as this process listed it before (fsspec keeps one
+    # filesystem, and its listings, per set of options)
+    stores.forget_listings(fs, paths)
     files: list[str] = []
     folders: list[str] = []
     for p in paths:
@@ -1500,7 +1528,7 @@ def _expand_paths(path: Any, storage_options: dict,
         elif fs.exists(stripped):
             files.append(stripped)
         else:
-            raise FileNotFoundError(f"no such file or folder: {p!r}")
+            raise FileNotFoundError(f"no such file or folder: {p!r}{_missing_bucket(fs, stripped)}")
     twice = sorted(f for f, n in collections.Counter(files).items() if n > 1)
     if twice:
         raise ValueError(f"{twice[0]}: picked more than once by the paths {paths}; each file would be "
@@ -1563,6 +1591,14 @@ def _skipped_message(path: str, skipped: dict[str, int], engine: str | None,
             f"{posixpath.join(str(path), '*', '*.' + ext)!r}")
 
 
+def _missing_bucket(fs: Any, path: str) -> str:
+    """On an object store, whether the bucket of ``path`` itself is missing."""
+    if _is_local(fs) or "/" not in path.strip("/"):
+        return ""
+    bucket = path.strip("/").split("/")[0]
+    return "" if fs.exists(bucket) else f" (the bucket {bucket!r} does not exist, or these credentials cannot see it)"
+
+
 def _hidden(path: str, root: str) -> bool:
     """Whether a part of ``path`` below ``root`` starts with ``_`` or ``.``."""
     rel = posixpath.relpath(path, root)
@@ -1594,6 +1630,8 @@ def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
             pf = pq.ParquetFile(f)
             return pf.metadata, pf.schema_arrow
     except (OSError, pa.ArrowException) as exc:
+        if not _is_local(fs) and (err := stores.store_error(path, exc)) is not None:
+            raise err from exc
         raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
 
 
