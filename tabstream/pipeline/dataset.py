@@ -235,10 +235,25 @@ class Dataset:
         ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
         ``[("day", "<", 7)]`` (a list of lists is an OR of ANDs), or a
         ``pyarrow.compute.Expression``. A row where the filter is null is dropped.
+    strict_schema:
+        Parquet files whose columns differ are read as one dataset, a column a file
+        lacks null in its rows, and a :class:`DatasetWarning` names the columns and
+        the files (once per Dataset); ``True`` refuses them instead, with a
+        :class:`~tabstream.core.errors.SchemaError` naming a file, the columns it
+        lacks and a file that has them.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
         ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
-        ``header`` (``False`` by default when ``names`` is given).
+        ``header`` (``False`` by default when ``names`` is given), ``block_size``
+        (default ``"2MB"``: the bytes the parser takes at a time; a line longer
+        than it can hold is an error naming its line and the size that reads it).
+
+    A folder's data are its own files, its hive partition folders (``col=value``)
+    and the exports in it (subfolders with a ``_manifest.json``); other subfolders
+    are left out with a :class:`DatasetWarning`. On an object store the Dataset
+    lists the store as it is now, and an unreachable store or a refused request is
+    a :class:`~tabstream.core.errors.DataError` naming the URL (see
+    :mod:`tabstream.pipeline.stores`).
     """
 
     def __init__(
