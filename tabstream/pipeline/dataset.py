@@ -1531,7 +1531,7 @@ def _expand_paths(path: Any, storage_options: dict,
             # Exports nested in the folder (root/train, root/valid) are checked too.
             found, nested, skipped = _folder_data(root, every, engine)
             if skipped and (found or nested):
-                warnings.warn(_skipped_message(p, skipped, engine), DatasetWarning, stacklevel=3)
+                warnings.warn(_skipped_message(p, skipped, engine), DatasetWarning, stacklevel=4)
             if not found and not nested and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
                 wanted = {"parquet": " (looked for .parquet files)", "csv": " (looked for .csv/.tsv files)"}
                 if skipped:
