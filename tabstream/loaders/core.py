@@ -488,6 +488,9 @@ def _column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> 
     while is_list_type(leaf):
         sizes.append(leaf.list_size if pa.types.is_fixed_size_list(leaf) else None)
         leaf = leaf.value_type
+    plain = leaf.value_type if pa.types.is_dictionary(leaf) else leaf
+    if pa.types.is_struct(plain) or pa.types.is_map(plain):
+        raise TypeError(_record_column_message(name, t, plain))
     if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf) or pa.types.is_boolean(leaf)) \
             or len(sizes) > 2:
         raise TypeError(
@@ -511,6 +514,22 @@ def _column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> 
         sizes = [s if s is not None else d for s, d in zip(sizes, dims, strict=True)]
     fixed = tuple(int(n) for n in sizes) if sizes and None not in sizes else None
     return Layout(dtype, len(sizes), fixed)
+
+
+def _record_column_message(name: str, t: pa.DataType, record: pa.DataType) -> str:
+    """Why a struct or map column (or a list of them) cannot be loaded, and what to do.
+    Categorify and the continuous ops refuse such a column too: its fields must become
+    plain columns before the data reaches tabstream."""
+    kind = "a struct" if pa.types.is_struct(record) else "a map"
+    if pa.types.is_struct(record):
+        fix = (f"flatten it into one column per field ({', '.join(repr(f'{name}.{f.name}') for f in record)}; "
+               "e.g. pyarrow's Table.flatten()) before making the Dataset")
+    else:
+        fix = ("split it into two list columns, its keys and its values (a pyarrow MapArray's "
+               ".keys and .items with its .offsets), before making the Dataset")
+    return (f"column {name!r} is {kind} column (type {t}): the loaders deliver numbers, lists of "
+            f"numbers and lists of lists of numbers (Categorify and the continuous ops refuse "
+            f"struct and map columns too): {fix}, or leave it out with features=/labels=")
 
 
 def _numbers(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:

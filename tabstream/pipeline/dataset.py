@@ -75,11 +75,12 @@ from tabstream.core.dtypes import (
 from tabstream.core.errors import CacheWarning, DataError, SchemaError
 from tabstream.core.merlin import read_merlin_schema
 from tabstream.core.schema import ColumnSchema, Schema
+from tabstream.pipeline import stores
 
 if TYPE_CHECKING:  # pandas is imported where a frame is made or given, so that a
     import pandas as pd  # Dataset for a loader (parquet in, arrow out) never loads it
 
-__all__ = ["Dataset", "parse_bytes"]
+__all__ = ["Dataset", "DatasetWarning", "parse_bytes"]
 
 DEFAULT_PART_SIZE = 64 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
@@ -90,11 +91,21 @@ _BOM = b"\xef\xbb\xbf"
 # Criteo-like TSV parses in about a third of the CPU time with 2 MB chunks than as one
 # 64 MB chunk (measured 105 vs 340 ms); columns come out in ~20 chunks per block.
 _CSV_PARSE_BLOCK = 1 << 21
+#: most columns a CSV/TSV header line may name (``Dataset(path)`` without ``names=``):
+#: a "header" of millions of fields is a data line or a corrupt file, and would cost
+#: minutes and gigabytes to plan and parse. Raise it for a file that really is that wide.
+MAX_CSV_COLUMNS = 100_000
 
 # Held while a Dataset makes its cache folder (module level: a Dataset is pickled).
 _CACHE_DIR_LOCK = threading.Lock()
 # What a truncated or corrupt compressed file raises while it is decompressed.
 _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+class DatasetWarning(UserWarning):
+    """A Dataset reads its input, but not all of what a user may expect it to: a
+    folder's subfolders that are not data were left out, or parquet files whose
+    schemas differ were unified (the columns a file lacks are null in its rows)."""
 
 
 def parse_bytes(size: int | str | None) -> int:
@@ -155,9 +166,11 @@ class _Block:
     def arrow(self) -> pa.Buffer:
         return pa.py_buffer(self.buf).slice(self.start, len(self))
 
-    def first_line(self) -> bytes:
+    def first_line(self, limit: int | None = None) -> bytes:
+        """The first line, without its newline; at most ``limit`` bytes of it."""
         nl = self.find(b"\n")
-        return self.buf[self.start:self.start + nl if nl >= 0 else self.end]
+        end = self.start + nl if nl >= 0 else self.end
+        return self.buf[self.start:end if limit is None else min(end, self.start + limit)]
 
     def isascii(self) -> bool:
         """Only ASCII bytes (so valid UTF-8): about 1 ms per 38 MB."""
@@ -222,10 +235,25 @@ class Dataset:
         ``num_rows``, loaders): pyarrow/pandas-style DNF tuples such as
         ``[("day", "<", 7)]`` (a list of lists is an OR of ANDs), or a
         ``pyarrow.compute.Expression``. A row where the filter is null is dropped.
+    strict_schema:
+        Parquet files whose columns differ are read as one dataset, a column a file
+        lacks null in its rows, and a :class:`DatasetWarning` names the columns and
+        the files (once per Dataset); ``True`` refuses them instead, with a
+        :class:`~tabstream.core.errors.SchemaError` naming a file, the columns it
+        lacks and a file that has them.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
         ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
-        ``header`` (``False`` by default when ``names`` is given).
+        ``header`` (``False`` by default when ``names`` is given), ``block_size``
+        (default ``"2MB"``: the bytes the parser takes at a time; a line longer
+        than it can hold is an error naming its line and the size that reads it).
+
+    A folder's data are its own files, its hive partition folders (``col=value``)
+    and the exports in it (subfolders with a ``_manifest.json``); other subfolders
+    are left out with a :class:`DatasetWarning`. On an object store the Dataset
+    lists the store as it is now, and an unreachable store or a refused request is
+    a :class:`~tabstream.core.errors.DataError` naming the URL (see
+    :mod:`tabstream.pipeline.stores`).
     """
 
     def __init__(
@@ -239,6 +267,7 @@ class Dataset:
         cache: str | None = "auto",
         cache_dir: str | None = None,
         filters: Any = None,
+        strict_schema: bool = False,
         **read_kwargs: Any,
     ) -> None:
         if cache not in (None, "disk", "auto"):
@@ -250,6 +279,9 @@ class Dataset:
         #: the backend whose kernels the ops run with on this data (chosen once, here)
         self.backend_name = backends.choose(cpu)
         self.cpu = self.backend_name == "arrow"
+        if not isinstance(strict_schema, bool):
+            raise TypeError(f"strict_schema must be True or False, got {strict_schema!r}")
+        self.strict_schema = strict_schema
         self.read_kwargs = read_kwargs
         self.fs: fsspec.AbstractFileSystem | None = None
         self.files: list[str] = []
@@ -259,6 +291,7 @@ class Dataset:
         self._folders: list[tuple[str, Any]] = []
         self._row_filter: Any = None  # a split's rows (see split / split_by_value)
         self._filter: _ExprFilter | None = None
+        self._file_tags: dict[str, str | None] = {}  # remote file -> its ETag when opened
 
         if _is_pandas_dataframe(path_or_df):
             self.engine = "dataframe"
@@ -270,17 +303,8 @@ class Dataset:
             self.engine = "dask"
             self._ddf = path_or_df
         else:
-            self.fs, self.files, self._folders = _expand_paths(path_or_df, self.storage_options, engine)
-            if not self.files:  # an export folder whose files are all gone
-                _check_manifests(self.fs, [], self._folders, {})
-                raise FileNotFoundError(f"{path_or_df!r} holds no data files (no files match)")
-            self.engine = engine or _infer_engine(self.files)
-            if self.engine not in ("parquet", "csv"):
-                raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
-            self._stored_schema = (_read_schema_json(self.fs, self.files)
-                                   or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
-                                       else None)
-                                   or read_merlin_schema(self.fs, self.files))  # NVTabular exports
+            with stores.translate_store_errors(_first_path(path_or_df)):
+                self._open_files(path_or_df, engine)
 
         self._cache_auto = cache == "auto"
         self._owner_pid = os.getpid()
@@ -291,10 +315,31 @@ class Dataset:
             self.cache = "disk" if self.engine == "csv" else None
         self._planned: list[Any] | None = None  # the pieces, see _pieces
         self._planned_index: dict[Any, int] | None = None
-        self._arrow_schema = self._plan()
+        with stores.translate_store_errors(_first_path(path_or_df)):
+            self._arrow_schema = self._plan()
+        if schema is None and self.files:
+            _check_schema_file(self.fs, self.files, self._stored_schema, self._arrow_schema)
         self.schema = self._merge_schema(schema)
         if filters is not None:
             self._filter = _ExprFilter(filters, self._arrow_schema)
+
+    def _open_files(self, path: Any, engine: str | None) -> None:
+        """The files of ``path`` as the store holds them now, their format and the
+        schema stored beside them. On an object store each file's ETag is kept: a read
+        of a file replaced since is refused (see :mod:`tabstream.pipeline.stores`)."""
+        self.fs, self.files, self._folders = _expand_paths(path, self.storage_options, engine)
+        if not _is_local(self.fs):
+            self._file_tags = {f: stores.file_tag(self.fs, f) for f in self.files}
+        if not self.files:  # an export folder whose files are all gone
+            _check_manifests(self.fs, [], self._folders, {})
+            raise FileNotFoundError(f"{path!r} holds no data files (no files match)")
+        self.engine = engine or _infer_engine(self.files)
+        if self.engine not in ("parquet", "csv"):
+            raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
+        self._stored_schema = (_read_schema_json(self.fs, self.files)
+                               or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
+                                   else None)
+                               or read_merlin_schema(self.fs, self.files))  # NVTabular exports
 
     # -- planning -----------------------------------------------------------
     @property
@@ -350,10 +395,16 @@ class Dataset:
         if not _is_local(self.fs):
             _refuse_unpublished(self.fs, self.files, [schema for _, schema in footers])
         for path, (md, arrow_schema) in zip(self.files, footers, strict=True):
+            twice = [name for name, n in collections.Counter(arrow_schema.names).items() if n > 1]
+            if twice:
+                raise DataError(f"{path}: the file has {len(twice)} column name{'s' if len(twice) > 1 else ''} "
+                                f"more than once: {twice}; a Dataset needs distinct column names: "
+                                "rewrite the file with each column named once")
             self._file_schemas[path] = arrow_schema
             self._file_metadata[path] = md
             unified = _unify_schemas(unified, arrow_schema, owners, path)
         assert unified is not None
+        _check_schema_gaps(self._file_schemas, owners, self.strict_schema)
         self._hive_values, hive_fields = _hive_partitions(self.fs, self.files, self._folders)
         for field in hive_fields:
             if field.name not in unified.names:  # a column inside the files wins
@@ -398,9 +449,11 @@ class Dataset:
             sep = "\t" if self.files[0].endswith((".tsv", ".tsv.gz")) else ","
         self._csv_sep = sep
         self._csv_header = bool(header)
+        self._csv_block_size = _block_size(self.read_kwargs.get("block_size"))
+        if names is not None:
+            _check_names(names, self.files)
         if names is None:
-            with self.fs.open(self.files[0], "rb", compression="infer") as f:
-                raw = f.readline().removeprefix(_BOM).rstrip(b"\r\n")
+            raw = self._header_line(self.files[0], sep)
             try:
                 first = raw.decode()
             except UnicodeDecodeError as exc:
@@ -436,6 +489,31 @@ class Dataset:
                 pieces.append(_CsvPiece(path, offset, block))
         self._pieces = pieces
         return pa.schema(fields)
+
+    def _header_line(self, path: str, sep: str) -> bytes:
+        """The first line of ``path``, read no further than the parse block: a header
+        longer than that, or naming more than :data:`MAX_CSV_COLUMNS` columns, is
+        refused quickly, with its field count, instead of read whole (a line of
+        millions of fields took minutes and gigabytes)."""
+        limit = self._csv_block_size
+        with self.fs.open(path, "rb", compression="infer") as f:
+            raw = f.readline(limit + 1)
+        if not raw.endswith(b"\n") and len(raw) > limit:
+            fields = raw.count(sep.encode()) + 1
+            raise _data_error(
+                f"{path}, line 1: read as the header line, it is longer than {limit:,} bytes, the CSV "
+                f"parse block (block_size), and holds at least {fields:,} fields in those bytes",
+                "for a headerless file pass names=[...] (the column names in order); if the header "
+                "really is this long, pass block_size= larger than the line (e.g. block_size=\"64MB\")")
+        raw = raw.removeprefix(_BOM).rstrip(b"\r\n")
+        fields = raw.count(sep.encode()) + 1
+        if fields > MAX_CSV_COLUMNS:
+            raise _data_error(
+                f"{path}, line 1: read as the header line, it holds {fields:,} fields, more than "
+                f"MAX_CSV_COLUMNS={MAX_CSV_COLUMNS:,} columns",
+                "for a headerless file pass names=[...]; if the file really has this many columns, "
+                "raise tabstream.pipeline.dataset.MAX_CSV_COLUMNS")
+        return raw
 
     def _merge_schema(self, given: Schema | None) -> Schema:
         cols = []
@@ -664,7 +742,8 @@ class Dataset:
         if isinstance(piece, _ParquetPiece):
             return self._read_parquet_piece(piece, columns, dictionary)
         if isinstance(piece, _CsvPiece):
-            t = self._read_csv_piece(piece)
+            with stores.translate_store_errors(piece.path):
+                t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
         from tabstream.pipeline.execution import local_compute
 
@@ -702,6 +781,8 @@ class Dataset:
         cols = [c for c in target.names if c in present]
         as_dictionary = self._dictionary_encoded(piece, [c for c in dictionary if c in cols]) if dictionary else []
         try:
+            if not _is_local(self.fs):  # a file replaced since the Dataset was opened
+                stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
             if self.backend_name == "cudf" and cols:
                 table = _read_row_groups_on_gpu(self.fs, piece, cols)
             elif _is_local(self.fs):
@@ -714,6 +795,8 @@ class Dataset:
                     pf = pq.ParquetFile(f, read_dictionary=as_dictionary or None)
                     table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
+            if not _is_local(self.fs) and (err := stores.store_error(piece.path, exc)) is not None:
+                raise err from exc
             raise DataError(f"{piece.path}: cannot read row groups {list(piece.row_groups)}: {exc}") from exc
         if table.num_rows != piece.num_rows and cols:
             raise DataError(f"{piece.path}: row groups {list(piece.row_groups)} hold {table.num_rows} "
@@ -748,7 +831,7 @@ class Dataset:
         block = self._csv_block(piece)
         skip_header = self._csv_header and piece.offset == 0
         if piece.offset == 0 and not skip_header:
-            self._check_header_line(piece, block.first_line())
+            self._check_header_line(piece, block.first_line(self._csv_block_size))
         several = len(self._csv_names) > 1
         if several:
             block = self._trim_blank_lines(piece, block, skip_header)
@@ -787,6 +870,8 @@ class Dataset:
         """``header=False`` but the file starts with the column names: refuse rather
         than read the names as a row of data."""
         first = line.removeprefix(_BOM).rstrip(b"\r")
+        if first.count(self._csv_sep.encode()) + 1 != len(self._csv_names):
+            return  # not the names (a line of millions of fields is not split here)
         fields = first.split(self._csv_sep.encode())
         if self._csv_sep != "\t":  # CSV headers are often quoted
             fields = [f.strip(b'"') for f in fields]
@@ -852,9 +937,12 @@ class Dataset:
                     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 start = 0 if piece.offset == 0 else _after_newline(mm, piece.offset)
                 return _Block(mm, start, max(start, _after_newline(mm, piece.offset + piece.length)))
+            stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
             with self.fs.open(piece.path, "rb") as f:
                 data = read_block(f, piece.offset, piece.length, delimiter=b"\n")
             return _Block(data, 0, len(data))
+        if not _is_local(self.fs):
+            stores.check_unchanged(self.fs, piece.path, self._file_tags.get(piece.path))
         try:
             with self.fs.open(piece.path, "rb", compression="infer") as f:
                 data = f.read()
@@ -892,7 +980,7 @@ class Dataset:
         return pacsv.read_csv(
             pa.BufferReader(data),
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
-                                           use_threads=False, block_size=_CSV_PARSE_BLOCK),
+                                           use_threads=False, block_size=self._csv_block_size),
             # Raw logs are not quoted: with tabs, a quote is plain data (quoting would
             # let a stray quote swallow the following lines). A blank line is a line
             # with the wrong number of fields, never silently dropped.
@@ -913,6 +1001,8 @@ class Dataset:
         Runs only after Arrow has failed, so the block is examined again here."""
         first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
         msg = str(exc)
+        if "straddl" in msg:  # a line the parser's block cannot hold
+            return self._long_line_error(piece, data)
         bad: list[Any] = []
 
         def handler(row: Any) -> str:
@@ -962,6 +1052,24 @@ class Dataset:
                     )
             return DataError(f"{piece.path}, column {name!r}: {msg}")
         return DataError(f"{piece.path} (from line {first_line}): {msg}")
+
+    def _long_line_error(self, piece: _CsvPiece, data: bytes) -> DataError:
+        """The longest line of the block, by its line in the file and its length: Arrow
+        parses CSV in blocks of ``block_size`` bytes and fails on a line it cannot hold
+        in them ("straddling object ...")."""
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        starts = np.concatenate([[0], ends + 1])
+        stops = np.concatenate([ends, [len(data)]])
+        longest = int(np.argmax(stops - starts))
+        length = int(stops[longest] - starts[longest])
+        line = 1 + self._lines_before(piece) + longest
+        suggest = max(self._csv_block_size * 2, 1 << (length - 1).bit_length())
+        return _data_error(
+            f"{piece.path}, line {line}: the line is {length:,} bytes long, more than the CSV parser's "
+            f"block of block_size={self._csv_block_size:,} bytes can hold: pass block_size= at least "
+            f"its length to Dataset (e.g. block_size=\"{suggest // 2**20}MB\")",
+            f"Dataset(..., block_size=\"{suggest // 2**20}MB\") parses lines up to that long; is the "
+            "line meant to be one row (a missing newline)?")
 
     def _utf8_error(self, piece: _CsvPiece, data: bytes) -> DataError | None:
         """The first invalid UTF-8 byte of the block, by file line and column
@@ -1374,9 +1482,14 @@ def _pandas_to_arrow(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pandas(df, preserve_index=False)
 
 
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
+_is_local = stores.is_local
+
+
+def _first_path(path: Any) -> str:
+    """The path (the first of a list) errors of a store name."""
+    if isinstance(path, (list, tuple)):
+        return str(path[0]) if path else ""
+    return str(path) if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else ""
 
 
 def _is_dask_dataframe(obj: Any) -> bool:
@@ -1394,7 +1507,10 @@ def _expand_paths(path: Any, storage_options: dict,
     if not paths:
         raise FileNotFoundError("Dataset got an empty list of paths")
     paths = [str(p) for p in paths]
-    fs, _, _ = get_fs_token_paths(paths[0], storage_options=storage_options)
+    fs, _, _ = get_fs_token_paths(paths[0], storage_options=stores.store_options(paths[0], storage_options))
+    # the store as it is now, not as this process listed it before (fsspec keeps one
+    # filesystem, and its listings, per set of options)
+    stores.forget_listings(fs, paths)
     files: list[str] = []
     folders: list[str] = []
     for p in paths:
@@ -1412,12 +1528,14 @@ def _expand_paths(path: Any, storage_options: dict,
         elif fs.isdir(stripped):
             root = stripped.rstrip("/") or "/"
             every = fs.find(stripped)
-            found = sorted(f for f in every if not _hidden(f, stripped) and _wanted(f, engine))
             # Exports nested in the folder (root/train, root/valid) are checked too.
-            nested = sorted(posixpath.dirname(f) for f in every if posixpath.basename(f) == MANIFEST_FILE
-                            and not _hidden(posixpath.dirname(f), stripped) and posixpath.dirname(f) != root)
+            found, nested, skipped = _folder_data(root, every, engine)
+            if skipped and (found or nested):
+                warnings.warn(_skipped_message(p, skipped, engine), DatasetWarning, stacklevel=4)
             if not found and not nested and not fs.exists(posixpath.join(stripped, MANIFEST_FILE)):
                 wanted = {"parquet": " (looked for .parquet files)", "csv": " (looked for .csv/.tsv files)"}
+                if skipped:
+                    raise FileNotFoundError(_skipped_message(p, skipped, engine, none_left=True))
                 raise FileNotFoundError(f"folder {p!r} holds no data files{wanted.get(engine or '', '')}")
             files.extend(found)
             folders.append((root, None))
@@ -1425,7 +1543,7 @@ def _expand_paths(path: Any, storage_options: dict,
         elif fs.exists(stripped):
             files.append(stripped)
         else:
-            raise FileNotFoundError(f"no such file or folder: {p!r}")
+            raise FileNotFoundError(f"no such file or folder: {p!r}{_missing_bucket(fs, stripped)}")
     twice = sorted(f for f, n in collections.Counter(files).items() if n > 1)
     if twice:
         raise ValueError(f"{twice[0]}: picked more than once by the paths {paths}; each file would be "
@@ -1434,6 +1552,66 @@ def _expand_paths(path: Any, storage_options: dict,
     if protocol not in ("file", "local"):
         files = [f if "://" in f else f"{protocol}://{f}" for f in files]
     return fs, files, folders
+
+
+def _folder_data(root: str, every: list[str], engine: str | None
+                 ) -> tuple[list[str], list[str], dict[str, int]]:
+    """What ``Dataset(root)`` reads of the files ``every`` below ``root``: its data
+    files, the exports nested in it, and the subfolders it leaves out (with the data
+    files each holds).
+
+    A folder's data are its own files, those of its hive partition folders
+    (``col=value``, at any depth) and those of the exports in it (subfolders holding a
+    ``_manifest.json``, read by the same rule). Any other subfolder is not data: a
+    side output such as ``write_data(..., return_probability=True)``'s
+    ``probabilities/`` holds other columns, and read as data it would add rows. Names
+    starting with ``_`` or ``.`` are never data."""
+    exports = {posixpath.dirname(f) for f in every if posixpath.basename(f) == MANIFEST_FILE}
+    found: list[str] = []
+    nested: set[str] = set()
+    skipped: dict[str, int] = collections.Counter()
+    for path in every:
+        manifest = posixpath.basename(path) == MANIFEST_FILE
+        if _hidden(posixpath.dirname(path) if manifest else path, root):
+            continue
+        folder, outside = root, None
+        for part in posixpath.relpath(path, root).split("/")[:-1]:
+            folder = posixpath.join(folder, part)
+            if "=" not in part and folder not in exports:
+                outside = folder
+                break
+        if outside is not None:
+            if _wanted(path, engine):
+                skipped[outside] += 1
+        elif manifest:
+            if folder != root:
+                nested.add(folder)
+        elif _wanted(path, engine):
+            found.append(path)
+    return sorted(found), sorted(nested), dict(sorted(skipped.items()))
+
+
+def _skipped_message(path: str, skipped: dict[str, int], engine: str | None,
+                     none_left: bool = False) -> str:
+    """What :func:`_folder_data` left out of ``Dataset(path)``, and how to read it."""
+    names = ", ".join(f"{folder}/ ({n} file{'s' if n > 1 else ''})" for folder, n in list(skipped.items())[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    ext = "csv" if engine == "csv" else "parquet"
+    first = next(iter(skipped))
+    head = (f"folder {path!r} holds no data files of its own, only in subfolders that are not data"
+            if none_left else f"Dataset({path!r}) does not read its subfolders")
+    return (f"{head}: {names}{more}. A folder's data are its own files, its hive partition folders "
+            f"(col=value) and the exports in it (folders with {MANIFEST_FILE}); to read a subfolder, "
+            f"pass its path (e.g. {first!r}), a list of paths, or a glob such as "
+            f"{posixpath.join(str(path), '*', '*.' + ext)!r}")
+
+
+def _missing_bucket(fs: Any, path: str) -> str:
+    """On an object store, whether the bucket of ``path`` itself is missing."""
+    if _is_local(fs) or "/" not in path.strip("/"):
+        return ""
+    bucket = path.strip("/").split("/")[0]
+    return "" if fs.exists(bucket) else f" (the bucket {bucket!r} does not exist, or these credentials cannot see it)"
 
 
 def _hidden(path: str, root: str) -> bool:
@@ -1467,6 +1645,8 @@ def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
             pf = pq.ParquetFile(f)
             return pf.metadata, pf.schema_arrow
     except (OSError, pa.ArrowException) as exc:
+        if not _is_local(fs) and (err := stores.store_error(path, exc)) is not None:
+            raise err from exc
         raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
 
 
@@ -1668,6 +1848,45 @@ def _unify_schemas(unified: pa.Schema | None, other: pa.Schema, owners: dict[str
     return pa.schema(fields, metadata=unified.metadata)
 
 
+def _check_schema_gaps(file_schemas: dict[str, pa.Schema], owners: dict[str, str], strict: bool) -> None:
+    """Parquet files of one Dataset whose columns differ: with ``strict`` a
+    :class:`~tabstream.core.errors.SchemaError` naming a file, the columns it lacks
+    and a file that has them; else one :class:`DatasetWarning` naming every such
+    column, the files that lack it (null in their rows) and a file that has it."""
+    lacking: dict[str, list[str]] = {}  # column -> the files without it
+    for path, schema in file_schemas.items():
+        names = set(schema.names)
+        for column in owners:
+            if column not in names:
+                lacking.setdefault(column, []).append(path)
+    if not lacking:
+        return
+    if strict:
+        first = min((files[0] for files in lacking.values()), key=list(file_schemas).index)
+        missing = [c for c, files in lacking.items() if first in files]
+        raise SchemaError(
+            f"{first}: lacks the columns {missing} that {owners[missing[0]]} has; strict_schema=True "
+            f"refuses parquet files whose columns differ ({len(lacking)} column"
+            f"{'s' if len(lacking) > 1 else ''} missing from some of the {len(file_schemas)} files): "
+            "make the files agree, read them as separate Datasets, or pass strict_schema=False "
+            "to read the columns a file lacks as nulls")
+
+    def files(paths: list[str]) -> str:
+        shown = ", ".join(paths[:3])
+        return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+    groups: dict[tuple[tuple[str, ...], str], list[str]] = {}  # (files without, a file with) -> columns
+    for column, paths in lacking.items():
+        groups.setdefault((tuple(paths), owners[column]), []).append(column)
+    described = "; ".join(f"{columns} null in the rows of {files(list(paths))} (held by {owner})"
+                          for (paths, owner), columns in list(groups.items())[:5])
+    more = f"; and {len(groups) - 5} more groups of columns" if len(groups) > 5 else ""
+    warnings.warn(
+        f"the parquet files' columns differ; the columns a file lacks are read as nulls in its rows: "
+        f"{described}{more}. Pass strict_schema=True to refuse files whose columns differ",
+        DatasetWarning, stacklevel=5)
+
+
 def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
@@ -1706,6 +1925,34 @@ def _check_header_names(path: str, names: list[str]) -> None:
         seen.add(name)
 
 
+def _block_size(value: Any) -> int:
+    """The ``block_size=`` read kwarg: bytes the CSV parser takes at a time (its
+    longest line); 2 MB by default."""
+    if value is None:
+        return _CSV_PARSE_BLOCK
+    if isinstance(value, bool):
+        raise TypeError(f"block_size must be a byte count or a size such as '8MB', got {value!r}")
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise ValueError(f"block_size={value!r}: expected a byte count or a size such as '8MB' "
+                         "(the CSV parser's block; a line must fit in it)") from exc
+
+
+def _check_names(names: Any, files: list[str]) -> None:
+    """``names=``: distinct strings (a repeated name would make two columns of one name)."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names must be a list of column names (strings), got {names!r}")
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            more = f" (+{len(files) - 1} files)" if len(files) > 1 else ""
+            raise ValueError(
+                f"names= lists the column {name!r} twice (positions {seen[name] + 1} and {i + 1} of "
+                f"{len(names)}), reading {files[0]}{more}: give each column its own name")
+        seen[name] = i
+
+
 def _after_newline(buf: Any, pos: int) -> int:
     """The offset just past the first newline at or after ``pos`` (the end if none)."""
     i = buf.find(b"\n", pos) if pos < len(buf) else -1
@@ -1739,6 +1986,35 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
                         f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
+
+
+def _schema_file(fs: Any, files: list[str]) -> str | None:
+    """The ``_schema.json`` (or older ``schema.json``) :func:`_read_schema_json` reads."""
+    folder = posixpath.dirname(fs._strip_protocol(files[0]))
+    for filename in ("_schema.json", "schema.json"):
+        candidate = posixpath.join(folder, filename)
+        if fs.exists(candidate):
+            return candidate
+    return None
+
+
+def _check_schema_file(fs: Any, files: list[str], stored: Schema | None, arrow_schema: pa.Schema) -> None:
+    """A ``_schema.json`` that lists columns none of the files holds describes other
+    data (the files were replaced, or the schema copied from elsewhere): refused,
+    naming the file and the columns, rather than its tags silently dropped."""
+    if stored is None:
+        return
+    missing = [name for name in stored.column_names if name not in arrow_schema.names]
+    if not missing:
+        return
+    where = _schema_file(fs, files)
+    if where is None:  # the schema came from the files' own metadata or a Merlin schema
+        return
+    raise DataError(
+        f"{where}: lists the columns {missing}, which none of the {len(files)} data file"
+        f"{'s' if len(files) > 1 else ''} holds (they hold {arrow_schema.names}); the schema file "
+        "does not describe these files",
+        hint="export the data again, or remove or correct the schema file (or pass schema= to Dataset)")
 
 
 def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:

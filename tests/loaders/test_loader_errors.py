@@ -16,6 +16,7 @@ import pytest
 import tabstream
 from tabstream.errors import DataError, SchemaError
 from tabstream.loaders import Loader
+from tabstream.pipeline.dataset import DatasetWarning
 
 
 def first_batch(data: Any, **kwargs: Any) -> Any:
@@ -81,7 +82,10 @@ def test_column_missing_in_one_file_is_null_there(export: Path, testdata: Any) -
     (export / "_manifest.json").unlink()
     table = testdata.make_table(np.arange(5000, 5100), with_lists=False).drop_columns(["I1"])
     pq.write_table(table, export / "part_00001.parquet")
-    got = _all_rows(Loader(export, 100, shuffle=False, features=["row_id", "I1"], labels=[]))
+    with pytest.warns(DatasetWarning,
+                      match=r"\['I1', 'tags', 'weights'\] null in the rows of .*part_00001.parquet"):
+        loader = Loader(export, 100, shuffle=False, features=["row_id", "I1"], labels=[])
+    got = _all_rows(loader)
     expected = pd.concat([pd.read_parquet(p, columns=["row_id", "I1"]) if "I1" in pq.read_schema(p).names
                           else pd.read_parquet(p, columns=["row_id"]).assign(I1=np.nan)
                           for p in sorted(export.glob("part_*.parquet"))])
@@ -91,7 +95,9 @@ def test_column_missing_in_one_file_is_null_there(export: Path, testdata: Any) -
 
     table = testdata.make_table(np.arange(5000, 5100), with_lists=False).drop_columns(["C1"])
     pq.write_table(table, export / "part_00001.parquet")
-    with pytest.raises(DataError, match="column 'C1' has 100 nulls in row group 0 of .*part_00001"):
+    with pytest.raises(DataError, match="column 'C1' has 100 nulls in row group 0 of .*part_00001"), \
+            pytest.warns(DatasetWarning,
+                         match=r"\['C1', 'tags', 'weights'\] null in the rows of .*part_00001.parquet"):
         _all_rows(Loader(export, 100, shuffle=False, features=["C1"], labels=[]))
 
 

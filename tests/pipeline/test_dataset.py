@@ -11,6 +11,7 @@ import pytest
 import tabstream as ts
 from tabstream.core.errors import CacheWarning
 from tabstream.errors import DataError, SchemaError
+from tabstream.pipeline.dataset import DatasetWarning
 
 NAMES = ["label", "I1", "C1"]
 DTYPES = {"label": "int64", "I1": "int64", "C1": "string"}
@@ -184,7 +185,10 @@ def test_parquet_schemas_are_unified_across_files(tmp_path, missing_in):
     frames = [narrow, full] if missing_in == 0 else [full, narrow]
     for i, df in enumerate(frames):
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp_path / "d" / f"part_{i}.parquet")
-    ds = ts.Dataset(str(tmp_path / "d"))
+    narrow_file = tmp_path / "d" / f"part_{missing_in}.parquet"
+    with pytest.warns(DatasetWarning, match=rf"\['x', 'extra'\] null in the rows of {narrow_file}") as said:
+        ds = ts.Dataset(str(tmp_path / "d"))
+    assert len(said) == 1  # one warning for the Dataset
     expected = pd.concat(frames, ignore_index=True)  # pandas fills the missing cells
     assert sorted(ds.schema.column_names) == ["extra", "id", "x"]
     assert ds.arrow_schema.field("id").type == pa.int64()  # int32 and int64 widen to int64
