@@ -233,7 +233,7 @@ def main() -> None:
                 print(f"list {x['list'] + 1}: peak RSS {x['peak_rss_mb']:,.0f} MB  delta "
                       f"{x['delta_rows']:,} rows  {x['seconds']:.1f} s", flush=True)
             peaks = [x["peak_rss_mb"] for x in r["lists"]]
-            print(f"continuous: peak RSS {r['peak_rss_gb']:.2f} GB over {len(peaks)} lists, last / "
+            print(f"continuous: peak RSS {max(peaks) / 1024:.2f} GB over {len(peaks)} lists, last / "
                   f"first list {peaks[-1] / peaks[0]:.2f}x (limit {args.data_limit_gb} GB "
                   "RLIMIT_DATA)", flush=True)
             continue
