@@ -301,18 +301,26 @@ class Workflow:
 
     @classmethod
     def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
-             functions: dict[str, Any] | None = None) -> Workflow:
+             functions: dict[str, Any] | None = None,
+             allowed_modules: Sequence[str] | None = None) -> Workflow:
         """Rebuild a saved workflow. Ops are rebuilt from their JSON parameters by
         registered class name; nothing is unpickled or evaluated.
 
         ``functions`` passes user functions (LambdaOp, Filter, Rename(f=...)) again,
         keyed by the name they were saved under (``"module:function"``) or by the bare
-        function name; it is needed for functions that cannot be imported by name
-        (see :mod:`tabstream.ops.structural`).
+        function name. Without it, a saved name resolves to a module already imported
+        or to an installed package; nothing is imported from the workflow folder or
+        the current directory. ``allowed_modules`` (``["mypkg"]``) names modules of
+        your own that may be imported from wherever Python finds them (see
+        :mod:`tabstream.ops.functions` and docs/concepts.md, "Loading a workflow you
+        did not write").
         """
-        from tabstream.ops.structural import provided_functions
+        from tabstream.ops.functions import allowed_modules as allowing
+        from tabstream.ops.functions import provided_functions
 
-        with provided_functions(functions):
+        fs, root = _fs_root(path, storage_options)
+        folder = root if _is_local(fs) else None
+        with provided_functions(functions), allowing(allowed_modules, folder=folder):
             try:
                 return cls._load(path, client, storage_options)
             except DataError as exc:
@@ -848,6 +856,12 @@ def _as_dataset(data: Any) -> Dataset:
 def _fs_root(path: str, storage_options: dict | None) -> tuple[Any, str]:
     fs, _, paths = fsspec.core.get_fs_token_paths(path, storage_options=storage_options or {})
     return fs, paths[0]
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
 
 
 def _safe(name: str) -> str:
