@@ -43,6 +43,7 @@ import tabstream
 from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
 from tabstream.pipeline.dataset import Dataset, _gpu_ddf, arrow_to_pandas
@@ -344,7 +345,7 @@ class Workflow:
         except UnicodeDecodeError as exc:
             raise DataError(f"{doc_path}: not a tabstream workflow file (not UTF-8 text: {exc})") from exc
         try:
-            doc = json.loads(text, object_pairs_hook=_unique_keys)
+            doc = loads_json(text, doc_path, "saved workflow", object_pairs_hook=_unique_keys)
         except _DuplicateKey as exc:
             raise DataError(f"{doc_path}: key {exc.args[0]!r} appears twice in one JSON object; "
                             "a saved workflow names each field once") from None
