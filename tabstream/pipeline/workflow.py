@@ -171,16 +171,17 @@ class Workflow:
         dictionary = self.dictionary_columns(ds)
         for level, nodes in enumerate(phases):
             partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0,
-                                                dictionary)
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes), fan_in=fit_fan_in(len(partials)),
                                   root=_Combine(nodes, root=True),
                                   shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
-            if level == 0:  # the first pass also counts the rows
-                _check_has_rows(ds, stats.pop())
+            rows = stats.pop()  # rows of the input and out of every node evaluated
+            if level == 0:
+                _check_has_rows(ds, rows[_INPUT_ROWS])
+            _check_nodes_have_rows(ds, nodes, rows)
             for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
 
@@ -546,8 +547,8 @@ class _Combine:
                 out.append(None)  # shard 0 combines it
             else:
                 out.append((combine or node.op.combine)(parts))
-        if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
-            out.append(sum(pl[-1] for pl in partial_lists) if not shard else None)
+        # the row counts follow (see _fit_piece)
+        out.append(_add_counts([pl[-1] for pl in partial_lists]) if not shard else None)
         return out
 
     def join(self, shard_lists: list[list[Any]]) -> list[Any]:
@@ -558,14 +559,16 @@ class _Combine:
                 out.append(node.op.join_root([sl[i] for sl in shard_lists]))
             else:
                 out.append(shard_lists[0][i])
-        out.extend(shard_lists[0][len(self.nodes):])  # the row count
+        out.extend(shard_lists[0][len(self.nodes):])  # the row counts
         return out
 
 
 @small_pages()  # also in a dask worker process
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
-               input_schema: Schema, count_rows: bool = False,
-               dictionary: Sequence[str] = ()) -> list[Any]:
+               input_schema: Schema, dictionary: Sequence[str] = ()) -> list[Any]:
+    """The partial of every node in ``nodes`` for one partition, then the rows of
+    the partition and out of every node evaluated for them (``{_INPUT_ROWS: n,
+    node id: rows}``), so a fit can say which op left a statistics op no rows."""
     # keep: the export after the fit reads the same columns again (see Dataset's cache)
     table = ds.read_piece(piece, columns, dictionary, keep=True)
     cache: dict[int, pa.Table] = {}
@@ -575,9 +578,19 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
         for node in nodes:
             parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
             out.append(node.op.fit_partition(_concat_tables(parents)))
-    if count_rows:
-        out.append(table.num_rows)
+    out.append({_INPUT_ROWS: table.num_rows, **{nid: t.num_rows for nid, t in cache.items()}})
     return out
+
+
+_INPUT_ROWS = "input"
+
+
+def _add_counts(counts: Sequence[dict[Any, int]]) -> dict[Any, int]:
+    total: dict[Any, int] = {}
+    for c in counts:
+        for key, rows in c.items():
+            total[key] = total.get(key, 0) + rows
+    return total
 
 
 def _check_has_rows(ds: Dataset, rows: int) -> None:
@@ -587,6 +600,25 @@ def _check_has_rows(ds: Dataset, rows: int) -> None:
         raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
                         "fitted on no rows has no statistics to save",
                         hint="check the input path (an empty file?) and the dataset's filters")
+
+
+def _check_nodes_have_rows(ds: Dataset, nodes: Sequence[Node], rows: dict[Any, int]) -> None:
+    """A statistics op whose input has no rows, over all partitions, while the
+    dataset has some: refused, naming the op upstream that removed them (a Filter
+    or Dropna of the workflow), as an export of no rows is refused."""
+    for node in nodes:
+        if sum(rows.get(p.id, 0) for p in node.parents) > 0:
+            continue
+        culprit = next((n for n in node.walk() if n is not node and n.kind == "op" and rows.get(n.id) == 0
+                        and sum(rows.get(p.id, 0) for p in n.parents) > 0), None)
+        by = (f"after {culprit.op!r} (node {culprit.id}), which removed all "
+              f"{sum(rows.get(p.id, 0) for p in culprit.parents):,} rows of its input"
+              if culprit is not None else "after the ops before it")
+        raise DataError(
+            f"cannot fit the workflow on {ds!r}: {type(node.op).__name__} (node {node.id}) has no rows "
+            f"to fit on {by}; a workflow fitted on no rows has no statistics to save",
+            hint="check the Filter's function (or Dropna's columns) against the data, or fit on a "
+                 "dataset where some rows pass it")
 
 
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:
