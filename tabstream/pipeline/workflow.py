@@ -22,13 +22,16 @@ ExportResult('.../out/train', files=1, num_rows=3)
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import posixpath
+import re
 import shutil
 import socket
 import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -230,13 +233,30 @@ class Workflow:
         """Write ``workflow.json`` and one parquet file per fitted statistics table
         (``stats/``, paths relative to the folder).
 
-        The folder is loadable only once everything is written: an earlier
-        ``workflow.json`` is removed first and the new one written last, and stats
-        files of earlier saves into the same folder are removed afterwards.
+        On a local disk the save is atomic: everything is written to a hidden
+        folder beside ``path`` (``.<name>.tmp-<host>-<pid>-<id>``), which then
+        replaces ``path`` in one step (Linux ``renameat2`` exchange; elsewhere two
+        renames). A save killed midway leaves the previous save in place, two
+        processes saving to one path leave exactly one of their workflows, and the
+        hidden folders of killed savers are removed by the next save. An existing
+        ``path`` may hold only an earlier save (``workflow.json``, ``stats/``): a save
+        replaces the whole folder. On an object store (no rename) the earlier
+        ``workflow.json`` is removed first and the new one written last.
         """
         self._check_fitted()
-        assert self.input_schema is not None
         fs, root = _fs_root(path, storage_options)
+        save_id = uuid.uuid4().hex[:12]
+        text, files = self._serialize(path, save_id)
+        if _is_local(fs):
+            _save_local(fs, root, text, files, save_id)
+        else:
+            _save_in_place(fs, root, text, files)
+
+    def _serialize(self, path: str, save_id: str) -> tuple[str, dict[str, pa.Table]]:
+        """``workflow.json``'s text and the stats tables by path relative to the
+        folder; the stats file names carry ``save_id``, so a load that read another
+        save's ``workflow.json`` never takes this save's tables for its own."""
+        assert self.input_schema is not None
         nodes = []
         files: dict[str, pa.Table] = {}
         for node in self.output_node.walk():
@@ -261,7 +281,7 @@ class Workflow:
                     # checked at load: a stats file replaced by another one fails there
                     entry["table_rows"] = {name: int(table.num_rows) for name, table in tables.items()}
                     for name, table in tables.items():
-                        base = rel = f"stats/node{node.id}_{_safe(name)}"
+                        base = rel = f"stats/{save_id[:8]}_node{node.id}_{_safe(name)}"
                         k = 1
                         while f"{rel}.parquet" in files:  # names that differ only in odd characters
                             rel, k = f"{base}_{k}", k + 1
@@ -282,24 +302,7 @@ class Workflow:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"cannot save the workflow to {path!r}: a parameter or state value is not "
                             f"JSON ({exc})") from exc
-        doc_path = posixpath.join(root, "workflow.json")
-        if fs.exists(doc_path):
-            fs.rm(doc_path)
-        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
-        for rel, table in files.items():
-            with fs.open(posixpath.join(root, rel), "wb") as f:
-                pq.write_table(table, f)
-        with fs.open(doc_path, "w") as f:
-            f.write(text)
-        written = {posixpath.basename(rel) for rel in files}
-        try:
-            present = fs.ls(posixpath.join(root, "stats"), detail=False)
-        except FileNotFoundError:  # object stores have no empty folders
-            present = []
-        for old in present:
-            name = posixpath.basename(old.rstrip("/"))
-            if name.startswith("node") and name.endswith(".parquet") and name not in written:
-                fs.rm(old)
+        return text, files
 
     @classmethod
     def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
@@ -877,6 +880,142 @@ def _confined(fs: Any, root: str, rel: str, field: str) -> str:
     return full
 
 
+# -- saving ---------------------------------------------------------------------
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_ALLOWED_IN_SAVE = {"workflow.json", "stats"}
+#: a stats file of a save (``<save id>_node<id>_<table>.parquet``; earlier versions: no id)
+_STATS_FILE = re.compile(r"(?:[0-9a-f]{8}_)?node\d+_.*\.parquet")
+
+
+def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) -> None:
+    """An object store's save: no rename, so ``workflow.json`` is removed first and
+    written last (the folder does not load in between), and stats files of earlier
+    saves are removed afterwards."""
+    doc_path = posixpath.join(root, "workflow.json")
+    if fs.exists(doc_path):
+        fs.rm(doc_path)
+    fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
+    for rel, table in files.items():
+        with fs.open(posixpath.join(root, rel), "wb") as f:
+            pq.write_table(table, f)
+    with fs.open(doc_path, "w") as f:
+        f.write(text)
+    written = {posixpath.basename(rel) for rel in files}
+    try:
+        present = fs.ls(posixpath.join(root, "stats"), detail=False)
+    except FileNotFoundError:  # object stores have no empty folders
+        present = []
+    for old in present:
+        name = posixpath.basename(old.rstrip("/"))
+        if _STATS_FILE.fullmatch(name) and name not in written:
+            fs.rm(old)
+
+
+def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_id: str) -> None:
+    """Write the save to a hidden folder beside ``root``, then put it in place (see
+    :meth:`Workflow.save`)."""
+    from tabstream.pipeline.export import _owner_tag, _remove_leftovers
+
+    root = os.path.abspath(root).rstrip(os.sep)
+    parent, name = os.path.split(root)
+    _check_replaceable(root)
+    os.makedirs(parent, exist_ok=True)
+    _remove_leftovers(fs, parent, name)  # of savers (and exports) that were killed
+    tmp = os.path.join(parent, f".{name}.tmp-{_owner_tag()}-{save_id}")
+    try:
+        os.makedirs(os.path.join(tmp, "stats"))
+        for rel, table in files.items():
+            pq.write_table(table, os.path.join(tmp, rel))
+        with open(os.path.join(tmp, "workflow.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+        previous = _swap_into_place(tmp, root, f".{name}.old-{_owner_tag()}-{save_id}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)  # else the next save removes it
+
+
+def _check_replaceable(root: str) -> None:
+    """A save replaces the whole folder: refuse one that holds anything else."""
+    if not os.path.lexists(root):
+        return
+    if not os.path.isdir(root) or os.path.islink(root):
+        raise FileExistsError(f"cannot save the workflow to {root!r}: it exists and is not a folder; "
+                              "pass a new path or a folder of an earlier save")
+    foreign = sorted(set(os.listdir(root)) - _ALLOWED_IN_SAVE)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(
+            f"cannot save the workflow to {root!r}: the folder holds {shown}, which are not part of a "
+            "saved workflow, and a save replaces the whole folder; save into a new or empty folder, "
+            "or move them out")
+
+
+def _swap_into_place(tmp: str, root: str, old_name: str) -> str | None:
+    """Move the finished folder ``tmp`` to ``root``; returns the path now holding the
+    previous save (to be removed), or None. Concurrent savers each replace the
+    folder whole: the last one wins, none mixes with another."""
+    for _ in range(1000):
+        try:
+            if not _rename2(tmp, root, _RENAME_NOREPLACE):
+                if os.path.isdir(root) and os.listdir(root):
+                    raise FileExistsError(root)
+                os.rename(tmp, root)  # onto nothing or an empty folder
+            return None
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        if _rename2(tmp, root, _RENAME_EXCHANGE):  # one step: no moment without a save
+            return tmp
+        old = os.path.join(os.path.dirname(root), old_name)
+        try:
+            os.rename(root, old)
+        except FileNotFoundError:
+            continue  # another saver moved it away: try again
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            shutil.rmtree(old, ignore_errors=True)  # another saver's folder came in between
+            continue
+        return old
+    raise OSError(f"cannot move the saved workflow {tmp!r} into place at {root!r}: other "
+                  "processes keep replacing it")
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2() -> Any:
+    import ctypes
+
+    try:
+        func = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without it
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
+
+
+def _rename2(src: str, dst: str, flags: int) -> bool:
+    """Linux ``renameat2(src, dst, flags)``: True when done, False where it or the
+    flag is not supported (then the caller renames plainly); other errors raise."""
+    import ctypes
+
+    func = _renameat2()
+    if func is None:
+        return False
+    if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
+
+
 def _is_local(fs: Any) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return protocol in ("file", "local")
@@ -889,12 +1028,6 @@ def _as_dataset(data: Any) -> Dataset:
 def _fs_root(path: str, storage_options: dict | None) -> tuple[Any, str]:
     fs, _, paths = fsspec.core.get_fs_token_paths(path, storage_options=storage_options or {})
     return fs, paths[0]
-
-
-def _is_local(fs: Any) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-
-    return isinstance(fs, LocalFileSystem)
 
 
 def _safe(name: str) -> str:
