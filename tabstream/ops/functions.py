@@ -354,9 +354,10 @@ def _import_safely(name: str, module_name: str, op: str) -> Any:
         finally:
             sys.path = saved
         would = importlib.util.find_spec(top)  # where a plain import would take it from (runs nothing)
-    where = (", ".join(_locations(would)) or "a built-in module") if would is not None else None
     if would is None:
         raise ImportError(f"no module named {top!r}")
+    origin = would.origin if would.origin not in (None, "built-in", "frozen") else None
+    where = origin or ", ".join(_locations(would)) or "a built-in module"
     cwd, *folder = _untrusted_dirs()
     if any(_under(p, f) for p in _locations(would) for f in folder):
         reason = "in the workflow folder"
