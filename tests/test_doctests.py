@@ -21,6 +21,7 @@ RUNNABLE = [
     "tabstream.core.errors",
     "tabstream.core.graph",
     "tabstream.core.hashing",
+    "tabstream.core.jsonfile",
     "tabstream.core.merlin",
     "tabstream.datasets.synthetic",
     "tabstream.loaders.core",

@@ -47,6 +47,7 @@ import struct
 from typing import Any
 
 from tabstream.core.errors import DataError
+from tabstream.core.jsonfile import loads_json
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 __all__ = ["read_merlin_schema", "schema_from_merlin_json", "schema_from_pbtxt", "schema_to_pbtxt"]
@@ -480,7 +481,7 @@ def schema_from_merlin_json(text: str, where: str = ".merlin/schema.json") -> Sc
     """A :class:`Schema` from the JSON form of the same schema (the protobuf JSON
     mapping: camelCase keys, 64-bit integers as strings)."""
     try:
-        doc = json.loads(text)
+        doc = loads_json(text, where, "Merlin schema")
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: not JSON: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("feature", []), list):

@@ -21,6 +21,8 @@ from typing import Any
 
 import fsspec
 
+from tabstream.core.jsonfile import loads_json
+
 __all__ = ["ColumnSchema", "Schema", "Tags", "infer_embedding_dim"]
 
 
@@ -266,7 +268,7 @@ class Schema:
             except FileNotFoundError:
                 raise FileNotFoundError(f"schema file not found: {text_or_path}") from None
         try:
-            return cls.from_dict(json.loads(text))
+            return cls.from_dict(loads_json(text, text_or_path[:200], "schema"))
         except (json.JSONDecodeError, KeyError) as exc:
             raise ValueError(f"not a tabstream schema ({text_or_path[:200]!r}): {exc}") from exc
 

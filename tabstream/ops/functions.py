@@ -4,32 +4,44 @@ User functions are saved by name, never pickled
 -----------------------------------------------
 ``LambdaOp``, ``Filter`` and ``Rename(f=...)`` take a function. A saved workflow
 stores it as the importable name ``"module:qualname"`` of a function defined at
-the top level of a module (``def`` in a ``.py`` file, ``__main__`` included). A
-lambda or a nested function has no such name and ``Workflow.save`` refuses it,
-unless it was given a name with :func:`register_function`.
+the top level of a module (``def`` in a ``.py`` file, ``__main__`` included, or an
+installed package's function such as ``numpy:round``). A lambda or a nested
+function has no such name and ``Workflow.save`` refuses it, unless it was given a
+name with :func:`register_function`.
 
-Loading turns the name back into a function, in this order:
+Loading never runs code from where the data is
+----------------------------------------------
+A saved workflow may come from someone else, and a folder may hold ``.py`` files
+beside its ``workflow.json``. Loading turns a saved name back into a function in
+this order, and never imports a module from the workflow folder or from the
+current directory (``''`` or the current directory on ``sys.path``, as under
+``python -c``, ``python -m``, a REPL or a notebook started there):
 
 1. functions passed again by the user: ``Workflow.load(path, functions={...})``
    (or the :func:`provided_functions` context manager it uses), keyed by the
    saved name or by the bare function name;
 2. functions registered in this process with :func:`register_function`;
-3. importing the module and reading the attribute, never ``eval`` or unpickling,
-   and only for the user's own code: the module must be ``__main__`` or live
-   outside the standard library and site-packages (so a tampered file cannot
-   reach ``os.system``, ``pandas.read_pickle`` or any other installed function,
-   and no installed module is even imported for it); the result must be a plain
-   Python function whose ``__module__``/``__qualname__`` is the saved name (no
-   aliases); no module in it may be private (``_x``) nor any attribute special
-   (``__x__``); and the
-   modules in :data:`DENIED_MODULES` are refused outright.
+3. a module this process has already imported (``__main__`` included): nothing
+   new runs, the attribute is read;
+4. a module the user names in ``Workflow.load(path, allowed_modules=[...])`` (or
+   :func:`allowed_modules`): imported as Python would, from wherever it is;
+5. otherwise the module is imported only when it belongs to an installed package:
+   found (without running it) with ``sys.path`` stripped of ``''``, the current
+   directory and the workflow folder, its files lie under site-packages
+   (``sysconfig``'s purelib/platlib, ``site``'s folders) and not in the workflow
+   folder; it is imported with that stripped ``sys.path``, so neither it nor
+   what it imports can be shadowed by a file of the folder. The standard library
+   is not an installed package (pass ``allowed_modules`` for it).
 
-A function from an installed package (``pandas.to_numeric``) or a lambda
-therefore cannot be saved by name: wrap it in a ``def`` in your own module, or
-:func:`register_function` it in both the saving and the loading process.
+In every case the modules in :data:`DENIED_MODULES` and modules reading or
+writing files, the shell or a deserializer are refused, as are the modules of
+tabstream itself and private (``_x``) or special (``__x__``) names; the result
+must be a function (a plain one, or a wrapper of one such as numpy's
+``numpy:round``) whose ``module:qualname`` is the saved name (no aliases).
 
 Anything else raises :class:`FunctionResolutionError` naming the op, the saved
-name and the fix (pass the function again).
+name, the module and its file, and the fix (``allowed_modules=`` or
+``functions=``).
 """
 
 from __future__ import annotations
@@ -42,14 +54,16 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
 from tabstream.core.errors import TabstreamError
 from tabstream.core.operators import Operator
 
-__all__ = ['DENIED_MODULES', 'FunctionResolutionError', 'function_name', 'provided_functions', 'register_function', 'resolve_function']
+__all__ = ['DENIED_MODULES', 'FunctionResolutionError', 'allowed_modules', 'function_name',
+           'provided_functions', 'register_function', 'resolve_function']
 
 
 # -- user functions by name ---------------------------------------------------
@@ -71,14 +85,23 @@ DENIED_MODULES = frozenset({
     "webbrowser", "xmlrpc", "yaml", "zipfile", "zipimport",
 })
 # a module path with one of these parts anywhere is refused too
-# (pandas.io.pickle:read_pickle, pandas.core.computation.eval:eval, torch.serialization:load)
+# (pandas.io.pickle:read_pickle, pandas.core.computation.eval:eval, torch.serialization:load,
+# pandas.io.pytables:read_hdf, numpy.lib._npyio_impl:load)
 _DENIED_PARTS = frozenset({"pickle", "marshal", "subprocess", "serialization", "computation",
-                           "os", "sys"})
+                           "os", "sys", "io", "npyio", "_npyio_impl"})
+#: tabstream's own functions are never loaded by a saved name (they read and write
+#: folders); its ops are rebuilt by class, not by function
+_OWN_PACKAGE = "tabstream"
 _NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 _PROVIDED: ContextVar[Mapping[str, Callable[..., Any]] | None] = ContextVar(
     "tabstream_provided_functions", default=None)
+# (modules the user allows to import from anywhere, the folder being loaded or None)
+_TRUST: ContextVar[tuple[tuple[str, ...], str | None]] = ContextVar(
+    "tabstream_allowed_modules", default=((), None))
+# sys.path is swapped while a module is imported with the untrusted entries removed
+_IMPORT_LOCK = threading.RLock()
 
 
 def register_function(f: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
@@ -127,6 +150,32 @@ def provided_functions(functions: Mapping[str, Callable[..., Any]] | None) -> It
         _PROVIDED.reset(token)
 
 
+@contextlib.contextmanager
+def allowed_modules(modules: Iterable[str] | None, folder: str | None = None) -> Iterator[None]:
+    """While loading: ``modules`` (names of modules or packages; ``"mypkg"`` allows
+    ``mypkg.sub`` too) may be imported from wherever Python finds them, the current
+    directory included; ``folder`` is the workflow folder being loaded (a local
+    path; None for an object store), from which nothing is imported. Nested uses
+    add modules; the innermost folder counts."""
+    if modules is None:
+        names: tuple[str, ...] = ()
+    elif isinstance(modules, str) or not isinstance(modules, Iterable):
+        raise TypeError(f"allowed_modules must be a list of module names, got {modules!r}")
+    else:
+        names = tuple(modules)
+        bad = [m for m in names if not isinstance(m, str) or not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", m)]
+        if bad:
+            raise TypeError(f"allowed_modules: every entry must be a module name like 'mypkg' or "
+                            f"'mypkg.sub'; bad entries: {bad}")
+    outer, outer_folder = _TRUST.get()
+    real = os.path.realpath(folder) if folder is not None else outer_folder
+    token = _TRUST.set(((*outer, *names), real))
+    try:
+        yield
+    finally:
+        _TRUST.reset(token)
+
+
 def function_name(f: Callable[..., Any], op: str = "op") -> str:
     """The name ``f`` is saved under; raises if it cannot be loaded again by name."""
     for registered, g in _REGISTRY.items():
@@ -141,8 +190,6 @@ def function_name(f: Callable[..., Any], op: str = "op") -> str:
             "name='...') before saving and before loading"
         )
     _check_allowed(name, op, *_defining_modules(f))
-    for module in dict.fromkeys([name.partition(":")[0], *_defining_modules(f)]):
-        _check_own_code(name, module, op)
     return name
 
 
@@ -165,30 +212,38 @@ def resolve_function(name: str, op: str = "op") -> Callable[..., Any]:
     _check_allowed(name, op)
     module_name, qualname = name.split(":")
     try:
-        _check_own_code(name, module_name, op)
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import_safely(name, module_name, op)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except FunctionResolutionError:
         raise
     except (ImportError, AttributeError, ValueError) as exc:
         raise FunctionResolutionError(f"{op}: cannot import the saved function {name!r} ({exc}); {hint}") from exc
-    if not inspect.isfunction(obj) or _importable_name(obj) != name:
+    if _plain_function(obj) is None or _importable_name(obj) != name:
         raise FunctionResolutionError(
             f"{op}: the saved name {name!r} does not name a plain Python function defined "
             f"there (found {type(obj).__name__}); refusing to load it; {hint}")
     _check_allowed(name, op, *_defining_modules(obj))
-    for real in _defining_modules(obj):
-        _check_own_code(name, real, op)
     return obj
+
+
+def _plain_function(f: Any) -> Any:
+    """The plain Python function ``f`` is or wraps (numpy's functions are dispatchers
+    around one), else None; classes never count."""
+    if inspect.isfunction(f):
+        return f
+    inner = getattr(f, "__wrapped__", None)
+    if not inspect.isclass(f) and callable(f) and inspect.isfunction(inner):
+        return inner
+    return None
 
 
 def _importable_name(f: Any) -> str | None:
     """``"module:qualname"`` when importing that gives back ``f`` itself."""
-    if not inspect.isfunction(f):
+    if _plain_function(f) is None:
         return None
-    module, qualname = getattr(f, "__module__", None), getattr(f, "__qualname__", "")
-    if not module or "<" in qualname:
+    module, qualname = getattr(f, "__module__", None), getattr(f, "__qualname__", None) or ""
+    if not isinstance(module, str) or not module or not isinstance(qualname, str) or "<" in qualname:
         return None
     obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
@@ -197,58 +252,166 @@ def _importable_name(f: Any) -> str | None:
 
 
 def _defining_modules(f: Any) -> list[str]:
-    """``__module__`` and the module whose globals ``f`` runs in (they differ for
-    functions re-exported under another module, as pandas does)."""
-    names = [getattr(f, "__module__", None), getattr(f, "__globals__", {}).get("__name__")]
-    return [n for n in dict.fromkeys(names) if n]
+    """``__module__`` and the module whose globals ``f`` (or the function it wraps)
+    runs in (they differ for functions re-exported under another module, as pandas
+    and numpy do)."""
+    inner = _plain_function(f)
+    names = [getattr(f, "__module__", None), getattr(inner, "__module__", None),
+             getattr(inner, "__globals__", {}).get("__name__")]
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n]
 
 
 @functools.lru_cache(maxsize=1)
-def _installed_roots() -> tuple[str, ...]:
+def _site_roots() -> tuple[str, ...]:
+    """Folders of installed packages: site-packages of this interpreter (and its
+    venv's base), the user's site-packages."""
     import site
     import sysconfig
 
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
-    roots |= {sysconfig.get_paths(vars=base)[k] for k in ("stdlib", "platstdlib")}
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
     return tuple(os.path.realpath(r) for r in roots if r)
 
 
-def _check_own_code(name: str, module_name: str, op: str) -> None:
-    """Refuse modules of the standard library and of installed packages, located
-    without running them (``find_spec`` of the top-level package)."""
-    top = module_name.split(".")[0]
-    if top == "__main__":
-        return
-    mod = sys.modules.get(top)
-    if mod is not None:
-        loaded = [m for m in (mod, sys.modules.get(module_name)) if m is not None]
-        locations = [p for m in loaded for p in (*getattr(m, "__path__", []), getattr(m, "__file__", None))]
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _untrusted_dirs() -> list[str]:
+    """The current directory and the folder being loaded (real paths)."""
+    folder = _TRUST.get()[1]
+    return [os.path.realpath(os.getcwd()), *([folder] if folder else [])]
+
+
+def _safe_sys_path() -> list[str]:
+    """``sys.path`` without ``''``, the current directory and anything in the
+    workflow folder: what an import for a saved name searches."""
+    cwd, *folder = _untrusted_dirs()
+    out = []
+    for entry in sys.path:
+        if not isinstance(entry, str) or entry in ("", "."):
+            continue
+        real = os.path.realpath(entry)
+        if real == cwd or any(_under(real, f) for f in folder):
+            continue
+        out.append(entry)
+    return out
+
+
+def _locations(module_or_spec: Any) -> list[str]:
+    """The real paths of a module's (or a found spec's) files and package folders."""
+    if hasattr(module_or_spec, "origin") and hasattr(module_or_spec, "submodule_search_locations"):
+        found = [*(module_or_spec.submodule_search_locations or []), module_or_spec.origin]
     else:
-        spec = importlib.util.find_spec(top)
-        if spec is None:
-            raise ImportError(f"no module named {top!r}")
-        locations = [*(spec.submodule_search_locations or []), spec.origin]
-    files = [os.path.realpath(p) for p in locations if p and p not in ("built-in", "frozen")]
-    roots = _installed_roots()
-    if not files or any(f == r or f.startswith(r + os.sep) for f in files for r in roots):
+        found = [*getattr(module_or_spec, "__path__", []), getattr(module_or_spec, "__file__", None)]
+    return [os.path.realpath(p) for p in found if isinstance(p, str) and p not in ("built-in", "frozen")]
+
+
+def _is_installed(locations: list[str]) -> bool:
+    """Every location lies in site-packages and none in the workflow folder, nor in
+    the current directory unless site-packages itself lies inside it (a project's
+    ``.venv``)."""
+    cwd, *folder = _untrusted_dirs()
+    roots = _site_roots()
+    for loc in locations:
+        inside = [r for r in roots if _under(loc, r)]
+        if not inside or any(_under(loc, f) for f in folder):
+            return False
+        if _under(loc, cwd) and not any(_under(r, cwd) for r in inside):
+            return False
+    return bool(locations)
+
+
+def _is_allowed(module_name: str) -> bool:
+    allowed = _TRUST.get()[0]
+    return any(module_name == a or module_name.startswith(a + ".") for a in allowed)
+
+
+def _import_safely(name: str, module_name: str, op: str) -> Any:
+    """The module ``module_name``, imported under the rules of the module docs."""
+    if _is_allowed(module_name):
+        return importlib.import_module(module_name)
+    top = module_name.split(".")[0]
+    if top != "__main__" and _in_stdlib(sys.modules.get(top) or importlib.util.find_spec(top)):
+        # not a way in for the folder, but a wide one for a tampered name (logging.config
+        # opens sockets): the standard library only when the user allows it
         raise FunctionResolutionError(
-            f"{op}: refusing the function {name!r}: module {module_name!r} is part of the "
-            "standard library or an installed package, and saved names may only point to "
-            "your own code (a tampered file could name any installed function). Wrap what "
-            "you need in a module-level function of your own, or register it with "
-            "register_function(f, name=...)")
+            f"{op}: refusing the function {name!r}: module {top!r} is part of the standard "
+            "library, not an installed package. Wrap what you need in a module-level function "
+            f"of your own, pass Workflow.load(path, allowed_modules=[{top!r}]), or pass the "
+            f"function: Workflow.load(path, functions={{{name!r}: f}})")
+    if module_name in sys.modules:  # already imported (``__main__`` too): nothing new runs
+        return sys.modules[module_name]
+    with _IMPORT_LOCK:
+        saved = sys.path
+        sys.path = _safe_sys_path()
+        try:
+            loaded = sys.modules.get(top)
+            spec = None if loaded is not None else importlib.util.find_spec(top)
+            locations = _locations(loaded if loaded is not None else spec) if (loaded or spec) else []
+            if (loaded is not None or spec is not None) and _is_installed(locations):
+                return importlib.import_module(module_name)
+        finally:
+            sys.path = saved
+        would = importlib.util.find_spec(top)  # where a plain import would take it from (runs nothing)
+    if would is None:
+        raise ImportError(f"no module named {top!r}")
+    origin = would.origin if would.origin not in (None, "built-in", "frozen") else None
+    where = origin or ", ".join(_locations(would)) or "a built-in module"
+    cwd, *folder = _untrusted_dirs()
+    if any(_under(p, f) for p in _locations(would) for f in folder):
+        reason = "in the workflow folder"
+    elif any(_under(p, cwd) for p in _locations(would)):
+        reason = "in the current directory"
+    else:
+        reason = "not in an installed package (site-packages)"
+    raise FunctionResolutionError(
+        f"{op}: refusing to import module {top!r} for the saved function {name!r}: it would "
+        f"run {where}, which is {reason}; loading a workflow never runs code from the "
+        "workflow folder or the current directory. If you trust that module, pass "
+        f"Workflow.load(path, allowed_modules=[{top!r}]) (or import it yourself first), or "
+        f"pass the function: Workflow.load(path, functions={{{name!r}: f}})")
+
+
+def _in_stdlib(module_or_spec: Any) -> bool:
+    """A module (or found spec) of the standard library: built in, frozen, or with
+    files under the interpreter's library folders but not in site-packages."""
+    if module_or_spec is None:
+        return False
+    spec = getattr(module_or_spec, "__spec__", None) or module_or_spec
+    if getattr(spec, "origin", None) in ("built-in", "frozen"):
+        return True
+    where = _locations(module_or_spec)
+    return bool(where) and all(any(_under(p, r) for r in _stdlib_roots())
+                               and not any(_under(p, r) for r in _site_roots()) for p in where)
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_roots() -> tuple[str, ...]:
+    import sysconfig
+
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    roots |= {sysconfig.get_paths(vars=base)[k] for k in ("stdlib", "platstdlib")}
+    return tuple(os.path.realpath(r) for r in roots if r)
 
 
 def _check_allowed(name: str, op: str, *real_modules: str) -> None:
     module_name, _, qualname = name.partition(":")
     for mod in dict.fromkeys([module_name, *real_modules]):
         parts = mod.split(".")
+        if parts[0] == _OWN_PACKAGE:
+            raise FunctionResolutionError(
+                f"{op}: refusing the function {name!r}: module {mod!r} is part of tabstream "
+                "itself, whose functions read and write folders; saved names may point to "
+                "installed packages or your own code. Wrap what you need in your own "
+                "module-level function, or pass the function again when loading")
         denied = (
             any(".".join(parts[:i + 1]) in DENIED_MODULES for i in range(len(parts)))
             or any(p in _DENIED_PARTS for p in parts)
-            or (mod != "__main__" and any(p.startswith("_") for p in parts))
+            # the saved name must be public; the module really defining it may be
+            # private (numpy:round runs in numpy._core.fromnumeric)
+            or (mod == module_name and mod != "__main__" and any(p.startswith("_") for p in parts))
         )
         if denied:
             raise FunctionResolutionError(

@@ -38,7 +38,6 @@ import contextlib
 import copy
 import functools
 import hashlib
-import json
 import lzma
 import mmap
 import os
@@ -73,6 +72,7 @@ from tabstream.core.dtypes import (
     is_list_type,
 )
 from tabstream.core.errors import CacheWarning, DataError, SchemaError
+from tabstream.core.jsonfile import loads_json, read_json_file
 from tabstream.core.merlin import read_merlin_schema
 from tabstream.core.schema import ColumnSchema, Schema
 from tabstream.pipeline import stores
@@ -1671,9 +1671,10 @@ def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
     if not fs.exists(path):
         return None
     try:
-        with fs.open(path, "r") as f:
-            entries = json.load(f)["files"]
+        entries = read_json_file(path, "export manifest", fs)["files"]
         return {posixpath.join(folder, e["path"]): int(e["num_rows"]) for e in entries}
+    except DataError:
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: not a valid export manifest ({exc!r}); expected "
                         '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
@@ -1982,7 +1983,9 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     if text is None:
         return None
     try:
-        return Schema.from_dict(json.loads(text))
+        return Schema.from_dict(loads_json(text, f"{files[0]} (tabstream.schema metadata)", "schema"))
+    except DataError:
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
                         f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
@@ -2029,6 +2032,8 @@ def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
         return None
     with fs.open(candidate, "r") as f:
         try:
-            return Schema.from_dict(json.load(f))
+            return Schema.from_dict(loads_json(f.read(), candidate, "schema file"))
+        except DataError:
+            raise
         except (ValueError, KeyError) as exc:
             raise DataError(f"{candidate}: not a valid tabstream schema: {exc}") from exc

@@ -22,13 +22,16 @@ ExportResult('.../out/train', files=1, num_rows=3)
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import posixpath
+import re
 import shutil
 import socket
 import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -43,6 +46,7 @@ import tabstream
 from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
 from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
 from tabstream.pipeline.dataset import Dataset, _gpu_ddf, arrow_to_pandas
@@ -170,16 +174,17 @@ class Workflow:
         dictionary = self.dictionary_columns(ds)
         for level, nodes in enumerate(phases):
             partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, level == 0,
-                                                dictionary)
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
                 for piece in ds.pieces
             ]
             reduced = tree_reduce(partials, _Combine(nodes), fan_in=fit_fan_in(len(partials)),
                                   root=_Combine(nodes, root=True),
                                   shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
             (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
-            if level == 0:  # the first pass also counts the rows
-                _check_has_rows(ds, stats.pop())
+            rows = stats.pop()  # rows of the input and out of every node evaluated
+            if level == 0:
+                _check_has_rows(ds, rows[_INPUT_ROWS])
+            _check_nodes_have_rows(ds, nodes, rows)
             for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
 
@@ -228,13 +233,30 @@ class Workflow:
         """Write ``workflow.json`` and one parquet file per fitted statistics table
         (``stats/``, paths relative to the folder).
 
-        The folder is loadable only once everything is written: an earlier
-        ``workflow.json`` is removed first and the new one written last, and stats
-        files of earlier saves into the same folder are removed afterwards.
+        On a local disk the save is atomic: everything is written to a hidden
+        folder beside ``path`` (``.<name>.tmp-<host>-<pid>-<id>``), which then
+        replaces ``path`` in one step (Linux ``renameat2`` exchange; elsewhere two
+        renames). A save killed midway leaves the previous save in place, two
+        processes saving to one path leave exactly one of their workflows, and the
+        hidden folders of killed savers are removed by the next save. An existing
+        ``path`` may hold only an earlier save (``workflow.json``, ``stats/``): a save
+        replaces the whole folder. On an object store (no rename) the earlier
+        ``workflow.json`` is removed first and the new one written last.
         """
         self._check_fitted()
-        assert self.input_schema is not None
         fs, root = _fs_root(path, storage_options)
+        save_id = uuid.uuid4().hex[:12]
+        text, files = self._serialize(path, save_id)
+        if _is_local(fs):
+            _save_local(fs, root, text, files, save_id)
+        else:
+            _save_in_place(fs, root, text, files)
+
+    def _serialize(self, path: str, save_id: str) -> tuple[str, dict[str, pa.Table]]:
+        """``workflow.json``'s text and the stats tables by path relative to the
+        folder; the stats file names carry ``save_id``, so a load that read another
+        save's ``workflow.json`` never takes this save's tables for its own."""
+        assert self.input_schema is not None
         nodes = []
         files: dict[str, pa.Table] = {}
         for node in self.output_node.walk():
@@ -259,7 +281,7 @@ class Workflow:
                     # checked at load: a stats file replaced by another one fails there
                     entry["table_rows"] = {name: int(table.num_rows) for name, table in tables.items()}
                     for name, table in tables.items():
-                        base = rel = f"stats/node{node.id}_{_safe(name)}"
+                        base = rel = f"stats/{save_id[:8]}_node{node.id}_{_safe(name)}"
                         k = 1
                         while f"{rel}.parquet" in files:  # names that differ only in odd characters
                             rel, k = f"{base}_{k}", k + 1
@@ -280,39 +302,30 @@ class Workflow:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"cannot save the workflow to {path!r}: a parameter or state value is not "
                             f"JSON ({exc})") from exc
-        doc_path = posixpath.join(root, "workflow.json")
-        if fs.exists(doc_path):
-            fs.rm(doc_path)
-        fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
-        for rel, table in files.items():
-            with fs.open(posixpath.join(root, rel), "wb") as f:
-                pq.write_table(table, f)
-        with fs.open(doc_path, "w") as f:
-            f.write(text)
-        written = {posixpath.basename(rel) for rel in files}
-        try:
-            present = fs.ls(posixpath.join(root, "stats"), detail=False)
-        except FileNotFoundError:  # object stores have no empty folders
-            present = []
-        for old in present:
-            name = posixpath.basename(old.rstrip("/"))
-            if name.startswith("node") and name.endswith(".parquet") and name not in written:
-                fs.rm(old)
+        return text, files
 
     @classmethod
     def load(cls, path: str, client: Any = None, storage_options: dict | None = None,
-             functions: dict[str, Any] | None = None) -> Workflow:
+             functions: dict[str, Any] | None = None,
+             allowed_modules: Sequence[str] | None = None) -> Workflow:
         """Rebuild a saved workflow. Ops are rebuilt from their JSON parameters by
         registered class name; nothing is unpickled or evaluated.
 
         ``functions`` passes user functions (LambdaOp, Filter, Rename(f=...)) again,
         keyed by the name they were saved under (``"module:function"``) or by the bare
-        function name; it is needed for functions that cannot be imported by name
-        (see :mod:`tabstream.ops.structural`).
+        function name. Without it, a saved name resolves to a module already imported
+        or to an installed package; nothing is imported from the workflow folder or
+        the current directory. ``allowed_modules`` (``["mypkg"]``) names modules of
+        your own that may be imported from wherever Python finds them (see
+        :mod:`tabstream.ops.functions` and docs/concepts.md, "Loading a workflow you
+        did not write").
         """
-        from tabstream.ops.structural import provided_functions
+        from tabstream.ops.functions import allowed_modules as allowing
+        from tabstream.ops.functions import provided_functions
 
-        with provided_functions(functions):
+        fs, root = _fs_root(path, storage_options)
+        folder = root if _is_local(fs) else None
+        with provided_functions(functions), allowing(allowed_modules, folder=folder):
             try:
                 return cls._load(path, client, storage_options)
             except DataError as exc:
@@ -336,7 +349,7 @@ class Workflow:
         except UnicodeDecodeError as exc:
             raise DataError(f"{doc_path}: not a tabstream workflow file (not UTF-8 text: {exc})") from exc
         try:
-            doc = json.loads(text, object_pairs_hook=_unique_keys)
+            doc = loads_json(text, doc_path, "saved workflow", object_pairs_hook=_unique_keys)
         except _DuplicateKey as exc:
             raise DataError(f"{doc_path}: key {exc.args[0]!r} appears twice in one JSON object; "
                             "a saved workflow names each field once") from None
@@ -537,8 +550,8 @@ class _Combine:
                 out.append(None)  # shard 0 combines it
             else:
                 out.append((combine or node.op.combine)(parts))
-        if len(partial_lists[0]) > len(self.nodes):  # a row count follows (see _fit_piece)
-            out.append(sum(pl[-1] for pl in partial_lists) if not shard else None)
+        # the row counts follow (see _fit_piece)
+        out.append(_add_counts([pl[-1] for pl in partial_lists]) if not shard else None)
         return out
 
     def join(self, shard_lists: list[list[Any]]) -> list[Any]:
@@ -549,14 +562,16 @@ class _Combine:
                 out.append(node.op.join_root([sl[i] for sl in shard_lists]))
             else:
                 out.append(shard_lists[0][i])
-        out.extend(shard_lists[0][len(self.nodes):])  # the row count
+        out.extend(shard_lists[0][len(self.nodes):])  # the row counts
         return out
 
 
 @small_pages()  # also in a dask worker process
 def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
-               input_schema: Schema, count_rows: bool = False,
-               dictionary: Sequence[str] = ()) -> list[Any]:
+               input_schema: Schema, dictionary: Sequence[str] = ()) -> list[Any]:
+    """The partial of every node in ``nodes`` for one partition, then the rows of
+    the partition and out of every node evaluated for them (``{_INPUT_ROWS: n,
+    node id: rows}``), so a fit can say which op left a statistics op no rows."""
     # keep: the export after the fit reads the same columns again (see Dataset's cache)
     table = ds.read_piece(piece, columns, dictionary, keep=True)
     cache: dict[int, pa.Table] = {}
@@ -566,9 +581,19 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
         for node in nodes:
             parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
             out.append(node.op.fit_partition(_concat_tables(parents)))
-    if count_rows:
-        out.append(table.num_rows)
+    out.append({_INPUT_ROWS: table.num_rows, **{nid: t.num_rows for nid, t in cache.items()}})
     return out
+
+
+_INPUT_ROWS = "input"
+
+
+def _add_counts(counts: Sequence[dict[Any, int]]) -> dict[Any, int]:
+    total: dict[Any, int] = {}
+    for c in counts:
+        for key, rows in c.items():
+            total[key] = total.get(key, 0) + rows
+    return total
 
 
 def _check_has_rows(ds: Dataset, rows: int) -> None:
@@ -578,6 +603,25 @@ def _check_has_rows(ds: Dataset, rows: int) -> None:
         raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
                         "fitted on no rows has no statistics to save",
                         hint="check the input path (an empty file?) and the dataset's filters")
+
+
+def _check_nodes_have_rows(ds: Dataset, nodes: Sequence[Node], rows: dict[Any, int]) -> None:
+    """A statistics op whose input has no rows, over all partitions, while the
+    dataset has some: refused, naming the op upstream that removed them (a Filter
+    or Dropna of the workflow), as an export of no rows is refused."""
+    for node in nodes:
+        if sum(rows.get(p.id, 0) for p in node.parents) > 0:
+            continue
+        culprit = next((n for n in node.walk() if n is not node and n.kind == "op" and rows.get(n.id) == 0
+                        and sum(rows.get(p.id, 0) for p in n.parents) > 0), None)
+        by = (f"after {culprit.op!r} (node {culprit.id}), which removed all "
+              f"{sum(rows.get(p.id, 0) for p in culprit.parents):,} rows of its input"
+              if culprit is not None else "after the ops before it")
+        raise DataError(
+            f"cannot fit the workflow on {ds!r}: {type(node.op).__name__} (node {node.id}) has no rows "
+            f"to fit on {by}; a workflow fitted on no rows has no statistics to save",
+            hint="check the Filter's function (or Dropna's columns) against the data, or fit on a "
+                 "dataset where some rows pass it")
 
 
 def _conform(table: pa.Table, schema: Schema) -> pa.Table:
@@ -834,6 +878,142 @@ def _confined(fs: Any, root: str, rel: str, field: str) -> str:
         raise _EntryError(f"field {field!r}: path {rel!r} {reason}; a saved workflow only refers "
                           f"to files inside its folder {root}")
     return full
+
+
+# -- saving ---------------------------------------------------------------------
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_ALLOWED_IN_SAVE = {"workflow.json", "stats"}
+#: a stats file of a save (``<save id>_node<id>_<table>.parquet``; earlier versions: no id)
+_STATS_FILE = re.compile(r"(?:[0-9a-f]{8}_)?node\d+_.*\.parquet")
+
+
+def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) -> None:
+    """An object store's save: no rename, so ``workflow.json`` is removed first and
+    written last (the folder does not load in between), and stats files of earlier
+    saves are removed afterwards."""
+    doc_path = posixpath.join(root, "workflow.json")
+    if fs.exists(doc_path):
+        fs.rm(doc_path)
+    fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
+    for rel, table in files.items():
+        with fs.open(posixpath.join(root, rel), "wb") as f:
+            pq.write_table(table, f)
+    with fs.open(doc_path, "w") as f:
+        f.write(text)
+    written = {posixpath.basename(rel) for rel in files}
+    try:
+        present = fs.ls(posixpath.join(root, "stats"), detail=False)
+    except FileNotFoundError:  # object stores have no empty folders
+        present = []
+    for old in present:
+        name = posixpath.basename(old.rstrip("/"))
+        if _STATS_FILE.fullmatch(name) and name not in written:
+            fs.rm(old)
+
+
+def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_id: str) -> None:
+    """Write the save to a hidden folder beside ``root``, then put it in place (see
+    :meth:`Workflow.save`)."""
+    from tabstream.pipeline.export import _owner_tag, _remove_leftovers
+
+    root = os.path.abspath(root).rstrip(os.sep)
+    parent, name = os.path.split(root)
+    _check_replaceable(root)
+    os.makedirs(parent, exist_ok=True)
+    _remove_leftovers(fs, parent, name)  # of savers (and exports) that were killed
+    tmp = os.path.join(parent, f".{name}.tmp-{_owner_tag()}-{save_id}")
+    try:
+        os.makedirs(os.path.join(tmp, "stats"))
+        for rel, table in files.items():
+            pq.write_table(table, os.path.join(tmp, rel))
+        with open(os.path.join(tmp, "workflow.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+        previous = _swap_into_place(tmp, root, f".{name}.old-{_owner_tag()}-{save_id}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)  # else the next save removes it
+
+
+def _check_replaceable(root: str) -> None:
+    """A save replaces the whole folder: refuse one that holds anything else."""
+    if not os.path.lexists(root):
+        return
+    if not os.path.isdir(root) or os.path.islink(root):
+        raise FileExistsError(f"cannot save the workflow to {root!r}: it exists and is not a folder; "
+                              "pass a new path or a folder of an earlier save")
+    foreign = sorted(set(os.listdir(root)) - _ALLOWED_IN_SAVE)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(
+            f"cannot save the workflow to {root!r}: the folder holds {shown}, which are not part of a "
+            "saved workflow, and a save replaces the whole folder; save into a new or empty folder, "
+            "or move them out")
+
+
+def _swap_into_place(tmp: str, root: str, old_name: str) -> str | None:
+    """Move the finished folder ``tmp`` to ``root``; returns the path now holding the
+    previous save (to be removed), or None. Concurrent savers each replace the
+    folder whole: the last one wins, none mixes with another."""
+    for _ in range(1000):
+        try:
+            if not _rename2(tmp, root, _RENAME_NOREPLACE):
+                if os.path.isdir(root) and os.listdir(root):
+                    raise FileExistsError(root)
+                os.rename(tmp, root)  # onto nothing or an empty folder
+            return None
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        if _rename2(tmp, root, _RENAME_EXCHANGE):  # one step: no moment without a save
+            return tmp
+        old = os.path.join(os.path.dirname(root), old_name)
+        try:
+            os.rename(root, old)
+        except FileNotFoundError:
+            continue  # another saver moved it away: try again
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            shutil.rmtree(old, ignore_errors=True)  # another saver's folder came in between
+            continue
+        return old
+    raise OSError(f"cannot move the saved workflow {tmp!r} into place at {root!r}: other "
+                  "processes keep replacing it")
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2() -> Any:
+    import ctypes
+
+    try:
+        func = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without it
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
+
+
+def _rename2(src: str, dst: str, flags: int) -> bool:
+    """Linux ``renameat2(src, dst, flags)``: True when done, False where it or the
+    flag is not supported (then the caller renames plainly); other errors raise."""
+    import ctypes
+
+    func = _renameat2()
+    if func is None:
+        return False
+    if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
 
 
 def _is_local(fs: Any) -> bool:

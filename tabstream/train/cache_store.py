@@ -79,6 +79,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.jsonfile import read_json_file
 from tabstream.train.tables import TableConfig
 
 __all__ = ["OPTIMIZERS", "STORAGES", "ParameterServer", "initial_rows"]
@@ -426,7 +427,7 @@ class ParameterServer:
                 "ParameterServer(path, table_configs, ...)"
             )
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json_file(meta_path, "parameter server file")
             configs = [TableConfig(t["name"], int(t["cardinality"]), int(t["dim"]),
                                    tuple(t["feature_names"]), bool(t["is_list"]), t["combiner"])
                        for t in meta["tables"]]
@@ -661,7 +662,7 @@ class ParameterServer:
             folder = self.path / f".{_SNAPSHOT}.old"  # killed between the two renames
         if not folder.exists():
             return
-        mark = json.loads((folder / "mark.json").read_text())
+        mark = read_json_file(folder / "mark.json", "parameter server snapshot mark")
         self.version = self.mark = int(mark["version"])
         self.table_steps = {k: int(v) for k, v in mark["table_steps"].items()}
         self.last_export = max(self.last_export, int(mark["last_export"]))

@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 
 import numpy as np
@@ -172,11 +173,13 @@ def test_save_over_an_earlier_save(small_raw, tmp_path):
     np.testing.assert_allclose(out["I2"].to_numpy(), (x - x.mean()) / x.std(ddof=1), rtol=1e-5)
 
 
-def test_interrupted_save_leaves_no_loadable_folder(small_raw, tmp_path, monkeypatch):
-    """A save that fails half way never leaves a workflow.json beside a mix of stats files."""
+def test_interrupted_save_keeps_the_previous_save(small_raw, tmp_path, monkeypatch):
+    """A save that fails half way never leaves a workflow.json beside a mix of stats
+    files: the previous save stays in place, whole, and no temporary folder is left."""
     import tabstream.pipeline.workflow as workflow_module
 
-    ts.Workflow(["C1"] >> ops.Categorify()).fit(ts.Dataset(small_raw)).save(str(tmp_path / "wf"))
+    first = ts.Workflow(["C1"] >> ops.Categorify()).fit(ts.Dataset(small_raw))
+    first.save(str(tmp_path / "wf"))
     calls = []
 
     def failing_write(table, where, **kwargs):
@@ -188,8 +191,9 @@ def test_interrupted_save_leaves_no_loadable_folder(small_raw, tmp_path, monkeyp
         ts.Workflow(["C2"] >> ops.Categorify()).fit(ts.Dataset(small_raw)).save(str(tmp_path / "wf"))
     assert len(calls) == 1
     monkeypatch.undo()
-    with pytest.raises(FileNotFoundError, match="no saved workflow"):
-        ts.Workflow.load(str(tmp_path / "wf"))
+    pd.testing.assert_frame_equal(ts.Workflow.load(str(tmp_path / "wf")).transform(small_raw),
+                                  first.transform(small_raw))
+    assert sorted(os.listdir(tmp_path)) == ["wf"]
 
 
 def test_save_of_a_value_json_cannot_hold_leaves_the_folder_alone(small_raw, tmp_path):

@@ -59,6 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.core.errors import SchemaError
+from tabstream.core.jsonfile import read_json_file
 from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.metrics import log_loss, roc_auc
 
@@ -334,7 +335,7 @@ class _Checkpoints:
 
     def load(self) -> dict[str, Any]:
         try:
-            state = json.loads(self.state.read_text())
+            state = read_json_file(self.state, "checkpoint state")
             self.model.load_weights(self.weights)
             with np.load(self.slots, allow_pickle=False) as slots:
                 values = [slots[k] for k in sorted(slots.files)]

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.jsonfile import read_json_file
 
 __all__ = ["POINTER_FILE", "load_sharded", "read_plain_values", "save_sharded", "sharded_exists"]
 
@@ -133,7 +134,7 @@ class _JsonReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = Path(self.path) / _META
         try:
-            doc = json.loads(path.read_text())
+            doc = read_json_file(path, "sharded checkpoint index")
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read sharded checkpoint index {path}: {exc}") from exc
         entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
@@ -197,7 +198,7 @@ def save_sharded(directory: str | os.PathLike[str], payload: dict[str, Any], tag
 
 def _read_pointer(pointer: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(pointer.read_text())
+        doc = read_json_file(pointer, "sharded checkpoint pointer")
         doc["folder"], doc["world_size"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"cannot read sharded checkpoint pointer {pointer}: {exc}; delete it "
@@ -218,7 +219,7 @@ def load_sharded(directory: str | os.PathLike[str], group: Any = None) -> dict[s
         )
     folder = Path(directory) / doc["folder"]
     try:
-        skeleton = json.loads((folder / f"rank{rank}.json").read_text())
+        skeleton = read_json_file(folder / f"rank{rank}.json", "checkpoint part")
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read rank {rank}'s part of checkpoint {folder}: {exc}") from exc
     tensors: dict[str, torch.Tensor] = {}
@@ -234,7 +235,7 @@ def read_plain_values(directory: str | os.PathLike[str], rank: int = 0) -> dict[
     folder = Path(directory) / _read_pointer(pointer)["folder"]
     path = folder / f"rank{rank}.json"
     try:
-        skeleton = json.loads(path.read_text())
+        skeleton = read_json_file(path, "checkpoint part")
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     return _decode(skeleton, _NoTensors())
