@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tabstream.core.errors import DataError
+from tabstream.core.jsonfile import read_json_file
 
 __all__ = ["LISTS_FILE", "lists_done", "train_lists"]
 
@@ -45,9 +46,9 @@ def lists_done(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
     if not path.exists():
         return []
     try:
-        record = json.loads(path.read_text())
+        record = read_json_file(path, "record of trained file lists")
         done = [str(x) for x in record["done"]]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path} is not a readable record of trained file lists: {exc}",
                         hint="remove it to train every list again") from exc
     if record.get("format") != _FORMAT:
