@@ -38,13 +38,11 @@ share of the input partitions one at a time and writes ``out_files_per_proc`` fi
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import posixpath
 import re
-import socket
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +60,7 @@ import tabstream
 from tabstream.core.errors import ExportError, TabstreamError
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
+from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import TaskGroup, compute, local_compute, num_workers, shared_pool
 
@@ -73,9 +72,6 @@ SCHEMA_FILE = "_schema.json"
 # Key of the parquet key-value metadata that holds the output Schema as JSON in every
 # data file, so a reader that has only the files still gets tags and properties.
 SCHEMA_KEY = b"tabstream.schema"
-# A leftover temporary folder whose owner cannot be checked (another host, or the
-# naming of older versions) is removed once it is this old.
-STALE_SECONDS = 24 * 3600
 
 
 class ExportResult:
@@ -141,8 +137,11 @@ def export(
     store = None if _is_local(fs) else _ObjectStorePublish(fs, root)
     if store is None:
         _remove_leftovers(fs, parent, name)
-        tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-        fs.makedirs(tmp, exist_ok=True)
+        tmp = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+        try:
+            fs.makedirs(tmp, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(output_path, parent, exc) from exc
     else:
         tmp = root  # no rename on an object store: written in place, manifest last
         store.begin()
@@ -187,7 +186,7 @@ def export(
             )
         _write_sidecars(fs, tmp, schema, files, rows)
         if store is None:
-            _publish(fs, tmp, root, overwrite)
+            _publish(fs, tmp, root, overwrite, output_path)
         else:
             store.finish()
     except BaseException as exc:
@@ -200,10 +199,24 @@ def export(
             store.abort()
         # Errors of the input (DataError, SchemaError, ...) and our own refusals keep
         # their type and message: they name the file, line or column at fault.
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError, TabstreamError)):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError)):
+            raise
+        if store is None and write_failure(exc, parent, "output_path") is not None:
+            raise _write_error(output_path, parent, exc) from exc
+        if isinstance(exc, TabstreamError):
             raise
         raise ExportError(f"export to {output_path!r} failed, nothing was written: {exc}") from exc
     return ExportResult(output_path, files, rows)
+
+
+def _write_error(output_path: str, folder: str, exc: BaseException) -> BaseException:
+    """The error of an export that could not write in ``folder`` (a full or read-only
+    filesystem: named with the setting that moves it), else ``exc`` itself."""
+    why = write_failure(exc, folder, "output_path")
+    if why is None:
+        return exc
+    return ExportError(f"export to {output_path!r} failed, nothing was written: {why}",
+                       hint="pass another output_path (the export writes there and beside it)")
 
 
 @contextmanager
@@ -244,61 +257,22 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
             raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
-def _owner_tag() -> str:
-    """``<host>-<pid>`` of this process (the host as a short hash: names stay plain)."""
-    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-    return f"{host}-{os.getpid()}"
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
+_owner_tag = owner_tag  # the name other modules import (regroup.py)
 
 
 def _remove_leftovers(fs: Any, parent: str, name: str) -> list[str]:
-    """Remove the hidden folders that killed exports to ``parent/name`` left behind.
+    """Remove the hidden folders that killed exports to ``parent/name`` left behind
+    (see :func:`tabstream.core.scratch.remove_leftovers`: removed when their owner
+    is dead). An ``.old-`` folder (a replaced export) is removed only when the new
+    export is in place. Returns the removed paths."""
+    pattern = owner_pattern(rf"\.{re.escape(name)}\.(?P<kind>tmp|old)-", r"[0-9a-f]{12}")
+    root = posixpath.join(parent, name)
 
-    Only folders named as this module names them are considered. One made by a
-    process of this host is removed when that process is gone; one from another
-    host (or named by an older version, without its owner) when it is older than
-    :data:`STALE_SECONDS`. An ``.old-`` folder (a replaced export) is removed only
-    when the new export is in place. Returns the removed paths.
-    """
-    pattern = re.compile(
-        rf"\.{re.escape(name)}\.(tmp|old)-(?:([0-9a-f]{{8}})-(\d+)-)?[0-9a-f]{{12}}"
-    )
-    try:
-        entries = fs.ls(parent, detail=True)
-    except OSError:  # no parent yet, or not ours to list: nothing to clean
-        return []
-    here = _owner_tag().split("-")[0]
-    removed = []
-    for entry in entries:
-        path = entry["name"].rstrip("/")
-        m = pattern.fullmatch(posixpath.basename(path))
-        if m is None or entry.get("type") != "directory":
-            continue
-        kind, host, pid = m.groups()
-        if kind == "old" and not fs.exists(posixpath.join(parent, name)):
-            continue  # killed between the two renames: the old export may be all there is
-        if host == here and pid is not None:
-            if _process_alive(int(pid)):
-                continue
-        else:
-            mtime = entry.get("mtime") or entry.get("created")
-            if mtime is None or time.time() - float(mtime) < STALE_SECONDS:
-                continue
-        try:
-            fs.rm(path, recursive=True)
-        except OSError:
-            continue  # not ours to remove after all (permissions): leave it
-        removed.append(path)
-    return removed
+    def keep(m: re.Match[str]) -> bool:
+        # killed between the two renames of an overwrite: the old export may be all there is
+        return m["kind"] == "old" and not fs.exists(root)
+
+    return remove_leftovers(fs, parent, pattern, keep)
 
 
 class _Plan:
@@ -682,22 +656,51 @@ class _ObjectStorePublish:
         self.fs.invalidate_cache(self.root)
 
 
-def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
-    """Move the finished folder into place (a rename on local disks)."""
-    if fs.exists(root):
-        if not overwrite:
-            raise FileExistsError(f"{root!r} appeared while exporting; pass overwrite=True to replace it")
-        parent, name = posixpath.split(root)
-        old = posixpath.join(parent, f".{name}.old-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-        fs.mv(root, old, recursive=True)
-        try:
-            fs.mv(tmp, root, recursive=True)
-        except BaseException:
-            fs.mv(old, root, recursive=True)  # put the previous export back
-            raise
-        try:
-            fs.rm(old, recursive=True)
-        except OSError:
-            pass  # the new export is in place; the next export here removes the old one
-    else:
-        fs.mv(tmp, root, recursive=True)
+def _publish(fs: Any, tmp: str, root: str, overwrite: bool, output_path: str) -> None:
+    """Move the finished folder ``tmp`` to ``root`` on a local disk, atomically.
+
+    One ``rename(2)``, which fails when ``root`` exists (a folder with files:
+    ENOTEMPTY; a file: ENOTDIR), so that of two exports racing for one path, one
+    wins and the other gets :class:`FileExistsError`: never one inside the other
+    (a move onto an existing folder puts the source inside it). With ``overwrite``
+    the folder in place is renamed aside (``.<name>.old-...``) and ``tmp`` renamed in;
+    when another export put its folder in place between the two renames, that one is
+    renamed aside too and this one tried again: the last writer wins whole. The
+    folders renamed aside are removed once the new export is in place; when the
+    rename in fails otherwise, the previous export is put back."""
+    parent, name = posixpath.split(root)
+    aside: list[str] = []
+    try:
+        for _ in range(64):
+            try:
+                os.rename(tmp, root)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+            if not overwrite:
+                raise FileExistsError(f"{output_path!r} appeared while exporting (another export "
+                                      "to the same path finished first); pass overwrite=True to "
+                                      "replace it")
+            old = posixpath.join(parent, f".{name}.old-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+            try:
+                os.rename(root, old)
+            except FileNotFoundError:
+                continue  # another export renamed it aside first
+            aside.append(old)
+        raise ExportError(f"export to {output_path!r}: other exports kept replacing the folder; "
+                          "nothing was written")
+    except BaseException:
+        if aside and not os.path.lexists(root):
+            try:
+                os.rename(aside[-1], root)  # put the previous export back
+                aside.pop()
+            except OSError:
+                pass
+        raise
+    finally:
+        for old in aside:
+            try:
+                fs.rm(old, recursive=True)
+            except OSError:
+                pass  # the next export here removes it (its owner gone)
