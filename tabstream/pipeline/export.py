@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.core.errors import ExportError, TabstreamError
+from tabstream.core.errors import DataError, ExportError, TabstreamError
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
@@ -406,15 +406,28 @@ def _check_partition_columns(schema: Schema, partition_on: list[str]) -> None:
         raise ValueError("partition_on takes every column into the folder names, leaving no data "
                          "columns to write")
     for name in partition_on:
+        bad = [part for part in ("/", "\\", "=", "..", "\x00") if part in name]
+        if bad or not name or name.startswith((".", "_")):
+            what = f"holds {bad[0]!r}" if bad else "is empty" if not name else f"starts with {name[0]!r}"
+            raise ValueError(
+                f"partition_on: column name {name!r} {what}, and becomes the folder name "
+                f"'{name}=<value>': {'a path of other folders' if bad else 'a hidden folder readers skip'}; "
+                f"rename the column first (Rename) or leave it out of partition_on")
         col = schema[name]
         if col.is_list or not (str(col.dtype).startswith(("int", "uint")) or str(col.dtype) in ("str", "string", "bool")):
             raise TypeError(f"partition_on: column {name!r} is {col.dtype}{' list' if col.is_list else ''}; "
                             "folders can be made from integer, boolean or string columns only")
 
 
-def _hive_value(value: Any) -> str:
+def _hive_value(value: Any, column: str = "") -> str:
+    """The folder name of ``value``: percent-encoded (``/``, ``=``, ``%`` and the like
+    cannot make a path of other folders; ``..`` is only part of ``col=..``)."""
     if value is None:
         return HIVE_NULL
+    if value == HIVE_NULL:
+        raise DataError(f"partition_on: column {column!r} holds the value {HIVE_NULL!r}, the folder "
+                        "name of a missing value: read back, these rows would be null; map it to "
+                        "another value first or leave the column out of partition_on")
     if isinstance(value, bool):
         return str(value).lower()
     return quote(str(value), safe="")
@@ -441,7 +454,7 @@ class _PartitionedWriter:
                 test = pc.is_null(table[name]) if value is None else pc.equal(table[name], value)
                 test = pc.fill_null(test, False)
                 mask = test if mask is None else pc.and_(mask, test)
-            folder = "/".join(f"{n}={_hive_value(v)}" for n, v in row.items())
+            folder = "/".join(f"{n}={_hive_value(v, n)}" for n, v in row.items())
             writer = self.writers.get(folder)
             if writer is None:
                 writer = self.writers[folder] = _FileWriter(self.plan, self.index, folder)
