@@ -99,10 +99,11 @@ def owner_alive(host: str | None, pid: str | None, start: str | None) -> bool | 
 
 def remove_leftovers(fs: Any, parent: str, pattern: re.Pattern[str],
                      keep: Callable[[re.Match[str]], bool] | None = None,
-                     stale_seconds: float = STALE_SECONDS) -> list[str]:
+                     stale_seconds: float = STALE_SECONDS, by_owner: bool = True) -> list[str]:
     """Remove the entries of ``parent`` (files or folders, on any fsspec filesystem)
     whose name fullmatches ``pattern`` (made by :func:`owner_pattern`) and whose owner
-    is dead; ``keep(match)`` true keeps one anyway. Returns the removed paths.
+    is dead; ``keep(match)`` true keeps one anyway; ``by_owner=False`` removes only
+    those older than ``stale_seconds``, whoever the owner. Returns the removed paths.
     Nothing is raised: a folder that cannot be listed, or an entry that cannot be
     removed (another user's), is left as it is."""
     try:
@@ -115,7 +116,7 @@ def remove_leftovers(fs: Any, parent: str, pattern: re.Pattern[str],
         m = pattern.fullmatch(posixpath.basename(path))
         if m is None or (keep is not None and keep(m)):
             continue
-        alive = owner_alive(m["host"], m["pid"], m["start"])
+        alive = owner_alive(m["host"], m["pid"], m["start"]) if by_owner else None
         if alive:
             continue
         if alive is None:
