@@ -64,7 +64,13 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.core.errors import DataError, ExportError, TabstreamError
+from tabstream.core.errors import (
+    DataError,
+    ExportError,
+    TabstreamError,
+    out_of_memory,
+    ran_out_of_memory,
+)
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
@@ -256,6 +262,10 @@ def export(
         # their type and message: they name the file, line or column at fault.
         if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError)):
             raise
+        if ran_out_of_memory(exc):  # numpy's, Arrow's (ArrowMemoryError), Python's; a thread
+            raise out_of_memory(f"export to {output_path!r} (nothing was written)", exc,
+                                "the Dataset's part_size (each task holds a partition), the number "
+                                "of workers (tasks at once), or row_group_size") from exc
         if store is None and write_failure(exc, parent, "output_path") is not None:
             raise _write_error(output_path, parent, exc) from exc
         if isinstance(exc, TabstreamError):
