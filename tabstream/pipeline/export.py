@@ -843,6 +843,7 @@ class _ObjectStorePublish:
             return set()
 
     def begin(self) -> None:
+        self.abort_uploads()
         self.old_keys = self._keys()
         self.existed = bool(self.old_keys)
         if not self.existed:
@@ -855,6 +856,39 @@ class _ObjectStorePublish:
         manifest = posixpath.join(self.root, "_manifest.json")
         if manifest in self.old_keys:
             self.fs.rm(manifest)
+
+    def abort_uploads(self) -> list[str]:
+        """Abort the multipart uploads left under the prefix (S3): a killed export's
+        unfinished files, invisible to listings but stored and billed until aborted.
+        This export owns the prefix from here (it is new, or ``overwrite`` was
+        given), so every unfinished upload under it is a leftover. Where the store
+        refuses to list or abort them, a warning names the lifecycle rule that does it
+        (see docs/scaling-out.md). Returns the aborted keys."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        if protocol not in ("s3", "s3a") or not hasattr(self.fs, "call_s3"):
+            return []
+        bucket, _, key = self.root.partition("/")
+        prefix = key.rstrip("/") + "/" if key else ""
+        aborted = []
+        try:
+            listing = {"Bucket": bucket, "Prefix": prefix}
+            while True:
+                page = self.fs.call_s3("list_multipart_uploads", **listing)
+                for upload in page.get("Uploads", []):
+                    self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                                    UploadId=upload["UploadId"])
+                    aborted.append(upload["Key"])
+                if not page.get("IsTruncated"):
+                    break
+                listing.update(KeyMarker=page.get("NextKeyMarker", ""),
+                               UploadIdMarker=page.get("NextUploadIdMarker", ""))
+        except Exception as exc:  # permissions, a store without the call: say what to do
+            warnings.warn(
+                f"export to 's3://{self.root}': unfinished multipart uploads of killed exports under "
+                f"this prefix could not be listed or aborted ({exc}); they stay stored (and billed) "
+                "until aborted: give the bucket a lifecycle rule with AbortIncompleteMultipartUpload "
+                "(DaysAfterInitiation: 1), see docs/scaling-out.md", stacklevel=4)
+        return aborted
 
     def remove_written(self) -> None:
         """Delete the keys this export wrote so far (to write them again)."""
