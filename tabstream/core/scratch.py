@@ -136,11 +136,13 @@ def remove_leftovers(fs: Any, parent: str, pattern: re.Pattern[str],
 #: errno values of a filesystem that has no room left, or refuses to be written
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _READ_ONLY = {errno.EACCES, errno.EPERM, errno.EROFS}
+_NOT_A_FOLDER = {errno.ENOTDIR, errno.EEXIST}  # a file where a folder is made
 
 
 def write_failure(exc: BaseException, folder: str, setting: str) -> str | None:
     """A message for ``exc`` when it (or an exception it was raised from) is a write
-    refused for want of space or of permission in ``folder``, naming the folder and
+    refused for want of space or of permission in ``folder`` (or a file stands where
+    a folder is to be made), naming the folder and
     ``setting``, the option that moves the writes elsewhere; None for other failures.
 
     >>> write_failure(OSError(28, "No space left on device"), "/data/out", "output_path")
@@ -160,5 +162,8 @@ def write_failure(exc: BaseException, folder: str, setting: str) -> str | None:
         if isinstance(cause, OSError) and code in _READ_ONLY:
             return (f"{folder!r} cannot be written ({cause}): make it writable, or give {setting} "
                     "a folder you may write")
+        if isinstance(cause, OSError) and code in _NOT_A_FOLDER:
+            return (f"{folder!r} is not a folder one can write in ({cause}): give {setting} a "
+                    "folder (a file is in the way)")
         cause = cause.__cause__ or cause.__context__
     return None

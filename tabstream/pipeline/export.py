@@ -276,10 +276,10 @@ def export(
 
 def _write_error(output_path: str, folder: str, exc: BaseException) -> BaseException:
     """The error of an export that could not write in ``folder`` (a full or read-only
-    filesystem: named with the setting that moves it), else ``exc`` itself."""
+    filesystem: named with the setting that moves it)."""
     why = write_failure(exc, folder, "output_path")
     if why is None:
-        return exc
+        return ExportError(f"export to {output_path!r} failed, nothing was written: {exc}")
     return ExportError(f"export to {output_path!r} failed, nothing was written: {why}",
                        hint="pass another output_path (the export writes there and beside it)")
 
