@@ -52,6 +52,11 @@ the final merge of spilled buckets runs one bucket per core.
 dask cluster partials are spilled by one worker and merged by another process, so a
 spill there needs a ``spill_dir`` every worker and the client share: the local
 temporary folder of a worker is never used (a clear error asks for ``spill_dir``).
+Spill files are named with their owner (``tabstream-categorify-<host>-<pid>-s<start>-<id>
+.arrow``, see :mod:`tabstream.core.scratch`): the first spill of a process into a
+folder removes those a killed fit left (owner dead); a spill that finds the folder
+full or read-only is an ``OSError`` naming the folder and ``spill_dir``, and the op's
+other spills of that fit are removed with it.
 The vocabulary (values with their counts, in id order) is saved as parquet.
 
 Dictionary columns (parquet's dictionary-encoded string pages, which the workflow

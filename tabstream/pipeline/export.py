@@ -317,9 +317,17 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
     """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
     if fs.exists(root) and not overwrite:
         if fs.isdir(root) and not fs.ls(root):
-            fs.rm(root, recursive=True)
-        else:
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+            if not _is_local(fs):
+                fs.rm(root, recursive=True)
+                return
+            try:
+                os.rmdir(root)  # not rm -r: another export may have renamed its folder in since
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                pass
+        raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
 _owner_tag = owner_tag  # the name other modules import (regroup.py)
