@@ -4,7 +4,7 @@ line, value) and what was expected."""
 from __future__ import annotations
 
 __all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "NotFittedError", "SchemaError",
-           "TabstreamError", "ExportError"]
+           "TabstreamError", "ExportError", "OutOfMemoryError", "out_of_memory", "ran_out_of_memory"]
 
 
 class TabstreamError(Exception):
@@ -51,3 +51,28 @@ class CacheWarning(UserWarning):
     nearly full, its folder cannot be used, or a write into it failed. Later passes
     read the input again (raw CSV/TSV is parsed a second time); the data are the
     same. Said once per Dataset."""
+
+
+class OutOfMemoryError(TabstreamError, MemoryError):
+    """Memory ran out (an allocation of numpy, Arrow or Python failed, e.g. under a
+    container's limit or ``ulimit -v``): which stage, and what to lower."""
+
+
+def out_of_memory(stage: str, exc: BaseException, lower: str) -> OutOfMemoryError:
+    """One line for a :class:`MemoryError` (``pyarrow.ArrowMemoryError`` is one) that
+    ``stage`` ran into; ``lower`` names the settings that need less memory.
+
+    >>> str(out_of_memory("fit level 1", MemoryError(), "part_size"))
+    'fit level 1: memory ran out (MemoryError); lower part_size, or give the process more memory'
+    """
+    cause = exc.__cause__ if isinstance(exc, OutOfMemoryError) and exc.__cause__ else exc
+    detail = " ".join(str(cause).split()) or type(cause).__name__
+    return OutOfMemoryError(f"{stage}: memory ran out ({detail}); lower {lower}, or give the process "
+                            "more memory", hint=f"lower {lower}")
+
+
+def ran_out_of_memory(exc: BaseException) -> bool:
+    """A :class:`MemoryError`, or a thread that could not start (its stack could not be
+    mapped: what a memory limit such as ``ulimit -v`` does to a new thread)."""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and "can't start new thread" in str(exc))

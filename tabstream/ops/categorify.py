@@ -52,6 +52,11 @@ the final merge of spilled buckets runs one bucket per core.
 dask cluster partials are spilled by one worker and merged by another process, so a
 spill there needs a ``spill_dir`` every worker and the client share: the local
 temporary folder of a worker is never used (a clear error asks for ``spill_dir``).
+Spill files are named with their owner (``tabstream-categorify-<host>-<pid>-s<start>-<id>
+.arrow``, see :mod:`tabstream.core.scratch`): the first spill of a process into a
+folder removes those a killed fit left (owner dead); a spill that finds the folder
+full or read-only is an ``OSError`` naming the folder and ``spill_dir``, and the op's
+other spills of that fit are removed with it.
 The vocabulary (values with their counts, in id order) is saved as parquet.
 
 Dictionary columns (parquet's dictionary-encoded string pages, which the workflow
@@ -62,10 +67,12 @@ and encoded once, then gathered by index. The ids are those of the decoded colum
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import posixpath
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,6 +88,7 @@ from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
+from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import TaskGroup, shared_pool
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
@@ -112,6 +120,32 @@ class _Spill:
         fs, path = fsspec.core.url_to_fs(self.path)
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(path)
+        with _WRITTEN_LOCK:
+            for paths in _WRITTEN.values():
+                paths.discard(self.path)
+
+
+#: Spill files are named ``tabstream-categorify-<owner>-<id>.arrow`` (see
+#: :mod:`tabstream.core.scratch`): the first spill of a process into a folder removes
+#: those whose owner is dead (a killed fit's), and the spills of this process still
+#: there at its exit (a fit that failed) are removed then.
+_SPILL_NAME = owner_pattern(r"tabstream-categorify-", r"[0-9a-f]{32}\.arrow")
+_WRITTEN: dict[int, set[str]] = {}  # id(op) -> its spills not removed yet, in this process
+_WRITTEN_LOCK = threading.Lock()
+_CLEANED: set[str] = set()  # spill folders whose dead owners' spills were removed
+
+
+def _remove_written(key: int | None = None) -> None:
+    """Remove the spills op ``key`` (every op: None) wrote in this process and did not
+    remove: its fit failed, so nothing will read them."""
+    with _WRITTEN_LOCK:
+        paths = [p for k, v in _WRITTEN.items() if key is None or k == key for p in v]
+    for path in paths:
+        with contextlib.suppress(Exception):
+            _Spill(path, ()).remove()
+
+
+atexit.register(_remove_written)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -558,13 +592,23 @@ class Categorify(StatOperator):
         ordered by bucket already, with these bucket offsets."""
         root = self._spill_root()
         fs, base = fsspec.core.url_to_fs(root)
-        fs.makedirs(base, exist_ok=True)
-        path = posixpath.join(base.rstrip("/"), f"tabstream-categorify-{uuid.uuid4().hex}.arrow")
+        path = posixpath.join(base.rstrip("/"), f"tabstream-categorify-{owner_tag()}-{uuid.uuid4().hex}.arrow")
         url = fs.unstrip_protocol(path) if "://" in root else path
         if offsets is None:
             table, offsets = self._bucket_order(table)
         ends = [0]
         try:
+            fs.makedirs(base, exist_ok=True)
+            # On a dask worker, a dead process's spill may still be merged by a running
+            # fit (a worker retired mid-fit): there only a day-old one is removed, and
+            # nothing at exit.
+            on_worker = _on_dask_worker()
+            if root not in _CLEANED:  # once per folder and process: a killed fit's spills
+                _CLEANED.add(root)
+                remove_leftovers(fs, base, _SPILL_NAME, by_owner=not on_worker)
+            if not on_worker:
+                with _WRITTEN_LOCK:
+                    _WRITTEN.setdefault(id(self), set()).add(url)
             with fs.open(path, "wb") as f:
                 for b in range(self.spill_buckets):
                     # serialized in memory, then written at once: Arrow writes a stream
@@ -576,10 +620,20 @@ class Categorify(StatOperator):
                     data = sink.getvalue()
                     f.write(data)
                     ends.append(ends[-1] + data.size)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):  # the write's error is the one to see
                 _Spill(url, ()).remove()  # no half-written spill left behind
-            raise
+            why = write_failure(exc, base, "spill_dir")
+            if why is None:
+                raise
+            # the fit fails: nothing will read this op's other spills either
+            _remove_written(id(self))
+            setting = (f"spill_dir={self.spill_dir!r}" if self.spill_dir is not None
+                       else "spill_dir=None: the temporary folder")
+            raise OSError(getattr(exc, "errno", None),
+                          f"Categorify: a spill of partial counts (more than spill_rows={self.spill_rows} "
+                          f"distinct values) failed, {why} (now {setting}); or raise spill_rows "
+                          "to spill less") from exc
         return _Spill(url, tuple(ends))
 
     def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:

@@ -11,6 +11,7 @@ import dask.local
 import dask.threaded
 from dask import delayed
 
+from tabstream.core.errors import out_of_memory, ran_out_of_memory
 from tabstream.core.threads import TaskGroup, local_workers, shared_pool
 
 __all__ = ["TaskGroup", "compute", "local_compute", "num_workers", "shared_pool", "tree_reduce"]
@@ -32,6 +33,20 @@ def compute(tasks: Sequence[Any], client: Any = None, desc: str | None = None,
     tasks = list(tasks)
     if not tasks:
         return []
+    try:
+        return _compute(tasks, client, desc, progress)
+    except (MemoryError, RuntimeError) as exc:  # numpy's, Arrow's (ArrowMemoryError), Python's
+        if not ran_out_of_memory(exc):
+            raise
+        raise out_of_memory(desc or "a computation", exc, LOWER_FOR_MEMORY) from exc
+
+
+#: What a fit or export that ran out of memory can lower.
+LOWER_FOR_MEMORY = ("the Dataset's part_size (each task holds a partition), the number of "
+                    "workers (tasks at once), or Categorify's spill_rows")
+
+
+def _compute(tasks: list[Any], client: Any, desc: str | None, progress: bool | None) -> list[Any]:
     disable = None if progress is None else not progress
     if client is not None:
         from distributed import as_completed

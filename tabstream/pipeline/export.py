@@ -24,28 +24,33 @@ one is removed by the next export to the same place (when its process is gone, o
 for one started on another host, when it is older than a day). An export of zero
 rows is refused: readers refuse an empty folder, so it must not look finished.
 
-Files and work are split into *writer groups*, one per dask worker (threads of the
-local scheduler, or the workers of a distributed client). Each group reads its
-share of the input partitions one at a time and writes ``out_files_per_proc`` files:
+Files and work are split into *writer groups*, at most one per dask worker (threads
+of the local scheduler, or the workers of a distributed client). The files get
+equal rows (``N // F``, the first ``N % F`` one more; see :func:`export`): group
+``g`` writes a run of files and reads the partitions their rows come from, one at a
+time (a partition whose rows fall into two groups' files is read by both, each
+taking its part):
 
-* ``shuffle=None``: rows keep their order (file k holds the k-th run of partitions).
+* ``shuffle=None``: rows keep their order (file k holds the k-th run of rows).
 * ``"per_partition"``: rows of each partition are permuted before writing.
-* ``"per_worker"``: each permuted partition is cut into ``out_files_per_proc`` pieces,
-  one per file of its group, so every file mixes rows of all the group's partitions.
-* ``"full"``: a two-pass global shuffle: rows are scattered to random files, then
-  each file's rows are permuted (memory: one output file at a time).
+* ``"per_worker"``: each permuted partition is spread over the files of its group,
+  in proportion to the rows each still takes, so every file mixes rows of all the
+  group's partitions.
+* ``"full"``: a two-pass global shuffle: rows are scattered to random files (how
+  many of a partition's rows each file gets is a draw without replacement from the
+  files' rows), then each file's rows are permuted (memory: one output file at a
+  time).
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import posixpath
 import re
-import socket
-import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -59,9 +64,16 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 import tabstream
-from tabstream.core.errors import ExportError, TabstreamError
+from tabstream.core.errors import (
+    DataError,
+    ExportError,
+    TabstreamError,
+    out_of_memory,
+    ran_out_of_memory,
+)
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
+from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import TaskGroup, compute, local_compute, num_workers, shared_pool
 
@@ -73,9 +85,6 @@ SCHEMA_FILE = "_schema.json"
 # Key of the parquet key-value metadata that holds the output Schema as JSON in every
 # data file, so a reader that has only the files still gets tags and properties.
 SCHEMA_KEY = b"tabstream.schema"
-# A leftover temporary folder whose owner cannot be checked (another host, or the
-# naming of older versions) is removed once it is this old.
-STALE_SECONDS = 24 * 3600
 
 
 class ExportResult:
@@ -113,7 +122,42 @@ def export(
     progress: bool | None = None,
 ) -> ExportResult:
     """Write ``workflow.transform(dataset)`` (or the dataset itself when ``workflow`` is
-    None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``."""
+    None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``.
+
+    How many files:
+
+    * ``num_files=F``: exactly ``F`` files.
+    * ``out_files_per_proc=k``: ``k`` files per worker (thread of the local scheduler,
+      or worker of ``client``) that has a partition to read: ``k * min(workers,
+      partitions)`` files. Neither given: one per such worker.
+
+    The rows are split equally whatever the partitions: of ``N`` rows, file ``f``
+    holds ``N // F`` rows, one more for the first ``N % F`` files (so files differ by
+    at most one row; a one-partition input asked for 2 files writes 2 halves). Asked
+    for more files than there are rows, one file per row is written, with a warning.
+    The export knows each partition's rows from the parquet footers, or counts them
+    with one read of a column (a Dataset that kept its partitions after a fit reads
+    its cache); when the workflow changes the row count (``Filter``, ``Dropna``) it
+    counts the rows after the workflow first, one more pass over the data. ::
+
+        40,960 rows in 5 partitions of 8,192, num_files=2:
+            part_00000.parquet  20,480 rows   (partitions 0, 1 and half of 2)
+            part_00001.parquet  20,480 rows   (the other half of 2, then 3 and 4)
+
+    ``shuffle``: ``None`` keeps the rows in order (file 0 holds the first rows);
+    ``"per_partition"`` permutes each partition's rows; ``"per_worker"`` also spreads
+    each partition over all files of its worker; ``"full"`` sends every row to a
+    random file (each file an equal-sized, uniform draw of all rows), then permutes
+    each file. ``seed`` makes the shuffle repeatable.
+
+    ``partition_on=[columns]`` writes hive folders ``col=value/`` (values
+    percent-encoded; a column name holding ``/``, ``..``, ``=`` or starting with ``.`` or
+    ``_`` is refused). ``overwrite=False`` refuses an existing ``output_path`` with
+    :class:`FileExistsError`, also when another export puts its folder there first;
+    with ``overwrite=True`` the last export to finish is the one in place, whole.
+    A full or read-only folder is an :class:`~tabstream.core.errors.ExportError`
+    naming it; nothing is left behind.
+    """
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     if partition_on is not None:
@@ -141,8 +185,11 @@ def export(
     store = None if _is_local(fs) else _ObjectStorePublish(fs, root)
     if store is None:
         _remove_leftovers(fs, parent, name)
-        tmp = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-        fs.makedirs(tmp, exist_ok=True)
+        tmp = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+        try:
+            fs.makedirs(tmp, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(output_path, parent, exc) from exc
     else:
         tmp = root  # no rename on an object store: written in place, manifest last
         store.begin()
@@ -150,8 +197,9 @@ def export(
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % 2**63)  # owned entropy, no global RNG
     pieces = dataset.pieces
-    groups = min(num_workers(client), num_files or 10**9, max(1, len(pieces)))
-    total_files = num_files or (out_files_per_proc or 1) * groups
+    workers = num_workers(client)
+    total_files = num_files or (out_files_per_proc or 1) * min(workers, max(1, len(pieces)))
+    groups = min(workers, total_files)
     if workflow is not None:
         schema = workflow.output_schema
         columns = workflow.input_columns
@@ -166,16 +214,28 @@ def export(
 
     try:
         with _task_pool(client) as pool, small_pages():
-            if shuffle == "full":
-                results = _full_shuffle(plan, pieces, total_files, client, progress, pool)
-            else:
-                tasks = []
-                for g in range(groups):
-                    files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
-                    my_pieces = list(range(g * len(pieces) // groups, (g + 1) * len(pieces) // groups))
-                    tasks.append(delayed(_write_group, pure=False)(plan, my_pieces, files, shuffle))
-                results = [r for group in _run(tasks, client, pool, "export", progress) for r in group]
+            counts = _input_rows(plan, client, pool, progress)
+            for attempt in (0, 1):
+                try:
+                    results = _write_all(plan, counts, total_files, groups, shuffle, client, pool, progress)
+                    break
+                except _RowsChanged as changed:
+                    if attempt:
+                        raise ExportError(
+                            f"export to {output_path!r} failed, nothing was written: partition "
+                            f"{changed.piece} gave {changed.rows} rows after the workflow, "
+                            f"{changed.planned} the pass before; a Filter or LambdaOp that is not "
+                            "a pure function of the rows?") from None
+                    # the workflow changes the row count (a Filter): count its output,
+                    # then write again, split by those counts
+                    _clear_written(fs, tmp, store)
+                    tasks = [delayed(_output_rows, pure=False)(plan, p) for p in range(len(pieces))]
+                    counts = [int(n) for n in _run(tasks, client, pool, "export: count rows", progress)]
         results.sort()
+        if 0 < sum(counts) < total_files:
+            warnings.warn(f"export to {output_path!r}: {total_files} files were asked for, but "
+                          f"the data has {sum(counts)} rows: {sum(counts)} files of one row written",
+                          stacklevel=2)
         files = [f for f, rows in results if rows > 0]
         rows = [rows for f, rows in results if rows > 0]
         if not files:
@@ -187,7 +247,7 @@ def export(
             )
         _write_sidecars(fs, tmp, schema, files, rows)
         if store is None:
-            _publish(fs, tmp, root, overwrite)
+            _publish(fs, tmp, root, overwrite, output_path)
         else:
             store.finish()
     except BaseException as exc:
@@ -200,10 +260,28 @@ def export(
             store.abort()
         # Errors of the input (DataError, SchemaError, ...) and our own refusals keep
         # their type and message: they name the file, line or column at fault.
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError, TabstreamError)):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, FileExistsError)):
+            raise
+        if ran_out_of_memory(exc):  # numpy's, Arrow's (ArrowMemoryError), Python's; a thread
+            raise out_of_memory(f"export to {output_path!r} (nothing was written)", exc,
+                                "the Dataset's part_size (each task holds a partition), the number "
+                                "of workers (tasks at once), or row_group_size") from exc
+        if store is None and write_failure(exc, parent, "output_path") is not None:
+            raise _write_error(output_path, parent, exc) from exc
+        if isinstance(exc, TabstreamError):
             raise
         raise ExportError(f"export to {output_path!r} failed, nothing was written: {exc}") from exc
     return ExportResult(output_path, files, rows)
+
+
+def _write_error(output_path: str, folder: str, exc: BaseException) -> BaseException:
+    """The error of an export that could not write in ``folder`` (a full or read-only
+    filesystem: named with the setting that moves it)."""
+    why = write_failure(exc, folder, "output_path")
+    if why is None:
+        return ExportError(f"export to {output_path!r} failed, nothing was written: {exc}")
+    return ExportError(f"export to {output_path!r} failed, nothing was written: {why}",
+                       hint="pass another output_path (the export writes there and beside it)")
 
 
 @contextmanager
@@ -239,66 +317,35 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
     """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
     if fs.exists(root) and not overwrite:
         if fs.isdir(root) and not fs.ls(root):
-            fs.rm(root, recursive=True)
-        else:
-            raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+            if not _is_local(fs):
+                fs.rm(root, recursive=True)
+                return
+            try:
+                os.rmdir(root)  # not rm -r: another export may have renamed its folder in since
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                pass
+        raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
-def _owner_tag() -> str:
-    """``<host>-<pid>`` of this process (the host as a short hash: names stay plain)."""
-    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-    return f"{host}-{os.getpid()}"
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
+_owner_tag = owner_tag  # the name other modules import (regroup.py)
 
 
 def _remove_leftovers(fs: Any, parent: str, name: str) -> list[str]:
-    """Remove the hidden folders that killed exports to ``parent/name`` left behind.
+    """Remove the hidden folders that killed exports to ``parent/name`` left behind
+    (see :func:`tabstream.core.scratch.remove_leftovers`: removed when their owner
+    is dead). An ``.old-`` folder (a replaced export) is removed only when the new
+    export is in place. Returns the removed paths."""
+    pattern = owner_pattern(rf"\.{re.escape(name)}\.(?P<kind>tmp|old)-", r"[0-9a-f]{12}")
+    root = posixpath.join(parent, name)
 
-    Only folders named as this module names them are considered. One made by a
-    process of this host is removed when that process is gone; one from another
-    host (or named by an older version, without its owner) when it is older than
-    :data:`STALE_SECONDS`. An ``.old-`` folder (a replaced export) is removed only
-    when the new export is in place. Returns the removed paths.
-    """
-    pattern = re.compile(
-        rf"\.{re.escape(name)}\.(tmp|old)-(?:([0-9a-f]{{8}})-(\d+)-)?[0-9a-f]{{12}}"
-    )
-    try:
-        entries = fs.ls(parent, detail=True)
-    except OSError:  # no parent yet, or not ours to list: nothing to clean
-        return []
-    here = _owner_tag().split("-")[0]
-    removed = []
-    for entry in entries:
-        path = entry["name"].rstrip("/")
-        m = pattern.fullmatch(posixpath.basename(path))
-        if m is None or entry.get("type") != "directory":
-            continue
-        kind, host, pid = m.groups()
-        if kind == "old" and not fs.exists(posixpath.join(parent, name)):
-            continue  # killed between the two renames: the old export may be all there is
-        if host == here and pid is not None:
-            if _process_alive(int(pid)):
-                continue
-        else:
-            mtime = entry.get("mtime") or entry.get("created")
-            if mtime is None or time.time() - float(mtime) < STALE_SECONDS:
-                continue
-        try:
-            fs.rm(path, recursive=True)
-        except OSError:
-            continue  # not ours to remove after all (permissions): leave it
-        removed.append(path)
-    return removed
+    def keep(m: re.Match[str]) -> bool:
+        # killed between the two renames of an overwrite: the old export may be all there is
+        return m["kind"] == "old" and not fs.exists(root)
+
+    return remove_leftovers(fs, parent, pattern, keep)
 
 
 class _Plan:
@@ -432,15 +479,28 @@ def _check_partition_columns(schema: Schema, partition_on: list[str]) -> None:
         raise ValueError("partition_on takes every column into the folder names, leaving no data "
                          "columns to write")
     for name in partition_on:
+        bad = [part for part in ("/", "\\", "=", "..", "\x00") if part in name]
+        if bad or not name or name.startswith((".", "_")):
+            what = f"holds {bad[0]!r}" if bad else "is empty" if not name else f"starts with {name[0]!r}"
+            raise ValueError(
+                f"partition_on: column name {name!r} {what}, and becomes the folder name "
+                f"'{name}=<value>': {'a path of other folders' if bad else 'a hidden folder readers skip'}; "
+                f"rename the column first (Rename) or leave it out of partition_on")
         col = schema[name]
         if col.is_list or not (str(col.dtype).startswith(("int", "uint")) or str(col.dtype) in ("str", "string", "bool")):
             raise TypeError(f"partition_on: column {name!r} is {col.dtype}{' list' if col.is_list else ''}; "
                             "folders can be made from integer, boolean or string columns only")
 
 
-def _hive_value(value: Any) -> str:
+def _hive_value(value: Any, column: str = "") -> str:
+    """The folder name of ``value``: percent-encoded (``/``, ``=``, ``%`` and the like
+    cannot make a path of other folders; ``..`` is only part of ``col=..``)."""
     if value is None:
         return HIVE_NULL
+    if value == HIVE_NULL:
+        raise DataError(f"partition_on: column {column!r} holds the value {HIVE_NULL!r}, the folder "
+                        "name of a missing value: read back, these rows would be null; map it to "
+                        "another value first or leave the column out of partition_on")
     if isinstance(value, bool):
         return str(value).lower()
     return quote(str(value), safe="")
@@ -467,7 +527,7 @@ class _PartitionedWriter:
                 test = pc.is_null(table[name]) if value is None else pc.equal(table[name], value)
                 test = pc.fill_null(test, False)
                 mask = test if mask is None else pc.and_(mask, test)
-            folder = "/".join(f"{n}={_hive_value(v)}" for n, v in row.items())
+            folder = "/".join(f"{n}={_hive_value(v, n)}" for n, v in row.items())
             writer = self.writers.get(folder)
             if writer is None:
                 writer = self.writers[folder] = _FileWriter(self.plan, self.index, folder)
@@ -485,13 +545,104 @@ class _PartitionedWriter:
             w.abort()
 
 
+class _RowsChanged(Exception):
+    """A partition gave another number of rows than the plan was made for (the
+    workflow changes the row count): the export is split again by counted rows."""
+
+    def __init__(self, piece: int, rows: int, planned: int) -> None:
+        super().__init__(piece, rows, planned)
+        self.piece, self.rows, self.planned = piece, rows, planned
+
+
+def _input_rows(plan: _Plan, client: Any, pool: TaskGroup | None, progress: bool | None) -> list[int]:
+    """Rows of each input partition: from the parquet footers (and the rows a split or
+    filter keeps) where the Dataset knows them, else counted by reading one column
+    (a partition the Dataset keeps after a fit is read from its cache)."""
+    dataset = plan.dataset
+    if not isinstance(dataset, Dataset):  # the buckets of a Groupby: counted after it
+        tasks = [delayed(_output_rows, pure=False)(plan, p) for p in range(len(dataset.pieces))]
+        return [int(n) for n in _run(tasks, client, pool, "export: count rows", progress)]
+    counts: list[int | None] = []
+    for piece in dataset.pieces:
+        rows = getattr(piece, "num_rows", None)  # parquet pieces: from the footers
+        if rows is not None:
+            mask = dataset.piece_mask(piece)
+            rows = rows if mask is None else int(np.count_nonzero(mask))
+        counts.append(rows)
+    unknown = [p for p, n in enumerate(counts) if n is None]
+    if unknown:
+        tasks = [delayed(_count_input, pure=False)(plan, p) for p in unknown]
+        for p, n in zip(unknown, _run(tasks, client, pool, "export: count rows", progress), strict=True):
+            counts[p] = int(n)
+    return [int(n) for n in counts if n is not None]
+
+
+def _count_input(plan: _Plan, p: int) -> int:
+    columns = plan.columns[:1] if plan.columns else plan.dataset.schema.column_names[:1]
+    return plan.dataset.read_piece(plan.dataset.pieces[p], columns).num_rows
+
+
 @small_pages()  # also in a dask worker process
-def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
-                 shuffle: str | None) -> list[tuple[str, int]]:
+def _output_rows(plan: _Plan, p: int) -> int:
+    return plan.read(p).num_rows
+
+
+def _clear_written(fs: Any, tmp: str, store: _ObjectStorePublish | None) -> None:
+    if store is not None:
+        store.remove_written()
+    else:
+        fs.rm(tmp, recursive=True)
+        fs.makedirs(tmp, exist_ok=True)
+
+
+def file_bounds(total_rows: int, files: int) -> np.ndarray:
+    """Row ``bounds[f]`` is the first of file ``f`` (``files + 1`` bounds): files of
+    equal rows, the first ``total_rows % files`` one row longer.
+
+    >>> file_bounds(40_960, 2).tolist(), file_bounds(7, 3).tolist()
+    ([0, 20480, 40960], [0, 3, 5, 7])
+    """
+    f = np.arange(files + 1, dtype=np.int64)
+    return f * (total_rows // files) + np.minimum(f, total_rows % files)
+
+
+def _group_slices(counts: list[int], lo: int, hi: int, last: bool) -> list[tuple[int, int, int]]:
+    """``(piece, start, stop)``: the rows ``[lo, hi)`` of the export (pieces in order),
+    as slices of the pieces. A piece planned empty is read by the group whose rows
+    start where it sits (the last group for those at the end): were it not empty
+    after all, that group finds out."""
+    out, offset = [], 0
+    for p, n in enumerate(counts):
+        start, stop = max(lo, offset), min(hi, offset + n)
+        if start < stop or (n == 0 and (lo <= offset < hi or (last and offset >= hi))):
+            out.append((p, start - offset, max(start, stop) - offset))
+        offset += n
+    return out
+
+
+def _write_all(plan: _Plan, counts: list[int], total_files: int, groups: int, shuffle: str | None,
+               client: Any, pool: TaskGroup | None, progress: bool | None) -> list[tuple[str, int]]:
+    """Write ``total_files`` files of ``file_bounds`` rows: group ``g`` writes a run of
+    files and reads the pieces (or the part of a piece) their rows come from."""
+    bounds = file_bounds(sum(counts), total_files)
+    if shuffle == "full":
+        return _full_shuffle(plan, counts, bounds, client, progress, pool)
+    tasks = []
+    for g in range(groups):
+        files = list(range(g * total_files // groups, (g + 1) * total_files // groups))
+        slices = _group_slices(counts, int(bounds[files[0]]), int(bounds[files[-1] + 1]), g == groups - 1)
+        quotas = np.diff(bounds[files[0]:files[-1] + 2]).tolist()
+        tasks.append(delayed(_write_group, pure=False)(plan, slices, counts, files, quotas, shuffle))
+    return [r for group in _run(tasks, client, pool, "export", progress) for r in group]
+
+
+@small_pages()  # also in a dask worker process
+def _write_group(plan: _Plan, slices: list[tuple[int, int, int]], counts: list[int],
+                 file_indices: list[int], quotas: list[int], shuffle: str | None) -> list[tuple[str, int]]:
     if plan.partition_on:
         parted = [_PartitionedWriter(plan, i) for i in file_indices]
         try:
-            _deal(plan, piece_indices, parted, shuffle)
+            _deal(plan, slices, counts, parted, quotas, shuffle)
             return [r for w in parted for r in w.close()]
         except BaseException:
             for w in parted:
@@ -499,7 +650,7 @@ def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
             raise
     writers = [_FileWriter(plan, i) for i in file_indices]
     try:
-        _deal(plan, piece_indices, writers, shuffle)
+        _deal(plan, slices, counts, writers, quotas, shuffle)
         return [w.close() for w in writers]
     except BaseException:
         for w in writers:
@@ -507,44 +658,95 @@ def _write_group(plan: _Plan, piece_indices: list[int], file_indices: list[int],
         raise
 
 
-def _deal(plan: _Plan, piece_indices: list[int], writers: list[Any], shuffle: str | None) -> None:
-    """Read the group's partitions one at a time and hand their rows to ``writers``."""
-    for turn, p in enumerate(piece_indices):
-        table = plan.read(p)
+def _read_planned(plan: _Plan, p: int, counts: list[int]) -> pa.Table:
+    table = plan.read(p)
+    if table.num_rows != counts[p]:
+        raise _RowsChanged(p, table.num_rows, counts[p])
+    return table
+
+
+def _deal(plan: _Plan, slices: list[tuple[int, int, int]], counts: list[int], writers: list[Any],
+          quotas: list[int], shuffle: str | None) -> None:
+    """Read the group's pieces one at a time and hand their rows to ``writers``, writer
+    ``j`` getting exactly ``quotas[j]`` rows: in order (``None``, ``per_partition``:
+    writer ``j`` the ``j``-th run of rows), or each piece spread over all writers in
+    proportion to what each still takes (``per_worker``)."""
+    left = list(quotas)
+    j = 0
+    for p, start, stop in slices:
+        table = _read_planned(plan, p, counts)
         if shuffle in ("per_partition", "per_worker"):
+            # the whole piece permuted, then sliced: groups sharing a piece take
+            # disjoint rows of one permutation
             table = table.take(plan.rng(p).permutation(table.num_rows))
+        table = table.slice(start, stop - start)
         if shuffle == "per_worker" and len(writers) > 1:
-            bounds = np.linspace(0, table.num_rows, len(writers) + 1).astype(int)
-            offset = turn % len(writers)  # rotate so small partitions still spread evenly
-            for j, w in enumerate(writers):
-                k = (j + offset) % len(writers)
-                w.write(table.slice(bounds[k], bounds[k + 1] - bounds[k]))
-        elif shuffle is None:
-            # contiguous runs of partitions per file keep the input order across files
-            writers[turn * len(writers) // len(piece_indices)].write(table)
+            share = _shares(table.num_rows, left)
+            at = 0
+            for k, n in enumerate(share):
+                writers[k].write(table.slice(at, n))
+                left[k] -= n
+                at += n
         else:
-            writers[turn % len(writers)].write(table)
+            at = 0
+            while at < table.num_rows:
+                while left[j] == 0:
+                    j += 1
+                n = min(left[j], table.num_rows - at)
+                writers[j].write(table.slice(at, n))
+                left[j] -= n
+                at += n
         # written: not held while the next partition is read (the transformed table
         # refers to the input's buffers, a mapped cache file's pages among them)
         del table
 
 
-def _full_shuffle(plan: _Plan, pieces: list[Any], total_files: int, client: Any,
+def _shares(n: int, left: list[int]) -> list[int]:
+    """``n`` rows split over writers that still take ``left`` rows, in proportion
+    (largest remainders): when ``n == sum(left)`` every writer gets what it takes.
+
+    >>> _shares(5, [4, 4, 2])
+    [2, 2, 1]
+    """
+    room = np.asarray(left, dtype=np.int64)
+    total = int(room.sum())
+    if total == 0:
+        return [0] * len(left)
+    share = n * room // total
+    rest = n - int(share.sum())
+    if rest:
+        frac = n * room - share * total
+        order = np.argsort(-frac, kind="stable")[:rest]
+        share[order] += 1
+    return share.tolist()
+
+
+def _full_shuffle(plan: _Plan, counts: list[int], bounds: np.ndarray, client: Any,
                   progress: bool | None, pool: TaskGroup | None) -> list[tuple[str, int]]:
     scatter = posixpath.join(plan.tmp, "_scatter")
-    tasks = [delayed(_scatter_piece, pure=False)(plan, p, total_files, scatter) for p in range(len(pieces))]
+    # how many rows of each piece go to each file: a draw without replacement from the
+    # files' rows (piece after piece, from what is left), so every file gets exactly
+    # its rows and each is a uniform draw from the whole export
+    left = np.diff(bounds)
+    draws = plan.rng(3 * 10**9)
+    tasks = []
+    for p, n in enumerate(counts):
+        take = draws.multivariate_hypergeometric(left, n) if n else np.zeros_like(left)
+        left = left - take
+        tasks.append(delayed(_scatter_piece, pure=False)(plan, p, counts, take, scatter))
     _run(tasks, client, pool, "export: scatter", progress)
-    tasks = [delayed(_gather_file, pure=False)(plan, f, len(pieces), scatter) for f in range(total_files)]
+    total_files = len(bounds) - 1
+    tasks = [delayed(_gather_file, pure=False)(plan, f, len(counts), scatter) for f in range(total_files)]
     results = _run(tasks, client, pool, "export: gather", progress)
     plan.fs.rm(scatter, recursive=True)
     return results
 
 
 @small_pages()  # also in a dask worker process
-def _scatter_piece(plan: _Plan, p: int, total_files: int, scatter: str) -> None:
-    table = plan.read(p)
-    target = plan.rng(p).integers(0, total_files, table.num_rows)
-    scatter_write(plan.fs, table, target, total_files,
+def _scatter_piece(plan: _Plan, p: int, counts: list[int], take: np.ndarray, scatter: str) -> None:
+    table = _read_planned(plan, p, counts)
+    target = plan.rng(p).permutation(np.repeat(np.arange(len(take)), take))
+    scatter_write(plan.fs, table, target, len(take),
                   lambda f: posixpath.join(scatter, f"f{f:05d}", f"p{p:06d}.parquet"), keep_empty=True)
 
 
@@ -649,6 +851,7 @@ class _ObjectStorePublish:
             return set()
 
     def begin(self) -> None:
+        self.abort_uploads()
         self.old_keys = self._keys()
         self.existed = bool(self.old_keys)
         if not self.existed:
@@ -661,6 +864,45 @@ class _ObjectStorePublish:
         manifest = posixpath.join(self.root, "_manifest.json")
         if manifest in self.old_keys:
             self.fs.rm(manifest)
+
+    def abort_uploads(self) -> list[str]:
+        """Abort the multipart uploads left under the prefix (S3): a killed export's
+        unfinished files, invisible to listings but stored and billed until aborted.
+        This export owns the prefix from here (it is new, or ``overwrite`` was
+        given), so every unfinished upload under it is a leftover. Where the store
+        refuses to list or abort them, a warning names the lifecycle rule that does it
+        (see docs/scaling-out.md). Returns the aborted keys."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        if protocol not in ("s3", "s3a") or not hasattr(self.fs, "call_s3"):
+            return []
+        bucket, _, key = self.root.partition("/")
+        prefix = key.rstrip("/") + "/" if key else ""
+        aborted = []
+        try:
+            listing = {"Bucket": bucket, "Prefix": prefix}
+            while True:
+                page = self.fs.call_s3("list_multipart_uploads", **listing)
+                for upload in page.get("Uploads", []):
+                    self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                                    UploadId=upload["UploadId"])
+                    aborted.append(upload["Key"])
+                if not page.get("IsTruncated"):
+                    break
+                listing.update(KeyMarker=page.get("NextKeyMarker", ""),
+                               UploadIdMarker=page.get("NextUploadIdMarker", ""))
+        except Exception as exc:  # permissions, a store without the call: say what to do
+            warnings.warn(
+                f"export to 's3://{self.root}': unfinished multipart uploads of killed exports under "
+                f"this prefix could not be listed or aborted ({exc}); they stay stored (and billed) "
+                "until aborted: give the bucket a lifecycle rule with AbortIncompleteMultipartUpload "
+                "(DaysAfterInitiation: 1), see docs/scaling-out.md", stacklevel=4)
+        return aborted
+
+    def remove_written(self) -> None:
+        """Delete the keys this export wrote so far (to write them again)."""
+        written = sorted(self._keys() - self.old_keys)
+        if written:
+            self.fs.rm(written)
 
     def finish(self) -> None:
         keep = {posixpath.join(self.root, name) for name in SIDECARS}
@@ -682,22 +924,51 @@ class _ObjectStorePublish:
         self.fs.invalidate_cache(self.root)
 
 
-def _publish(fs: Any, tmp: str, root: str, overwrite: bool) -> None:
-    """Move the finished folder into place (a rename on local disks)."""
-    if fs.exists(root):
-        if not overwrite:
-            raise FileExistsError(f"{root!r} appeared while exporting; pass overwrite=True to replace it")
-        parent, name = posixpath.split(root)
-        old = posixpath.join(parent, f".{name}.old-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
-        fs.mv(root, old, recursive=True)
-        try:
-            fs.mv(tmp, root, recursive=True)
-        except BaseException:
-            fs.mv(old, root, recursive=True)  # put the previous export back
-            raise
-        try:
-            fs.rm(old, recursive=True)
-        except OSError:
-            pass  # the new export is in place; the next export here removes the old one
-    else:
-        fs.mv(tmp, root, recursive=True)
+def _publish(fs: Any, tmp: str, root: str, overwrite: bool, output_path: str) -> None:
+    """Move the finished folder ``tmp`` to ``root`` on a local disk, atomically.
+
+    One ``rename(2)``, which fails when ``root`` exists (a folder with files:
+    ENOTEMPTY; a file: ENOTDIR), so that of two exports racing for one path, one
+    wins and the other gets :class:`FileExistsError`: never one inside the other
+    (a move onto an existing folder puts the source inside it). With ``overwrite``
+    the folder in place is renamed aside (``.<name>.old-...``) and ``tmp`` renamed in;
+    when another export put its folder in place between the two renames, that one is
+    renamed aside too and this one tried again: the last writer wins whole. The
+    folders renamed aside are removed once the new export is in place; when the
+    rename in fails otherwise, the previous export is put back."""
+    parent, name = posixpath.split(root)
+    aside: list[str] = []
+    try:
+        for _ in range(64):
+            try:
+                os.rename(tmp, root)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+            if not overwrite:
+                raise FileExistsError(f"{output_path!r} appeared while exporting (another export "
+                                      "to the same path finished first); pass overwrite=True to "
+                                      "replace it")
+            old = posixpath.join(parent, f".{name}.old-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+            try:
+                os.rename(root, old)
+            except FileNotFoundError:
+                continue  # another export renamed it aside first
+            aside.append(old)
+        raise ExportError(f"export to {output_path!r}: other exports kept replacing the folder; "
+                          "nothing was written")
+    except BaseException:
+        if aside and not os.path.lexists(root):
+            try:
+                os.rename(aside[-1], root)  # put the previous export back
+                aside.pop()
+            except OSError:
+                pass
+        raise
+    finally:
+        for old in aside:
+            try:
+                fs.rm(old, recursive=True)
+            except OSError:
+                pass  # the next export here removes it (its owner gone)

@@ -195,7 +195,9 @@ def test_default_cache_of_parquet_is_written_by_fits_only(tmp_path, frame, monke
     assert read.astype(object).where(read.notna(), None).values.tolist() == \
         frame.astype(object).where(frame.notna(), None).values.tolist()
     ds.to_parquet(str(tmp_path / "copy"))
-    assert ds._cache_dir is None and len(reads) == 2 * ds.npartitions  # nothing kept
+    # nothing kept: the export read every piece raw again (a piece whose rows go to
+    # two writer groups' files is read by both)
+    assert ds._cache_dir is None and set(reads[ds.npartitions:]) == set(ds.pieces)
     off = ts.Dataset(path, part_size=10_000, cache=None)
     ts.Workflow(["low"] >> ops.Categorify()).fit(off)
     assert off._cache_dir is None
@@ -208,7 +210,7 @@ def test_default_cache_of_parquet_that_cannot_be_written_reads_parquet_again(tmp
     with pytest.warns(CacheWarning, match="cache folder .*missing cannot be used"):
         wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
     wf.transform(ds).to_parquet(str(tmp_path / "out"))
-    assert len(reads) == 2 * ds.npartitions
+    assert len(reads) >= 2 * ds.npartitions and set(reads[ds.npartitions:]) == set(ds.pieces)
     got = pd.read_parquet(tmp_path / "out")
     values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
     assert got["low"].tolist() == _ids_reference(values, 0)
