@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sized
@@ -58,11 +59,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.core.errors import SchemaError
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.train.checks import (
+    CheckpointError,
+    check_checkpoint_dir,
+    checkpoint_write,
+    label_error,
+    label_name,
+)
 from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.metrics import log_loss, roc_auc
+from tabstream.train.tensorflow.embeddings import ID_CHECK_MARK
 
 __all__ = [
+    "CheckpointError",
     "LogLoss",
     "NonFiniteLossError",
     "NothingToTrainWarning",
@@ -231,6 +241,31 @@ def _check_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
             )
 
 
+def _all_sum(strategy: tf.distribute.Strategy) -> Any:
+    """A function summing a float tensor over the workers (one replica each)."""
+
+    @tf.function
+    def all_sum(x: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(x,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return all_sum
+
+
+def _id_error(exc: tf.errors.InvalidArgumentError) -> DataError | None:
+    """The DataError for an id outside its table that the in-graph check
+    (:func:`~tabstream.train.tensorflow.embeddings.check_ids`) raised, else None."""
+    text = exc.message if isinstance(exc.message, str) else str(exc)
+    if ID_CHECK_MARK not in text:
+        return None
+    found = re.search(r"assertion failed: \[(.*?)\] \[(-?\d+)\] \[(.*?)\]\s*(?:\n|\[\[|$)",
+                      text, re.S)
+    if found is None:
+        return DataError(text.strip().splitlines()[0])
+    head, value, tail = (g.replace("\\'", "'") for g in found.groups())
+    return DataError(f"{head} {value} {tail}")
+
+
 def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Concatenate 1-D float arrays of every worker, worker 0 first; the same on
     every worker. Workers may hold different numbers of rows: each puts its rows at
@@ -239,11 +274,7 @@ def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> 
     if workers == 1:
         return arrays
 
-    @tf.function
-    def all_sum(x: tf.Tensor) -> tf.Tensor:
-        per_replica = strategy.run(tf.identity, args=(x,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    all_sum = _all_sum(strategy)
     mine = np.zeros(workers, np.float32)
     mine[rank] = len(arrays[0])
     counts = all_sum(tf.constant(mine)).numpy().round().astype(np.int64)
@@ -292,7 +323,10 @@ def evaluate(
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
         if not compiled:  # one trace: every dimension open
             compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
-        logits = compiled[0](features)
+        try:
+            logits = compiled[0](features)
+        except tf.errors.InvalidArgumentError as exc:
+            raise (_id_error(exc) or exc) from exc
         y = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
         scores.append(logits.numpy())
         targets.append(y.numpy())
@@ -318,19 +352,27 @@ class _Checkpoints:
     def exists(self) -> bool:
         return self.state.exists()
 
+    def needed_bytes(self) -> int:
+        """At least what one checkpoint takes: the model's weights."""
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.model.weights)
+
     def save(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # Write beside, then rename: a crash mid-write leaves the old checkpoint whole.
+        # Write all three beside, then rename: a write that fails (a full disk) or a
+        # crash while writing leaves the old checkpoint whole and no temporary file.
         tmp_weights = self.dir / f".{CHECKPOINT_PREFIX}.tmp.weights.h5"
         tmp_slots = self.dir / f".{CHECKPOINT_PREFIX}.tmp.optimizer.npz"
-        self.model.save_weights(tmp_weights)
-        slots = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
-        np.savez(tmp_slots, **slots)
-        os.replace(tmp_weights, self.weights)
-        os.replace(tmp_slots, self.slots)
         tmp_state = self.dir / f".{CHECKPOINT_PREFIX}.tmp.json"
-        tmp_state.write_text(json.dumps({"format": _FORMAT, **state}))
-        os.replace(tmp_state, self.state)
+        with checkpoint_write(self.dir, [tmp_weights, tmp_slots, tmp_state]):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.model.save_weights(tmp_weights)
+            slots = {f"v{i:05d}": np.asarray(v.numpy())
+                     for i, v in enumerate(self.optimizer.variables)}
+            with open(tmp_slots, "wb") as f:
+                np.savez(f, **slots)
+            tmp_state.write_text(json.dumps({"format": _FORMAT, **state}))
+            os.replace(tmp_weights, self.weights)
+            os.replace(tmp_slots, self.slots)
+            os.replace(tmp_state, self.state)
 
     def load(self) -> dict[str, Any]:
         try:
@@ -357,6 +399,59 @@ class _Checkpoints:
         for var, value in zip(variables, values, strict=True):
             var.assign(value)
         return state
+
+
+class _LabelCheck:
+    """``check(labels)``: ``None`` when every worker's float labels are finite, else
+    the first bad value seen here ("nan", "inf"), or words saying it was on another
+    worker. One small compiled reduction (summed over the workers) per batch, before
+    the step, so that a bad batch is never applied and no worker is left waiting."""
+
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        self.compiled: Any = None
+
+    def __call__(self, labels: Any) -> str | None:
+        if isinstance(labels, dict):
+            labels = next(iter(labels.values())) if len(labels) == 1 else None
+        if labels is None:
+            return None
+        labels = tf.convert_to_tensor(labels)
+        if not labels.dtype.is_floating:
+            return None
+        if self.compiled is None:
+            strategy = self.strategy
+
+            def count(y: tf.Tensor) -> tf.Tensor:
+                per_replica = strategy.run(
+                    lambda t: tf.reduce_sum(tf.cast(~tf.math.is_finite(t), tf.float32)), args=(y,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self.compiled = tf.function(count, input_signature=[_open_spec(labels)])
+        if float(self.compiled(labels)) == 0:
+            return None
+        here = labels.numpy().reshape(-1)
+        bad = here[~np.isfinite(here)]
+        return str(float(bad[0])) if bad.size else "NaN or inf on another worker"
+
+
+def _check_writable(checkpoints: _Checkpoints, strategy: tf.distribute.Strategy) -> None:
+    """The chief checks the checkpoint folder; every worker raises when it cannot."""
+    rank, workers = _worker(strategy)
+    error: CheckpointError | None = None
+    if rank == 0:
+        try:
+            check_checkpoint_dir(checkpoints.dir, checkpoints.needed_bytes())
+        except CheckpointError as exc:
+            error = exc
+    if workers > 1:
+        failed = _all_sum(strategy)(tf.constant([0.0 if error is None else 1.0]))
+        if float(failed[0]) and error is None:
+            raise CheckpointError(f"checkpoint_dir {checkpoints.dir} cannot take checkpoints "
+                                  "on the chief worker (see its error); pass another "
+                                  "checkpoint_dir")
+    if error is not None:
+        raise error
 
 
 def fit(
@@ -430,6 +525,7 @@ def fit(
     own_loss = loss_fn is None and _has_own_loss(model)
     per_row_loss = loss_fn if loss_fn is not None else _binary_crossentropy
     checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
+    label_check = _LabelCheck(strategy)
 
     def replica_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
         local = tf.cast(_rows(features, labels), tf.float32)
@@ -482,6 +578,8 @@ def fit(
         build(None)
     elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
         build(model.example_batch())
+    if checkpoints is not None:  # before any training time is spent
+        _check_writable(checkpoints, strategy)
     keys = history_keys(validation=valid_loader is not None)
     history: dict[str, list[float]] = {k: [] for k in keys}
     start_epoch = 0
@@ -511,7 +609,14 @@ def fit(
                 raise ValueError("fit: the loader yields no labels; build it with labels=")
             if not optimizer.built:
                 build(features)
-            value, rows = (float(v) for v in train_step(features, labels))
+            bad = label_check(labels)
+            if bad is not None:  # on every worker together: the count is summed over them
+                raise label_error(label_name(train_loader, labels), bad, train_loader,
+                                  f"epoch {epoch + 1}/{epochs}, step {step + 1}")
+            try:
+                value, rows = (float(v) for v in train_step(features, labels))
+            except tf.errors.InvalidArgumentError as exc:
+                raise (_id_error(exc) or exc) from exc
             if not math.isfinite(value):
                 raise NonFiniteLossError(
                     f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1}. Lower "
