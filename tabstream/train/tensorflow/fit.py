@@ -502,6 +502,12 @@ def fit(
     Raises:
         NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
             infinite, naming the epoch and step.
+        DataError: a NaN/inf label (naming the column, and the file and row of the
+            first one for a tabstream loader; checked before the step, which is
+            not applied), or an id outside its embedding table.
+        CheckpointError: (an ``OSError``) ``checkpoint_dir`` cannot be written,
+            before the first step; or a checkpoint write failed (the previous
+            checkpoint is kept, no temporary file is left).
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int):
         raise TypeError(f"fit: epochs must be an int, got {epochs!r}")

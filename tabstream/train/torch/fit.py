@@ -37,10 +37,18 @@ and the first differences); a resume that leaves nothing to train says so with a
 :class:`NothingToTrainWarning`.
 
 Continuous training: the checkpoint also records which data it was trained on
-(:func:`data_identity`: the loader's file list). ``fit(resume=True)`` with the same
-``checkpoint_dir`` on *another* file list, after the previous one was trained to
-the end, starts a new pass on it (from epoch 0, with the checkpointed model and
-optimizer); a crash inside a file list resumes inside it on that file list.
+(:func:`data_identity`: the loader's files, each with its rows, size, modification
+time and footer digest). ``fit(resume=True)`` with the same ``checkpoint_dir`` on
+*another* file list, after the previous one was trained to the end, starts a new
+pass on it (from epoch 0, with the checkpointed model and optimizer); a crash
+inside a file list resumes inside it on that file list, and is refused (naming the
+files) when files were rewritten in place since.
+
+Checked before the first step: the checkpoint folder (created, written, room for
+the model's state; :class:`CheckpointError` naming it and ``checkpoint_dir``).
+Checked every step: the labels are finite (a :class:`DataError` naming the label
+column and the first bad row's file and row); the embedding tables check their ids
+(:func:`tabstream.train.torch.embeddings.check_ids`).
 """
 
 from __future__ import annotations
@@ -315,6 +323,12 @@ def fit(
     Raises:
         NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
             infinite, naming the epoch and step; that step is not applied.
+        DataError: a NaN/inf label (naming the column, and the file and row of the
+            first one for a tabstream loader; the step is not applied), an id
+            outside its table, or a mid-epoch resume on data changed since.
+        CheckpointError: (an ``OSError``) ``checkpoint_dir`` cannot be written,
+            before the first step; or a checkpoint write failed (the previous
+            checkpoint is kept).
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
