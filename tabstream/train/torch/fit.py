@@ -349,7 +349,7 @@ def fit(
     progress = progress and rank == 0  # one progress bar and one summary line per run
     if path is not None:
         _check_writable(path.parent, model)
-    files_now = data_files(train_loader)
+    files_now = data_files(train_loader) if path is not None else None  # for checkpoints only
     data_id, data_pass = _identity(train_loader, files_now), 0
     if resume and path is not None and _checkpoint_exists(path, model):
         ckpt = _read_checkpoint(path, model, device)

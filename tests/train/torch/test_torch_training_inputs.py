@@ -198,23 +198,29 @@ def train(folder, checkpoint_dir, crash_at=None, resume=False):
     return model
 
 
-def rewrite_in_place(path):
-    """Same rows, other values: the continuous column scaled."""
+def rewrite_in_place(path, keep_mtime=False):
+    """Same rows, other values: the continuous column scaled; with ``keep_mtime``
+    the old modification time is put back (as ``cp -p`` or ``rsync -t`` would)."""
+    stat = os.stat(path)
     table = pq.read_table(path)
     i = table.schema.get_field_index("I1")
     scaled = pa.array((table["I1"].to_numpy() * 2 + 1).astype("float32"))
     pq.write_table(table.set_column(i, "I1", scaled), path)
     assert pq.read_metadata(path).num_rows == 100
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert os.stat(path).st_mtime_ns == stat.st_mtime_ns
 
 
-def test_resume_refuses_a_file_rewritten_in_place_since_the_checkpoint(tmp_path):
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_resume_refuses_a_file_rewritten_in_place_since_the_checkpoint(tmp_path, keep_mtime):
     folder = export(tmp_path)
     ck = tmp_path / "ck"
     with pytest.raises(KeyboardInterrupt):
         train(folder, ck, crash_at=5)
     assert checkpoint_position(ck) == (0, 4)
     changed = data_files(folder)[1]
-    rewrite_in_place(changed)
+    rewrite_in_place(changed, keep_mtime)
     with pytest.raises(DataError, match=(
             rf"checkpoint {re.escape(str(ck))}/checkpoint\.pt stopped inside epoch 1 \(after 4 "
             rf"batches\) of data that has changed since: {re.escape(changed)} was rewritten in "
