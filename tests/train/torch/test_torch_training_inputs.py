@@ -355,3 +355,23 @@ def test_a_checkpoint_write_failing_midway_keeps_the_previous_checkpoint(tmp_pat
     assert out["position"] == [1, 0]  # the first epoch's checkpoint, whole
     assert sorted(os.listdir(ck)) == ["checkpoint.pt"]  # no temporary file
     assert out["same"] and os.path.getsize(ck / "checkpoint.pt") == out["size"]
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_write_failing_midway_fails_on_every_rank(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.dirname(__file__))
+    import dist_helpers
+
+    data = tmp_path / "data"
+    dist_helpers.write_parquet(data, [30, 11], seed=1)
+    monkeypatch.setattr(dist_helpers, "WORKER",
+                        dist_helpers.WORKER.with_name("checkpoint_full_worker.py"))
+    outputs = dist_helpers.launch(2, "unused", tmp_path, str(data))
+    for stdout, _ in outputs:  # every rank raised, none hung, the checkpoint is as it was
+        out = json.loads(stdout.strip().splitlines()[-1])
+        assert out["error"][0] == "CheckpointError", out
+        assert re.search(rf"checkpoint_dir {re.escape(str(tmp_path / 'ck'))}", out["error"][1]), out
+        assert out["same"] and len([f for f in out["listing"] if f.endswith(".dcp")]) == 1
+    from tabstream.train.torch.fit import checkpoint_position as position
+
+    assert position(tmp_path / "ck") == (1, 0)
