@@ -250,8 +250,11 @@ def check_ids(
     ``aminmax`` per feature and one host sync for the whole batch: 1-2 ms for 65,536
     rows of 26 features on one CPU thread, next to about 175 ms for their lookups
     (``benchmarks/embedding_id_check.py``). Padding positions (mask false) are not ids
-    and are not checked.
+    and are not checked. Skipped while the model is traced (``torch.export``,
+    ``torch.compile``, TorchScript), whose graphs cannot branch on data.
     """
+    if _tracing():
+        return
     lows, highs, cards, names = [], [], [], []
     for feature, cfg, x in parsed:
         if isinstance(x, tuple):
@@ -285,6 +288,11 @@ def check_ids(
         "is cardinality - 1), or re-export the data with that workflow",
         hint="the ids and the model's table sizes come from different schemas",
     )
+
+
+def _tracing() -> bool:
+    return bool(torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                or torch.jit.is_tracing() or torch.jit.is_scripting())
 
 
 def to_ragged(
