@@ -14,7 +14,7 @@ folder, framework-free: one mechanism for both.
   size limit) leaves no temporary file and the previous checkpoint whole, and says
   which folder and setting.
 
->>> str(label_error("click", "nan", None, batch="epoch 1, step 3"))[:70]
+>>> str(label_error("click", "nan", None, at="at epoch 1, step 3"))[:70]
 "label column 'click' holds nan at epoch 1, step 3: labels must be fini"
 """
 
@@ -96,8 +96,8 @@ def first_nonfinite_label(loader: Any, column: str) -> tuple[str, int, float | N
     return None
 
 
-def label_error(column: str | None, value: str, loader: Any, batch: str) -> DataError:
-    """The error for a non-finite label seen at ``batch`` ("epoch 1, step 3"):
+def label_error(column: str | None, value: str, loader: Any, at: str) -> DataError:
+    """The error for a non-finite label seen ``at`` ("at epoch 1, step 3"):
     names the label column and, through :func:`first_nonfinite_label`, the file and
     row of the first bad one."""
     name = repr(column) if column else "(the labels)"
@@ -109,10 +109,10 @@ def label_error(column: str | None, value: str, loader: Any, batch: str) -> Data
             shown = "null, read as nan" if bad is None else bad
             where = f"; the first is row {row} (counting from 0) of {path} ({shown})"
     return DataError(
-        f"label column {name} holds {value} at {batch}: labels must be finite numbers{where}. "
+        f"label column {name} holds {value} {at}: labels must be finite numbers{where}. "
         "Drop or fill those rows before export (e.g. ops.Dropna on the label, or "
         "ops.FillMissing), or pass a loss_fn that handles them",
-        hint="fix the label column of the data; nothing was trained on this batch",
+        hint="fix the label column of the data; no step was taken on this batch",
     )
 
 
@@ -168,6 +168,7 @@ def changed_files(saved: Mapping[str, str], now: Mapping[str, str]) -> list[str]
 # -- the checkpoint folder ------------------------------------------------------------
 
 _PROBE_CAP = 16 * 2**20
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
 def check_checkpoint_dir(folder: str | os.PathLike[str], needed_bytes: int,
@@ -187,9 +188,11 @@ def check_checkpoint_dir(folder: str | os.PathLike[str], needed_bytes: int,
         fd, probe = tempfile.mkstemp(prefix=".tabstream-write-check-", dir=folder)
         try:
             size = max(1, min(int(needed_bytes), _PROBE_CAP))
-            if hasattr(os, "posix_fallocate"):
+            try:
                 os.posix_fallocate(fd, 0, size)
-            else:  # pragma: no cover - not on Linux
+            except (AttributeError, OSError) as exc:  # no fallocate here: one byte, then
+                if isinstance(exc, OSError) and exc.errno not in _NO_FALLOCATE:
+                    raise
                 os.write(fd, b"\0")
         finally:
             os.close(fd)

@@ -98,6 +98,30 @@ def _keras_label(bad):
     return run
 
 
+def _validation_label(framework):
+    def run(tmp):
+        import tabstream as ts
+
+        folder = _export(tmp, np.nan)
+        ds = ts.Dataset(str(folder))
+        try:
+            if framework == "torch":
+                from tabstream.loaders.torch import Loader
+                from tabstream.train.torch import DLRM, evaluate
+
+                evaluate(DLRM(ds.schema, embedding_dim=8), Loader(ds, batch_size=64, shuffle=False))
+            else:
+                from tabstream.loaders.tensorflow import Loader
+                from tabstream.train.tensorflow import DLRM, evaluate
+
+                evaluate(DLRM(ds.schema, embedding_dim=8, bottom_mlp=(8,), top_mlp=(8,)),
+                         Loader(ds, batch_size=64, shuffle=False))
+        except DataError as exc:
+            _expect_named(exc, folder)
+            raise
+    return run
+
+
 def _cli_label(tmp):
     folder = _export(tmp, np.nan, bad_row=20)  # the first file this time
     try:
@@ -275,6 +299,10 @@ CASES = [
      _LABEL.format("nan") + r"the first is row 50 .*part_00001\.parquet"),
     ("keras: inf label", _keras_label(np.inf), DataError,
      _LABEL.format("inf") + r"the first is row 50 .*part_00001\.parquet \(inf\)"),
+    ("torch: NaN validation label", _validation_label("torch"), DataError,
+     r"label column 'click' holds nan in the evaluated data: .*row 50 .*part_00001\.parquet"),
+    ("keras: NaN validation label", _validation_label("keras"), DataError,
+     r"label column 'click' holds nan in the evaluated data: .*row 50 .*part_00001\.parquet"),
     ("cli: NaN label", _cli_label, CliFailed,
      r"DataError: label column 'click' holds nan .*row 20 \(counting from 0\) of "
      r".*part_00000\.parquet"),

@@ -316,10 +316,12 @@ def evaluate(
 
     compiled: list[Any] = []
     scores, targets, losses = [], [], []
+    name = None
     for batch in loader:
         features, labels = _unpack(batch, "evaluate")
         if labels is None:
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
+        name = name or label_name(loader, labels)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
         if not compiled:  # one trace: every dimension open
             compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
@@ -335,6 +337,9 @@ def evaluate(
     s, y, per_row = _gather_rows(strategy, local)
     if y.size == 0:
         raise ValueError("evaluate: the loader yielded no rows")
+    bad = y[~np.isfinite(y)]  # every worker holds every row here: all raise together
+    if bad.size:
+        raise label_error(name, str(float(bad[0])), loader, "in the evaluated data")
     return {"loss": float(np.mean(per_row)), "log_loss": log_loss(y, s), "auc": roc_auc(y, s)}
 
 
@@ -618,7 +623,7 @@ def fit(
             bad = label_check(labels)
             if bad is not None:  # on every worker together: the count is summed over them
                 raise label_error(label_name(train_loader, labels), bad, train_loader,
-                                  f"epoch {epoch + 1}/{epochs}, step {step + 1}")
+                                  f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
             try:
                 value, rows = (float(v) for v in train_step(features, labels))
             except tf.errors.InvalidArgumentError as exc:

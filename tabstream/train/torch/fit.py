@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -186,9 +187,11 @@ def evaluate(
     model.eval()
     total, n = 0.0, 0
     all_logits, all_labels = [], []
+    name = None
     try:
         for batch in loader:
             features, labels = _unpack(batch, "evaluate")
+            name = name or label_name(loader, batch[1])
             features, labels = move_to_device(features, device), move_to_device(labels, device)
             size = _batch_size(features, labels)
             loss, logits = _loss(model, features, labels, loss_fn)
@@ -204,6 +207,9 @@ def evaluate(
     out = {"loss": total / n if n else float("nan"), "samples": float(n)}
     if all_labels:
         y, z = torch.cat(all_labels).numpy(), torch.cat(all_logits).numpy()
+        bad = y[~np.isfinite(y)]  # every rank holds every row here: all raise together
+        if bad.size:
+            raise label_error(name, str(float(bad[0])), loader, "in the evaluated data")
         out["log_loss"] = log_loss(y, z)
         out["auc"] = roc_auc(y, z)
     else:
@@ -416,7 +422,7 @@ def fit(
                 if not labels_ok:  # every rank raises: a rank left alone would hang
                     raise label_error(
                         label_name(train_loader, batch[1]), labels_bad or "NaN or inf on another rank",
-                        train_loader, f"epoch {epoch + 1}/{epochs}, step {step + 1}")
+                        train_loader, f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
                 if not finite:  # on every rank together: a rank left alone would hang
                     raise NonFiniteLossError(
                         f"loss is {_nonfinite_text(value)} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "

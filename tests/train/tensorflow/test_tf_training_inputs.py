@@ -197,3 +197,17 @@ def test_a_full_checkpoint_dir_fails_before_training_and_midway_keeps_the_previo
     assert out["same"] and out["state"] == 1  # the first epoch's checkpoint, whole
     assert out["files"] == ["checkpoint.json", "checkpoint.optimizer.npz",
                             "checkpoint.weights.h5"]  # no temporary file
+
+
+def test_a_non_finite_validation_label_is_named_too(tmp_path):
+    from tabstream.loaders.tensorflow import Loader
+    from tabstream.train.tensorflow import evaluate
+
+    folder = export(tmp_path, bad_label=np.inf)
+    path = data_files(folder)[1]
+    row = int(np.flatnonzero(~np.isfinite(pd.read_parquet(path)["click"].to_numpy()))[0])
+    ds = ts.Dataset(str(folder))
+    with pytest.raises(DataError, match=(
+            rf"label column 'click' holds inf in the evaluated data: labels must be finite "
+            rf"numbers; the first is row {row} \(counting from 0\) of {re.escape(path)} \(inf\)")):
+        evaluate(model_for(ds.schema), Loader(ds, batch_size=64, shuffle=False))

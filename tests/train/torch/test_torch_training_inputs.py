@@ -375,3 +375,16 @@ def test_a_sharded_checkpoint_write_failing_midway_fails_on_every_rank(tmp_path,
     from tabstream.train.torch.fit import checkpoint_position as position
 
     assert position(tmp_path / "ck") == (1, 0)
+
+
+def test_a_non_finite_validation_label_is_named_too(tmp_path):
+    from tabstream.train.torch import evaluate
+
+    folder = export(tmp_path, bad_label=np.nan)
+    path, row = first_bad_label(folder)
+    ds = ts.Dataset(str(folder))
+    model = DLRM(ds.schema, embedding_dim=8)
+    with pytest.raises(DataError, match=(
+            rf"label column 'click' holds nan in the evaluated data: labels must be finite "
+            rf"numbers; the first is row {row} \(counting from 0\) of {re.escape(path)}")):
+        evaluate(model, Loader(ds, batch_size=64, shuffle=False))
