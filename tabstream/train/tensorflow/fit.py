@@ -449,12 +449,19 @@ def _check_writable(checkpoints: _Checkpoints, strategy: tf.distribute.Strategy)
             check_checkpoint_dir(checkpoints.dir, checkpoints.needed_bytes())
         except CheckpointError as exc:
             error = exc
+    _raise_together(strategy, error, f"checkpoint_dir {checkpoints.dir} cannot take "
+                    "checkpoints on the chief worker (see its error); pass another checkpoint_dir")
+
+
+def _raise_together(strategy: tf.distribute.Strategy, error: CheckpointError | None,
+                    elsewhere: str) -> None:
+    """Raise ``error`` here and a CheckpointError saying ``elsewhere`` on the other
+    workers (one small all-reduce under several workers), so that none waits alone."""
+    _, workers = _worker(strategy)
     if workers > 1:
         failed = _all_sum(strategy)(tf.constant([0.0 if error is None else 1.0]))
         if float(failed[0]) and error is None:
-            raise CheckpointError(f"checkpoint_dir {checkpoints.dir} cannot take checkpoints "
-                                  "on the chief worker (see its error); pass another "
-                                  "checkpoint_dir")
+            raise CheckpointError(elsewhere)
     if error is not None:
         raise error
 
@@ -647,6 +654,14 @@ def fit(
                             metrics=metrics)
         if show:
             print(line, flush=True)
-        if checkpoints is not None and rank == 0:
-            checkpoints.save({"epoch": epoch + 1, "history": history})
+        if checkpoints is not None:
+            failure = None
+            if rank == 0:
+                try:
+                    checkpoints.save({"epoch": epoch + 1, "history": history})
+                except CheckpointError as exc:
+                    failure = exc
+            _raise_together(strategy, failure, f"checkpoint_dir {checkpoints.dir}: the chief "
+                            "could not write its checkpoint (see its error); the previous one "
+                            "is kept")
     return history

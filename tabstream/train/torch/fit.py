@@ -412,8 +412,8 @@ def fit(
             for step, batch in enumerate(train_loader):
                 if step < skip:  # trained before the checkpoint we resumed from
                     continue
-                features, raw_labels = _unpack(batch, "fit")
-                features, labels = move_to_device(features, device), move_to_device(raw_labels, device)
+                features, labels = _unpack(batch, "fit")
+                features, labels = move_to_device(features, device), move_to_device(labels, device)
                 labels_bad = _nonfinite_labels(labels)
                 loss, _ = _loss(model, features, labels, loss_fn)
                 value = float(loss.detach())
