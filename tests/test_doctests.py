@@ -42,6 +42,7 @@ RUNNABLE = [
     "tabstream.pipeline.workflow",
     "tabstream.testing",
     "tabstream.train.cache_store",
+    "tabstream.train.checks",
     "tabstream.train.history",
     "tabstream.train.metrics",
     "tabstream.train.runner",

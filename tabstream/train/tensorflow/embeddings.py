@@ -50,7 +50,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tabstream.core.errors import SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.schema import Schema
 from tabstream.train.spec import check_threshold, feature_spec
 from tabstream.train.tables import TableConfig
@@ -59,6 +59,7 @@ from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 __all__ = [
     "EmbeddingTable",
     "EmbeddingTables",
+    "check_ids",
     "embedding_tables_from_schema",
     "split_embeddings_on_size",
 ]
@@ -128,13 +129,14 @@ class EmbeddingTable(keras.layers.Layer):
     def dim(self) -> int:
         return self.config.dim
 
-    def _gather(self, ids: tf.Tensor) -> tf.Tensor:
+    def _gather(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
         # Gathering from the tf.Variable (not from a tensor read of it) reads only the
         # requested rows and yields an IndexedSlices gradient.
+        ids = check_ids(ids, self.config, feature or self.config.name)
         return tf.gather(self.embeddings.value, ids)
 
     @_no_autograph
-    def call(self, ids: tf.Tensor) -> tf.Tensor:
+    def call(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
         ids = tf.convert_to_tensor(ids)
         if ids.shape.rank == 2 and ids.shape[1] == 1:
             ids = tf.squeeze(ids, axis=1)
@@ -143,12 +145,13 @@ class EmbeddingTable(keras.layers.Layer):
                 f"table {self.config.name!r}: single-hot lookups take ids of shape [B] or "
                 f"[B, 1], got {ids.shape}; pass list features through EmbeddingTables"
             )
-        return self._gather(ids)
+        return self._gather(ids, feature)
 
     @_no_autograph
-    def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
+    def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
+             feature: str | None = None) -> tf.Tensor:
         """Pool flat ids ``values`` belonging to rows ``row_ids`` into ``[nrows, dim]``."""
-        emb = self._gather(values)
+        emb = self._gather(values, feature)
         row_ids = tf.cast(row_ids, tf.int32)
         nrows = tf.cast(nrows, tf.int32)
         pooled = tf.math.unsorted_segment_sum(emb, row_ids, nrows)
@@ -166,6 +169,44 @@ class EmbeddingTable(keras.layers.Layer):
             }
         )
         return config
+
+
+#: What the in-graph check's message starts with; ``fit`` turns the
+#: ``InvalidArgumentError`` that carries it into a :class:`DataError`.
+ID_CHECK_MARK = "is outside embedding table"
+
+
+def check_ids(ids: tf.Tensor, config: TableConfig, feature: str) -> tf.Tensor:
+    """``ids``, checked ``0 <= id < cardinality``: an id outside the table names the
+    feature, the id and the cardinality (``tf.gather`` fails on CPU without naming
+    them and returns zeros on GPU). Eagerly a :class:`DataError`; inside a
+    ``tf.function`` a ``tf.debugging.Assert`` (an ``InvalidArgumentError`` with the
+    same words, which :func:`tabstream.train.tensorflow.fit` raises as a DataError).
+    Costs a min and a max per feature and batch (``benchmarks/embedding_id_check.py``).
+    XLA (``jit_compile=True``) drops asserts: there the check does not run."""
+    ids = tf.convert_to_tensor(ids)
+    card = config.cardinality
+    if tf.executing_eagerly():
+        if int(tf.size(ids)) == 0:
+            return ids
+        low, high = int(tf.reduce_min(ids)), int(tf.reduce_max(ids))
+        if low < 0 or high >= card:
+            raise DataError(id_error_text(feature, config.name, low if low < 0 else high, card))
+        return ids
+    low, high = tf.reduce_min(ids), tf.reduce_max(ids)  # empty: +max and -max, both pass
+    ok = tf.logical_and(low >= 0, high < tf.cast(card, high.dtype))
+    bad = tf.where(low < 0, low, high)
+    head, tail = id_error_text(feature, config.name, -1, card).split(" -1 ", 1)
+    check = tf.debugging.Assert(ok, [head, bad, tail])
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
+
+
+def id_error_text(feature: str, table: str, value: int, cardinality: int) -> str:
+    return (f"categorical feature {feature!r}: id {value} {ID_CHECK_MARK} {table!r} of "
+            f"cardinality {cardinality} (expected 0 <= id < {cardinality}). Was the data "
+            "encoded by another workflow than the one whose schema built the model? Build "
+            "the model from the export's schema, or re-export the data with that workflow")
 
 
 def _masked_ids(
@@ -221,16 +262,17 @@ def _per_id_padded(table: EmbeddingTable, name: str, ids: tf.Tensor,
     """``(vectors [*ids.shape, dim], mask)``: only the real positions are gathered
     (padding gets no gradient rows), zeros elsewhere."""
     mask, where = _real_positions(name, ids, mask)
-    rows = table._gather(tf.gather_nd(ids, where))
+    rows = table._gather(tf.gather_nd(ids, where), name)
     shape = tf.concat([tf.shape(ids, out_type=tf.int64), [table.dim]], axis=0)
     return tf.scatter_nd(where, rows, shape), mask
 
 
 def _per_id_ragged(table: EmbeddingTable, values: tf.Tensor, row_ids: tf.Tensor,
-                   nrows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                   nrows: tf.Tensor, feature: str | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Flat ids of rows ``row_ids`` looked up per id: ``[B, L, dim]`` and ``[B, L]``,
     ``L`` the longest list of the batch."""
-    ragged = tf.RaggedTensor.from_value_rowids(table._gather(values), tf.cast(row_ids, tf.int64),
+    ragged = tf.RaggedTensor.from_value_rowids(table._gather(values, feature),
+                                               tf.cast(row_ids, tf.int64),
                                                nrows=tf.cast(nrows, tf.int64), validate=False)
     mask = tf.sequence_mask(ragged.row_lengths())
     return ragged.to_tensor(), mask
@@ -385,13 +427,13 @@ class EmbeddingTables(keras.layers.Layer):
                 width = tf.shape(ids)[-1]
                 flat = _masked_ids(name, tf.reshape(ids, [-1, width]),
                                    tf.reshape(tf.cast(mask, tf.bool), [-1, width]))
-                pooled = table.pool(*flat)
+                pooled = table.pool(*flat, feature=name)
                 return tf.reshape(pooled, tf.concat([lead, [table.dim]], axis=0))
         flat = _flat_list_ids(name, features)
         if flat is not None and per_id:
-            return _per_id_ragged(table, *flat)
+            return _per_id_ragged(table, *flat, feature=name)
         if flat is not None:
-            return table.pool(*flat)
+            return table.pool(*flat, feature=name)
         ids = tf.convert_to_tensor(features[name])
         if name not in self.list_features:
             if ids.shape.rank is not None and ids.shape.rank > 1 and ids.shape[-1] != 1:
@@ -399,13 +441,13 @@ class EmbeddingTables(keras.layers.Layer):
                     f"feature {name!r} is not a list feature but got ids of shape {ids.shape}; "
                     "mark the column is_list=True in the schema (or pass list_features=)"
                 )
-            return table(ids)
+            return table(ids, feature=name)
         if ids.shape.rank != 2:
             raise ValueError(
                 f"list feature {name!r}: expected padded ids [B, L], a RaggedTensor or "
                 f"(values, offsets), got a dense tensor of shape {ids.shape}"
             )
-        return table.pool(*_masked_ids(name, ids, features.get(name + MASK_SUFFIX)))
+        return table.pool(*_masked_ids(name, ids, features.get(name + MASK_SUFFIX)), feature=name)
 
     @_no_autograph
     def call(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:

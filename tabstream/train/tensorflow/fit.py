@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sized
@@ -58,12 +59,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.core.errors import SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
+from tabstream.train.checks import (
+    CheckpointError,
+    check_checkpoint_dir,
+    checkpoint_write,
+    label_error,
+    label_name,
+)
 from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.metrics import log_loss, roc_auc
+from tabstream.train.tensorflow.embeddings import ID_CHECK_MARK
 
 __all__ = [
+    "CheckpointError",
     "LogLoss",
     "NonFiniteLossError",
     "NothingToTrainWarning",
@@ -232,6 +242,31 @@ def _check_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
             )
 
 
+def _all_sum(strategy: tf.distribute.Strategy) -> Any:
+    """A function summing a float tensor over the workers (one replica each)."""
+
+    @tf.function
+    def all_sum(x: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(x,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return all_sum
+
+
+def _id_error(exc: tf.errors.InvalidArgumentError) -> DataError | None:
+    """The DataError for an id outside its table that the in-graph check
+    (:func:`~tabstream.train.tensorflow.embeddings.check_ids`) raised, else None."""
+    text = exc.message if isinstance(exc.message, str) else str(exc)
+    if ID_CHECK_MARK not in text:
+        return None
+    found = re.search(r"assertion failed: \[(.*?)\] \[(-?\d+)\] \[(.*?)\]\s*(?:\n|\[\[|$)",
+                      text, re.S)
+    if found is None:
+        return DataError(text.strip().splitlines()[0])
+    head, value, tail = (g.replace("\\'", "'") for g in found.groups())
+    return DataError(f"{head} {value} {tail}")
+
+
 def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Concatenate 1-D float arrays of every worker, worker 0 first; the same on
     every worker. Workers may hold different numbers of rows: each puts its rows at
@@ -240,11 +275,7 @@ def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> 
     if workers == 1:
         return arrays
 
-    @tf.function
-    def all_sum(x: tf.Tensor) -> tf.Tensor:
-        per_replica = strategy.run(tf.identity, args=(x,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    all_sum = _all_sum(strategy)
     mine = np.zeros(workers, np.float32)
     mine[rank] = len(arrays[0])
     counts = all_sum(tf.constant(mine)).numpy().round().astype(np.int64)
@@ -286,14 +317,19 @@ def evaluate(
 
     compiled: list[Any] = []
     scores, targets, losses = [], [], []
+    name = None
     for batch in loader:
         features, labels = _unpack(batch, "evaluate")
         if labels is None:
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
+        name = name or label_name(loader, labels)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
         if not compiled:  # one trace: every dimension open
             compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
-        logits = compiled[0](features)
+        try:
+            logits = compiled[0](features)
+        except tf.errors.InvalidArgumentError as exc:
+            raise (_id_error(exc) or exc) from exc
         y = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
         scores.append(logits.numpy())
         targets.append(y.numpy())
@@ -302,6 +338,9 @@ def evaluate(
     s, y, per_row = _gather_rows(strategy, local)
     if y.size == 0:
         raise ValueError("evaluate: the loader yielded no rows")
+    bad = y[~np.isfinite(y)]  # every worker holds every row here: all raise together
+    if bad.size:
+        raise label_error(name, str(float(bad[0])), loader, "in the evaluated data")
     return {"loss": float(np.mean(per_row)), "log_loss": log_loss(y, s), "auc": roc_auc(y, s)}
 
 
@@ -319,19 +358,27 @@ class _Checkpoints:
     def exists(self) -> bool:
         return self.state.exists()
 
+    def needed_bytes(self) -> int:
+        """At least what one checkpoint takes: the model's weights."""
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.model.weights)
+
     def save(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # Write beside, then rename: a crash mid-write leaves the old checkpoint whole.
+        # Write all three beside, then rename: a write that fails (a full disk) or a
+        # crash while writing leaves the old checkpoint whole and no temporary file.
         tmp_weights = self.dir / f".{CHECKPOINT_PREFIX}.tmp.weights.h5"
         tmp_slots = self.dir / f".{CHECKPOINT_PREFIX}.tmp.optimizer.npz"
-        self.model.save_weights(tmp_weights)
-        slots = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
-        np.savez(tmp_slots, **slots)
-        os.replace(tmp_weights, self.weights)
-        os.replace(tmp_slots, self.slots)
         tmp_state = self.dir / f".{CHECKPOINT_PREFIX}.tmp.json"
-        tmp_state.write_text(json.dumps({"format": _FORMAT, **state}))
-        os.replace(tmp_state, self.state)
+        with checkpoint_write(self.dir, [tmp_weights, tmp_slots, tmp_state]):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.model.save_weights(tmp_weights)
+            slots = {f"v{i:05d}": np.asarray(v.numpy())
+                     for i, v in enumerate(self.optimizer.variables)}
+            with open(tmp_slots, "wb") as f:
+                np.savez(f, **slots)
+            tmp_state.write_text(json.dumps({"format": _FORMAT, **state}))
+            os.replace(tmp_weights, self.weights)
+            os.replace(tmp_slots, self.slots)
+            os.replace(tmp_state, self.state)
 
     def load(self) -> dict[str, Any]:
         try:
@@ -358,6 +405,66 @@ class _Checkpoints:
         for var, value in zip(variables, values, strict=True):
             var.assign(value)
         return state
+
+
+class _LabelCheck:
+    """``check(labels)``: ``None`` when every worker's float labels are finite, else
+    the first bad value seen here ("nan", "inf"), or words saying it was on another
+    worker. One small compiled reduction (summed over the workers) per batch, before
+    the step, so that a bad batch is never applied and no worker is left waiting."""
+
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        self.compiled: Any = None
+
+    def __call__(self, labels: Any) -> str | None:
+        if isinstance(labels, dict):
+            labels = next(iter(labels.values())) if len(labels) == 1 else None
+        if labels is None:
+            return None
+        labels = tf.convert_to_tensor(labels)
+        if not labels.dtype.is_floating:
+            return None
+        if self.compiled is None:
+            strategy = self.strategy
+
+            def count(y: tf.Tensor) -> tf.Tensor:
+                per_replica = strategy.run(
+                    lambda t: tf.reduce_sum(tf.cast(~tf.math.is_finite(t), tf.float32)), args=(y,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self.compiled = tf.function(count, input_signature=[_open_spec(labels)])
+        if float(self.compiled(labels)) == 0:
+            return None
+        here = labels.numpy().reshape(-1)
+        bad = here[~np.isfinite(here)]
+        return str(float(bad[0])) if bad.size else "NaN or inf on another worker"
+
+
+def _check_writable(checkpoints: _Checkpoints, strategy: tf.distribute.Strategy) -> None:
+    """The chief checks the checkpoint folder; every worker raises when it cannot."""
+    rank, workers = _worker(strategy)
+    error: CheckpointError | None = None
+    if rank == 0:
+        try:
+            check_checkpoint_dir(checkpoints.dir, checkpoints.needed_bytes())
+        except CheckpointError as exc:
+            error = exc
+    _raise_together(strategy, error, f"checkpoint_dir {checkpoints.dir} cannot take "
+                    "checkpoints on the chief worker (see its error); pass another checkpoint_dir")
+
+
+def _raise_together(strategy: tf.distribute.Strategy, error: CheckpointError | None,
+                    elsewhere: str) -> None:
+    """Raise ``error`` here and a CheckpointError saying ``elsewhere`` on the other
+    workers (one small all-reduce under several workers), so that none waits alone."""
+    _, workers = _worker(strategy)
+    if workers > 1:
+        failed = _all_sum(strategy)(tf.constant([0.0 if error is None else 1.0]))
+        if float(failed[0]) and error is None:
+            raise CheckpointError(elsewhere)
+    if error is not None:
+        raise error
 
 
 def fit(
@@ -408,6 +515,12 @@ def fit(
     Raises:
         NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
             infinite, naming the epoch and step.
+        DataError: a NaN/inf label (naming the column, and the file and row of the
+            first one for a tabstream loader; checked before the step, which is
+            not applied), or an id outside its embedding table.
+        CheckpointError: (an ``OSError``) ``checkpoint_dir`` cannot be written,
+            before the first step; or a checkpoint write failed (the previous
+            checkpoint is kept, no temporary file is left).
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int):
         raise TypeError(f"fit: epochs must be an int, got {epochs!r}")
@@ -431,6 +544,7 @@ def fit(
     own_loss = loss_fn is None and _has_own_loss(model)
     per_row_loss = loss_fn if loss_fn is not None else _binary_crossentropy
     checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
+    label_check = _LabelCheck(strategy)
 
     def replica_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
         local = tf.cast(_rows(features, labels), tf.float32)
@@ -483,6 +597,8 @@ def fit(
         build(None)
     elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
         build(model.example_batch())
+    if checkpoints is not None:  # before any training time is spent
+        _check_writable(checkpoints, strategy)
     keys = history_keys(validation=valid_loader is not None)
     history: dict[str, list[float]] = {k: [] for k in keys}
     start_epoch = 0
@@ -512,7 +628,14 @@ def fit(
                 raise ValueError("fit: the loader yields no labels; build it with labels=")
             if not optimizer.built:
                 build(features)
-            value, rows = (float(v) for v in train_step(features, labels))
+            bad = label_check(labels)
+            if bad is not None:  # on every worker together: the count is summed over them
+                raise label_error(label_name(train_loader, labels), bad, train_loader,
+                                  f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
+            try:
+                value, rows = (float(v) for v in train_step(features, labels))
+            except tf.errors.InvalidArgumentError as exc:
+                raise (_id_error(exc) or exc) from exc
             if not math.isfinite(value):
                 raise NonFiniteLossError(
                     f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1}. Lower "
@@ -532,6 +655,14 @@ def fit(
                             metrics=metrics)
         if show:
             print(line, flush=True)
-        if checkpoints is not None and rank == 0:
-            checkpoints.save({"epoch": epoch + 1, "history": history})
+        if checkpoints is not None:
+            failure = None
+            if rank == 0:
+                try:
+                    checkpoints.save({"epoch": epoch + 1, "history": history})
+                except CheckpointError as exc:
+                    failure = exc
+            _raise_together(strategy, failure, f"checkpoint_dir {checkpoints.dir}: the chief "
+                            "could not write its checkpoint (see its error); the previous one "
+                            "is kept")
     return history

@@ -37,10 +37,18 @@ and the first differences); a resume that leaves nothing to train says so with a
 :class:`NothingToTrainWarning`.
 
 Continuous training: the checkpoint also records which data it was trained on
-(:func:`data_identity`: the loader's file list). ``fit(resume=True)`` with the same
-``checkpoint_dir`` on *another* file list, after the previous one was trained to
-the end, starts a new pass on it (from epoch 0, with the checkpointed model and
-optimizer); a crash inside a file list resumes inside it on that file list.
+(:func:`data_identity`: the loader's files, each with its rows, size, modification
+time and footer digest). ``fit(resume=True)`` with the same ``checkpoint_dir`` on
+*another* file list, after the previous one was trained to the end, starts a new
+pass on it (from epoch 0, with the checkpointed model and optimizer); a crash
+inside a file list resumes inside it on that file list, and is refused (naming the
+files) when files were rewritten in place since.
+
+Checked before the first step: the checkpoint folder (created, written, room for
+the model's state; :class:`CheckpointError` naming it and ``checkpoint_dir``).
+Checked every step: the labels are finite (a :class:`DataError` naming the label
+column and the first bad row's file and row); the embedding tables check their ids
+(:func:`tabstream.train.torch.embeddings.check_ids`).
 """
 
 from __future__ import annotations
@@ -54,17 +62,28 @@ from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from tabstream.core.errors import DataError, SchemaError, TabstreamError
+from tabstream.train.checks import (
+    CheckpointError,
+    changed_files,
+    check_checkpoint_dir,
+    checkpoint_write,
+    data_files,
+    label_error,
+    label_name,
+)
 from tabstream.train.history import history_keys, record_epoch
 from tabstream.train.torch.metrics import log_loss, roc_auc
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "CheckpointError",
     "NonFiniteLossError",
     "NothingToTrainWarning",
     "checkpoint_position",
@@ -168,9 +187,11 @@ def evaluate(
     model.eval()
     total, n = 0.0, 0
     all_logits, all_labels = [], []
+    name = None
     try:
         for batch in loader:
             features, labels = _unpack(batch, "evaluate")
+            name = name or label_name(loader, batch[1])
             features, labels = move_to_device(features, device), move_to_device(labels, device)
             size = _batch_size(features, labels)
             loss, logits = _loss(model, features, labels, loss_fn)
@@ -186,6 +207,9 @@ def evaluate(
     out = {"loss": total / n if n else float("nan"), "samples": float(n)}
     if all_labels:
         y, z = torch.cat(all_labels).numpy(), torch.cat(all_logits).numpy()
+        bad = y[~np.isfinite(y)]  # every rank holds every row here: all raise together
+        if bad.size:
+            raise label_error(name, str(float(bad[0])), loader, "in the evaluated data")
         out["log_loss"] = log_loss(y, z)
         out["auc"] = roc_auc(y, z)
     else:
@@ -258,10 +282,12 @@ _OTHER_MODEL_HINT = ("the checkpoint belongs to another training run: pass anoth
 
 
 def _save(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # a reader sees the old or the new checkpoint, never half of one
+    with checkpoint_write(path.parent, [tmp]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:  # a Python file: a failed write is an OSError with its errno
+            torch.save(payload, f)
+        os.replace(tmp, path)  # a reader sees the old or the new checkpoint, never half of one
 
 
 def fit(
@@ -303,6 +329,12 @@ def fit(
     Raises:
         NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
             infinite, naming the epoch and step; that step is not applied.
+        DataError: a NaN/inf label (naming the column, and the file and row of the
+            first one for a tabstream loader; the step is not applied), an id
+            outside its table, or a mid-epoch resume on data changed since.
+        CheckpointError: (an ``OSError``) ``checkpoint_dir`` cannot be written,
+            before the first step; or a checkpoint write failed (the previous
+            checkpoint is kept).
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
@@ -321,7 +353,10 @@ def fit(
     loss_sum, samples = 0.0, 0
     rank, _ = _ranks()
     progress = progress and rank == 0  # one progress bar and one summary line per run
-    data_id, data_pass = data_identity(train_loader), 0
+    if path is not None:
+        _check_writable(path.parent, model)
+    files_now = data_files(train_loader) if path is not None else None  # for checkpoints only
+    data_id, data_pass = _identity(train_loader, files_now), 0
     if resume and path is not None and _checkpoint_exists(path, model):
         ckpt = _read_checkpoint(path, model, device)
         _check_same_model(path, _checkpointed(model), ckpt)
@@ -339,7 +374,8 @@ def fit(
         start_epoch, skip, global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         loss_sum, samples = ckpt["loss_sum"], ckpt["samples"]
         history = {k: list(ckpt["history"].get(k, [])) for k in keys}
-        start_epoch, skip, data_pass = _continue_on(path, ckpt, data_id, start_epoch, skip, epochs)
+        start_epoch, skip, data_pass = _continue_on(path, ckpt, data_id, start_epoch, skip, epochs,
+                                                    files_now, train_loader)
         if start_epoch >= epochs:
             warnings.warn(
                 f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) and "
@@ -359,7 +395,7 @@ def fit(
             "rng": torch.random.get_rng_state(),
             "epoch": epoch, "step": step, "global_step": global_step,
             "loss_sum": rank_loss_sum, "samples": rank_samples, "history": history,
-            "data_id": data_id or "", "data_pass": data_pass,
+            "data_id": data_id or "", "data_pass": data_pass, "data_files": files_now or {},
         })
 
     for epoch in range(start_epoch, epochs):
@@ -378,10 +414,15 @@ def fit(
                     continue
                 features, labels = _unpack(batch, "fit")
                 features, labels = move_to_device(features, device), move_to_device(labels, device)
+                labels_bad = _nonfinite_labels(labels)
                 loss, _ = _loss(model, features, labels, loss_fn)
                 value = float(loss.detach())
                 size = _batch_size(features, labels)
-                global_size, finite = _agree_on_step(value, size)
+                global_size, finite, labels_ok = _agree_on_step(value, size, labels_bad)
+                if not labels_ok:  # every rank raises: a rank left alone would hang
+                    raise label_error(
+                        label_name(train_loader, batch[1]), labels_bad or "NaN or inf on another rank",
+                        train_loader, f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
                 if not finite:  # on every rank together: a rank left alone would hang
                     raise NonFiniteLossError(
                         f"loss is {_nonfinite_text(value)} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "
@@ -433,32 +474,62 @@ def fit(
 
 def data_identity(loader: Any) -> str | None:
     """What a checkpoint records of the data it was trained on: ``loader.data_id``
-    when the loader has one, else a hash of a tabstream loader's file list and row
-    count; ``None`` (unknown) for other iterables."""
+    when the loader has one, else a hash of a tabstream loader's files: their
+    names and rows, and each file's size, modification time and parquet footer
+    (:func:`tabstream.train.checks.data_files`), so that a file rewritten in place
+    is other data; ``None`` (unknown) for other iterables."""
+    return _identity(loader, data_files(loader))
+
+
+def _identity(loader: Any, files: dict[str, str] | None) -> str | None:
     given = getattr(loader, "data_id", None)
     if given is not None:
         return str(given)
-    source = getattr(getattr(loader, "core", None), "source", None)
-    files = getattr(source, "files", None)
     if not files:
         return None
-    text = "\n".join(sorted(str(f) for f in files)) + f"\n{getattr(source, 'num_rows', '')}"
+    source = loader.core.source
+    text = "\n".join(f"{f} {files[f]}" for f in sorted(files)) + f"\n{source.num_rows}"
+    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _names_identity(loader: Any) -> str | None:
+    """The identity checkpoints before the file records had (names and row count)."""
+    source = getattr(getattr(loader, "core", None), "source", None)
+    if source is None or not source.files:
+        return None
+    text = "\n".join(sorted(str(f) for f in source.files)) + f"\n{source.num_rows}"
     return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _continue_on(path: Path | None, ckpt: dict[str, Any], data_id: str | None,
-                 start_epoch: int, skip: int, epochs: int) -> tuple[int, int, int]:
+                 start_epoch: int, skip: int, epochs: int,
+                 files_now: dict[str, str] | None = None,
+                 loader: Any = None) -> tuple[int, int, int]:
     """``(start epoch, batches to skip, pass)`` for a resume: continuous training.
 
     The same data (or data of unknown identity) resumes where the checkpoint
     stopped. Other data after a finished one starts a new pass over it (epoch 0,
     model and optimizer as checkpointed); other data while the checkpoint stopped
-    inside its own is refused."""
+    inside its own is refused, naming the files rewritten in place when the file
+    list is the same."""
     saved, data_pass = ckpt.get("data_id") or None, int(ckpt.get("data_pass", 0))
     if saved is None or data_id is None or saved == data_id:
         return start_epoch, skip, data_pass
+    if saved == _names_identity(loader):
+        return start_epoch, skip, data_pass  # a checkpoint of an older version: names only
     if skip == 0 and start_epoch >= epochs:
         return 0, 0, data_pass + 1
+    changed = changed_files(ckpt.get("data_files") or {}, files_now or {})
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise DataError(
+            f"fit: checkpoint {path} stopped inside epoch {start_epoch + 1} (after {skip} "
+            f"batches) of data that has changed since: {', '.join(changed[:3])}{more} was "
+            "rewritten in place (size, modification time or parquet footer differ from "
+            "the checkpoint's record), so the batches already trained cannot be skipped",
+            hint="resume on the data the checkpoint was written with, or start over with "
+            "resume=False (tabstream train: --no-resume)",
+        )
     raise DataError(
         f"fit: checkpoint {path} stopped inside another file list (epoch {start_epoch + 1}, "
         f"after {skip} batches; data {saved}, this loader's data {data_id})",
@@ -526,12 +597,47 @@ def _all_reduce(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _agree_on_step(value: float, size: int) -> tuple[int, bool]:
-    """``(rows in the global batch, loss finite on every rank)``: one small all-reduce."""
+def _agree_on_step(value: float, size: int, labels_bad: str | None = None) -> tuple[int, bool, bool]:
+    """``(rows in the global batch, loss finite on every rank, labels finite on every
+    rank)``: one small all-reduce."""
     if _ranks()[1] == 1:
-        return size, math.isfinite(value)
-    total, bad = _all_reduce([float(size), 0.0 if math.isfinite(value) else 1.0])
-    return int(total), bad == 0
+        return size, math.isfinite(value), labels_bad is None
+    total, bad, bad_labels = _all_reduce([float(size), 0.0 if math.isfinite(value) else 1.0,
+                                          0.0 if labels_bad is None else 1.0])
+    return int(total), bad == 0, bad_labels == 0
+
+
+def _nonfinite_labels(labels: Any) -> str | None:
+    """``"nan"``/``"inf"``/``"-inf"`` when a float label tensor holds one, else None.
+    One fused reduction and one host sync per batch (the loss costs a sync anyway)."""
+    if not isinstance(labels, torch.Tensor) or not labels.is_floating_point():
+        return None
+    if bool(torch.isfinite(labels).all()):
+        return None
+    bad = labels[~torch.isfinite(labels)].reshape(-1)[0]
+    return str(float(bad))
+
+
+def _check_writable(folder: Path, model: nn.Module) -> None:
+    """Before the first step: the ranks that write checkpoints check the folder
+    (:func:`~tabstream.train.checks.check_checkpoint_dir`, room for the model's
+    state at least); all ranks raise together when one cannot."""
+    rank, world = _ranks()
+    writes = rank == 0 or _is_sharded(model)
+    error: CheckpointError | None = None
+    if writes:
+        state = _checkpointed(model).state_dict()
+        needed = sum(t.numel() * t.element_size() for t in state.values()
+                     if isinstance(t, torch.Tensor))
+        try:
+            check_checkpoint_dir(folder, needed)
+        except CheckpointError as exc:
+            error = exc
+    if world > 1 and _all_reduce([0.0 if error is None else 1.0])[0] and error is None:
+        raise CheckpointError(f"checkpoint_dir {folder} cannot take checkpoints on another "
+                              "rank (see its error); pass another checkpoint_dir")
+    if error is not None:
+        raise error
 
 
 def _nonfinite_text(value: float) -> str:

@@ -169,31 +169,65 @@ def sharded_exists(directory: str | os.PathLike[str]) -> bool:
 def save_sharded(directory: str | os.PathLike[str], payload: dict[str, Any], tag: str,
                  group: Any = None) -> Path:
     """Collective: every rank saves its ``payload`` into ``directory/<tag>.dcp``, then
-    rank 0 points ``checkpoint.dcp.json`` at it and removes the previous folder."""
+    rank 0 points ``checkpoint.dcp.json`` at it and removes the previous folder.
+
+    A write that fails on any rank (a full disk) fails on every rank together with a
+    :class:`~tabstream.train.checks.CheckpointError` naming ``directory``: the new
+    folder is removed and the pointer still names the previous checkpoint."""
+    from tabstream.train.checks import CheckpointError, checkpoint_write
+
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     directory = Path(directory)
     folder = directory / f"{tag}.dcp"
+    pointer = directory / POINTER_FILE
+    tmp = pointer.with_name(f".{pointer.name}.tmp")
+    failure: BaseException | None = None
+    try:
+        with checkpoint_write(directory, [tmp]):
+            if rank == 0:
+                if folder.exists():
+                    shutil.rmtree(folder)
+                folder.mkdir(parents=True)
+            dist.barrier(group)
+            tensors: dict[str, torch.Tensor] = {}
+            skeleton = _encode(payload, tensors, f"rank{rank}")
+            dcp.save(tensors, storage_writer=_JsonWriter(folder), process_group=group)
+            (folder / f"rank{rank}.json").write_text(json.dumps(skeleton))
+    except Exception as exc:  # noqa: BLE001 - every rank must learn of it, then it is raised
+        failure = exc
+    if not _any_rank(failure is not None, group):  # then the pointer, on rank 0
+        previous = None
+        if rank == 0:
+            try:
+                with checkpoint_write(directory, [tmp]):
+                    previous = _read_pointer(pointer)["folder"] if pointer.exists() else None
+                    tmp.write_text(json.dumps({"format": "tabstream.sharded/1",
+                                               "folder": folder.name, "world_size": world}))
+                    os.replace(tmp, pointer)
+            except OSError as exc:
+                failure = exc
+        if not _any_rank(failure is not None, group):
+            if previous and previous != folder.name:
+                shutil.rmtree(directory / previous, ignore_errors=True)
+            return folder
+    # a write failed on some rank: every rank raises, the pointer names the previous one
     if rank == 0:
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-    dist.barrier(group)
-    tensors: dict[str, torch.Tensor] = {}
-    skeleton = _encode(payload, tensors, f"rank{rank}")
-    dcp.save(tensors, storage_writer=_JsonWriter(folder), process_group=group)
-    (folder / f"rank{rank}.json").write_text(json.dumps(skeleton))
-    dist.barrier(group)
-    if rank == 0:
-        pointer = directory / POINTER_FILE
-        previous = _read_pointer(pointer)["folder"] if pointer.exists() else None
-        tmp = pointer.with_name(f".{pointer.name}.tmp")
-        tmp.write_text(json.dumps({"format": "tabstream.sharded/1", "folder": folder.name,
-                                   "world_size": world}))
-        os.replace(tmp, pointer)
-        if previous and previous != folder.name:
-            shutil.rmtree(directory / previous, ignore_errors=True)
-    dist.barrier(group)
-    return folder
+        shutil.rmtree(folder, ignore_errors=True)
+    if failure is not None:
+        raise failure
+    raise CheckpointError(f"checkpoint_dir {directory}: another rank could not write its part "
+                          "of the checkpoint (see its error); the previous one is kept",
+                          hint="point checkpoint_dir at a writable folder with room")
+
+
+def _any_rank(flag: bool, group: Any = None) -> bool:
+    """Whether ``flag`` is set on any rank of ``group`` (one small all-reduce)."""
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, group=group)
+    return bool(t.item())
 
 
 def _read_pointer(pointer: Path) -> dict[str, Any]:

@@ -107,12 +107,19 @@ def test_resume_with_another_optimizer_is_refused(tmp_path):
 def test_a_nan_loss_stops_with_the_step():
     schema, train, *_ = batches(5)
     features, labels = train[1]
-    # NaN labels: a NaN feature may be swallowed by a ReLU (its kernels differ on
-    # NaN), a NaN target always makes the cross-entropy NaN
-    train[1] = (features, tf.fill(tf.shape(labels), np.float32(np.nan)))
+    # A NaN feature may be swallowed by a ReLU (its kernels differ on NaN), and NaN
+    # labels are refused before the loss (test_training_inputs): labels of -1 make
+    # this loss NaN (sqrt(-1)) and leave it the cross-entropy elsewhere
+    train[1] = (features, tf.fill(tf.shape(labels), np.float32(-1.0)))
+
+    def loss_fn(logits, y):
+        y = tf.cast(tf.reshape(y, [-1]), tf.float32)
+        bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=tf.reshape(logits, [-1]))
+        return bce + 0.0 * tf.sqrt(y)
+
     model = model_for(schema)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1/1, step 2"):
-        fit(model, train, LazyAdam(0.01), progress=False)
+        fit(model, train, LazyAdam(0.01), loss_fn=loss_fn, progress=False)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
