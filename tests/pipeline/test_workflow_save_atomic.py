@@ -108,7 +108,7 @@ def test_a_killed_saver_leaves_a_whole_save_and_its_folder_is_removed_next_time(
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL, err
     left = leftovers(tmp_path)
-    assert len(left) == 1 and re.fullmatch(rf"\.wf\.tmp-[0-9a-f]{{8}}-{proc.pid}-[0-9a-f]{{12}}", left[0])
+    assert len(left) == 1 and re.fullmatch(rf"\.wf\.tmp-[0-9a-f]{{8}}-{proc.pid}(-s[0-9]+)?-[0-9a-f]{{12}}", left[0])
     # killed while writing: the previous save; killed after the swap: the new one, whole
     which = "A" if mode == "kill-writing" else "B"
     pd.testing.assert_frame_equal(ts.Workflow.load(str(path)).transform(df), expected(which, df))
