@@ -378,10 +378,11 @@ def fit(
                                                     files_now, train_loader)
         if start_epoch >= epochs:
             warnings.warn(
-                f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) and "
-                f"epochs={epochs} were asked for: nothing to train. Pass epochs > "
-                f"{start_epoch} to train on (e.g. over new data), or resume=False (or another "
-                "checkpoint_dir) to start over",
+                f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) of this "
+                f"data and epochs={epochs} were asked for: nothing to train. New data (another "
+                "file list) starts a new pass by itself, and fit_lists skips the lists already "
+                f"trained; to train this data again pass epochs > {start_epoch}, or "
+                "resume=False (or another checkpoint_dir) to start over",
                 NothingToTrainWarning, stacklevel=2,
             )
 

@@ -146,7 +146,8 @@ def test_resume_when_all_epochs_are_done_trains_nothing_and_says_so(small, tmp_p
     again, opt2 = make(small.schema, seed=3)
     loader = EpochLoader(small.train)
     with pytest.warns(NothingToTrainWarning, match=r"checkpoint .*checkpoint.pt already holds 2 "
-                      r"trained epoch\(s\) and epochs=2 were asked for: nothing to train"):
+                      r"trained epoch\(s\) of this data and epochs=2 were asked for: nothing "
+                      r"to train. New data \(another file list\) starts a new pass by itself"):
         got = fit(again, loader, opt2, epochs=2, checkpoint_dir=tmp_path, resume=True,
                   progress=False)
     assert loader.epochs_seen == []  # not one batch read
