@@ -642,7 +642,7 @@ class Dataset:
                     return self._read_piece_raw(piece, columns, dictionary)
                 with _CACHE_DIR_LOCK:  # the first partitions are read side by side
                     if self._cache_dir is None:
-                        self._cache_dir = tempfile.mkdtemp(prefix="tabstream-cache-")
+                        self._cache_dir = _new_cache_dir()
                         weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
         except OSError as exc:
             if not self._cache_auto:
@@ -2037,3 +2037,24 @@ def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
             raise
         except (ValueError, KeyError) as exc:
             raise DataError(f"{candidate}: not a valid tabstream schema: {exc}") from exc
+
+
+_CACHE_PREFIX = "tabstream-cache-"
+_cache_leftovers_checked = False
+
+
+def _new_cache_dir() -> str:
+    """A temporary folder for a Dataset's partition cache, named with its owner
+    (``tabstream-cache-<host>-<pid>-s<start>-<random>``). The folder is removed with
+    its Dataset, but a process killed (``kill -9``, out of memory) leaves it: the
+    first cache folder a process makes removes the leftovers of dead owners (and
+    unnamed ones older than a day, from older versions)."""
+    global _cache_leftovers_checked
+    from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers
+
+    parent = tempfile.gettempdir()
+    if not _cache_leftovers_checked:
+        _cache_leftovers_checked = True
+        remove_leftovers(fsspec.filesystem("file"), parent,
+                         owner_pattern(re.escape(_CACHE_PREFIX), r"[A-Za-z0-9_]+"))
+    return tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{owner_tag()}-", dir=parent)
