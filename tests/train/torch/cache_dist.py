@@ -117,21 +117,75 @@ def fit_cases(out: Path, cases: str) -> None:
         mine = [s[rank] for s in rank_batches(world)]
         history = fit(ddp, mine, opt, epochs=2, checkpoint_dir=out / name / "ck", progress=False)
         metrics = evaluate(ddp, [s[rank] for s in rank_batches(world, seed=5)])
-        emb = model.inputs.embeddings
-        owned = {c.name: np.flatnonzero(np.arange(c.cardinality) % world == rank)
-                 for c in ps.configs}
-        np.savez(out / name / f"rows{rank}.npz",
-                 **{f"{t}.ids": ids for t, ids in owned.items()},
-                 **{f"{t}.rows": ps.lookup(t, ids) for t, ids in owned.items()},
-                 **{f"{t}.touched": ps.touched(t) for t in owned})
-        (out / name / f"rank{rank}.json").write_text(json.dumps({
-            "loss": history["loss"], "metrics": metrics, "table_steps": ps.table_steps,
-            "version": ps.version, "cached_rows": emb.cached_rows,
-        }))
-        if rank == 0:  # a state_dict on rank 0 alone (no collective in it: no hang)
-            np.savez(out / name / "dense.npz",
-                     **{k: v.numpy() for k, v in model.state_dict().items()})
+        _save(out / name, ps, model, history, metrics)
         ps.close()
+
+
+def _save(folder: Path, ps, model, history: dict, metrics: dict) -> None:
+    """The rows this rank owns, its server's counters, rank 0: the dense state."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    owned = {c.name: np.flatnonzero(np.arange(c.cardinality) % world == rank) for c in ps.configs}
+    np.savez(folder / f"rows{rank}.npz",
+             **{f"{t}.ids": ids for t, ids in owned.items()},
+             **{f"{t}.rows": ps.lookup(t, ids) for t, ids in owned.items()},
+             **{f"{t}.touched": ps.touched(t) for t in owned})
+    (folder / f"rank{rank}.json").write_text(json.dumps({
+        "loss": history["loss"], "metrics": metrics, "table_steps": ps.table_steps,
+        "version": ps.version, "cached_rows": model.inputs.embeddings.cached_rows,
+    }))
+    if rank == 0:  # a state_dict on rank 0 alone (no collective in it: no hang)
+        np.savez(folder / "dense.npz", **{k: v.numpy() for k, v in model.state_dict().items()})
+
+
+class _StopAfter(list):
+    """The rank's batches, interrupted (on every rank) at batch ``n`` of epoch 2."""
+
+    def __init__(self, batches, n: int) -> None:
+        super().__init__(batches)
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        for i, batch in enumerate(list.__iter__(self)):
+            if self.epoch == 1 and i == self.n:
+                raise KeyboardInterrupt("stopped on purpose")
+            yield batch
+
+
+def resume(out: Path, case: str) -> None:
+    """fit stopped inside epoch 2 with updates after its last checkpoint; each
+    rank reopens its own server (rolled back to its commit) and resumes."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tabstream.train.torch import ParameterServer, evaluate, fit
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    optimizer, cache_rows, storage = case.split(":")
+    folder = out / case.replace(":", "-")
+    mine = [s[rank] for s in rank_batches(world)]
+    ps = server(folder / f"ps{rank}", optimizer, storage)
+    ddp = DistributedDataParallel(build(ps, int(cache_rows)))
+    try:
+        fit(ddp, _StopAfter(mine, 2), torch.optim.Adam(ddp.parameters(), lr=0.01), epochs=2,
+            checkpoint_dir=folder / "ck", progress=False)
+        raise AssertionError("the run was not interrupted")
+    except KeyboardInterrupt:
+        pass
+    ps.close()  # two steps of epoch 2 were applied after the checkpoint: rolled back
+    ps = ParameterServer.open(folder / f"ps{rank}")
+    torch.manual_seed(rank + 7)  # other dense weights: only the checkpoint can make it match
+    model = build(ps, int(cache_rows))
+    ddp = DistributedDataParallel(model)
+    history = fit(ddp, mine, torch.optim.Adam(ddp.parameters(), lr=0.01), epochs=2,
+                  checkpoint_dir=folder / "ck", resume=True, progress=False)
+    metrics = evaluate(ddp, [s[rank] for s in rank_batches(world, seed=5)])
+    _save(folder, ps, model, history, metrics)
+    ps.close()
 
 
 def refusals(out: Path) -> None:
@@ -166,7 +220,7 @@ def main() -> None:
     dist.init_process_group("gloo", rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        {"fit_cases": fit_cases, "refusals": refusals}[scenario](out, *sys.argv[3:])
+        {"fit_cases": fit_cases, "refusals": refusals, "resume": resume}[scenario](out, *sys.argv[3:])
     finally:
         dist.destroy_process_group()
 

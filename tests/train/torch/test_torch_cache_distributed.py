@@ -86,3 +86,11 @@ def test_a_batch_without_ids_of_a_table_is_one_step_of_it_in_one_process(tmp_pat
     assert ps.table_steps == {"C1": 1, "C2": 1, "L": 1}
     np.testing.assert_array_equal(ps.lookup("L", np.arange(CARDINALITIES["L"])), before)
     assert len(ps.touched("L")) == 0 and len(ps.touched("C1")) == 2
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_a_checkpoint_as_if_never_stopped(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    launch(2, "resume", out, "adam:3:disk", worker=CACHE_WORKER, timeout=180)
+    _check_against_one_process(out, tmp_path, 2, "adam:3:disk")
