@@ -191,7 +191,7 @@ class _Route:
     def to_owners(self, grad: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Send each id's gradient to its owner; return the owned ids asked for in
         this batch and their gradients summed over the ranks, divided by W."""
-        dim = grad.shape[1] if grad.dim() == 2 else 0
+        dim = grad.shape[-1]
         send = grad.detach().to("cpu", torch.float32).reshape(self.n, dim)[torch.from_numpy(self.order)]
         got = torch.empty((sum(self.recv_counts), dim), dtype=torch.float32)
         dist.all_to_all_single(got, send.contiguous(), self.recv_counts, self.send_counts,
