@@ -769,7 +769,9 @@ class ParameterServer:
         of ``np.unique(ids)``, in that (sorted) order."""
         arr = self._ids(table, ids)
         t = self._tables[table]
-        g = np.asarray(grads, dtype=np.float32).reshape(len(arr), -1)
+        g = np.asarray(grads, dtype=np.float32)
+        # no ids (a batch without ids of this table): still one step of the table
+        g = g.reshape(len(arr), -1) if len(arr) else g.reshape(0, t.cfg.dim)
         if g.shape[1] != t.cfg.dim:
             raise ValueError(
                 f"table {table!r}: gradients have {g.shape[1]} columns, the table's dim is "

@@ -43,6 +43,21 @@ loses no row that was only cached. ``state_dict`` commits the server
 (``ps.flush()``) and records its version, so a ``fit`` checkpoint and the
 server always describe the same step; loading a checkpoint written just before
 the server's last commit rolls the server back to it.
+
+Several ranks (torch.distributed, the dense part under DDP): each rank opens its
+own server folder and owns the rows ``id % W``; the module exchanges ids, rows
+and gradients with their owners (:mod:`tabstream.train.torch.cache_ranks`), and
+trains exactly as one process on the concatenated global batch::
+
+    ps = ParameterServer.open_or_create(f"ps/rank{rank}", tables, seed=0)
+    model = DDP(DLRM(schema, embeddings=CachedEmbeddings(ps, cache_rows)))
+    fit(model, Loader(...), optimizer, checkpoint_dir="ck/")   # on every rank
+
+Every rank builds the module and calls it on the same features (an exchange is
+a collective). The servers advance in lockstep (one update per table and step
+on each), so the version a checkpoint records is every rank's; ``state_dict``
+commits this rank's server only, so a checkpoint of a run of several ranks is
+written once every rank has taken its ``state_dict`` (``fit`` does).
 """
 
 from __future__ import annotations
@@ -58,6 +73,7 @@ from torch import nn
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.cache_store import ParameterServer
 from tabstream.train.tables import TableConfig
+from tabstream.train.torch.cache_ranks import RankExchange
 from tabstream.train.torch.embeddings import parse_feature, to_ragged
 
 __all__ = ["CachedEmbeddings", "ParameterServer"]
@@ -134,13 +150,17 @@ class CachedEmbeddings(nn.Module):
             feature, the first table that lists it (a server may hold a second
             table for a feature, as Wide&Deep's wide tables, served by a second
             module with ``tables=``).
+        process_group: under torch.distributed, the gloo group whose ranks share
+            the tables (default: all ranks, through a gloo group of the module's
+            own). Each rank passes its own server (its own folder, the same tables
+            and settings) and owns the rows ``id % W``; see the module docstring.
 
     ``hit_rate`` (cache hits over lookups since construction), ``cached_rows``
     and ``table_names``/``feature_names``/``output_dims`` describe it.
     """
 
     def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000,
-                 tables: Any = None) -> None:
+                 tables: Any = None, process_group: Any = None) -> None:
         super().__init__()
         if not isinstance(ps, ParameterServer):
             raise TypeError(f"CachedEmbeddings: ps must be a ParameterServer, got {type(ps).__name__}")
@@ -173,6 +193,9 @@ class CachedEmbeddings(nn.Module):
                         for c in self.configs}
         # the server version this module's rows belong to (checkpointed)
         self.register_buffer("ps_version", torch.zeros((), dtype=torch.int64))
+        self._ranks = RankExchange.create(process_group)
+        if self._ranks is not None:
+            self._ranks.check_servers(ps, self.table_names)
         ps.attach(self._on_server_event)
 
     # -- EmbeddingTables' interface -------------------------------------------
@@ -224,14 +247,18 @@ class CachedEmbeddings(nn.Module):
             ids = [p[1][0] for p in parsed]
             flat = torch.cat([i.reshape(-1).to(torch.long) for i in ids]).cpu().numpy()
             uniq, inverse = np.unique(flat, return_inverse=True)
-            rows = self._rows(table, uniq)
-            weight = torch.from_numpy(rows)
+            train = torch.is_grad_enabled() and self.training
+            if self._ranks is None:
+                weight = torch.from_numpy(self._rows(table, uniq))
+                if train:
+                    weight.requires_grad_(True)
+                    weight.register_post_accumulate_grad_hook(self._updater(table, uniq))
+            else:  # the owners serve the rows and apply their gradients
+                weight = self._ranks.rows(table, self.table_names.index(table), uniq, cfg.dim,
+                                          self.ps.version, self._rows, self._update_rows, train)
             device = ids[0].device
             if device.type != "cpu":
                 weight = weight.to(device)
-            if torch.is_grad_enabled() and self.training:
-                weight.requires_grad_(True)
-                weight.register_post_accumulate_grad_hook(self._updater(table, uniq))
             local = torch.from_numpy(inverse.reshape(-1)).to(device)
             start = 0
             for (feature, tensors), id_tensor in zip(parsed, ids):
@@ -270,12 +297,17 @@ class CachedEmbeddings(nn.Module):
             weight.grad = None
             if grad is None:
                 return
-            new = self.ps.apply(table, uniq, grad.detach().cpu().numpy())  # uniq is sorted
-            cache = self._caches[table]
-            slots = cache.find(uniq)
-            cached = slots >= 0
-            cache.rows[slots[cached]] = new[cached]
+            self._update_rows(table, uniq, grad.detach().cpu().numpy())
         return update
+
+    def _update_rows(self, table: str, uniq: np.ndarray, grads: np.ndarray) -> None:
+        """One optimizer step of ``table`` on rows ``uniq`` (sorted, distinct); the
+        cached copies of those rows are refreshed."""
+        new = self.ps.apply(table, uniq, grads)
+        cache = self._caches[table]
+        slots = cache.find(uniq)
+        cached = slots >= 0
+        cache.rows[slots[cached]] = new[cached]
 
     def _on_server_event(self, event: str, *args: Any) -> None:
         if event == "reset":  # the server went back to an earlier version
@@ -286,6 +318,9 @@ class CachedEmbeddings(nn.Module):
             cache = self._caches.get(table)
             if cache is None:
                 return  # a table of the server another module serves
+            if self._ranks is not None:  # the rows other ranks own are theirs to cache
+                mine = self._ranks.owned(ids)
+                ids, rows = ids[mine], rows[mine]
             slots = cache.find(ids)
             fresh = slots < 0
             room = max(cache.capacity - len(cache), 0)
@@ -294,6 +329,9 @@ class CachedEmbeddings(nn.Module):
     # -- checkpoints ------------------------------------------------------------
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        # under ranks too this is this rank's server alone (no collective: a
+        # state_dict taken on rank 0 only must not hang); the servers' versions are
+        # equal, checked on every exchange
         self.ps_version.fill_(self.ps.flush())
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
@@ -313,15 +351,16 @@ class CachedEmbeddings(nn.Module):
 
 
 def refuse_cached_under_ranks(model: nn.Module, who: str) -> None:
-    """Refuse a model that trains tables through a parameter server in a run of
-    several ranks: each rank would update its own server (or the same folder
-    twice), so the tables would not train as one process on the global batch."""
+    """Refuse a model that trains tables through a parameter server where ``who``
+    would shard or replicate them itself (HybridParallel): the server's rows are
+    already sharded over the ranks by ``CachedEmbeddings``."""
     cached = [name or "<model>" for name, m in model.named_modules() if isinstance(m, CachedEmbeddings)]
     if cached:
         raise ValueError(
-            f"{who}: the model trains {cached} through a ParameterServer, which serves one "
-            "process; under several ranks each rank would train its own copy of the tables. "
-            "Train it in one process, or use in-memory tables (HybridParallel shards them)"
+            f"{who}: the model trains {cached} through a ParameterServer, whose rows "
+            f"CachedEmbeddings shards over the ranks itself; {who} does not shard them. Wrap "
+            "the model in torch's DistributedDataParallel instead (each rank opens its own "
+            "server folder), or use in-memory tables (HybridParallel shards them)"
         )
 
 

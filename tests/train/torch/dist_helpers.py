@@ -35,14 +35,15 @@ def free_port() -> int:
 
 
 def launch(world_size: int, scenario: str, out: Path, *args: str,
-           timeout: float = 240) -> list[tuple[str, str]]:
-    """Run ``dist_worker.py scenario`` on ``world_size`` ranks; return each rank's
-    (stdout, stderr); fail with every rank's stderr when one fails or time runs out."""
+           timeout: float = 240, worker: Path = WORKER) -> list[tuple[str, str]]:
+    """Run ``worker scenario`` (default ``dist_worker.py``) on ``world_size`` ranks;
+    return each rank's (stdout, stderr); fail with every rank's stderr when one
+    fails or time runs out."""
     port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, "-W", "error", str(WORKER), scenario, str(out), *args],
+    procs = [subprocess.Popen([sys.executable, "-W", "error", str(worker), scenario, str(out), *args],
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for r in range(world_size)]

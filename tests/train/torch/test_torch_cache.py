@@ -438,5 +438,8 @@ def test_hybrid_parallel_refuses_a_model_trained_through_a_server(tmp_path):
     ps = ParameterServer(tmp_path / "ps", configs, storage="memory")
     model = DLRM(schema(), embedding_dim=8, embeddings=CachedEmbeddings(ps, 10))
     with pytest.raises(ValueError, match=r"HybridParallel: the model trains \['inputs.embeddings'\] "
-                                         r"through a ParameterServer, which serves one process"):
+                                         r"through a ParameterServer, whose rows CachedEmbeddings "
+                                         r"shards over the ranks itself; HybridParallel does not "
+                                         r"shard them. Wrap the model in torch's "
+                                         r"DistributedDataParallel instead"):
         HybridParallel(model)
