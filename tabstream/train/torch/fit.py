@@ -699,11 +699,16 @@ def _write_checkpoint(path: Path, model: nn.Module, payload: dict[str, Any]) -> 
 
         save_sharded(path.parent, payload, tag=f"checkpoint-{payload['global_step']:09d}")
         return
+    if world > 1:
+        import torch.distributed as dist
+
+        # every rank's state_dict (a CachedEmbeddings commits its rank's server there)
+        # is taken before the file exists: a rank killed in between cannot leave a
+        # checkpoint ahead of its server
+        dist.barrier()
     if rank == 0:
         _save(path, payload)
     if world > 1:  # nobody reads (or resumes from) a file still being written
-        import torch.distributed as dist
-
         dist.barrier()
 
 
