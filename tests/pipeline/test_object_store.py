@@ -7,11 +7,6 @@ overwrite."""
 from __future__ import annotations
 
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pandas as pd
@@ -24,41 +19,6 @@ from tabstream import ops
 from tabstream.core.errors import DataError, ExportError
 from tabstream.core.schema import Tags
 from tabstream.testing import assert_tables_equal
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """``(filesystem, storage_options)`` of a fresh moto server with bucket ``bkt``."""
-    import s3fs
-
-    port = _free_port()
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the moto server did not start") from None
-                time.sleep(0.1)
-        options = {"key": "testing", "secret": "testing", "client_kwargs": {
-            "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
-        fs = s3fs.S3FileSystem(**options)
-        fs.call_s3("create_bucket", Bucket="bkt")
-        yield fs, options
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
 
 
 def _frame(n: int = 3_000, seed: int = 0) -> pd.DataFrame:

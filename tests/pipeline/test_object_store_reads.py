@@ -37,34 +37,6 @@ def _options(port: int, key: str = "testing") -> dict:
         "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
 
 
-@pytest.fixture(scope="module")
-def moto():
-    """``(filesystem, storage_options, port)`` of a fresh moto server with bucket ``bkt``."""
-    import s3fs
-
-    port = _free_port()
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the moto server did not start") from None
-                time.sleep(0.1)
-        options = _options(port)
-        fs = s3fs.S3FileSystem(**options)
-        fs.call_s3("create_bucket", Bucket="bkt")
-        yield fs, options, port
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
-
-
 def _frame(n: int, seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     return pd.DataFrame({"row": np.arange(n), "x": rng.normal(size=n)})
