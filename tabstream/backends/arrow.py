@@ -234,10 +234,38 @@ class _VocabularyIndex:
         return found[valid] if valid is not None else found
 
 
+#: what a vocabulary index costs per value while it is built (keys, pandas' hash
+#: table and its growth), with room to spare: measured about 32 bytes once built
+_INDEX_BYTES_PER_VALUE = 96
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether the address-space limit (``RLIMIT_AS``, ``ulimit -v``) leaves ``nbytes``.
+
+    pandas' hash tables do not check their allocations: under a limit reached
+    while one grows, the process dies of a segmentation fault instead of raising
+    MemoryError. Asked first, the index is left out and the lookup goes through
+    Arrow, whose allocations fail as ``ArrowMemoryError`` (one line saying memory ran
+    out, from the pipeline)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return True
+    try:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return True
+    return used + nbytes <= soft
+
+
 def _vocabulary_index(vocabulary: Column) -> _VocabularyIndex | None:
     vocabulary = _combined(vocabulary)
     if len(vocabulary) < _INDEX_MIN or vocabulary.null_count:
         return None
+    if not _room_for(len(vocabulary) * _INDEX_BYTES_PER_VALUE):
+        return None  # index_in then: Arrow's allocations fail as errors, pandas' do not
     if vocabulary.type in _OFFSETS:
         keys = _fixed_width_keys(vocabulary)
         if keys is None or not pa.types.is_unsigned_integer(keys.type):

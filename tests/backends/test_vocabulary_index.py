@@ -368,3 +368,31 @@ def test_a_key_that_does_not_fit_the_fitted_type_is_reported_as_before(small_ind
     with pytest.raises(TypeError, match="key column 'k' is uint64, but the fitted statistics' key 'k' is int64"):
         lookup(stored, pa.table({"k": pa.array([2, 2**63 + 5], pa.uint64())}), "JoinGroupby",
                indexes=indexes, source=stored)
+
+
+def test_no_index_when_the_address_space_limit_leaves_no_room_for_it():
+    """pandas' hash table segfaults on a failed allocation: under RLIMIT_AS the index
+    is built only when the limit leaves room for it, else ids come through Arrow."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent("""
+        import resource
+        import numpy as np, pyarrow as pa
+        from tabstream.backends import arrow
+        vocab = pa.chunked_array([pa.array(np.arange(2_000_000, dtype=np.int64) * 7)])
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + (64 << 20), resource.RLIM_INFINITY))
+        print(arrow._room_for(2_000_000 * arrow._INDEX_BYTES_PER_VALUE),
+              arrow._vocabulary_index(vocab) is None)
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        print(arrow._vocabulary_index(vocab) is None)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "False"]
