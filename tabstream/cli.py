@@ -272,7 +272,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     from tabstream import Workflow
 
     _refuse_existing(args.output, args.overwrite, "output folder")
-    wf = Workflow.load(args.workflow_dir)
+    wf = Workflow.load(args.workflow_dir, allowed_modules=args.allow_module or None)
     ds = _dataset(args.input, args.engine, args.part_size, _read_kwargs(args, args.input))
     result = wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,
                                          num_files=args.num_files, shuffle=args.shuffle,
@@ -476,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="export folder to write")
     p.add_argument("--num-files", type=int, default=None,
                    help="total number of data files (default: from --out-files-per-proc)")
+    p.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                   help="a module of your own the workflow's functions may be imported from "
+                   "(repeatable; Workflow.load's allowed_modules): only for code you trust")
     export_opts(p)
     data_opts(p)
     p.set_defaults(func=cmd_transform)

@@ -115,6 +115,18 @@ def test_python_m_cli_inside_the_folder_never_imports_from_it(evil_folder, tmp_p
     assert str(evil) in proc.stderr and "allowed_modules=['evilmod']" in proc.stderr
 
 
+def test_cli_allow_module_imports_a_module_the_user_trusts(evil_folder, tmp_path):
+    """--allow-module is Workflow.load's allowed_modules on the command line."""
+    folder, _, marker = evil_folder
+    proc = _python(["-m", "tabstream.cli", "transform", ".", "../raw.parquet", "../out",
+                    "--allow-module", "evilmod", "--quiet"], cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    assert marker.exists()
+    got = pd.read_parquet(tmp_path / "out").sort_values("label", kind="stable")
+    frame = pd.read_parquet(tmp_path / "raw.parquet")
+    np.testing.assert_allclose(np.sort(got["x"].to_numpy()), np.sort(frame["x"].to_numpy() * 2))
+
+
 def test_module_in_the_current_directory_is_not_imported(tmp_path):
     """The folder is elsewhere; the module lies in the directory the user started in."""
     folder = tmp_path / "wf"
