@@ -364,9 +364,8 @@ def test_a_sharded_checkpoint_write_failing_midway_fails_on_every_rank(tmp_path,
 
     data = tmp_path / "data"
     dist_helpers.write_parquet(data, [30, 11], seed=1)
-    monkeypatch.setattr(dist_helpers, "WORKER",
-                        dist_helpers.WORKER.with_name("checkpoint_full_worker.py"))
-    outputs = dist_helpers.launch(2, "unused", tmp_path, str(data))
+    outputs = dist_helpers.launch(2, "unused", tmp_path, str(data),
+                                  worker=dist_helpers.WORKER.with_name("checkpoint_full_worker.py"))
     for stdout, _ in outputs:  # every rank raised, none hung, the checkpoint is as it was
         out = json.loads(stdout.strip().splitlines()[-1])
         assert out["error"][0] == "CheckpointError", out
