@@ -52,7 +52,8 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         dist.barrier()
         after = sorted(os.listdir(ck)), (ck / "checkpoint.dcp.json").read_text()
-        print(json.dumps({"error": error, "same": before == after, "listing": after[0]}))
+        print(json.dumps({"error": error, "same": before == after, "pointer_same": before[1] == after[1],
+                          "listing": after[0], "before": before[0]}))
     finally:
         dist.destroy_process_group()
 
