@@ -326,7 +326,7 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
             except FileNotFoundError:
                 return
             except OSError:
-                pass
+                pass  # not empty now: another export got there first; refused below
         raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
 
 
@@ -964,7 +964,7 @@ def _publish(fs: Any, tmp: str, root: str, overwrite: bool, output_path: str) ->
                 os.rename(aside[-1], root)  # put the previous export back
                 aside.pop()
             except OSError:
-                pass
+                pass  # it stays aside, named with its owner; the original error is raised
         raise
     finally:
         for old in aside:

@@ -966,7 +966,7 @@ def _swap_into_place(tmp: str, root: str, old_name: str) -> str | None:
                 os.rename(tmp, root)  # onto nothing or an empty folder
             return None
         except FileExistsError:
-            pass
+            pass  # a save is in place: exchanged with it below
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
