@@ -815,9 +815,14 @@ def _plain_columns(name: str) -> frozenset[str]:
     return frozenset(c for c, spec in _CRITEO_CAT_SPECS.items() if spec.vocab > _TABLE_MAX_VOCAB)
 
 
-_TSV_OPTIONS = pacsv.WriteOptions(
-    include_header=False, delimiter="\t", quoting_style="none", null_string=""
-)
+# A null is written as an empty field. pyarrow 26 takes that as ``null_string=""``;
+# older releases (>= 17, our floor; the GPU image has 25) have no such option and
+# already write nulls as empty fields.
+_TSV_KWARGS = {"include_header": False, "delimiter": "\t", "quoting_style": "none"}
+try:
+    _TSV_OPTIONS = pacsv.WriteOptions(**_TSV_KWARGS, null_string="")
+except TypeError:
+    _TSV_OPTIONS = pacsv.WriteOptions(**_TSV_KWARGS)
 
 
 class _AtomicFile:
