@@ -11,6 +11,10 @@ mkdir -p "$out"
 t0=$(date +%s)
 bash "$wheels/install.sh" "$site" >"$out/install.log" 2>&1 || { tail -30 "$out/install.log"; exit 1; }
 echo "install: $(( $(date +%s) - t0 )) s"
+# numba-cuda in the image still registers np.row_stack, which numpy 2.5 removed, so
+# `import cudf` fails there; an alias in the target's sitecustomize lets it import.
+python3 -c "import numpy, sys; sys.exit(0 if hasattr(numpy, 'row_stack') else 1)" \
+  || printf 'import numpy as _np\nif not hasattr(_np, "row_stack"):\n    _np.row_stack = _np.vstack\n' >"$site/sitecustomize.py"
 export PYTHONPATH="$site:$PWD" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
