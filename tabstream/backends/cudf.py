@@ -81,19 +81,32 @@ def _libs() -> tuple[Any, Any]:
     return cudf, cupy
 
 
+def _combined(column: Column) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _to_cudf_type(column: Column) -> Column:
+    """``column`` in a type cudf takes: cudf has no float16 (half floats travel as
+    float32, exact) and no large_list (seen on cudf 26.10: "Unsupported type:
+    large_list<item: string>"; lists travel with 32-bit offsets). Kernels cast their
+    results back to the input's type."""
+    column = widen_half(column)
+    if pa.types.is_large_list(column.type):
+        column = column.cast(pa.list_(column.type.value_field))
+    return column
+
+
 def _series(column: Column) -> Any:
     cudf, _ = _libs()
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    # cudf has no float16 dtype: half floats travel as float32 (exact), and kernels
-    # cast their results back to the column's type
-    return cudf.Series.from_arrow(widen_half(column))
+    return cudf.Series.from_arrow(_to_cudf_type(column))
 
 
 def _frame(table: pa.Table) -> Any:
     cudf, _ = _libs()
-    if any(t == pa.float16() for t in table.schema.types):
-        table = pa.table({n: widen_half(c) for n, c in zip(table.column_names, table.columns)})
+    if any(t == pa.float16() or pa.types.is_large_list(t) for t in table.schema.types):
+        table = pa.table({n: _to_cudf_type(c) for n, c in zip(table.column_names, table.columns)})
     return cudf.DataFrame.from_arrow(table)
 
 
@@ -102,6 +115,20 @@ def _arrow(series: Any, like: pa.DataType | None = None) -> pa.Array:
     if isinstance(out, pa.ChunkedArray):
         out = out.combine_chunks()
     return out.cast(like) if like is not None and out.type != like else out
+
+
+def _table(frame: Any, like: pa.Schema) -> pa.Table:
+    """A cudf DataFrame back as Arrow, each column that ``like`` names in ``like``'s
+    type. cudf gives its own types (seen on cudf 26.10: ``large_string`` for string,
+    ``list<null>`` for a list column whose rows are all empty); the backend contract
+    is the arrow backend's output, types included."""
+    out = frame.to_arrow(preserve_index=False)
+    columns = []
+    for name, column in zip(out.column_names, out.columns):
+        i = like.get_field_index(name)
+        want = like.field(i).type if i >= 0 else column.type
+        columns.append(column.cast(want) if column.type != want else column)
+    return pa.table(columns, names=out.column_names)
 
 
 class CudfBackend(Backend):
@@ -204,6 +231,16 @@ class CudfBackend(Backend):
     def groupby_aggregate(self, table: pa.Table, keys: Sequence[str],
                           aggregations: Sequence[tuple[str, str, str]]) -> pa.Table:
         df = _frame(table)
+        # cudf's groupby cannot count a list column (26.10: "All requested
+        # aggregations are unsupported"): such a count sums a 0/1 column of "present"
+        present = {}
+        for column, agg, _ in aggregations:
+            if agg == "count" and pa.types.is_nested(table.schema.field(column).type) and column not in present:
+                name = f"__tabstream_present_{len(present)}__"
+                while name in df.columns:
+                    name += "_"
+                df[name] = df[column].notnull().astype("int64")
+                present[column] = name
         grouped = df.groupby(list(keys), dropna=False, sort=False)
         out = grouped.size().reset_index(name="__size__") if not aggregations else None
         parts = {}
@@ -212,6 +249,12 @@ class CudfBackend(Backend):
                 raise ValueError(f"unknown aggregation {agg!r}; expected one of {list(AGGREGATIONS)}")
             if agg == "size":
                 part = grouped.size()
+            elif column in present and agg == "count":
+                part = grouped[present[column]].sum()
+            elif agg == "sum":
+                # cudf gives null for a group without values; the contract (pandas,
+                # Arrow's min_count=0) is 0
+                part = grouped[column].sum().fillna(0)
             elif agg == "list":
                 # collect_list runs on libcudf's sort-based groupby, whose stable
                 # sort keeps each group's rows in input order
@@ -222,13 +265,20 @@ class CudfBackend(Backend):
             else:
                 # cudf's groupby has every other name as a method (its documented
                 # aggregation table; first/last give the first/last non-null value, as
-                # Arrow's; sum has min_count=0, so 0 for a group without values)
+                # Arrow's)
                 part = getattr(grouped[column], agg)()
             parts[out_name] = part
         if aggregations:
             cudf, _ = _libs()
             out = cudf.DataFrame(parts).reset_index()
-        result = out.to_arrow(preserve_index=False)
+        # keys, and the aggregates that keep their column's values, in the input types
+        fields = [table.schema.field(k) for k in keys]
+        for column, agg, out_name in aggregations:
+            if agg in ("min", "max", "first", "last"):
+                fields.append(pa.field(out_name, table.schema.field(column).type))
+            elif agg == "list":
+                fields.append(pa.field(out_name, pa.list_(table.schema.field(column).type)))
+        result = _table(out, pa.schema(fields))
         return result.select(list(keys) + [name for _, _, name in aggregations])
 
     def join(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
@@ -250,18 +300,20 @@ class CudfBackend(Backend):
             joined = cudf.concat([joined, lf[~has_keys]], ignore_index=True)
         joined = joined.sort_values(order)
         names = left.column_names + [c for c in right.column_names if c not in keys]
-        return joined[names].to_arrow(preserve_index=False)
+        like = pa.schema(list(left.schema) + [f for f in right.schema if f.name not in keys])
+        return _table(joined[names], like)
 
     # -- lists -----------------------------------------------------------------
+    # offsets and values are the Arrow layout itself: read on the host, no GPU trip
     def list_flatten(self, column: Column) -> pa.Array:
         from tabstream.core.hashing import list_offsets_and_values
 
-        return list_offsets_and_values(_arrow(_series(column)))[1]
+        return list_offsets_and_values(_combined(column))[1]
 
     def list_offsets(self, column: Column) -> pa.Array:
         from tabstream.core.hashing import list_offsets_and_values
 
-        return list_offsets_and_values(_arrow(_series(column)))[0]
+        return list_offsets_and_values(_combined(column))[0]
 
     # -- rows ------------------------------------------------------------------
     def take(self, table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
@@ -275,16 +327,17 @@ class CudfBackend(Backend):
             table = pa.concat_tables([table, nulls])
             indices = indices.fill_null(table.num_rows - 1)
         idx = indices.to_numpy(zero_copy_only=False) if isinstance(indices, pa.Array) else indices
-        return _frame(table).take(cupy.asarray(idx)).to_arrow(preserve_index=False)
+        return _table(_frame(table).take(cupy.asarray(idx)), table.schema)
 
     def filter(self, table: pa.Table, mask: Column | np.ndarray) -> pa.Table:
         cudf, _ = _libs()
         m = mask if isinstance(mask, np.ndarray) else _series(mask).fillna(False).values
-        return _frame(table)[cudf.Series(m)].to_arrow(preserve_index=False)
+        return _table(_frame(table)[cudf.Series(m)], table.schema)
 
     def concat(self, tables: Sequence[pa.Table]) -> pa.Table:
         cudf, _ = _libs()
-        return cudf.concat([_frame(t) for t in tables], ignore_index=True).to_arrow(preserve_index=False)
+        like = tables[0].schema if tables else pa.schema([])
+        return _table(cudf.concat([_frame(t) for t in tables], ignore_index=True), like)
 
     # -- user functions ----------------------------------------------------------
     def to_frame(self, table: pa.Table) -> Any:

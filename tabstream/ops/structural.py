@@ -151,14 +151,26 @@ class Filter(_FunctionOp):
         if table.num_rows == 0:
             return table
         mask = self.f(backend().to_frame(table))
-        if isinstance(mask, pd.DataFrame) or np.ndim(mask) != 1 or len(mask) != table.num_rows:
+        if isinstance(mask, pd.DataFrame) or _ndim(mask) != 1 or len(mask) != table.num_rows:
             raise TypeError(
                 f"Filter: f={_describe(self.f)} must return one boolean per row ({table.num_rows}), "
-                f"got {type(mask).__name__} of shape {np.shape(mask)}")
+                f"got {type(mask).__name__} of shape {_shape(mask)}")
         arr = backend().from_user_column(mask)
         if not pa.types.is_boolean(arr.type):
             raise TypeError(f"Filter: f={_describe(self.f)} must return booleans, got {arr.type}")
         return backend().filter(table, arr)
+
+
+def _shape(values: Any) -> tuple[int, ...]:
+    """The shape of what a user function returned. A cudf Series or DataFrame has a
+    ``shape`` but refuses numpy's ``np.shape``/``np.ndim`` (seen on cudf 26.10: "no
+    implementation found for 'numpy.ndim'"), so an object's own shape comes first."""
+    shape = getattr(values, "shape", None)
+    return tuple(shape) if isinstance(shape, tuple) else np.shape(values)
+
+
+def _ndim(values: Any) -> int:
+    return len(_shape(values))
 
 
 class Dropna(Operator):
@@ -240,7 +252,7 @@ class LambdaOp(_FunctionOp):
 
     def _to_arrow(self, name: str, result: Any, in_type: pa.DataType) -> pa.Array:
         fname = _describe(self.f)
-        if np.ndim(result) != 1:
+        if _ndim(result) != 1:
             raise TypeError(f"LambdaOp: f={fname} must return a Series for column {name!r}, "
                             f"got {type(result).__name__}")
         try:
