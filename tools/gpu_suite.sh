@@ -41,6 +41,6 @@ echo "pytest rc $? after $(( $(date +%s) - t0 )) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -40
 [ "${BENCH_LIMIT:-150}" = 0 ] && exit 0  # BENCH_LIMIT=0: the tests only
 timeout "${BENCH_LIMIT:-150}" python3 benchmarks/etl.py --rows 1000000 --only tabstream --backend arrow,cudf \
-  --repeats 1 --idle-wait 0 --data-dir /tmp/bench --json "$out/etl.json" >"$out/etl.log" 2>&1
+  --repeats 1 --formats "${BENCH_FORMATS:-parquet,tsv}" --idle-wait 0 --data-dir /tmp/bench --json "$out/etl.json" >"$out/etl.log" 2>&1
 echo "etl rc $? after $(( $(date +%s) - t0 )) s"
 tail -25 "$out/etl.log"

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tabstream.backends.base import AGGREGATIONS, Backend, Column, hll_rho, slice_plan
 from tabstream.core.dtypes import widen_half
@@ -251,10 +252,6 @@ class CudfBackend(Backend):
                 part = grouped.size()
             elif column in present and agg == "count":
                 part = grouped[present[column]].sum()
-            elif agg == "sum":
-                # cudf gives null for a group without values; the contract (pandas,
-                # Arrow's min_count=0) is 0
-                part = grouped[column].sum().fillna(0)
             elif agg == "list":
                 # collect_list runs on libcudf's sort-based groupby, whose stable
                 # sort keeps each group's rows in input order
@@ -279,6 +276,14 @@ class CudfBackend(Backend):
             elif agg == "list":
                 fields.append(pa.field(out_name, pa.list_(table.schema.field(column).type)))
         result = _table(out, pa.schema(fields))
+        for _, agg, out_name in aggregations:
+            if agg == "sum":
+                # cudf gives null for a group without values, the contract (pandas,
+                # Arrow's min_count=0) 0. Filled in Arrow, which keeps null and NaN
+                # apart: cudf's fillna also replaces NaN (26.10), and a NaN sum
+                # (inf + -inf, a NaN value) must stay NaN
+                i = result.schema.get_field_index(out_name)
+                result = result.set_column(i, out_name, pc.fill_null(result.column(i), 0))
         return result.select(list(keys) + [name for _, _, name in aggregations])
 
     def join(self, left: pa.Table, right: pa.Table, keys: Sequence[str],
@@ -351,6 +356,10 @@ class CudfBackend(Backend):
 
     def from_user_column(self, values: Any) -> pa.Array:
         if hasattr(values, "to_arrow"):  # a cudf Series (or anything else Arrow-aware)
+            if hasattr(values, "nans_to_nulls") and getattr(values.dtype, "kind", "") == "f":
+                # NaN is missing, as the arrow backend reads a pandas result
+                # (from_pandas): both backends give the same column for one function
+                values = values.nans_to_nulls()
             return _arrow(values)
         if hasattr(values, "get"):  # a cupy array
             values = values.get()
@@ -450,7 +459,6 @@ class CudfBackend(Backend):
         return _arrow(_series(arr).astype(type_.to_pandas_dtype()), type_)
 
     def split_strings(self, column: Column, separator: str) -> pa.Array:
-        import pyarrow.compute as pc
 
         column = (column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column).cast(pa.string())
         split = _arrow(_series(column).str.split(separator, expand=False, regex=False))

@@ -283,6 +283,23 @@ def test_groupby_aggregate_std_var_list_first_last_and_empty_sum(backend):
             assert row["sd"] is None and row["va"] is None
 
 
+def test_groupby_sum_keeps_nan_apart_from_a_group_without_values(backend):
+    # null is "no value" (a group of nulls sums to 0); NaN is a value (NaN + x is NaN),
+    # and so is inf + -inf; a list column's count counts its present rows
+    values = [np.inf, -np.inf, np.nan, 1.0, None, None, 2.0, np.inf]
+    keys = [1, 1, 2, 2, 3, 3, 4, 4]
+    lists = [[1], None, [], [2, 3], None, None, [4], None]
+    table = pa.table({"k": keys, "v": pa.array(values, pa.float64()), "l": pa.array(lists, pa.list_(pa.int64()))})
+    got = backend.groupby_aggregate(table, ["k"], [("v", "sum", "s"), ("l", "count", "n")])
+    rows = {r["k"]: r for r in got.to_pylist()}
+    for k in set(keys):
+        vals = np.array([v for kk, v in zip(keys, values) if kk == k and v is not None], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            want = float(vals.sum()) if len(vals) else 0.0  # numpy: NaN and inf - inf give NaN
+        assert (math.isnan(rows[k]["s"]) and math.isnan(want)) or rows[k]["s"] == want, k
+        assert rows[k]["n"] == sum(1 for kk, x in zip(keys, lists) if kk == k and x is not None), k
+
+
 def test_list_lengths(backend):
     rows = [[1, 2, 3], None, [], [4]]
     assert py(backend.list_lengths(pa.array(rows))) == [len(r or []) for r in rows]
