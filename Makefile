@@ -45,8 +45,11 @@ test: $(VENV)/.dev-installed lint
 # "pass" by skipping: it stops first when the cudf backend cannot run here. It prints
 # the GPUs seen and where tasks run (one GPU: threads; several: LocalCUDACluster);
 # -rs lists the tests skipped and why (several GPUs, TensorFlow with GPU support).
+# CUDA=13 installs the gpu-cu13 extra (cudf for CUDA 13) instead of gpu (CUDA 12).
+CUDA ?= 12
+GPU_EXTRA := $(if $(filter 13,$(CUDA)),gpu-cu13,gpu)
 test-gpu: $(VENV)/.dev-installed
-	$(PIP) -e ".[dev,torch,gpu]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PIP) -e ".[dev,torch,$(GPU_EXTRA)]" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PY) -c "import sys, tabstream.backends as b; r = b.gpu_status(); print('cudf backend:', r or 'available'); sys.exit(1 if r else 0)"
 	$(PY) -c "import tabstream.backends as b; n = b.gpu_count(); print('GPUs:', n, '-> tasks run on', b.scheduler_for('cudf', n, False))"
 	$(PY) -m pytest -m gpu -q -rs

@@ -14,9 +14,10 @@ GPU reader (:func:`read_parquet_row_groups`), dask-cudf collections
 (:func:`dask_gpu_frame`, :func:`frame_to_arrow`) and the process's
 ``LocalCUDACluster`` for several GPUs (:func:`gpu_count`, :func:`local_cuda_client`).
 
-Not yet run on a GPU in this repository's CI: ``make test-gpu`` runs the backend
-contract suite (``tests/backends``) on this backend and compares every kernel and
-every op with the arrow backend.
+Run on a GPU (an H100, cudf 26.10; docs/backends.md, "State of the cudf backend"):
+``tools/gpu_suite.sh`` / ``make test-gpu`` run the backend contract suite
+(``tests/backends``) on this backend and compare every kernel and every op with the
+arrow backend. CI has no GPU.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from tabstream.core.hashing import DEFAULT_SEED, HashResult, murmur3_32_with_nul
 __all__ = ["BackendUnavailableError", "CudfBackend", "dask_gpu_frame", "frame_to_arrow", "gpu_count",
            "gpu_status", "is_gpu_frame", "local_cuda_client", "read_parquet_row_groups"]
 
-INSTALL_HINT = ("install the GPU extra (pip install 'tabstream[gpu]': cudf, dask-cudf and dask-cuda "
-                "for CUDA 12) on a machine with an NVIDIA GPU and its driver, or use cpu=True")
+INSTALL_HINT = ("install the GPU extra (pip install 'tabstream[gpu]' for CUDA 12, 'tabstream[gpu-cu13]' "
+                "for CUDA 13: cudf, dask-cudf and dask-cuda) on a machine with an NVIDIA GPU and its "
+                "driver, or use cpu=True")
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
+from tabstream.core.dtypes import widen_half
 from tabstream.core.errors import SchemaError
 from tabstream.core.schema import Schema
 from tabstream.ops.numeric import plain
@@ -49,7 +50,8 @@ def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     cols = {name: key_column(keys.column(name)) for name in keys.column_names}
     codes = np.zeros(keys.num_rows, dtype=np.int64)
     for column in cols.values():
-        enc = pc.dictionary_encode(column, null_encoding="encode")
+        # float16 hashed as float32 (exact): pyarrow before 26 has no half-float kernel
+        enc = pc.dictionary_encode(widen_half(column), null_encoding="encode")
         col_codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         # re-densify after each column so codes stay below the row count (no overflow)
         _, codes = np.unique(codes * max(1, len(enc.dictionary)) + col_codes, return_inverse=True)

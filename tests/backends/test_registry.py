@@ -53,7 +53,7 @@ def test_choose_without_a_gpu(no_gpu):
                        match=r"Dataset\(cpu=False\) asks for the GPU \(cudf\) backend, which cannot run "
                              r"here: cudf/cupy do not import \(No module named 'cudf'\)") as info:
         backends.choose(False)
-    assert "tabstream[gpu]" in info.value.hint and "cpu=True" in info.value.hint
+    assert "tabstream[gpu]" in info.value.hint and "tabstream[gpu-cu13]" in info.value.hint and "cpu=True" in info.value.hint
     assert isinstance(info.value, ValueError)  # as Dataset(cpu=False) always raised
 
 
