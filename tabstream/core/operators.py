@@ -287,6 +287,11 @@ class StatOperator(Operator):
     def finalize(self, partial: Any) -> None:
         """Store the combined statistics as state and set ``fitted``."""
 
+    def discard_partials(self) -> None:
+        """Remove what this op's partials hold outside memory (spill files), after a
+        fit that failed: nothing will read them. Most ops hold nothing; the default
+        does nothing."""
+
     @abc.abstractmethod
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         """Fitted state as (JSON values, named Arrow tables); saved as JSON + parquet."""

@@ -127,8 +127,9 @@ class _Spill:
 
 #: Spill files are named ``tabstream-categorify-<owner>-<id>.arrow`` (see
 #: :mod:`tabstream.core.scratch`): the first spill of a process into a folder removes
-#: those whose owner is dead (a killed fit's), and the spills of this process still
-#: there at its exit (a fit that failed) are removed then.
+#: those whose owner is dead (a killed fit's); a fit that fails removes its own
+#: (``Workflow.fit`` calls :meth:`Categorify.discard_partials`), and any of this
+#: process still there at its exit are removed then.
 _SPILL_NAME = owner_pattern(r"tabstream-categorify-", r"[0-9a-f]{32}\.arrow")
 _WRITTEN: dict[int, set[str]] = {}  # id(op) -> its spills not removed yet, in this process
 _WRITTEN_LOCK = threading.Lock()
@@ -546,6 +547,10 @@ class Categorify(StatOperator):
         for part in parts:
             out.update(part)
         return out
+
+    def discard_partials(self) -> None:
+        """Remove the spill files this op wrote in this process during a fit that failed."""
+        _remove_written(id(self))
 
     def _maybe_spill(self, counts: _Counts) -> _Counts:
         if counts.table is None or counts.table.num_rows <= self.spill_rows:

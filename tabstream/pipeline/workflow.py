@@ -160,7 +160,15 @@ class Workflow:
             _check_has_rows(ds, ds.num_rows)
         with _runs_on(self, ds), _cluster_spill_dir(self.client, [n.op for nodes in phases for n in nodes]), \
                 small_pages():
-            self._fit_phases(ds, columns, phases, progress)
+            try:
+                self._fit_phases(ds, columns, phases, progress)
+            except BaseException:
+                # the fit failed: no later step reads its partials' spills (the ones
+                # of ops that finalized were read and removed already)
+                for nodes in phases:
+                    for node in nodes:
+                        node.op.discard_partials()
+                raise
         # the partitions and partials of the fit are freed by now, but Arrow's allocator
         # keeps their pages: handed back, the export after the fit (mapping the kept
         # partitions, see Dataset's cache) peaks at its own size, not on top of them

@@ -27,6 +27,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
+from tabstream.core.operators import StatOperator
 from tabstream.core.scratch import owner_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,3 +220,41 @@ def test_next_fit_removes_the_spills_of_a_killed_one(tmp_path):
     # the fit itself is whole: every value of the input has an id
     encoded = wf.transform(frame)["c"].to_numpy()
     assert len(np.unique(encoded)) == frame["c"].nunique() and encoded.min() >= 3
+
+
+class _FailsAtFinalize(StatOperator):
+    """A statistics op whose fit fails after every partial is in (another op's
+    spills are written by then)."""
+
+    def fit_partition(self, table):
+        return table.num_rows
+
+    def combine(self, partials):
+        return sum(partials)
+
+    def finalize(self, partial):
+        raise RuntimeError(f"finalize failed after {partial} rows")
+
+    def get_state(self):
+        return {}, {}
+
+    def set_state(self, values, tables):
+        self.fitted = True
+
+    def transform(self, table):
+        return table
+
+
+@pytest.mark.parametrize("order", ["failing op first", "Categorify first"])
+def test_a_fit_that_fails_for_another_reason_removes_its_spills(tmp_path, order):
+    # Categorify spills past spill_rows; the other op of the same fit level fails:
+    # nothing will read the spills, so the failed fit removes them (not only at exit)
+    spills = tmp_path / "spills"
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"c": [f"v{i}" for i in rng.integers(0, 50_000, 40_000)], "x": np.arange(40_000)})
+    cat = ["c"] >> ops.Categorify(spill_rows=2000, spill_dir=str(spills))
+    boom = ["x"] >> _FailsAtFinalize()
+    wf = ts.Workflow(boom + cat if order == "failing op first" else cat + boom)
+    with pytest.raises(RuntimeError, match="finalize failed after 40000 rows"):
+        wf.fit(ts.Dataset(df, npartitions=8))
+    assert os.listdir(spills) == [], "the failed fit's spills are removed"
