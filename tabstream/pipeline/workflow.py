@@ -22,6 +22,7 @@ ExportResult('.../out/train', files=1, num_rows=3)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -249,7 +250,10 @@ class Workflow:
         hidden folders of killed savers are removed by the next save. An existing
         ``path`` may hold only an earlier save (``workflow.json``, ``stats/``): a save
         replaces the whole folder. On an object store (no rename) the earlier
-        ``workflow.json`` is removed first and the new one written last.
+        ``workflow.json`` is removed first and the new one written last; each names
+        its own save's stats files, so of two savers at once the last
+        ``workflow.json`` written wins whole. Stats files no save names are removed
+        by a later save once an hour old (:data:`STALE_STATS_S`).
         """
         self._check_fitted()
         fs, root = _fs_root(path, storage_options)
@@ -897,10 +901,21 @@ _ALLOWED_IN_SAVE = {"workflow.json", "stats"}
 _STATS_FILE = re.compile(r"(?:[0-9a-f]{8}_)?node\d+_.*\.parquet")
 
 
+#: On an object store, stats files of other saves are removed by a save only once
+#: they are this much older than its ``workflow.json``: a concurrent saver may have
+#: written its stats and not yet its ``workflow.json`` (a save of large vocabularies
+#: to an object store can take minutes). Unreferenced files younger than that stay
+#: until a later save.
+STALE_STATS_S = 3600.0
+
+
 def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) -> None:
     """An object store's save: no rename, so ``workflow.json`` is removed first and
-    written last (the folder does not load in between), and stats files of earlier
-    saves are removed afterwards."""
+    written last (the folder does not load in between; each ``workflow.json`` names
+    its own save's stats files). Two savers at once: the last ``workflow.json``
+    written wins, whole, since neither removes the other's fresh stats files; stats
+    files of earlier saves are removed once :data:`STALE_STATS_S` older than this
+    save's ``workflow.json`` (the store's clock on both sides)."""
     doc_path = posixpath.join(root, "workflow.json")
     if fs.exists(doc_path):
         fs.rm(doc_path)
@@ -912,13 +927,17 @@ def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) ->
         f.write(text)
     written = {posixpath.basename(rel) for rel in files}
     try:
+        now = fs.modified(doc_path)
         present = fs.ls(posixpath.join(root, "stats"), detail=False)
-    except FileNotFoundError:  # object stores have no empty folders
-        present = []
+    except (FileNotFoundError, NotImplementedError):  # no empty folders; no times: keep all
+        return
     for old in present:
         name = posixpath.basename(old.rstrip("/"))
-        if _STATS_FILE.fullmatch(name) and name not in written:
-            fs.rm(old)
+        if not _STATS_FILE.fullmatch(name) or name in written:
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another saver removed it
+            if (now - fs.modified(old)).total_seconds() >= STALE_STATS_S:
+                fs.rm(old)
 
 
 def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_id: str) -> None:

@@ -7,6 +7,7 @@ overwrite."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -160,6 +161,41 @@ def test_workflow_save_load_and_loader_on_s3(s3):
         features, labels = batch
         seen.append(np.asarray(labels["label"] if isinstance(labels, dict) else labels).reshape(-1))
     assert np.array_equal(np.concatenate(seen), wf.transform(frame)["label"].to_numpy())
+
+
+def test_two_savers_on_s3_the_last_workflow_json_wins_whole(s3, monkeypatch):
+    """The race of two ``Workflow.save`` to one s3 path, step by step: B has written its
+    stats files but not yet its ``workflow.json`` when A's save runs to the end. A
+    must leave B's fresh stats files alone, so that B's ``workflow.json``, written
+    last, loads as B whole (A's cleanup removed them before: B's folder failed to
+    load). Stats files no ``workflow.json`` names are removed once stale."""
+    import tabstream.pipeline.workflow as workflow_module
+
+    fs, options = s3
+    frame_a, frame_b = _frame(seed=11), _frame(seed=12)
+    a = ts.Workflow(_graph()).fit(ts.Dataset(frame_a))
+    b = ts.Workflow(_graph()).fit(ts.Dataset(frame_b.assign(C1=frame_b["C1"] + "x")))
+    b.save("s3://bkt/race-b", storage_options=options)
+    # B, mid-save at bkt/race: its stats are there, its workflow.json not yet
+    b_stats = fs.ls("bkt/race-b/stats", detail=False)
+    for path in b_stats:
+        fs.copy(path, "bkt/race/stats/" + path.rsplit("/", 1)[1])
+    a.save("s3://bkt/race", storage_options=options)  # A's save, start to end
+    fs.invalidate_cache()
+    assert {p.rsplit("/", 1)[1] for p in b_stats} <= {p.rsplit("/", 1)[1] for p in fs.ls("bkt/race/stats")}
+    fs.copy("bkt/race-b/workflow.json", "bkt/race/workflow.json")  # B's last step
+    fs.invalidate_cache()
+    again = ts.Workflow.load("s3://bkt/race", storage_options=options)
+    pd.testing.assert_frame_equal(again.transform(frame_b), b.transform(frame_b))
+    # a later save, with stats counted stale at once, keeps only its own files
+    monkeypatch.setattr(workflow_module, "STALE_STATS_S", 0.0)
+    a.save("s3://bkt/race", storage_options=options)
+    fs.invalidate_cache()
+    doc = json.loads(fs.cat_file("bkt/race/workflow.json"))
+    named = {path.rsplit("/", 1)[1] for node in doc["nodes"] for path in node.get("tables", {}).values()}
+    assert {p.rsplit("/", 1)[1] for p in fs.ls("bkt/race/stats")} == named
+    again = ts.Workflow.load("s3://bkt/race", storage_options=options)
+    pd.testing.assert_frame_equal(again.transform(frame_a), a.transform(frame_a))
 
 
 def test_categorify_spills_to_s3_reads_buckets_back_and_removes_them(s3, monkeypatch):
