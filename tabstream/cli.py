@@ -405,11 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description or help, formatter_class=_Formatter)
 
     def data_opts(p: argparse.ArgumentParser, criteo_flag: bool = True) -> None:
+        from tabstream.pipeline.dataset import DEFAULT_PART_SIZE
+
         g = p.add_argument_group("reading the input")
         g.add_argument("--engine", choices=["parquet", "csv"], default=None,
                        help="input format (default: from the file extension: .parquet, .csv, .tsv, .gz)")
         g.add_argument("--part-size", default=None,
-                       help="partition size in memory, e.g. 64MB (default: 128MB)")
+                       help=f"partition size in memory, e.g. 32MB (default: {DEFAULT_PART_SIZE >> 20}MB)")
         if criteo_flag:
             g.add_argument("--criteo-tsv", action="store_true",
                            help="raw text is headerless Criteo TSV (label, I1..I13, C1..C26)")
@@ -429,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     def export_opts(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("writing the export")
         g.add_argument("--out-files-per-proc", type=int, default=None,
-                       help="data files per worker (default: one per partition)")
+                       help="data files per worker (a thread of the local scheduler, or a dask "
+                       "worker) that has a partition to read; the rows are split equally over all "
+                       "files, which differ by at most one row (default: 1)")
         g.add_argument("--shuffle", choices=["per_partition", "per_worker", "full"], default=None,
                        help="shuffle rows while writing (default: keep the input order)")
         g.add_argument("--overwrite", action="store_true",

@@ -43,6 +43,18 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
                 assert f"(default: {action.default})" in shown, f"{name} {flag}: {shown!r}"
 
 
+def test_part_size_and_files_per_proc_help_say_what_the_code_does(tmp_path):
+    fit = _subparsers(build_parser())["fit"]
+    transform = _subparsers(build_parser())["transform"]
+    helps = {a.option_strings[-1]: fit._get_formatter()._expand_help(a) for a in fit._actions if a.option_strings}
+    # the default a Dataset really takes when --part-size is not given
+    ds = ts.Dataset(pd.DataFrame({"x": [1, 2]}))
+    assert f"(default: {ds.part_size // 2**20}MB)" in helps["--part-size"]
+    files = next(a for a in transform._actions if "--out-files-per-proc" in a.option_strings)
+    text = transform._get_formatter()._expand_help(files)
+    assert "per worker" in text and "split equally" in text and "(default: 1)" in text
+
+
 def test_version(capsys):
     from importlib.metadata import version
 
