@@ -745,9 +745,9 @@ class Dataset:
             with stores.translate_store_errors(piece.path):
                 t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
-        from tabstream.pipeline.execution import local_compute
+        from tabstream.pipeline.execution import compute_partition
 
-        part = local_compute([self._ddf.get_partition(piece)], sync=True)[0]
+        part = compute_partition(self._ddf, piece)
         t = _frame_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
 
