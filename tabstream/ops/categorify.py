@@ -96,7 +96,7 @@ import pyarrow.compute as pc
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
-from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
+from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import TaskGroup, shared_pool
 
@@ -444,7 +444,7 @@ class Categorify(StatOperator):
                 cardinality = self.start_index + self.tables[vocab].num_rows
             props["domain"] = {"min": 0, "max": cardinality - 1, "name": vocab}
             props["embedding_sizes"] = {"cardinality": cardinality,
-                                        "dimension": infer_embedding_dim(cardinality)}
+                                        "dimension": embedding_dim(cardinality)}
         tags = (col.tags | {Tags.CATEGORICAL}) - {Tags.CONTINUOUS}
         return ColumnSchema(col.name, self.dtype, tags, props, is_list=col.is_list, is_ragged=col.is_ragged)
 

@@ -216,7 +216,7 @@ class Groupby(Operator):
             dtype = "float64" if col.dtype.startswith("float") else "int64"
             return ColumnSchema(name, dtype, col.tags - {Tags.CATEGORICAL} | {Tags.CONTINUOUS})
         if agg == "list":
-            return ColumnSchema(name, col.dtype, col.tags | {Tags.LIST}, props, is_list=True, is_ragged=True)
+            return ColumnSchema(name, col.dtype, col.tags, props, is_list=True, is_ragged=True)
         return ColumnSchema(name, col.dtype, col.tags, col.properties, is_list=col.is_list,
                             is_ragged=col.is_ragged)
 

@@ -520,11 +520,12 @@ class Dataset:
         stored = given or self._stored_schema
         for field in self._arrow_schema:
             dtype, is_list = arrow_type_to_dtype(field.type)
-            col = ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
+            ragged = is_list and not pa.types.is_fixed_size_list(field.type)  # fixed: one length
+            col = ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=ragged)
             if stored is not None and field.name in stored:
                 known = stored[field.name]
                 col = ColumnSchema(field.name, dtype, known.tags, known.properties,
-                                   is_list=is_list, is_ragged=known.is_ragged if is_list else False)
+                                   is_list=is_list, is_ragged=known.is_ragged and ragged)
             cols.append(col)
         return Schema(cols)
 
