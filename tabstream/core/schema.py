@@ -23,7 +23,7 @@ import fsspec
 
 from tabstream.core.jsonfile import loads_json
 
-__all__ = ["ColumnSchema", "Schema", "Tags", "infer_embedding_dim"]
+__all__ = ["EMBEDDING_RULES", "ColumnSchema", "Schema", "Tags", "embedding_dim", "infer_embedding_dim"]
 
 
 class Tags(str, enum.Enum):
@@ -77,7 +77,11 @@ class ColumnSchema:
     """One column: its name, element dtype (a numpy-style name such as ``"int64"``,
     ``"float32"``, ``"string"``, ``"bool"``), tags and free-form properties.
 
-    List columns have ``is_list=True``; ``dtype`` is then the element type.
+    List columns have ``is_list=True``; ``dtype`` is then the element type. A list
+    column's tags are the ones given (as in Merlin): ``Tags.LIST`` is not added by
+    itself; ops that make lists add it where NVTabular's do (``ListSlice``).
+    ``is_ragged`` is False for a list whose rows all have one length (a fixed-size
+    Arrow list, ``ListSlice(pad=True)``, ``ValueCount`` with ``min == max``).
     """
 
     name: str
@@ -90,8 +94,6 @@ class ColumnSchema:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", normalize_tags(self.tags))
         object.__setattr__(self, "properties", dict(self.properties))
-        if self.is_list and Tags.LIST not in self.tags:
-            object.__setattr__(self, "tags", self.tags | {Tags.LIST})
 
     def with_name(self, name: str) -> ColumnSchema:
         return replace(self, name=name)
@@ -281,3 +283,38 @@ def infer_embedding_dim(cardinality: int, multiplier: float = 2.0, multiple_of: 
         raise ValueError(f"cardinality must be positive, got {cardinality}")
     raw = math.floor(cardinality**0.25 * multiplier)
     return max(multiple_of, int(math.ceil(raw / multiple_of) * multiple_of))
+
+
+def _nvtabular_dim(cardinality: int) -> int:
+    return min(max(16, round(1.6 * cardinality**0.56)), 512)
+
+
+#: Embedding dimension rules by name (see :func:`embedding_dim`).
+EMBEDDING_RULES = {
+    # NVTabular's (and fast.ai's): 1.6 * cardinality ** 0.56, rounded, kept in [16, 512]
+    "nvtabular": _nvtabular_dim,
+    # tabstream's before: floor(cardinality ** 0.25 * 2), up to a multiple of 8
+    "fourth_root": infer_embedding_dim,
+}
+
+
+def embedding_dim(cardinality: int, rule: str = "nvtabular") -> int:
+    """The suggested embedding dimension of a table of ``cardinality`` rows, the
+    ``dimension`` ops write into ``properties["embedding_sizes"]``.
+
+    ``rule="nvtabular"`` (the default) is NVTabular's ``min(max(16, round(1.6 *
+    cardinality ** 0.56)), 512)``; ``rule="fourth_root"`` is :func:`infer_embedding_dim`
+    (the trainers' default when they infer sizes)::
+
+        embedding_dim(29)                        # 16  (1.6 * 29 ** 0.56 = 10.5 -> at least 16)
+        embedding_dim(1_000_000)                 # 512 (1.6 * 1e6 ** 0.56 = 3,674 -> at most 512)
+        embedding_dim(29, rule="fourth_root")    # 8   (floor(29 ** 0.25 * 2) = 4 -> 8)
+    """
+    if cardinality <= 0:
+        raise ValueError(f"cardinality must be positive, got {cardinality}")
+    try:
+        fn = EMBEDDING_RULES[rule]
+    except KeyError:
+        raise ValueError(f"unknown embedding size rule {rule!r}; expected one of: "
+                         f"{', '.join(EMBEDDING_RULES)}") from None
+    return int(fn(int(cardinality)))

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tabstream.backends import current as backend
 from tabstream.core.operators import Operator
-from tabstream.core.schema import ColumnSchema, Tags, infer_embedding_dim
+from tabstream.core.schema import ColumnSchema, Tags, embedding_dim
 from tabstream.ops.numeric import check_numeric, plain
 
 __all__ = ["Bucketize"]
@@ -68,7 +68,7 @@ class Bucketize(Operator):
         n = len(self._for(col.name)) + 1
         props = {**col.properties, "boundaries": self._for(col.name),
                  "domain": {"min": 0, "max": n - 1, "name": col.name},
-                 "embedding_sizes": {"cardinality": n, "dimension": infer_embedding_dim(n)}}
+                 "embedding_sizes": {"cardinality": n, "dimension": embedding_dim(n)}}
         out = col.with_dtype("int64").with_tags(Tags.CATEGORICAL).without_tags(Tags.CONTINUOUS)
         return ColumnSchema(out.name, "int64", out.tags, props)
 

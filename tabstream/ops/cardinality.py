@@ -39,18 +39,19 @@ class DropLowCardinality(StatOperator):
 
     A column tagged categorical (and not target) is dropped when its largest id in
     the schema (``domain.max``, as Categorify and Bucketize set it, else
-    ``embedding_sizes.cardinality - 1``) is at most ``min_cardinality``; every
-    other column (continuous, untagged, target) is kept. With Categorify's three
-    reserved ids (0 padding, 1 missing, 2 out-of-vocabulary) the default
-    ``min_cardinality=4`` drops columns of at most two distinct values::
+    ``embedding_sizes.cardinality - 1``) is below ``min_cardinality``; a column
+    whose largest id equals it stays. Every other column (continuous, untagged,
+    target) is kept. With Categorify's three reserved ids (0 padding, 1 missing,
+    2 out-of-vocabulary) the default ``min_cardinality=4`` drops columns of one
+    distinct value::
 
-        schema: cat domain.max=4 (2 values), cat2 domain.max=9, label (target), price
+        schema: cat domain.max=3 (1 value), cat2 domain.max=4 (2 values), label (target), price
         ["cat", "cat2", "label", "price"] >> DropLowCardinality()   # cat2, label, price
 
     A categorical column without a domain (not encoded yet) is judged as Categorify
     would encode it: fit counts its distinct non-missing values ``k`` (null and NaN
     are missing, ``-0.0`` is ``0.0``, list columns count their elements) and the
-    column is dropped when ``k + 2 <= min_cardinality``. Each partial keeps at most
+    column is dropped when ``k + 2 < min_cardinality``. Each partial keeps at most
     ``min_cardinality`` values per such column, so memory stays tiny. Before fit
     those columns are listed in the output schema; ``dropped`` names the columns
     the op removes.
@@ -81,7 +82,7 @@ class DropLowCardinality(StatOperator):
         largest = _largest_id(col)
         if largest is None:
             return "later" if "start_index" in col.properties else "count"
-        return "drop" if largest <= self.min_cardinality else "keep"
+        return "drop" if largest < self.min_cardinality else "keep"
 
     def _dropped(self, schema: Schema) -> list[str]:
         from tabstream.core.errors import SchemaError
@@ -96,7 +97,7 @@ class DropLowCardinality(StatOperator):
                         "the schema and its values were not counted at fit; fit the workflow "
                         "again (Workflow.fit) with this input")
                 largest = self.distinct[col.name] + _RESERVED_IDS - 1
-                verdict = "drop" if largest <= self.min_cardinality else "keep"
+                verdict = "drop" if largest < self.min_cardinality else "keep"
             if verdict == "drop":
                 out.append(col.name)
         return out

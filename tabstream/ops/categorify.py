@@ -31,12 +31,21 @@ most ``N``. ``Categorify(max_size=5)`` on ``["a", "a", "a", "b", "b", "c"]`` kee
 Column groups (nested lists in the selection, or ``column_groups=``):
 
 * ``encode_type="joint"``: the columns of a group share one vocabulary (counts are
-  summed over the group); each column keeps its name. ``single_table=True`` puts
-  every selected column in one group.
+  summed over the group); each column keeps its name.
 * ``encode_type="combo"``: the combination of the group's values is the category;
   the output is one column named ``a_b`` for group ``["a", "b"]``. A row whose
   values are all missing (null or NaN) is missing (id 1); otherwise a missing part
-  is part of the combination (NaN and null alike).
+  is part of the combination (NaN and null alike). Every group and every single
+  name of the selection is encoded: ``[["a", "b"], "a", "b"]`` outputs ``a_b``,
+  ``a`` and ``b``.
+
+``single_table=True`` keeps each column's own vocabulary (fitted on that column
+alone) but numbers them all in one table, as NVTabular does: ids ``0``, ``1`` and the
+out-of-vocabulary ids are shared, then the first column's vocabulary, then the
+second's right after it, in selection order. For columns ``a`` (values ``x``, ``y``)
+and ``b`` (value ``z``): ``a`` gets ids 3-4, ``b`` id 5, and every column's cardinality
+is the whole table's, 6, with one shared ``domain.name`` (``a_b``), so one embedding
+table serves them all.
 
 List (multi-hot) columns are encoded element by element and stay lists.
 
@@ -87,7 +96,7 @@ import pyarrow.compute as pc
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices, widen_half
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
-from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
+from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import TaskGroup, shared_pool
 
@@ -268,7 +277,8 @@ class Categorify(StatOperator):
         Groups of columns, e.g. ``[["user", "seller"], "item"]``; usually set by
         selecting with nested lists: ``[["user", "seller"], "item"] >> Categorify(...)``.
     single_table:
-        With ``encode_type="joint"``: all selected columns share one vocabulary.
+        Number every column's vocabulary in one table, one range of ids after the
+        other (see module docs).
     """
 
     #: fit and transform take dictionary columns (counted and encoded without
@@ -331,8 +341,11 @@ class Categorify(StatOperator):
         self.spill_rows = int(spill_rows)
         self.spill_buckets = int(spill_buckets)
         self.spill_dir = spill_dir
-        # fitted state: vocabulary name -> table (values, counts) in id order
+        # fitted state: vocabulary name -> table (values, counts) in id order; with
+        # single_table the dict's order is the order of the id ranges
         self.tables: dict[str, pa.Table] = {}
+        # vocabulary names in selection order, as the output schema last saw them
+        self._order: list[str] = []
 
     # -- groups -------------------------------------------------------------
     @property
@@ -346,9 +359,13 @@ class Categorify(StatOperator):
             self.column_groups = _normalize_groups(groups)
 
     def _groups(self, names: Sequence[str]) -> list[list[str]]:
-        """Vocabulary groups over the columns ``names``, in column order."""
-        if self.single_table and self.encode_type == "joint":
-            return [list(names)]
+        """Vocabulary groups over the columns ``names``, in column order (combo: in
+        the order of ``column_groups``, each group and single name once)."""
+        if self.encode_type == "combo" and self.column_groups:
+            present = [g for g in self.column_groups if all(n in names for n in g)]
+            listed = {n for g in self.column_groups for n in g}
+            out = list({tuple(g): g for g in present}.values())
+            return out + [[n] for n in names if n not in listed]
         groups = [g for g in (self.column_groups or []) if len(g) > 1 and all(n in names for n in g)]
         grouped = {n for g in groups for n in g}
         out, placed = [], set()
@@ -374,6 +391,22 @@ class Categorify(StatOperator):
     def _setting(self, value: int | dict[str, int], name: str) -> int:
         return int(value.get(name, 0)) if isinstance(value, dict) else int(value)
 
+    def _first_id(self, name: str) -> int:
+        """Id of vocabulary ``name``'s first value: after the previous vocabularies'
+        ranges with ``single_table``, else :attr:`start_index`."""
+        if not self.single_table:
+            return self.start_index
+        first = self.start_index
+        for other, table in self.tables.items():
+            if other == name:
+                break
+            first += table.num_rows
+        return first
+
+    def _table_name(self) -> str:
+        """``domain.name`` of every output column with ``single_table``."""
+        return "_".join(self.tables) if self.tables else "_".join(self._order)
+
     def _vocab_limit(self, name: str) -> int | None:
         """How many vocabulary values ``max_size`` keeps for ``name`` (None: all)."""
         size = self._setting(self.max_size, name)
@@ -382,7 +415,9 @@ class Categorify(StatOperator):
     # -- schema -------------------------------------------------------------
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         cols = []
-        for group in self._groups(input_schema.column_names):
+        groups = self._groups(input_schema.column_names)
+        self._order = [self._vocab_name(g) for g in groups]
+        for group in groups:
             vocab = self._vocab_name(group)
             for col in (input_schema[n] for n in group):
                 if col.dtype not in ("string", "bool") and not col.dtype.startswith(("int", "uint", "float")):
@@ -402,10 +437,14 @@ class Categorify(StatOperator):
             "start_index": self.start_index,
         }
         if vocab in self.tables:
-            cardinality = self.start_index + self.tables[vocab].num_rows
+            if self.single_table:   # one table: every column's ids run up to its end
+                cardinality = self.start_index + sum(t.num_rows for t in self.tables.values())
+                vocab = self._table_name()
+            else:
+                cardinality = self.start_index + self.tables[vocab].num_rows
             props["domain"] = {"min": 0, "max": cardinality - 1, "name": vocab}
             props["embedding_sizes"] = {"cardinality": cardinality,
-                                        "dimension": infer_embedding_dim(cardinality)}
+                                        "dimension": embedding_dim(cardinality)}
         tags = (col.tags | {Tags.CATEGORICAL}) - {Tags.CONTINUOUS}
         return ColumnSchema(col.name, self.dtype, tags, props, is_list=col.is_list, is_ragged=col.is_ragged)
 
@@ -722,7 +761,10 @@ class Categorify(StatOperator):
                     f"Categorify: the vocabulary given for {name!r} has {len(arr)} values, but "
                     f"max_size={self._setting(self.max_size, name)} leaves room for {limit}")
             tables[name] = pa.table({"values": arr, "counts": pa.nulls(len(arr), pa.int64())})
-        self.tables = tables
+        # selection order (single_table numbers the vocabularies one after the other
+        # in this order); partials may come in another (the last merge's shards)
+        order = {name: i for i, name in enumerate(self._order)}
+        self.tables = dict(sorted(tables.items(), key=lambda kv: order.get(kv[0], len(order))))
         drop_lookup_indexes(self)  # those of the vocabularies replaced
         self.fitted = True
 
@@ -789,10 +831,11 @@ class Categorify(StatOperator):
                                 f"but it was fitted on {vocab.type}") from exc
         kernels = backend()
         index = self._vocabulary_index(name, vocab, kernels)
+        first = self._first_id(name)
         if not self.num_buckets:
-            return kernels.encode_ids(column, vocab, self.start_index, NULL_ID, OOV_ID, index).cast(out_type)
+            return kernels.encode_ids(column, vocab, first, NULL_ID, OOV_ID, index).cast(out_type)
         # values out of the vocabulary get -1 (no id is negative), then their hash bucket
-        ids = kernels.encode_ids(column, vocab, self.start_index, NULL_ID, -1, index)
+        ids = kernels.encode_ids(column, vocab, first, NULL_ID, -1, index)
         oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
         return pc.if_else(pc.equal(ids, -1), oov, ids).cast(out_type)
 
@@ -831,7 +874,8 @@ class Categorify(StatOperator):
         if key is None or key not in self.tables:
             raise KeyError(f"Categorify has no vocabulary for {name!r}; it has {sorted(self.tables)}")
         vocab = self.tables[key]
-        ids = pa.array(np.arange(self.start_index, self.start_index + vocab.num_rows, dtype=np.int64))
+        first = self._first_id(key)
+        ids = pa.array(np.arange(first, first + vocab.num_rows, dtype=np.int64))
         return pa.table({"id": ids, "value": vocab["values"], "counts": vocab["counts"]})
 
 

@@ -16,8 +16,10 @@ Semantics
 ---------
 * Rows are stably sorted by ``sort_cols`` (``ascending`` applies to all of them;
   missing values last, ties keep the input order) before aggregating, so ``list``
-  holds the values in that order and ``first``/``last`` are the first/last row's
-  value. Without ``sort_cols`` the input order is used.
+  holds the values in that order. Without ``sort_cols`` the input order is used.
+* ``first``/``last`` are the first/last element of ``list``; with
+  ``ascending=False`` they are its last/first (NVTabular's rule): ``first`` is the
+  earliest row by ``sort_cols`` in either direction, so ``ts-first <= ts-last``.
 * Output columns: the ``groupby_cols`` first, then ``<column><name_sep><agg>`` for
   each aggregated column (input order for list/str ``aggs``, dict order for a dict)
   and each aggregation in the order given. Output rows are sorted by the keys
@@ -125,7 +127,8 @@ class Groupby(Operator):
     name_sep:
         Separator of output names: ``item_id-list``.
     ascending:
-        Sort direction of ``sort_cols``.
+        Sort direction of ``sort_cols`` (the order of ``list``); ``first``/``last``
+        take ``list``'s last/first element when False, as in NVTabular.
 
     >>> import pyarrow as pa
     >>> t = pa.table({"s": [1, 2, 1], "ts": [20, 30, 10], "item": [7, 9, 5]})
@@ -213,7 +216,7 @@ class Groupby(Operator):
             dtype = "float64" if col.dtype.startswith("float") else "int64"
             return ColumnSchema(name, dtype, col.tags - {Tags.CATEGORICAL} | {Tags.CONTINUOUS})
         if agg == "list":
-            return ColumnSchema(name, col.dtype, col.tags | {Tags.LIST}, props, is_list=True, is_ragged=True)
+            return ColumnSchema(name, col.dtype, col.tags, props, is_list=True, is_ragged=True)
         return ColumnSchema(name, col.dtype, col.tags, col.properties, is_list=col.is_list,
                             is_ragged=col.is_ragged)
 
@@ -251,13 +254,15 @@ class Groupby(Operator):
 
         rows = grouped.column(f"{_ROW}_list").combine_chunks()
         columns: list[Any] = [grouped.column(f"k{i}") for i in range(len(self.groupby_cols))]
+        # NVTabular's first/last: list[0]/list[-1], swapped when ascending=False
+        first, last = (f"{_ROW}_min", f"{_ROW}_max") if self.ascending else (f"{_ROW}_max", f"{_ROW}_min")
         for j, (name, aggs) in enumerate(plan):
             source = table.column(name)
             for agg in aggs:
                 if agg == "first":
-                    columns.append(_take(source, grouped.column(f"{_ROW}_min")))
+                    columns.append(_take(source, grouped.column(first)))
                 elif agg == "last":
-                    columns.append(_take(source, grouped.column(f"{_ROW}_max")))
+                    columns.append(_take(source, grouped.column(last)))
                 elif agg == "list":
                     columns.append(_gather_lists(source, rows))
                 else:

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from tabstream.backends import current as backend
 from tabstream.core.hashing import hash_combine
 from tabstream.core.operators import ColumnOperator, Operator
-from tabstream.core.schema import ColumnSchema, Schema, Tags, infer_embedding_dim
+from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 
 __all__ = ["HashBucket", "HashedCross"]
 
@@ -104,7 +104,7 @@ def _hashed_properties(n: int, name: str) -> dict[str, Any]:
     return {
         "num_buckets": n,
         "domain": {"min": 0, "max": n, "name": name},
-        "embedding_sizes": {"cardinality": n + 1, "dimension": infer_embedding_dim(n + 1)},
+        "embedding_sizes": {"cardinality": n + 1, "dimension": embedding_dim(n + 1)},
     }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -114,7 +115,8 @@ class ListSlice(ColumnOperator):
 
     With ``pad=True`` every row gets exactly ``end - start`` elements (``-start``
     for ``ListSlice(-n)``), filled up with ``pad_value``; the schema then records
-    ``value_count = {"min": n, "max": n}`` and ``is_ragged=False``. Padding needs a
+    ``value_count = {"min": n, "max": n}`` and ``is_ragged=False``. The output is
+    tagged ``Tags.LIST``, as NVTabular's ListSlice tags it. Padding needs a
     fixed slice length, so a slice mixing signs (``[2:-1]``, ``[-5:3]``) or open at
     the end (``[2:]``) cannot be padded. A null row stays null without padding and
     becomes a row of ``pad_value`` with padding (a missing list counts as empty).
@@ -181,7 +183,7 @@ class ListSlice(ColumnOperator):
         if self.pad:
             n = self.length
             props["value_count"] = {"min": n, "max": n}
-            return ColumnSchema(col.name, col.dtype, col.tags, props, is_list=True, is_ragged=False)
+            return ColumnSchema(col.name, col.dtype, col.tags | {Tags.LIST}, props, is_list=True, is_ragged=False)
         start, end = self._bounds
         if not (start < 0 and end is not None and end >= 0):
             # the sliced length grows with the row length here, so bounds map to bounds
@@ -190,7 +192,7 @@ class ListSlice(ColumnOperator):
             hi = self._sliced_length(int(known["max"])) if "max" in known else self.length
             if hi is not None:
                 props["value_count"]["max"] = hi
-        return ColumnSchema(col.name, col.dtype, col.tags, props, is_list=True, is_ragged=col.is_ragged)
+        return ColumnSchema(col.name, col.dtype, col.tags | {Tags.LIST}, props, is_list=True, is_ragged=col.is_ragged)
 
     def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
         return pa.chunked_array([self._slice(arr) for arr in _chunks(column)], type=_plain_list_type(column.type))
@@ -235,6 +237,8 @@ class ValueCount(StatOperator):
     its own min/max; the partials are merged with min/max, so the whole column is
     never held at once. A null row counts as length 0 (it reaches models as an
     empty list); a column with no rows at all gets ``{"min": 0, "max": 0}``.
+    A column whose rows all have one length (``min == max``) is then not ragged
+    (``is_ragged=False``), as NVTabular's ValueCount records it.
     """
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
@@ -247,7 +251,9 @@ class ValueCount(StatOperator):
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         _require_list(self, col)
         if col.name in self.value_counts:
-            return col.with_properties(value_count=dict(self.value_counts[col.name]))
+            counts = dict(self.value_counts[col.name])
+            # every row of one length: a fixed-length list, as NVTabular's shape says
+            return replace(col.with_properties(value_count=counts), is_ragged=counts["min"] != counts["max"])
         return col
 
     def fit_partition(self, table: pa.Table) -> dict[str, tuple[int, int] | None]:

@@ -520,11 +520,12 @@ class Dataset:
         stored = given or self._stored_schema
         for field in self._arrow_schema:
             dtype, is_list = arrow_type_to_dtype(field.type)
-            col = ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=is_list)
+            ragged = is_list and not pa.types.is_fixed_size_list(field.type)  # fixed: one length
+            col = ColumnSchema(field.name, dtype, is_list=is_list, is_ragged=ragged)
             if stored is not None and field.name in stored:
                 known = stored[field.name]
                 col = ColumnSchema(field.name, dtype, known.tags, known.properties,
-                                   is_list=is_list, is_ragged=known.is_ragged if is_list else False)
+                                   is_list=is_list, is_ragged=known.is_ragged and ragged)
             cols.append(col)
         return Schema(cols)
 
@@ -745,9 +746,9 @@ class Dataset:
             with stores.translate_store_errors(piece.path):
                 t = self._read_csv_piece(piece)
             return t.select(list(columns)) if columns is not None else t
-        from tabstream.pipeline.execution import local_compute
+        from tabstream.pipeline.execution import compute_partition
 
-        part = local_compute([self._ddf.get_partition(piece)], sync=True)[0]
+        part = compute_partition(self._ddf, piece)
         t = _frame_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
 

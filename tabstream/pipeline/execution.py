@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,18 @@ from dask import delayed
 from tabstream.core.errors import out_of_memory, ran_out_of_memory
 from tabstream.core.threads import TaskGroup, local_workers, shared_pool
 
-__all__ = ["TaskGroup", "compute", "local_compute", "num_workers", "shared_pool", "tree_reduce"]
+__all__ = ["TaskGroup", "compute", "compute_partition", "local_compute", "num_workers", "shared_pool",
+           "tree_reduce"]
+
+#: Held while a thread of this process builds a dask graph (dask-expr's expression
+#: work: optimizing, lowering, materializing), never while tasks run. On Python 3.11
+#: ``functools.cached_property`` takes one lock per property, shared by every
+#: instance, and dask-expr computes its cached properties (``divisions``,
+#: ``npartitions``, ...) of one expression while holding another's: two threads
+#: building graphs at once (two fit tasks each computing a partition of a dask
+#: DataFrame given as input, for example one after ``.shuffle``) took those locks in
+#: opposite orders and waited for each other forever.
+_GRAPH_LOCK = threading.Lock()
 
 
 def num_workers(client: Any = None) -> int:
@@ -75,10 +87,41 @@ def local_compute(tasks: Sequence[Any], sync: bool = False, **kwargs: Any) -> li
     13 MB of RSS in the first fit of every process (a tenth of a 1M-row Criteo fit).
     """
     if sync:
-        return list(dask.compute(*tasks, scheduler=dask.local.get_sync, **kwargs))
+        return _compute_locked(tasks, dask.local.get_sync, kwargs)
     if kwargs.get("pool") is None:
         kwargs["pool"] = shared_pool()
-    return list(dask.compute(*tasks, scheduler=dask.threaded.get, **kwargs))
+    return _compute_locked(tasks, dask.threaded.get, kwargs)
+
+
+def compute_partition(collection: Any, index: int) -> Any:
+    """Partition ``index`` of a dask collection (a DataFrame given as input),
+    computed in this thread; safe in many threads at once (see ``_GRAPH_LOCK``)."""
+    with _GRAPH_LOCK:
+        part = collection.get_partition(index)
+    return local_compute([part], sync=True)[0]
+
+
+def _compute_locked(tasks: Sequence[Any], get: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
+    """``dask.compute`` with the graph built under ``_GRAPH_LOCK``, the lock let go
+    before the first task runs (a task may compute a graph of its own)."""
+    held = True
+
+    def run(dsk: Any, keys: Any, **options: Any) -> Any:
+        nonlocal held
+        try:
+            if hasattr(dsk, "__dask_graph__"):  # an expression: materialize it here, locked
+                dsk = dsk.__dask_graph__()
+        finally:
+            held = False
+            _GRAPH_LOCK.release()
+        return get(dsk, keys, **options)
+
+    _GRAPH_LOCK.acquire()
+    try:
+        return list(dask.compute(*tasks, scheduler=run, **kwargs))
+    finally:
+        if held:
+            _GRAPH_LOCK.release()
 
 
 def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_in: int = 8,

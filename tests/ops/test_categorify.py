@@ -64,10 +64,50 @@ def test_joint_groups_share_one_vocabulary(pairs):
     assert tables == {"buyer_seller": ("buyer", "seller"), "item": ("item",)}
 
 
-def test_single_table(pairs):
-    _, out = fit_apply(["buyer", "seller"] >> ops.Categorify(single_table=True), pairs)
-    both = list(pairs["buyer"]) + list(pairs["seller"])
-    assert out["seller"].tolist() == encode_reference(both, pairs["seller"])
+def single_table_reference(df, columns, num_buckets=None):
+    """NVTabular's single table, in plain Python: each column's own vocabulary
+    (descending count, ties by value), the columns' id ranges one after the other
+    from the first vocabulary id; missing 1, unseen 2 (or a bucket)."""
+    start = 2 + (num_buckets or 1)
+    out, total = {}, 0
+    for c in columns:
+        ids = encode_reference(list(df[c]), list(df[c]), num_buckets=num_buckets)
+        out[c] = [i + total if i >= start else i for i in ids]
+        total += df[c].dropna().nunique()
+    return out, start + total
+
+
+@pytest.mark.parametrize("num_buckets", [None, 3])
+@pytest.mark.parametrize("part_size", [None, 3000])
+def test_single_table_puts_each_vocabulary_at_its_own_offset(pairs, num_buckets, part_size):
+    df = pairs.copy()
+    df.loc[::11, "buyer"] = None
+    cols = ["seller", "buyer", "item"]
+    wf, out = fit_apply(cols >> ops.Categorify(single_table=True, num_buckets=num_buckets), df, part_size)
+    expected, cardinality = single_table_reference(df, cols, num_buckets)
+    for c in cols:
+        assert out[c].tolist() == expected[c], c
+    s = wf.output_schema
+    assert {s[c].cardinality for c in cols} == {cardinality}
+    assert {s[c].properties["domain"]["name"] for c in cols} == {"seller_buyer_item"}
+    from tabstream.train import table_configs_from_schema
+
+    [table] = table_configs_from_schema(s)
+    assert table.cardinality == cardinality and table.feature_names == tuple(cols)
+
+
+def test_single_table_ranges_do_not_overlap_and_survive_save(tmp_path, pairs):
+    cols = ["buyer", "seller"]
+    wf, out = fit_apply(cols >> ops.Categorify(single_table=True), pairs)
+    start = 3
+    assert out["buyer"].min() >= start and out["seller"].min() == out["buyer"].max() + 1
+    assert out["buyer"].max() == start + pairs["buyer"].nunique() - 1
+    wf.save(str(tmp_path / "wf"))
+    again = ts.Workflow.load(str(tmp_path / "wf"))
+    assert again.transform(pairs).equals(out)
+    new = pd.DataFrame({"buyer": pd.array(["never", None], dtype="str"),
+                        "seller": pd.array(["never", None], dtype="str")})
+    assert again.transform(new)["seller"].tolist() == [2, 1]
 
 
 def test_combo_encodes_the_combination(pairs):
@@ -80,6 +120,21 @@ def test_combo_encodes_the_combination(pairs):
     assert out["buyer_seller"].tolist() == encode_reference(keys, keys, freq_threshold=2)
     assert wf.output_schema["buyer_seller"].cardinality == max(out["buyer_seller"]) + 1 or \
         wf.output_schema["buyer_seller"].cardinality > max(out["buyer_seller"])
+
+
+def test_combo_groups_and_single_names_are_all_encoded(pairs):
+    """``[["buyer", "seller"], "buyer", "seller"]``: the pair's combination and each
+    column on its own, as NVTabular outputs them."""
+    df = pairs.copy()
+    df.loc[::5, "buyer"] = None
+    wf, out = fit_apply([["buyer", "seller"], "buyer", "seller"] >> ops.Categorify(encode_type="combo"), df)
+    assert list(out.columns) == ["buyer_seller", "buyer", "seller"]
+    assert wf.output_schema.column_names == ["buyer_seller", "buyer", "seller"]
+    keys = [(None if b is None or pd.isna(b) else b, s) for b, s in zip(df["buyer"], df["seller"])]
+    keys = [(("<null>" if b is None else b), s) for b, s in keys]
+    assert out["buyer_seller"].tolist() == encode_reference(keys, keys)
+    assert out["buyer"].tolist() == encode_reference(list(df["buyer"]), df["buyer"])
+    assert out["seller"].tolist() == encode_reference(list(df["seller"]), df["seller"])
 
 
 def test_given_vocabulary_is_used_in_order(pairs):

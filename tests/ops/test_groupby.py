@@ -48,7 +48,9 @@ def sessions(n=1500, seed=0, keys=40):
 
 
 def reference(table, keys, sort_cols, aggs, ascending=True, sep="-"):
-    """Plain pandas: stable sort, groupby with the missing key as a group, sorted keys."""
+    """Plain pandas: stable sort, groupby with the missing key as a group, sorted keys;
+    ``first``/``last`` are the sorted group's first/last value, its last/first when
+    ``ascending=False`` (NVTabular: the earliest row by ``sort_cols`` either way)."""
     df = table.to_pandas()
     for k in keys:
         if df[k].dtype.kind == "f":
@@ -63,9 +65,9 @@ def reference(table, keys, sort_cols, aggs, ascending=True, sep="-"):
             if fn == "list":
                 s = g.agg(list)
             elif fn == "first":
-                s = g.agg(lambda v: v.iloc[0])
+                s = g.agg(lambda v: v.iloc[0 if ascending else -1])
             elif fn == "last":
-                s = g.agg(lambda v: v.iloc[-1])
+                s = g.agg(lambda v: v.iloc[-1 if ascending else 0])
             else:
                 s = getattr(g, fn)()
             out[f"{col}{sep}{fn}"] = s
@@ -115,6 +117,27 @@ def test_matches_pandas_in_memory(keys, ascending):
     op = ops.Groupby(keys, sort_cols=["ts"], aggs=AGGS, ascending=ascending)
     result = op.transform(table)
     assert_matches(result, reference(table, keys, ["ts"], AGGS, ascending))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("ascending", [True, False])
+def test_first_is_the_earliest_row_by_sort_cols_in_either_direction(seed, ascending):
+    """NVTabular's rule, checked on the values themselves: ``list`` follows the sort
+    direction, ``first`` is the smallest ``ts`` of the group and ``last`` the largest."""
+    rng = np.random.default_rng(seed)
+    n = 200
+    df = pd.DataFrame({"s": rng.integers(0, 12, n), "ts": rng.permutation(n).astype(np.int64),
+                       "x": rng.permutation(n).astype(np.int64)})
+    op = ops.Groupby("s", sort_cols="ts", aggs={"ts": ["list", "first", "last"], "x": ["first", "last"]},
+                     ascending=ascending)
+    out = op.transform(pa.Table.from_pandas(df, preserve_index=False)).to_pandas()
+    by_ts = df.sort_values("ts").groupby("s")
+    assert out["ts-first"].tolist() == by_ts["ts"].min().tolist()
+    assert out["ts-last"].tolist() == by_ts["ts"].max().tolist()
+    assert out["x-first"].tolist() == by_ts["x"].first().tolist()
+    assert out["x-last"].tolist() == by_ts["x"].last().tolist()
+    lists = by_ts["ts"].agg(list).tolist()
+    assert [list(v) for v in out["ts-list"]] == (lists if ascending else [v[::-1] for v in lists])
 
 
 def test_list_aggs_apply_to_every_non_key_column_and_follow_sort_order():
@@ -190,7 +213,8 @@ def test_output_schema_names_and_dtypes():
     }
     assert {c.name: (c.dtype, c.is_list) for c in schema} == expected
     assert schema.column_names == list(expected)
-    assert schema["item-list"].is_ragged and "list" in {t.value for t in schema["item-list"].tags}
+    # NVTabular's tags: a list aggregation keeps the input column's tags, adds none
+    assert schema["item-list"].is_ragged and schema["item-list"].tags == frozenset()
     out = wf.transform(table)
     assert [arrow_type_to_dtype(t) for t in out.schema.types] == list(expected.values())
 

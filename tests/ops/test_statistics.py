@@ -205,13 +205,13 @@ def tagged(t: pa.Table):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("min_card", [2, 3, 4, 5, 6])
 def test_drop_low_cardinality_judges_categorify_domain(seed, min_card):
-    """NVTabular's rule: a categorical column goes when its largest id (domain max) is at
-    most min_cardinality; after Categorify (ids 0-2 reserved) that is k + 2 for k values."""
+    """NVTabular's rule: a categorical column goes when its largest id (domain max) is
+    below min_cardinality; after Categorify (ids 0-2 reserved) that is k + 2 for k values."""
     # NaN / -0.0 columns left out: how Categorify encodes them is Categorify's own test
     cats = [c for c in LOW_CARD_CATS if c not in ("nan_const", "zeros")]
     t = low_card_table(seed).drop_columns(["nan_const", "zeros"])
     df = t.to_pandas()
-    expected = [c for c in cats if distinct_non_missing(df, c) + 2 > min_card] + ["price", "label"]
+    expected = [c for c in cats if distinct_non_missing(df, c) + 2 >= min_card] + ["price", "label"]
     graph = (cats >> Categorify()) + ["price"] + (["label"] >> AddTags(["target", "categorical"]))
     for part in (None, SMALL_PART):
         op = DropLowCardinality(min_card)
@@ -227,7 +227,7 @@ def test_drop_low_cardinality_judges_categorify_domain(seed, min_card):
 def test_drop_low_cardinality_counts_categoricals_without_domain(seed, min_card):
     t = low_card_table(seed)
     df = t.to_pandas()
-    expected = [c for c in LOW_CARD_CATS if distinct_non_missing(df, c) + 2 > min_card] + ["price", "label"]
+    expected = [c for c in LOW_CARD_CATS if distinct_non_missing(df, c) + 2 >= min_card] + ["price", "label"]
     before = ts.Workflow(tagged(t) >> DropLowCardinality(min_card)).fit_schema(ts.Dataset(t).schema)
     assert before.output_schema.column_names == t.column_names[:8] + ["price", "label"]   # unknown yet
     for part in (None, SMALL_PART):
@@ -236,6 +236,21 @@ def test_drop_low_cardinality_counts_categoricals_without_domain(seed, min_card)
         assert wf.output_schema.column_names == expected
         assert wf.transform(t).column_names == expected
         assert op.distinct == {c: min(distinct_non_missing(df, c), min_card) for c in LOW_CARD_CATS}
+
+
+def test_drop_low_cardinality_keeps_a_column_whose_largest_id_is_min_cardinality():
+    """One value -> ids up to 3, two values -> 4, three -> 5: with min_cardinality=4
+    only the one-value column goes (NVTabular drops below, not at, the bound)."""
+    df = pd.DataFrame({"one": ["a"] * 5, "two": ["a", "a", "a", "a", "b"], "three": ["a", "a", "b", "b", "c"]})
+    wf = ts.Workflow(list(df.columns) >> Categorify() >> DropLowCardinality())
+    got = wf.fit_transform(ts.Dataset(df)).to_ddf().compute()
+    largest = {c: df[c].nunique() + 2 for c in df.columns}
+    expected = [c for c in df.columns if largest[c] >= 4]
+    assert expected == ["two", "three"] and list(got.columns) == expected
+    for c in expected:   # Categorify's ids: by descending count, ties by value, from 3
+        counts = df[c].value_counts()
+        order = sorted(counts.index, key=lambda v: (-counts[v], v))
+        assert got[c].tolist() == [3 + order.index(v) for v in df[c]]
 
 
 def test_drop_low_cardinality_keeps_untagged_continuous_and_target():
@@ -251,10 +266,10 @@ def test_drop_low_cardinality_keeps_untagged_continuous_and_target():
 
 
 @pytest.mark.parametrize("props, kept", [
-    ({"domain": {"min": 0, "max": 4}}, False),                         # max 4 <= 4
-    ({"domain": {"min": 0, "max": 5}}, True),
-    ({"embedding_sizes": {"cardinality": 5, "dimension": 8}}, False),  # ids 0..4
-    ({"embedding_sizes": {"cardinality": 6, "dimension": 8}}, True),
+    ({"domain": {"min": 0, "max": 3}}, False),                         # max 3 < 4
+    ({"domain": {"min": 0, "max": 4}}, True),                          # max 4 == 4: kept
+    ({"embedding_sizes": {"cardinality": 4, "dimension": 8}}, False),  # ids 0..3
+    ({"embedding_sizes": {"cardinality": 5, "dimension": 8}}, True),   # ids 0..4
 ])
 def test_drop_low_cardinality_reads_domain_or_embedding_sizes(props, kept):
     t = pa.table({"c": [3, 4, 3], "d": [9, 9, 9]})
