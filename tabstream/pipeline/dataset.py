@@ -72,10 +72,18 @@ from tabstream.core.dtypes import (
     is_list_type,
 )
 from tabstream.core.errors import CacheWarning, DataError, SchemaError
-from tabstream.core.jsonfile import loads_json, read_json_file
+from tabstream.core.jsonfile import loads_json
 from tabstream.core.merlin import read_merlin_schema
 from tabstream.core.schema import ColumnSchema, Schema
 from tabstream.pipeline import stores
+from tabstream.pipeline.export_folder import (
+    MANIFEST_FILE,
+    SCHEMA_KEY,
+    check_manifests,
+    check_schema_file,
+    read_schema_json,
+    refuse_unpublished,
+)
 
 if TYPE_CHECKING:  # pandas is imported where a frame is made or given, so that a
     import pandas as pd  # Dataset for a loader (parquet in, arrow out) never loads it
@@ -318,7 +326,7 @@ class Dataset:
         with stores.translate_store_errors(_first_path(path_or_df)):
             self._arrow_schema = self._plan()
         if schema is None and self.files:
-            _check_schema_file(self.fs, self.files, self._stored_schema, self._arrow_schema)
+            check_schema_file(self.fs, self.files, self._stored_schema, self._arrow_schema)
         self.schema = self._merge_schema(schema)
         if filters is not None:
             self._filter = _ExprFilter(filters, self._arrow_schema)
@@ -331,12 +339,12 @@ class Dataset:
         if not _is_local(self.fs):
             self._file_tags = {f: stores.file_tag(self.fs, f) for f in self.files}
         if not self.files:  # an export folder whose files are all gone
-            _check_manifests(self.fs, [], self._folders, {})
+            check_manifests(self.fs, [], self._folders, {})
             raise FileNotFoundError(f"{path!r} holds no data files (no files match)")
         self.engine = engine or _infer_engine(self.files)
         if self.engine not in ("parquet", "csv"):
             raise ValueError(f"engine must be 'parquet' or 'csv', got {self.engine!r}")
-        self._stored_schema = (_read_schema_json(self.fs, self.files)
+        self._stored_schema = (read_schema_json(self.fs, self.files)
                                or (_read_schema_kv(self.fs, self.files) if self.engine == "parquet"
                                    else None)
                                or read_merlin_schema(self.fs, self.files))  # NVTabular exports
@@ -390,10 +398,10 @@ class Dataset:
         self._file_schemas: dict[str, pa.Schema] = {}
         self._file_metadata: dict[str, pq.FileMetaData] = {}
         footers = _parquet_footers(self.fs, self.files)
-        _check_manifests(self.fs, self.files, self._folders,
+        check_manifests(self.fs, self.files, self._folders,
                          {path: md.num_rows for path, (md, _) in zip(self.files, footers, strict=True)})
         if not _is_local(self.fs):
-            _refuse_unpublished(self.fs, self.files, [schema for _, schema in footers])
+            refuse_unpublished(self.fs, self.files, [schema for _, schema in footers])
         for path, (md, arrow_schema) in zip(self.files, footers, strict=True):
             twice = [name for name, n in collections.Counter(arrow_schema.names).items() if n > 1]
             if twice:
@@ -592,6 +600,20 @@ class Dataset:
         read = self._reader()
         table = read(piece, cols or None)
         return self._mask(table, table.num_rows, piece)
+
+    def piece_rows(self) -> list[int | None]:
+        """The rows of each partition this Dataset keeps, where they are known without
+        reading the data: a parquet partition's from its footers (after the split's or
+        filter's mask, see :meth:`piece_mask`); ``None`` for a partition only a read
+        can count (CSV/TSV, in-memory and dask frames)."""
+        counts: list[int | None] = []
+        for piece in self._pieces:
+            rows = piece.num_rows if isinstance(piece, _ParquetPiece) else None
+            if rows is not None:
+                mask = self.piece_mask(piece)
+                rows = rows if mask is None else int(np.count_nonzero(mask))
+            counts.append(rows)
+        return counts
 
     def piece_masks(self) -> list[np.ndarray | None]:
         """:meth:`piece_mask` of every partition, computed concurrently."""
@@ -1660,68 +1682,6 @@ def _parquet_footers(fs: Any, files: list[str]) -> list[tuple[pq.FileMetaData, p
         return list(pool.map(lambda f: _parquet_footer(fs, f), files))
 
 
-MANIFEST_FILE = "_manifest.json"
-_MANIFEST_HINT = ("the export folder was changed after it was written: write it again "
-                  "(tabstream fit/transform, or to_parquet) rather than editing its files")
-
-
-def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
-    """``{file path: rows}`` from ``folder/_manifest.json``; ``None`` without one."""
-    path = posixpath.join(folder, MANIFEST_FILE)
-    if not fs.exists(path):
-        return None
-    try:
-        entries = read_json_file(path, "export manifest", fs)["files"]
-        return {posixpath.join(folder, e["path"]): int(e["num_rows"]) for e in entries}
-    except DataError:
-        raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{path}: not a valid export manifest ({exc!r}); expected "
-                        '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
-
-
-def _check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], rows: dict[str, int]) -> None:
-    """An export's files must be the ones its ``_manifest.json`` lists, with the rows it
-    lists: a deleted, truncated, replaced or extra file fails here instead of silently
-    changing the data. A folder searched must hold exactly the files of each manifest
-    in it (nested exports included); a glob must find every manifest entry it matches;
-    each file is checked against the manifest of its nearest folder."""
-    stripped = {fs._strip_protocol(f): f for f in files}
-    manifests: dict[str, dict[str, int] | None] = {}
-    for folder, pattern in folders:
-        if folder not in manifests:
-            manifests[folder] = _read_manifest(fs, folder)
-        manifest = manifests[folder]
-        if manifest is None:
-            continue
-        for path, expected in manifest.items():
-            if path not in stripped and (pattern is None or pattern.match(path)):
-                raise DataError(
-                    f"{path}: listed in {posixpath.join(folder, MANIFEST_FILE)} with {expected} rows, "
-                    "but the file is missing (found 0 rows); the export is incomplete: "
-                    "restore the file or export again", hint=_MANIFEST_HINT
-                )
-    searched = sorted({f for f, pattern in folders if pattern is None}, key=len, reverse=True)
-    for path, url in stripped.items():
-        folder = next((f for f in searched if path.startswith(f + "/")), posixpath.dirname(path))
-        if folder not in manifests:
-            manifests[folder] = _read_manifest(fs, folder)
-        manifest = manifests[folder]
-        if manifest is None:
-            continue
-        where = posixpath.join(folder, MANIFEST_FILE)
-        if path not in manifest:
-            raise DataError(
-                f"{url}: not listed in {where} (found {rows[url]} rows, expected no such file); "
-                "remove the extra file or export again", hint=_MANIFEST_HINT
-            )
-        if manifest[path] != rows[url]:
-            raise DataError(
-                f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
-                "was replaced or truncated after the export: export again", hint=_MANIFEST_HINT
-            )
-
-
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -1766,26 +1726,6 @@ def _hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]]
         for url, v in raw.items():
             values[url][key] = None if v[key] == _HIVE_NULL else convert(v[key])
     return values, fields
-
-
-def _refuse_unpublished(fs: Any, files: list[str], schemas: list[pa.Schema]) -> None:
-    """On an object store an export publishes by writing ``_manifest.json`` last (there
-    is no rename): files written by a tabstream export (their key-value metadata holds
-    ``tabstream.schema``) in a prefix without a manifest belong to an export that is
-    still running or failed, and are refused rather than read half-written."""
-    checked: dict[str, bool] = {}
-    for url, schema in zip(files, schemas, strict=True):
-        if b"tabstream.schema" not in (schema.metadata or {}):
-            continue
-        folder = posixpath.dirname(fs._strip_protocol(url))
-        if folder not in checked:
-            checked[folder] = fs.exists(posixpath.join(folder, MANIFEST_FILE))
-        if not checked[folder]:
-            raise DataError(
-                f"{url}: written by a tabstream export, but its prefix has no {MANIFEST_FILE}; on "
-                "an object store the manifest is written last and marks the export complete, so "
-                "this export is still being written, or failed: wait for it, or export again",
-                hint="read the prefix once its export has finished")
 
 
 def _parquet_row_bytes(fs: Any, path: str, md: pq.FileMetaData, sample: int = 8192) -> float:
@@ -1979,7 +1919,7 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     (``tabstream.schema``): read from the first file, for files copied without
     ``_schema.json``."""
     metadata = _parquet_footer(fs, files[0])[1].metadata or {}
-    text = metadata.get(b"tabstream.schema")
+    text = metadata.get(SCHEMA_KEY)
     if text is None:
         return None
     try:
@@ -1989,54 +1929,6 @@ def _read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
                         f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
-
-
-def _schema_file(fs: Any, files: list[str]) -> str | None:
-    """The ``_schema.json`` (or older ``schema.json``) :func:`_read_schema_json` reads."""
-    folder = posixpath.dirname(fs._strip_protocol(files[0]))
-    for filename in ("_schema.json", "schema.json"):
-        candidate = posixpath.join(folder, filename)
-        if fs.exists(candidate):
-            return candidate
-    return None
-
-
-def _check_schema_file(fs: Any, files: list[str], stored: Schema | None, arrow_schema: pa.Schema) -> None:
-    """A ``_schema.json`` that lists columns none of the files holds describes other
-    data (the files were replaced, or the schema copied from elsewhere): refused,
-    naming the file and the columns, rather than its tags silently dropped."""
-    if stored is None:
-        return
-    missing = [name for name in stored.column_names if name not in arrow_schema.names]
-    if not missing:
-        return
-    where = _schema_file(fs, files)
-    if where is None:  # the schema came from the files' own metadata or a Merlin schema
-        return
-    raise DataError(
-        f"{where}: lists the columns {missing}, which none of the {len(files)} data file"
-        f"{'s' if len(files) > 1 else ''} holds (they hold {arrow_schema.names}); the schema file "
-        "does not describe these files",
-        hint="export the data again, or remove or correct the schema file (or pass schema= to Dataset)")
-
-
-def _read_schema_json(fs: Any, files: list[str]) -> Schema | None:
-    """tabstream exports keep tags and properties in ``_schema.json`` beside the
-    files (``schema.json`` in exports of older versions, still read)."""
-    folder = posixpath.dirname(fs._strip_protocol(files[0]))
-    for filename in ("_schema.json", "schema.json"):
-        candidate = posixpath.join(folder, filename)
-        if fs.exists(candidate):
-            break
-    else:
-        return None
-    with fs.open(candidate, "r") as f:
-        try:
-            return Schema.from_dict(loads_json(f.read(), candidate, "schema file"))
-        except DataError:
-            raise
-        except (ValueError, KeyError) as exc:
-            raise DataError(f"{candidate}: not a valid tabstream schema: {exc}") from exc
 
 
 _CACHE_PREFIX = "tabstream-cache-"
