@@ -189,7 +189,7 @@ def _column_share(dataset: Dataset, columns: list[str]) -> float:
         return dataset._table.select(list(columns)).nbytes / total if total else 1.0
     if dataset.engine == "parquet":
         used = total = 0
-        for md in dataset._file_metadata.values():  # the footers read when planning
+        for md in dataset.footers.values():  # the footers read when planning
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
                 for j in range(rg.num_columns):

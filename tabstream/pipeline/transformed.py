@@ -18,8 +18,9 @@ from tabstream import backends
 from tabstream.core.dtypes import arrow_to_pandas
 from tabstream.core.errors import SchemaError
 from tabstream.core.schema import Schema
-from tabstream.pipeline.dataset import Dataset, _gpu_ddf
+from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute
+from tabstream.pipeline.frames import gpu_ddf
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,7 +65,7 @@ class TransformedDataset:
 
         first = self.read_piece(self.dataset.pieces[0])
         if self.dataset.backend_name == "cudf":
-            return _gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
+            return gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
         meta = arrow_to_pandas(first.schema.empty_table())
         return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
 

@@ -525,7 +525,7 @@ def _add_counts(counts: Sequence[dict[Any, int]]) -> dict[Any, int]:
 def _check_has_rows(ds: Dataset, rows: int) -> None:
     """Statistics of no rows would be saved as if fitted (and every export of them refused)."""
     if rows == 0:
-        where = " after its filters or split" if ds._active_filters() else ""
+        where = " after its filters or split" if ds.filtered else ""
         raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
                         "fitted on no rows has no statistics to save",
                         hint="check the input path (an empty file?) and the dataset's filters")
