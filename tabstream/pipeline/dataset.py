@@ -252,10 +252,10 @@ class Dataset:
     @property
     def _pieces(self) -> list[Any]:
         # Parquet row groups are grouped into pieces on first use: the grouping
-        # decodes a sample of the first file (see _parquet_row_bytes), which a loader
+        # decodes a sample of the first file (see ParquetFiles.group), which a loader
         # reading the whole dataset by row groups never needs.
         if self._planned is None:
-            self._planned = self._parquet.group()
+            self._planned = self._parquet.group(self.part_size)
         return self._planned
 
     @_pieces.setter
@@ -283,14 +283,12 @@ class Dataset:
             meta = self._ddf._meta
             return frame_to_arrow(meta).schema
         if self.engine == "parquet":
-            self._parquet = ParquetFiles(self.fs, self.files, self._folders, self._file_tags, self.part_size,
-                                         self.strict_schema, self.backend_name)
+            self._parquet = ParquetFiles(self.fs, self.files, self._folders, self._file_tags, self.strict_schema)
             return self._parquet.plan()
         self._csv = CsvFiles(self.fs, self.files, self._file_tags, self.read_kwargs, self.part_size)
         schema = self._csv.plan(MAX_CSV_COLUMNS)
         self._pieces = self._csv.pieces
         return schema
-
 
     def _merge_schema(self, given: Schema | None) -> Schema:
         cols = []
@@ -509,7 +507,7 @@ class Dataset:
             t = self._table.slice(piece.start, piece.stop - piece.start)
             return t.select(list(columns)) if columns is not None else t
         if isinstance(piece, ParquetPiece):
-            return self._parquet.read(piece, columns, dictionary)
+            return self._parquet.read(piece, columns, dictionary, self.backend_name)
         if isinstance(piece, CsvPiece):
             with stores.translate_store_errors(piece.path):
                 t = self._csv.read(piece)
@@ -519,7 +517,6 @@ class Dataset:
         part = local_compute([self._ddf.get_partition(piece)], sync=True)[0]
         t = frame_to_arrow(part)
         return t.select(list(columns)) if columns is not None else t
-
 
     # -- user-facing views --------------------------------------------------
     # -- splits ---------------------------------------------------------------

@@ -205,7 +205,6 @@ def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: li
         json.dump(manifest, f, indent=2)
 
 
-
 SIDECARS = (SCHEMA_FILE, "_metadata", MANIFEST_FILE)  # restored in this order
 
 
@@ -376,9 +375,6 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
             except OSError:
                 pass  # not empty now: another export got there first; refused below
         raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
-
-
-_owner_tag = owner_tag  # the name other modules import (regroup.py)
 
 
 def remove_export_leftovers(fs: Any, parent: str, name: str) -> list[str]:

@@ -83,15 +83,12 @@ class ParquetFiles:
     values) and ``arrow_schema`` (the files' unified schema)."""
 
     def __init__(self, fs: Any, files: list[str], folders: list[tuple[str, Any]],
-                 file_tags: dict[str, str | None], part_size: int, strict_schema: bool,
-                 backend_name: str) -> None:
+                 file_tags: dict[str, str | None], strict_schema: bool) -> None:
         self.fs = fs
         self.files = files
         self.folders = folders
         self.file_tags = file_tags
-        self.part_size = part_size
         self.strict_schema = strict_schema
-        self.backend_name = backend_name
         self.file_schemas: dict[str, pa.Schema] = {}
         self.file_metadata: dict[str, pq.FileMetaData] = {}
         self.hive_values: dict[str, dict[str, Any]] = {}
@@ -130,7 +127,7 @@ class ParquetFiles:
         self.arrow_schema = unified
         return unified
 
-    def group(self) -> list[ParquetPiece]:
+    def group(self, part_size: int) -> list[ParquetPiece]:
         """The files' row groups in pieces of about ``part_size`` decoded bytes."""
         pieces: list[ParquetPiece] = []
         row_bytes: float | None = None  # decoded bytes per row, sampled from the first file
@@ -143,7 +140,7 @@ class ParquetFiles:
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
                 size = rg.num_rows * row_bytes if row_bytes else rg.total_byte_size
-                if group and group_bytes + size > self.part_size:
+                if group and group_bytes + size > part_size:
                     pieces.append(self._parquet_piece(path, md, group))
                     group, group_bytes = [], 0
                 group.append(i)
@@ -180,7 +177,10 @@ class ParquetFiles:
         return out
 
     def read(self, piece: ParquetPiece, columns: Sequence[str] | None,
-             dictionary: Sequence[str] = ()) -> pa.Table:
+             dictionary: Sequence[str] = (), backend_name: str = "arrow") -> pa.Table:
+        """One piece as the Dataset's schema (only ``columns`` when given; ``dictionary``:
+        string columns read as dictionaries where every row group stores them so);
+        on the cudf backend (``backend_name``) decoded by cudf's reader."""
         target = self.arrow_schema if columns is None else pa.schema(
             [self.arrow_schema.field(c) for c in columns])
         present = self.file_schemas[piece.path].names
@@ -189,7 +189,7 @@ class ParquetFiles:
         try:
             if not is_local(self.fs):  # a file replaced since the Dataset was opened
                 stores.check_unchanged(self.fs, piece.path, self.file_tags.get(piece.path))
-            if self.backend_name == "cudf" and cols:
+            if backend_name == "cudf" and cols:
                 table = _read_row_groups_on_gpu(self.fs, piece, cols)
             elif is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.

@@ -1,8 +1,8 @@
 """The partition cache of a Dataset (``cache="disk"``, or ``"auto"``: raw CSV/TSV
 always, parquet for the partitions a Workflow's fit reads) and its limits: a
 budget in memory terms for parquet (:data:`PARQUET_CACHE_MAX_BYTES`) and a reserve
-of free disk (:data:`CACHE_MIN_FREE_BYTES`, :data:`CACHE_MAX_FREE_BYTES`). A folder
-left by a killed process is removed by the next one (:func:`new_cache_dir`).
+of free disk (:data:`CACHE_MIN_FREE_BYTES`, :data:`CACHE_MAX_FREE_BYTES`). A cache
+folder left by a killed process is removed by the next process that makes one.
 """
 
 from __future__ import annotations
