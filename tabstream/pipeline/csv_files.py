@@ -48,6 +48,9 @@ _DECOMPRESS_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 @dataclass(frozen=True)
 class CsvPiece:
+    """The lines of ``path`` from the first one at or after byte ``offset`` through the
+    one holding byte ``offset + length``."""
+
     path: str
     offset: int
     length: int | None  # None: the whole file (compressed files cannot be split)

@@ -25,6 +25,8 @@ __all__ = ["TablePiece", "frame_to_arrow", "gpu_ddf", "is_dask_dataframe", "is_g
 
 @dataclass(frozen=True)
 class TablePiece:
+    """Rows ``[start, stop)`` of an in-memory table."""
+
     start: int
     stop: int
 
