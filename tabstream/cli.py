@@ -93,13 +93,13 @@ def _parse_dtypes(dtypes: str) -> dict[str, str]:
 def _text_files(path: str, engine: str | None) -> tuple[Any, list[str]]:
     """The filesystem and files of ``path`` when they are raw text (CSV/TSV), else
     no files. A path that does not exist yields none: the Dataset names it."""
-    from tabstream.pipeline.dataset import _expand_paths, _infer_engine
+    from tabstream.pipeline.paths import expand_paths, infer_engine
 
     if engine == "parquet":
         return None, []
     try:
-        fs, files, _ = _expand_paths(path, {}, engine)
-        if not files or (engine is None and _infer_engine(files) != "csv"):
+        fs, files, _ = expand_paths(path, {}, engine)
+        if not files or (engine is None and infer_engine(files) != "csv"):
             return None, []
     except (ValueError, OSError):
         return None, []

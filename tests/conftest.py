@@ -98,7 +98,7 @@ def disk_reserve_off(request, monkeypatch):
     filters, says so). Tests of the reserve itself are marked ``real_disk_reserve``."""
     if request.node.get_closest_marker("real_disk_reserve"):
         return
-    import tabstream.pipeline.dataset as dataset_module
+    import tabstream.pipeline.partition_cache as partition_cache
 
-    monkeypatch.setattr(dataset_module, "CACHE_MIN_FREE_BYTES", 0)
-    monkeypatch.setattr(dataset_module, "CACHE_MAX_FREE_BYTES", 0)
+    monkeypatch.setattr(partition_cache, "CACHE_MIN_FREE_BYTES", 0)
+    monkeypatch.setattr(partition_cache, "CACHE_MAX_FREE_BYTES", 0)

@@ -3,7 +3,7 @@ line, value) and what was expected."""
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "NotFittedError", "SchemaError",
+__all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "DatasetWarning", "NotFittedError", "SchemaError",
            "TabstreamError", "ExportError", "OutOfMemoryError", "out_of_memory", "ran_out_of_memory"]
 
 
@@ -51,6 +51,12 @@ class CacheWarning(UserWarning):
     nearly full, its folder cannot be used, or a write into it failed. Later passes
     read the input again (raw CSV/TSV is parsed a second time); the data are the
     same. Said once per Dataset."""
+
+
+class DatasetWarning(UserWarning):
+    """A Dataset reads its input, but not all of what a user may expect it to: a
+    folder's subfolders that are not data were left out, or parquet files whose
+    schemas differ were unified (the columns a file lacks are null in its rows)."""
 
 
 class OutOfMemoryError(TabstreamError, MemoryError):

@@ -129,7 +129,7 @@ class ParquetSource:
         for name in columns:
             if name not in types:
                 raise SchemaError(f"column {name!r} is not in the files; columns: {list(types)}")
-        stored = getattr(self.dataset, "_stored_schema", None)
+        stored = self.dataset.stored_schema if self.dataset is not None else None
         for name in columns:
             if stored is not None and name in stored:
                 self._check_against_schema(name, stored[name])
@@ -168,38 +168,21 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
             f"loaders read exported parquet, and this Dataset's engine is {ds.engine!r}: "
             "write it with to_parquet(...) first and load that folder"
         )
-    hive = sorted({k for values in getattr(ds, "_hive_values", {}).values() for k in values})
+    fragments = ds.fragments()  # with a split or filter: the rows of each row group it keeps
+    hive = sorted({k for fragment in fragments for k in fragment.partition_values})
     if hive:
         raise DataError(
             f"{ds.files[0]}: the dataset is hive-partitioned (col=value folders for {hive}); "
             "loaders read the files' row groups as stored, where those columns are not: "
             "export for training without partition_on, or load one partition's folder")
     fs = ds.fs
-    index = {path: i for i, path in enumerate(ds.files)}
-    files = [fs._strip_protocol(str(f)) for f in ds.files]  # Datasets keep URLs
-    metadata = [ds._file_metadata[f] for f in ds.files]
-    units: list[Unit] = []
-    if not ds._active_filters():
-        # Every row of every row group, in file order: the Dataset's pieces (and the
-        # sample it decodes to size them) are not needed.
-        for path, md in zip(ds.files, metadata, strict=True):
-            for group in range(md.num_row_groups):
-                stored = md.row_group(group).num_rows
-                if stored:
-                    units.append(Unit(index[path], group, stored, stored))
-    masks = ds.piece_masks() if ds._active_filters() else []
-    for piece, mask in zip(ds.pieces if masks else [], masks, strict=True):
-        offset = 0
-        for group, stored in zip(piece.row_groups, piece.group_rows, strict=True):
-            keep = None if mask is None else mask[offset:offset + stored]
-            offset += stored
-            kept = stored if keep is None else int(np.count_nonzero(keep))
-            if kept == 0:
-                continue
-            packed = None if keep is None or kept == stored else np.packbits(keep)
-            units.append(Unit(index[piece.path], group, kept, stored, packed))
+    files = [fs._strip_protocol(str(f.path)) for f in fragments]  # Datasets keep URLs
+    metadata = [f.metadata for f in fragments]
+    units = [Unit(i, rg.index, rg.num_rows, rg.stored_rows,
+                  None if rg.mask is None else np.packbits(rg.mask))
+             for i, fragment in enumerate(fragments) for rg in fragment.row_groups if rg.num_rows]
     if not units:
-        what = " that this split or filter keeps" if ds._active_filters() else ""
+        what = " that this split or filter keeps" if ds.filtered else ""
         raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows{what} "
                         f"(first: {files[0]!r})")
     return ParquetSource(files, fs, ds.schema, metadata, {}, units, ds)

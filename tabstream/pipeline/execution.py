@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -156,3 +157,9 @@ def tree_reduce(items: Sequence[Any], combine: Callable[[list[Any]], Any], fan_i
         else:
             level = [root_d(level)]
     return level[0]
+
+
+def workers_share_this_host(client: Any) -> bool:
+    """Whether every worker of ``client`` runs on the client's own machine."""
+    here = socket.gethostname()
+    return all(host == here for host in client.run(socket.gethostname).values())

@@ -14,7 +14,8 @@ their tags and properties.
 
 Everything beside the data files starts with ``_``, so pandas, pyarrow.dataset,
 polars and dask read the folder as it is (``schema.json``, the name older versions
-wrote, is still read by :class:`~tabstream.pipeline.dataset.Dataset`).
+wrote, is still read by :class:`~tabstream.pipeline.dataset.Dataset`). The folder's
+format, its publishing and its checks are :mod:`tabstream.pipeline.export_folder`'s.
 
 Everything is written into a hidden sibling folder
 ``.train.tmp-<host>-<pid>-<id>`` and renamed to ``train`` only when complete, so
@@ -44,11 +45,7 @@ taking its part):
 
 from __future__ import annotations
 
-import errno
-import json
-import os
 import posixpath
-import re
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -63,7 +60,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dask import delayed
 
-import tabstream
 from tabstream.core.errors import (
     DataError,
     ExportError,
@@ -73,18 +69,16 @@ from tabstream.core.errors import (
 )
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema, Tags
-from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
-from tabstream.pipeline.dataset import Dataset
+from tabstream.core.scratch import owner_tag, write_failure
+from tabstream.pipeline import export_folder
 from tabstream.pipeline.execution import TaskGroup, compute, local_compute, num_workers, shared_pool
+from tabstream.pipeline.export_folder import SCHEMA_KEY, ObjectStorePublish, check_target
+from tabstream.pipeline.stores import is_local
 
 __all__ = ["ExportResult", "export"]
 
 SHUFFLES = (None, "per_partition", "per_worker", "full")
 DEFAULT_ROW_GROUP_SIZE = 128 * 1024
-SCHEMA_FILE = "_schema.json"
-# Key of the parquet key-value metadata that holds the output Schema as JSON in every
-# data file, so a reader that has only the files still gets tags and properties.
-SCHEMA_KEY = b"tabstream.schema"
 
 
 class ExportResult:
@@ -105,7 +99,7 @@ class ExportResult:
 
 
 def export(
-    dataset: Dataset,
+    dataset: Any,
     workflow: Any,
     output_path: str,
     out_files_per_proc: int | None = None,
@@ -182,9 +176,9 @@ def export(
     root = paths[0].rstrip("/")
     check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
-    store = None if _is_local(fs) else _ObjectStorePublish(fs, root)
+    store = None if is_local(fs) else ObjectStorePublish(fs, root)
     if store is None:
-        _remove_leftovers(fs, parent, name)
+        export_folder.remove_export_leftovers(fs, parent, name)
         tmp = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
         try:
             fs.makedirs(tmp, exist_ok=True)
@@ -245,9 +239,9 @@ def export(
                 "would look finished while every reader refuses it; nothing was written",
                 hint="check the input path (an empty file?) and the filters of the workflow",
             )
-        _write_sidecars(fs, tmp, schema, files, rows)
+        export_folder.write_sidecars(fs, tmp, schema, files, rows)
         if store is None:
-            _publish(fs, tmp, root, overwrite, output_path)
+            export_folder.publish(fs, tmp, root, overwrite, output_path)
         else:
             store.finish()
     except BaseException as exc:
@@ -313,45 +307,10 @@ def _run(tasks: list[Any], client: Any, pool: TaskGroup | None, desc: str,
         return local_compute(tasks, pool=pool)
 
 
-def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
-    if fs.exists(root) and not overwrite:
-        if fs.isdir(root) and not fs.ls(root):
-            if not _is_local(fs):
-                fs.rm(root, recursive=True)
-                return
-            try:
-                os.rmdir(root)  # not rm -r: another export may have renamed its folder in since
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                pass  # not empty now: another export got there first; refused below
-        raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
-
-
-_owner_tag = owner_tag  # the name other modules import (regroup.py)
-
-
-def _remove_leftovers(fs: Any, parent: str, name: str) -> list[str]:
-    """Remove the hidden folders that killed exports to ``parent/name`` left behind
-    (see :func:`tabstream.core.scratch.remove_leftovers`: removed when their owner
-    is dead). An ``.old-`` folder (a replaced export) is removed only when the new
-    export is in place. Returns the removed paths."""
-    pattern = owner_pattern(rf"\.{re.escape(name)}\.(?P<kind>tmp|old)-", r"[0-9a-f]{12}")
-    root = posixpath.join(parent, name)
-
-    def keep(m: re.Match[str]) -> bool:
-        # killed between the two renames of an overwrite: the old export may be all there is
-        return m["kind"] == "old" and not fs.exists(root)
-
-    return remove_leftovers(fs, parent, pattern, keep)
-
-
 class _Plan:
     """Everything a writer task needs (shipped to workers by dask)."""
 
-    def __init__(self, dataset: Dataset, workflow: Any, columns: list[str] | None, tmp: str,
+    def __init__(self, dataset: Any, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
                  seed: int, schema_json: bytes = b"", file_tag: str = "",
                  partition_on: list[str] | None = None) -> None:
@@ -559,16 +518,11 @@ def _input_rows(plan: _Plan, client: Any, pool: TaskGroup | None, progress: bool
     filter keeps) where the Dataset knows them, else counted by reading one column
     (a partition the Dataset keeps after a fit is read from its cache)."""
     dataset = plan.dataset
-    if not isinstance(dataset, Dataset):  # the buckets of a Groupby: counted after it
+    known = dataset.piece_rows()
+    if known is None:  # the buckets of a Groupby: counted after it
         tasks = [delayed(_output_rows, pure=False)(plan, p) for p in range(len(dataset.pieces))]
         return [int(n) for n in _run(tasks, client, pool, "export: count rows", progress)]
-    counts: list[int | None] = []
-    for piece in dataset.pieces:
-        rows = getattr(piece, "num_rows", None)  # parquet pieces: from the footers
-        if rows is not None:
-            mask = dataset.piece_mask(piece)
-            rows = rows if mask is None else int(np.count_nonzero(mask))
-        counts.append(rows)
+    counts: list[int | None] = list(known)
     unknown = [p for p, n in enumerate(counts) if n is None]
     if unknown:
         tasks = [delayed(_count_input, pure=False)(plan, p) for p in unknown]
@@ -587,7 +541,7 @@ def _output_rows(plan: _Plan, p: int) -> int:
     return plan.read(p).num_rows
 
 
-def _clear_written(fs: Any, tmp: str, store: _ObjectStorePublish | None) -> None:
+def _clear_written(fs: Any, tmp: str, store: ObjectStorePublish | None) -> None:
     if store is not None:
         store.remove_written()
     else:
@@ -788,187 +742,3 @@ def _gather_file(plan: _Plan, f: int, npieces: int, scatter: str) -> tuple[str, 
         raise
 
 
-def _write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int]) -> None:
-    with fs.open(posixpath.join(tmp, SCHEMA_FILE), "w") as f:
-        f.write(schema.to_json())
-    collected = []
-    for name in files:
-        with fs.open(posixpath.join(tmp, name), "rb") as fh:
-            md = pq.read_metadata(fh)
-        md.set_file_path(name)
-        collected.append(md)
-    if collected:
-        with fs.open(posixpath.join(tmp, "_metadata"), "wb") as fh:
-            combined = collected[0]
-            for md in collected[1:]:
-                combined.append_row_groups(md)
-            combined.write_metadata_file(fh)
-    manifest = {
-        "format": "tabstream.export",
-        "tabstream_version": tabstream.__version__,
-        "num_rows": int(sum(rows)),
-        "files": [{"path": f, "num_rows": int(n)} for f, n in zip(files, rows)],
-    }
-    # The manifest is written last: its presence inside the folder marks it complete.
-    with fs.open(posixpath.join(tmp, "_manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-
-
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
-SIDECARS = ("_schema.json", "_metadata", "_manifest.json")  # restored in this order
-
-
-class _ObjectStorePublish:
-    """Publishing on an object store (S3, GCS, ...), where no rename exists.
-
-    Data files are written under the final prefix and ``_manifest.json`` last: its
-    arrival marks the export complete, and readers refuse tabstream files in a
-    prefix without one. With ``overwrite`` the new files get names of their own
-    (``part_00000-<id>.parquet``), the old manifest is removed first (from then until
-    the new manifest the prefix is refused: the window of an overwrite), and the old
-    keys are deleted only once the new manifest is in place. A failure deletes every
-    key this export wrote and, for an overwrite, puts the old ``_schema.json``,
-    ``_metadata`` and ``_manifest.json`` back (manifest last): the old export is
-    whole again. A killed process leaves a prefix without a manifest (refused)."""
-
-    def __init__(self, fs: Any, root: str) -> None:
-        self.fs = fs
-        self.root = root
-        self.old_keys: set[str] = set()
-        self.saved: dict[str, bytes] = {}
-        self.existed = False
-        self.file_tag = ""
-
-    def _keys(self) -> set[str]:
-        self.fs.invalidate_cache(self.root)
-        try:
-            return set(self.fs.find(self.root))
-        except FileNotFoundError:
-            return set()
-
-    def begin(self) -> None:
-        self.abort_uploads()
-        self.old_keys = self._keys()
-        self.existed = bool(self.old_keys)
-        if not self.existed:
-            return
-        self.file_tag = f"-{uuid.uuid4().hex[:8]}"
-        for name in SIDECARS:
-            path = posixpath.join(self.root, name)
-            if path in self.old_keys:
-                self.saved[name] = self.fs.cat_file(path)
-        manifest = posixpath.join(self.root, "_manifest.json")
-        if manifest in self.old_keys:
-            self.fs.rm(manifest)
-
-    def abort_uploads(self) -> list[str]:
-        """Abort the multipart uploads left under the prefix (S3): a killed export's
-        unfinished files, invisible to listings but stored and billed until aborted.
-        This export owns the prefix from here (it is new, or ``overwrite`` was
-        given), so every unfinished upload under it is a leftover. Where the store
-        refuses to list or abort them, a warning names the lifecycle rule that does it
-        (see docs/scaling-out.md). Returns the aborted keys."""
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        if protocol not in ("s3", "s3a") or not hasattr(self.fs, "call_s3"):
-            return []
-        bucket, _, key = self.root.partition("/")
-        prefix = key.rstrip("/") + "/" if key else ""
-        aborted = []
-        try:
-            listing = {"Bucket": bucket, "Prefix": prefix}
-            while True:
-                page = self.fs.call_s3("list_multipart_uploads", **listing)
-                for upload in page.get("Uploads", []):
-                    self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
-                                    UploadId=upload["UploadId"])
-                    aborted.append(upload["Key"])
-                if not page.get("IsTruncated"):
-                    break
-                listing.update(KeyMarker=page.get("NextKeyMarker", ""),
-                               UploadIdMarker=page.get("NextUploadIdMarker", ""))
-        except Exception as exc:  # permissions, a store without the call: say what to do
-            warnings.warn(
-                f"export to 's3://{self.root}': unfinished multipart uploads of killed exports under "
-                f"this prefix could not be listed or aborted ({exc}); they stay stored (and billed) "
-                "until aborted: give the bucket a lifecycle rule with AbortIncompleteMultipartUpload "
-                "(DaysAfterInitiation: 1), see docs/scaling-out.md", stacklevel=4)
-        return aborted
-
-    def remove_written(self) -> None:
-        """Delete the keys this export wrote so far (to write them again)."""
-        written = sorted(self._keys() - self.old_keys)
-        if written:
-            self.fs.rm(written)
-
-    def finish(self) -> None:
-        keep = {posixpath.join(self.root, name) for name in SIDECARS}
-        stale = sorted(self.old_keys - keep)
-        if stale:
-            self.fs.rm(stale)
-        self.fs.invalidate_cache(self.root)
-
-    def abort(self) -> None:
-        written = sorted(self._keys() - self.old_keys)
-        if written:
-            self.fs.rm(written)
-        for name in SIDECARS:
-            path = posixpath.join(self.root, name)
-            if name in self.saved:
-                self.fs.pipe_file(path, self.saved[name])
-            elif path in self._keys():
-                self.fs.rm(path)
-        self.fs.invalidate_cache(self.root)
-
-
-def _publish(fs: Any, tmp: str, root: str, overwrite: bool, output_path: str) -> None:
-    """Move the finished folder ``tmp`` to ``root`` on a local disk, atomically.
-
-    One ``rename(2)``, which fails when ``root`` exists (a folder with files:
-    ENOTEMPTY; a file: ENOTDIR), so that of two exports racing for one path, one
-    wins and the other gets :class:`FileExistsError`: never one inside the other
-    (a move onto an existing folder puts the source inside it). With ``overwrite``
-    the folder in place is renamed aside (``.<name>.old-...``) and ``tmp`` renamed in;
-    when another export put its folder in place between the two renames, that one is
-    renamed aside too and this one tried again: the last writer wins whole. The
-    folders renamed aside are removed once the new export is in place; when the
-    rename in fails otherwise, the previous export is put back."""
-    parent, name = posixpath.split(root)
-    aside: list[str] = []
-    try:
-        for _ in range(64):
-            try:
-                os.rename(tmp, root)
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                    raise
-            if not overwrite:
-                raise FileExistsError(f"{output_path!r} appeared while exporting (another export "
-                                      "to the same path finished first); pass overwrite=True to "
-                                      "replace it")
-            old = posixpath.join(parent, f".{name}.old-{owner_tag()}-{uuid.uuid4().hex[:12]}")
-            try:
-                os.rename(root, old)
-            except FileNotFoundError:
-                continue  # another export renamed it aside first
-            aside.append(old)
-        raise ExportError(f"export to {output_path!r}: other exports kept replacing the folder; "
-                          "nothing was written")
-    except BaseException:
-        if aside and not os.path.lexists(root):
-            try:
-                os.rename(aside[-1], root)  # put the previous export back
-                aside.pop()
-            except OSError:
-                pass  # it stays aside, named with its owner; the original error is raised
-        raise
-    finally:
-        for old in aside:
-            try:
-                fs.rm(old, recursive=True)
-            except OSError:
-                pass  # the next export here removes it (its owner gone)

@@ -43,10 +43,12 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 from tabstream import backends
+from tabstream.core.dtypes import arrow_to_pandas
 from tabstream.core.graph import Node, _check_produced, _concat_tables
-from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
+from tabstream.pipeline import execution
+from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute
-from tabstream.pipeline.workflow import TransformedDataset, Workflow, _conform
+from tabstream.pipeline.transformed import TransformedDataset, conform
 
 __all__ = ["GroupedTransformedDataset", "check_graph", "find_groupby"]
 
@@ -101,6 +103,11 @@ class _BucketDataset:
     def npartitions(self) -> int:
         return len(self.pieces_of)
 
+    def piece_rows(self) -> None:
+        """Unknown until the Groupby has run (see :meth:`Dataset.piece_rows`): the
+        export counts the rows of pass 2's output."""
+        return None
+
     def read_piece(self, piece: int, columns: Any = None) -> pa.Table:
         tables = []
         for p in self.pieces_of[piece]:
@@ -113,9 +120,9 @@ class _BucketDataset:
 
 class _AfterScatter:
     """Pass 2 of the workflow: the Groupby and what follows it, on one bucket
-    (duck-types the parts of :class:`Workflow` that export uses)."""
+    (duck-types the parts of :class:`~tabstream.pipeline.workflow.Workflow` that export uses)."""
 
-    def __init__(self, workflow: Workflow, node: Node, raw_schema: pa.Schema) -> None:
+    def __init__(self, workflow: Any, node: Node, raw_schema: pa.Schema) -> None:
         self.workflow = workflow
         self.node = node
         self.raw_schema = raw_schema
@@ -145,7 +152,7 @@ def _spill_file(root: str, bucket: int, piece: int) -> str:
     return posixpath.join(root, f"b{bucket:05d}", f"p{piece:06d}.parquet")
 
 
-def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int, buckets: int,
+def _scatter_piece(workflow: Any, dataset: Dataset, node: Node, index: int, buckets: int,
                    fs: Any, root: str) -> tuple[list[int], pa.Schema, pa.Schema]:
     from tabstream.ops.groupby import key_buckets
     from tabstream.pipeline.export import scatter_write
@@ -153,7 +160,7 @@ def _scatter_piece(workflow: Workflow, dataset: Dataset, node: Node, index: int,
     schema = workflow.input_schema
     assert schema is not None
     table = dataset.read_piece(dataset.pieces[index], workflow.input_columns)
-    table = _conform(table.select(workflow.input_columns), schema)
+    table = conform(table.select(workflow.input_columns), schema)
     cache: dict[int, pa.Table] = {}
     schemas: dict[int, Any] = {}
     with backends.use(dataset.backend_name):
@@ -182,7 +189,7 @@ def _column_share(dataset: Dataset, columns: list[str]) -> float:
         return dataset._table.select(list(columns)).nbytes / total if total else 1.0
     if dataset.engine == "parquet":
         used = total = 0
-        for md in dataset._file_metadata.values():  # the footers read when planning
+        for md in dataset.footers.values():  # the footers read when planning
             for i in range(md.num_row_groups):
                 rg = md.row_group(i)
                 for j in range(rg.num_columns):
@@ -198,7 +205,7 @@ class GroupedTransformedDataset(TransformedDataset):
     """``workflow.transform(dataset)`` for a graph with a Groupby: partitions are key
     buckets, each holding every row of its keys (see the module docstring)."""
 
-    def __init__(self, workflow: Workflow, dataset: Dataset, node: Node) -> None:
+    def __init__(self, workflow: Any, dataset: Dataset, node: Node) -> None:
         super().__init__(workflow, dataset)
         self.node = node
         self._local: tuple[_BucketDataset, _AfterScatter] | None = None
@@ -227,9 +234,7 @@ class GroupedTransformedDataset(TransformedDataset):
         if self._local is None:
             client = self.workflow.client
             if client is not None:
-                from tabstream.pipeline.workflow import workers_share_this_host
-
-                if not workers_share_this_host(client):
+                if not execution.workers_share_this_host(client):
                     raise ValueError(
                         "Groupby: to_iter/compute/to_ddf regroup rows through a folder of this "
                         "machine, which workers on other machines cannot write; on this cluster "
@@ -261,7 +266,9 @@ class GroupedTransformedDataset(TransformedDataset):
         return arrow_to_pandas(pa.concat_tables(tables))
 
     def to_parquet(self, output_path: str, **kwargs: Any):
-        from tabstream.pipeline.export import _owner_tag, check_target, export
+        from tabstream.core.scratch import owner_tag
+        from tabstream.pipeline.export import export
+        from tabstream.pipeline.export_folder import check_target
 
         kwargs.setdefault("client", self.workflow.client)
         fs, _, paths = fsspec.core.get_fs_token_paths(output_path,
@@ -271,7 +278,7 @@ class GroupedTransformedDataset(TransformedDataset):
         parent, name = posixpath.split(target)
         # Named like export's own temporary folder (owner-tagged), so that the next
         # export to the same place removes it when this process was killed.
-        spill = posixpath.join(parent, f".{name}.tmp-{_owner_tag()}-{uuid.uuid4().hex[:12]}")
+        spill = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
         try:
             buckets, after = self._scatter(fs, spill, kwargs.get("progress"))
             return export(buckets, after, output_path, **kwargs)

@@ -30,7 +30,6 @@ import os
 import posixpath
 import re
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -50,8 +49,10 @@ from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
 from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
-from tabstream.pipeline.dataset import Dataset, _gpu_ddf, arrow_to_pandas
+from tabstream.pipeline import execution
+from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, num_workers, tree_reduce
+from tabstream.pipeline.transformed import TransformedDataset, client_for, conform
 
 __all__ = ["TransformedDataset", "Workflow"]
 
@@ -214,7 +215,7 @@ class Workflow:
         missing = [c for c in self.input_columns if c not in table.column_names]
         if missing:
             raise SchemaError(f"input is missing columns {missing}; it has {table.column_names}")
-        table = _conform(table.select(self.input_columns), self.input_schema)
+        table = conform(table.select(self.input_columns), self.input_schema)
         with backends.use(backend):
             return self.output_node.transform(table, self.input_schema)
 
@@ -399,91 +400,16 @@ class Workflow:
         return f"Workflow({self.output_node!r})"
 
 
-class TransformedDataset:
-    """The lazy result of ``workflow.transform(dataset)``."""
-
-    def __init__(self, workflow: Workflow, dataset: Dataset) -> None:
-        self.workflow = workflow
-        self.dataset = dataset
-
-    @property
-    def schema(self) -> Schema:
-        return self.workflow.output_schema
-
-    @property
-    def npartitions(self) -> int:
-        return self.dataset.npartitions
-
-    @functools.cached_property
-    def _dictionary_columns(self) -> list[str]:
-        # once per transformed dataset, not per partition (it walks the graph)
-        return self.workflow.dictionary_columns(self.dataset)
-
-    def read_piece(self, piece: Any) -> pa.Table:
-        dictionary = self._dictionary_columns
-        columns = self.workflow.input_columns
-        table = (self.dataset.read_piece(piece, columns, dictionary) if dictionary
-                 else self.dataset.read_piece(piece, columns))
-        return self.workflow.transform_table(table, self.dataset.backend_name)
-
-    def to_iter(self):
-        for piece in self.dataset.pieces:
-            yield arrow_to_pandas(self.read_piece(piece))
-
-    def to_ddf(self):
-        """A dask DataFrame of the transformed partitions (dask-cudf on the cudf backend)."""
-        import dask.dataframe as dd
-
-        first = self.read_piece(self.dataset.pieces[0])
-        if self.dataset.backend_name == "cudf":
-            return _gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
-        meta = arrow_to_pandas(first.schema.empty_table())
-        return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
-
-    def compute(self) -> pd.DataFrame:
-        """The whole transformed dataset in memory (small data only)."""
-        tables = compute([delayed(self.read_piece)(p) for p in self.dataset.pieces],
-                         _client_for(self.workflow.client, self.dataset))
-        return arrow_to_pandas(pa.concat_tables(tables))
-
-    def to_parquet(self, output_path: str, **kwargs: Any):
-        from tabstream.pipeline.export import export
-
-        kwargs.setdefault("client", _client_for(self.workflow.client, self.dataset))
-        return export(self.dataset, self.workflow, output_path, **kwargs)
-
-
-class _TransformPandas:
-    def __init__(self, tds: TransformedDataset) -> None:
-        self.tds = tds
-
-    def __call__(self, piece: Any) -> pd.DataFrame:
-        return arrow_to_pandas(self.tds.read_piece(piece))
-
-
-def _client_for(client: Any, dataset: Any) -> Any:
-    """The dask client a dataset's tasks run on: ``client`` when given; on the cudf
-    backend with several GPUs, dask-cuda's LocalCUDACluster; else None (threads).
-    See :func:`tabstream.backends.scheduler_for`."""
-    return backends.execution_client(getattr(dataset, "backend_name", "arrow"), client)
-
-
 @contextmanager
 def _runs_on(workflow: Workflow, dataset: Any) -> Iterator[None]:
     """For one fit: ``workflow.client`` is the client the dataset's tasks run on (see
-    :func:`_client_for`; unchanged when the user gave one), restored afterwards."""
+    :func:`~tabstream.pipeline.transformed.client_for`; unchanged when the user gave one), restored afterwards."""
     given = workflow.client
-    workflow.client = _client_for(given, dataset)
+    workflow.client = client_for(given, dataset)
     try:
         yield
     finally:
         workflow.client = given
-
-
-def workers_share_this_host(client: Any) -> bool:
-    """Whether every worker of ``client`` runs on the client's own machine."""
-    here = socket.gethostname()
-    return all(host == here for host in client.run(socket.gethostname).values())
 
 
 @contextmanager
@@ -494,7 +420,7 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
     afterwards. On workers of other machines nothing is set, and such an op refuses
     to spill, asking for a shared ``spill_dir`` (e.g. on an object store)."""
     spillers = [op for op in stat_ops if hasattr(op, "spill_dir") and op.spill_dir is None]
-    if client is None or not spillers or not workers_share_this_host(client):
+    if client is None or not spillers or not execution.workers_share_this_host(client):
         yield
         return
     folder = tempfile.mkdtemp(prefix="tabstream-fit-spill-")
@@ -611,7 +537,7 @@ def _add_counts(counts: Sequence[dict[Any, int]]) -> dict[Any, int]:
 def _check_has_rows(ds: Dataset, rows: int) -> None:
     """Statistics of no rows would be saved as if fitted (and every export of them refused)."""
     if rows == 0:
-        where = " after its filters or split" if ds._active_filters() else ""
+        where = " after its filters or split" if ds.filtered else ""
         raise DataError(f"cannot fit the workflow on {ds!r}: it has no rows{where}; a workflow "
                         "fitted on no rows has no statistics to save",
                         hint="check the input path (an empty file?) and the dataset's filters")
@@ -634,27 +560,6 @@ def _check_nodes_have_rows(ds: Dataset, nodes: Sequence[Node], rows: dict[Any, i
             f"to fit on {by}; a workflow fitted on no rows has no statistics to save",
             hint="check the Filter's function (or Dropna's columns) against the data, or fit on a "
                  "dataset where some rows pass it")
-
-
-def _conform(table: pa.Table, schema: Schema) -> pa.Table:
-    """Cast input columns to the types the workflow was fitted on when they differ
-    only in representation (pandas turns nullable ints into float64, say)."""
-    from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
-
-    columns = []
-    for name, col in zip(table.column_names, table.columns):
-        expected = schema[name]
-        dtype, is_list = arrow_type_to_dtype(col.type)
-        if not is_list and not expected.is_list and dtype != expected.dtype and expected.dtype != "unknown":
-            try:
-                col = col.cast(dtype_to_arrow_type(expected.dtype))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
-                raise SchemaError(
-                    f"input column {name!r} is {dtype}, but the workflow was fitted on "
-                    f"{expected.dtype} and the values do not convert: {exc}"
-                ) from exc
-        columns.append(col)
-    return pa.table(columns, names=table.column_names)
 
 
 # -- loading, checked -------------------------------------------------------------
@@ -943,21 +848,22 @@ def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) ->
 def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_id: str) -> None:
     """Write the save to a hidden folder beside ``root``, then put it in place (see
     :meth:`Workflow.save`)."""
-    from tabstream.pipeline.export import _owner_tag, _remove_leftovers
+    from tabstream.core.scratch import owner_tag
+    from tabstream.pipeline.export_folder import remove_export_leftovers
 
     root = os.path.abspath(root).rstrip(os.sep)
     parent, name = os.path.split(root)
     _check_replaceable(root)
     os.makedirs(parent, exist_ok=True)
-    _remove_leftovers(fs, parent, name)  # of savers (and exports) that were killed
-    tmp = os.path.join(parent, f".{name}.tmp-{_owner_tag()}-{save_id}")
+    remove_export_leftovers(fs, parent, name)  # of savers (and exports) that were killed
+    tmp = os.path.join(parent, f".{name}.tmp-{owner_tag()}-{save_id}")
     try:
         os.makedirs(os.path.join(tmp, "stats"))
         for rel, table in files.items():
             pq.write_table(table, os.path.join(tmp, rel))
         with open(os.path.join(tmp, "workflow.json"), "w", encoding="utf-8") as f:
             f.write(text)
-        previous = _swap_into_place(tmp, root, f".{name}.old-{_owner_tag()}-{save_id}")
+        previous = _swap_into_place(tmp, root, f".{name}.old-{owner_tag()}-{save_id}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

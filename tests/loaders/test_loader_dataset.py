@@ -184,20 +184,20 @@ def test_loader_refuses_an_export_that_disagrees_with_its_manifest(tmp_path: Pat
 def test_loader_plans_from_footers_without_decoding(tmp_path: Path, monkeypatch: Any) -> None:
     # Sizing a Dataset's pieces decodes a sample of the first file; a loader over a
     # whole dataset reads row groups and never needs it, so it is done on first use.
-    import tabstream.pipeline.dataset as dataset_mod
+    import tabstream.pipeline.parquet_files as parquet_files
     from tabstream.loaders import open_source
 
     for f in range(3):
         ids = np.arange(f * 1000, f * 1000 + 700 + 100 * f, dtype=np.int64)
         pq.write_table(pa.table({"id": ids}), tmp_path / f"part_{f}.parquet", row_group_size=250)
     calls: list[str] = []
-    real = dataset_mod._parquet_row_bytes
+    real = parquet_files._parquet_row_bytes
 
     def counting(fs: Any, path: str, md: Any, *args: Any) -> float:
         calls.append(path)
         return real(fs, path, md, *args)
 
-    monkeypatch.setattr(dataset_mod, "_parquet_row_bytes", counting)
+    monkeypatch.setattr(parquet_files, "_parquet_row_bytes", counting)
     files = sorted(tmp_path.glob("*.parquet"))
     expected = [(i, g, pq.ParquetFile(p).metadata.row_group(g).num_rows)
                 for i, p in enumerate(files) for g in range(pq.ParquetFile(p).num_row_groups)]

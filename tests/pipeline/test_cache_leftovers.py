@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import tabstream.pipeline.dataset as dataset_module
+import tabstream.pipeline.partition_cache as partition_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_killed_process_leaves_a_cache_folder_the_next_one_removes(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
-    code = ("import os, signal; from tabstream.pipeline.dataset import _new_cache_dir; "
+    code = ("import os, signal; from tabstream.pipeline.partition_cache import _new_cache_dir; "
             "print(_new_cache_dir(), flush=True); os.kill(os.getpid(), signal.SIGKILL)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path)))
@@ -33,11 +33,11 @@ def test_a_killed_process_leaves_a_cache_folder_the_next_one_removes(monkeypatch
     os.utime(old, (day_ago, day_ago))
     other = tmp_path / "somebody-else"
     other.mkdir()
-    monkeypatch.setattr(dataset_module, "_cache_leftovers_checked", False)
-    mine = Path(dataset_module._new_cache_dir())
+    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", False)
+    mine = Path(partition_cache._new_cache_dir())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, young.name, other.name])
     assert mine.name.startswith("tabstream-cache-") and f"-{os.getpid()}-" in mine.name
     # this process is alive: its folder survives the next check
-    monkeypatch.setattr(dataset_module, "_cache_leftovers_checked", False)
-    second = Path(dataset_module._new_cache_dir())
+    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", False)
+    second = Path(partition_cache._new_cache_dir())
     assert mine.is_dir() and second.is_dir()

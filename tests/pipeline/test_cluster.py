@@ -180,9 +180,9 @@ def test_categorify_spill_without_spill_dir_on_one_host_uses_a_fit_folder(real_c
 
 def test_categorify_spill_on_workers_of_other_hosts_without_spill_dir_is_refused(
         real_cluster, raw_tsv, monkeypatch):
-    import tabstream.pipeline.workflow as workflow_module
+    import tabstream.pipeline.execution as execution_module
 
-    monkeypatch.setattr(workflow_module, "workers_share_this_host", lambda client: False)
+    monkeypatch.setattr(execution_module, "workers_share_this_host", lambda client: False)
     ds = _criteo_dataset(raw_tsv)
     with pytest.raises(ValueError, match=r"spill_rows=50 .*dask worker.*spill_dir is None.*share"):
         ts.Workflow(_spill_graph(None), client=real_cluster).fit(ds)
@@ -261,9 +261,9 @@ def test_groupby_in_memory_on_one_host_cluster_equals_threaded(real_cluster, con
 
 
 def test_groupby_in_memory_on_other_hosts_is_refused(real_cluster, contract_parquet, monkeypatch):
-    import tabstream.pipeline.workflow as workflow_module
+    import tabstream.pipeline.execution as execution_module
 
-    monkeypatch.setattr(workflow_module, "workers_share_this_host", lambda client: False)
+    monkeypatch.setattr(execution_module, "workers_share_this_host", lambda client: False)
     with pytest.raises(ValueError, match=r"Groupby: to_iter/compute/to_ddf regroup rows through a "
                                          r"folder of this machine.*use to_parquet\(path\)"):
         _groupby_case(contract_parquet, real_cluster).compute()

@@ -419,13 +419,15 @@ def test_raw_logs_are_parsed_once_by_default(tmp_path, monkeypatch):
     # (export after fit) and reads of other columns map the cache, never parse again.
     expected = _criteo_like_tsv(tmp_path / "day_0.tsv")
     calls = []
-    real = ts.Dataset._parse_csv
+    from tabstream.pipeline.csv_files import CsvFiles
+
+    real = CsvFiles._parse_csv
 
     def counting(self, *args, **kwargs):
         calls.append(1)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(ts.Dataset, "_parse_csv", counting)
+    monkeypatch.setattr(CsvFiles, "_parse_csv", counting)
     ds = ts.Dataset(str(tmp_path / "day_0.tsv"), part_size=4000, **_TSV_KW)
     assert ds.cache == "disk" and ds.npartitions > 2
     first = pa.concat_tables([ds.read_piece(p, ["C1"]) for p in ds.pieces])
@@ -446,8 +448,8 @@ import json, os, resource, signal, sys, warnings
 import pandas as pd, pyarrow as pa
 import tabstream as ts
 from tabstream.core.errors import CacheWarning
-import tabstream.pipeline.dataset as dataset_module
-dataset_module.CACHE_MIN_FREE_BYTES = dataset_module.CACHE_MAX_FREE_BYTES = 0  # whatever the disk
+import tabstream.pipeline.partition_cache as partition_cache
+partition_cache.CACHE_MIN_FREE_BYTES = partition_cache.CACHE_MAX_FREE_BYTES = 0  # whatever the disk
 path, cache = sys.argv[1], sys.argv[2]
 expected = pd.read_csv(path, sep="\t", header=None, names=["label", "I1", "C1"])
 ds = ts.Dataset(path, cache_dir=cache, part_size=8000, names=["label", "I1", "C1"],
@@ -488,8 +490,10 @@ def test_auto_cache_that_cannot_be_written_parses_again(tmp_path, monkeypatch):
     # again on the next read and the data are the same.
     expected = _criteo_like_tsv(tmp_path / "day_0.tsv", rows=300)
     calls = []
-    real = ts.Dataset._parse_csv
-    monkeypatch.setattr(ts.Dataset, "_parse_csv",
+    from tabstream.pipeline.csv_files import CsvFiles
+
+    real = CsvFiles._parse_csv
+    monkeypatch.setattr(CsvFiles, "_parse_csv",
                         lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     ds = ts.Dataset(str(tmp_path / "day_0.tsv"), cache_dir=str(tmp_path / "gone"), **_TSV_KW)
     assert ds.cache == "disk"

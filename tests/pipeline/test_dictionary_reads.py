@@ -172,7 +172,7 @@ def test_default_cache_keeps_the_fit_partitions_of_parquet_for_the_export(tmp_pa
     assert ds.npartitions > 1
     wf = ts.Workflow((["low", "shifted"] >> ops.Categorify(freq_threshold=12)) + ["other", "x"]).fit(ds)
     assert len(reads) == ds.npartitions  # the fit read parquet once per partition ...
-    cache_dir = ds._cache_dir
+    cache_dir = ds._cache.folder
     assert cache_dir is not None and len(os.listdir(cache_dir)) == ds.npartitions
     wf.transform(ds).to_parquet(str(tmp_path / "out"))
     assert len(reads) == ds.npartitions  # ... and the export read none again
@@ -197,10 +197,10 @@ def test_default_cache_of_parquet_is_written_by_fits_only(tmp_path, frame, monke
     ds.to_parquet(str(tmp_path / "copy"))
     # nothing kept: the export read every piece raw again (a piece whose rows go to
     # two writer groups' files is read by both)
-    assert ds._cache_dir is None and set(reads[ds.npartitions:]) == set(ds.pieces)
+    assert ds._cache.folder is None and set(reads[ds.npartitions:]) == set(ds.pieces)
     off = ts.Dataset(path, part_size=10_000, cache=None)
     ts.Workflow(["low"] >> ops.Categorify()).fit(off)
-    assert off._cache_dir is None
+    assert off._cache.folder is None
 
 
 def test_default_cache_of_parquet_that_cannot_be_written_reads_parquet_again(tmp_path, frame, monkeypatch):
@@ -220,17 +220,17 @@ def test_default_cache_of_parquet_that_cannot_be_written_reads_parquet_again(tmp
 def test_default_cache_leaves_the_disk_a_reserve(tmp_path, frame, monkeypatch):
     import collections
 
-    import tabstream.pipeline.dataset as dataset_module
+    import tabstream.pipeline.partition_cache as partition_cache
 
     path = _write(tmp_path, frame)
     reads = _count_raw_reads(monkeypatch)
     usage = collections.namedtuple("usage", "total used free")
     free = {"bytes": 100 * 2**30}
-    monkeypatch.setattr(dataset_module.shutil, "disk_usage",
+    monkeypatch.setattr(partition_cache.shutil, "disk_usage",
                         lambda folder: usage(200 * 2**30, 0, free["bytes"]))
     ds = ts.Dataset(path, part_size=4_000)
     first = ds.read_piece(ds.pieces[0], ["low", "x"], keep=True)
-    assert len(os.listdir(ds._cache_dir)) == 1  # room enough: kept
+    assert len(os.listdir(ds._cache.folder)) == 1  # room enough: kept
     assert first.nbytes > 100
     free["bytes"] = 10 * 2**30 + 100  # a tenth of the disk, at most 10 GiB, is its reserve
     with pytest.warns(CacheWarning) as caught:
@@ -239,9 +239,9 @@ def test_default_cache_leaves_the_disk_a_reserve(tmp_path, frame, monkeypatch):
     # and the space left
     said = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert ds.npartitions > 2 and len(said) == 1
-    assert ds._cache_dir in str(said[0].message)
+    assert ds._cache.folder in str(said[0].message)
     assert "nearly full disk (10.0 GiB free of 200 GiB, 10.0 GiB kept free" in str(said[0].message)
-    assert len(os.listdir(ds._cache_dir)) == 1  # nothing more kept
+    assert len(os.listdir(ds._cache.folder)) == 1  # nothing more kept
     wf.transform(ds).to_parquet(str(tmp_path / "out"))
     assert len(reads) == 1 + 2 * ds.npartitions
     got = pd.read_parquet(tmp_path / "out")
@@ -257,12 +257,12 @@ def test_no_cache_warning_where_nothing_would_be_kept_anyway(tmp_path, frame, mo
     import collections
     import warnings
 
-    import tabstream.pipeline.dataset as dataset_module
+    import tabstream.pipeline.partition_cache as partition_cache
 
     path = _write(tmp_path, frame)
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(dataset_module.shutil, "disk_usage", lambda folder: usage(200 * 2**30, 0, 2**30))
-    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", 1)
+    monkeypatch.setattr(partition_cache.shutil, "disk_usage", lambda folder: usage(200 * 2**30, 0, 2**30))
+    monkeypatch.setattr(partition_cache, "PARQUET_CACHE_MAX_BYTES", 1)
     values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
     for cache in ("auto", None):
         ds = ts.Dataset(path, part_size=4_000, cache=cache)
@@ -277,13 +277,13 @@ def test_no_cache_warning_where_nothing_would_be_kept_anyway(tmp_path, frame, mo
 @pytest.mark.real_disk_reserve
 @pytest.mark.parametrize("total_gib, reserve_gib", [(8, 2), (50, 5), (500, 10)])
 def test_default_cache_reserve_is_a_tenth_of_the_disk_within_2_and_10_gib(total_gib, reserve_gib):
-    import tabstream.pipeline.dataset as dataset_module
+    import tabstream.pipeline.partition_cache as partition_cache
 
-    assert dataset_module._disk_reserve(total_gib * 2**30) == reserve_gib * 2**30
+    assert partition_cache._disk_reserve(total_gib * 2**30) == reserve_gib * 2**30
 
 
 def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monkeypatch):
-    import tabstream.pipeline.dataset as dataset_module
+    import tabstream.pipeline.partition_cache as partition_cache
 
     path = _write(tmp_path, frame)
     reads = _count_raw_reads(monkeypatch)
@@ -293,9 +293,9 @@ def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monk
     reads.clear()
     values = frame["low"].astype(object).where(frame["low"].notna(), None).tolist()
     # a budget that holds two partitions of three or more: nothing is kept (all or nothing)
-    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", sizes[0] + sizes[1])
+    monkeypatch.setattr(partition_cache, "PARQUET_CACHE_MAX_BYTES", sizes[0] + sizes[1])
     wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
-    assert not os.path.isdir(ds._cache_dir or "") or os.listdir(ds._cache_dir) == []
+    assert not os.path.isdir(ds._cache.folder or "") or os.listdir(ds._cache.folder) == []
     wf.transform(ds).to_parquet(str(tmp_path / "out"))
     assert len(reads) == 2 * ds.npartitions  # every partition decoded twice
     got = pd.read_parquet(tmp_path / "out")
@@ -304,9 +304,9 @@ def test_default_cache_of_parquet_keeps_at_most_its_budget(tmp_path, frame, monk
     # a budget that holds them all (with room for partitions larger than the first)
     reads.clear()
     ds = ts.Dataset(path, part_size=4_000)
-    monkeypatch.setattr(dataset_module, "PARQUET_CACHE_MAX_BYTES", 2 * max(sizes) * len(sizes))
+    monkeypatch.setattr(partition_cache, "PARQUET_CACHE_MAX_BYTES", 2 * max(sizes) * len(sizes))
     wf = ts.Workflow((["low"] >> ops.Categorify()) + ["x"]).fit(ds)
-    assert len(os.listdir(ds._cache_dir)) == ds.npartitions
+    assert len(os.listdir(ds._cache.folder)) == ds.npartitions
     wf.transform(ds).to_parquet(str(tmp_path / "out2"))
     assert len(reads) == ds.npartitions  # the export maps every kept partition
     got = pd.read_parquet(tmp_path / "out2")

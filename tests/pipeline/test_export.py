@@ -129,20 +129,20 @@ def test_failure_leaves_nothing_that_looks_finished(small_raw, tmp_path, monkeyp
 
 def test_killed_export_leaves_only_a_hidden_temp_folder(small_raw, tmp_path):
     """Simulate a kill between writing files and publishing: only the hidden temp folder exists."""
-    import tabstream.pipeline.export as export_mod
+    import tabstream.pipeline.export_folder as export_folder
 
     wf = fitted(small_raw)
-    original = export_mod._publish
+    original = export_folder.publish
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    export_mod._publish = killed
+    export_folder.publish = killed
     try:
         with pytest.raises(KeyboardInterrupt):
             wf.transform(ts.Dataset(small_raw)).to_parquet(str(tmp_path / "out"))
     finally:
-        export_mod._publish = original
+        export_folder.publish = original
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError):
         ts.Dataset(str(tmp_path / "*.parquet"))

@@ -145,13 +145,13 @@ BLOCKED = """
     import sys, time
     import numpy as np, pandas as pd
     import tabstream as ts
-    import tabstream.pipeline.export as export_mod
+    import tabstream.pipeline.export_folder as export_folder
 
     def blocked(*args, **kwargs):  # everything is written; stop just before the rename
         print("ready", flush=True)
         time.sleep(600)
 
-    export_mod._publish = blocked
+    export_folder.publish = blocked
     df = pd.DataFrame({"row_id": np.arange(5000), "y": np.random.default_rng(1).random(5000)})
     ts.Dataset(df, part_size="40KB").to_parquet(sys.argv[1], num_files=3)
 """

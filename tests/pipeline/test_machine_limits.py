@@ -43,31 +43,31 @@ def test_parquet_cache_budget_follows_a_memory_limit(limit_gib):
     limit = limit_gib * 2**30
     got = run_child(
         f"import resource\nresource.setrlimit(resource.RLIMIT_RSS, ({limit}, {limit}))",
-        "from tabstream.pipeline import dataset\n"
-        "print(json.dumps({'budget': dataset._parquet_cache_budget()}))")
+        "from tabstream.pipeline import partition_cache\n"
+        "print(json.dumps({'budget': partition_cache._parquet_cache_budget()}))")
     expected = max(2**30, min(limit, psutil.virtual_memory().total) // 4)
     assert got["budget"] == expected
 
 
 def test_an_explicit_budget_wins(monkeypatch):
-    from tabstream.pipeline import dataset
+    from tabstream.pipeline import partition_cache
 
-    monkeypatch.setattr(dataset, "PARQUET_CACHE_MAX_BYTES", 12345)
-    assert dataset._parquet_cache_budget() == 12345
+    monkeypatch.setattr(partition_cache, "PARQUET_CACHE_MAX_BYTES", 12345)
+    assert partition_cache._parquet_cache_budget() == 12345
 
 
 def test_budget_when_distributed_is_shadowed(tmp_path):
     """A script folder holding a distributed.py (benchmarks/ has one) shadows dask's
     package: the budget never imports it, and is the machine's share as usual."""
-    from tabstream.pipeline import dataset
+    from tabstream.pipeline import partition_cache
 
     (tmp_path / "distributed.py").write_text("raise RuntimeError('imported the shadow')\n")
     got = run_child(
         f"import sys\nsys.path.insert(0, {str(tmp_path)!r})",
-        "from tabstream.pipeline import dataset\n"
-        "print(json.dumps({'budget': dataset._parquet_cache_budget(), "
+        "from tabstream.pipeline import partition_cache\n"
+        "print(json.dumps({'budget': partition_cache._parquet_cache_budget(), "
         "'imported': 'distributed' in sys.modules}))")
-    assert got["budget"] == max(2**30, dataset._memory_limit() // 4)  # same limits as this process
+    assert got["budget"] == max(2**30, partition_cache._memory_limit() // 4)  # same limits as this process
     assert got["imported"] is False
 
 
@@ -78,7 +78,7 @@ def test_memory_limit_reads_cgroup_files(tmp_path, monkeypatch):
 
     import psutil
 
-    from tabstream.pipeline import dataset
+    from tabstream.pipeline import partition_cache
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (-1, -1))  # no RSS limit here
     total = psutil.virtual_memory().total
@@ -86,10 +86,10 @@ def test_memory_limit_reads_cgroup_files(tmp_path, monkeypatch):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     paths = [str(tmp_path / n) for n in files] + [str(tmp_path / "missing")]
-    monkeypatch.setattr(dataset, "_CGROUP_LIMITS", tuple(paths))
-    assert dataset._memory_limit() == total // 5
-    monkeypatch.setattr(dataset, "_CGROUP_LIMITS", (str(tmp_path / "v1_soft"), str(tmp_path / "missing")))
-    assert dataset._memory_limit() == total
+    monkeypatch.setattr(partition_cache, "_CGROUP_LIMITS", tuple(paths))
+    assert partition_cache._memory_limit() == total // 5
+    monkeypatch.setattr(partition_cache, "_CGROUP_LIMITS", (str(tmp_path / "v1_soft"), str(tmp_path / "missing")))
+    assert partition_cache._memory_limit() == total
 
 
 def test_a_local_fit_and_export_never_import_distributed(tmp_path):
@@ -121,9 +121,9 @@ def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
     filesystem is named by ``df``."""
     import psutil
 
-    from tabstream.pipeline import dataset
+    from tabstream.pipeline import partition_cache
 
-    memory_share = dataset._parquet_cache_budget()
+    memory_share = partition_cache._parquet_cache_budget()
     with open("/proc/sys/vm/dirty_background_bytes") as f:
         fixed = int(f.read())
     with open("/proc/sys/vm/dirty_background_ratio") as f:
@@ -133,7 +133,7 @@ def test_a_disk_cache_stays_under_the_writeback_threshold(tmp_path):
     for folder in folders:
         out = subprocess.run(["df", "--output=fstype", folder], capture_output=True, text=True, check=True)
         in_memory = out.stdout.split()[-1] in ("tmpfs", "ramfs")
-        got = dataset._parquet_cache_budget(folder)
+        got = partition_cache._parquet_cache_budget(folder)
         if in_memory:
             assert got == memory_share, folder
         else:

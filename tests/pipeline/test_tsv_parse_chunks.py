@@ -12,7 +12,7 @@ import pytest
 
 import tabstream as ts
 from tabstream.errors import DataError
-from tabstream.pipeline import dataset as dataset_module
+from tabstream.pipeline import csv_files
 
 NAMES = ["label", "I1", "C1", "C2"]
 DTYPES = {"label": "int64", "I1": "int64", "C1": "string", "C2": "string"}
@@ -20,7 +20,7 @@ DTYPES = {"label": "int64", "I1": "int64", "C1": "string", "C2": "string"}
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(dataset_module, "_CSV_PARSE_BLOCK", 300)
+    monkeypatch.setattr(csv_files, "_CSV_PARSE_BLOCK", 300)
 
 
 def _lines(n: int, seed: int = 0, nulls: bool = True) -> list[bytes]:
@@ -138,7 +138,7 @@ def test_criteo_like_log_reads_as_pandas_does(tmp_path, monkeypatch):
     write_data("criteo", str(tmp_path / "logs"), 600, num_files=1, fmt="tsv", seed=3)
     path = str(tmp_path / "logs" / "part_00000.tsv")
     # Criteo-like lines are ~250 bytes: a few per chunk
-    monkeypatch.setattr(dataset_module, "_CSV_PARSE_BLOCK", 2000)
+    monkeypatch.setattr(csv_files, "_CSV_PARSE_BLOCK", 2000)
     got = _read_all(ts.Dataset(path, names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, sep="\t",
                                part_size=40_000))
     expected = pd.read_csv(path, sep="\t", header=None, names=CRITEO_COLUMNS, quoting=3,
@@ -166,7 +166,7 @@ def test_mapped_blocks_are_cut_as_read_block_cuts_them(tmp_path, ending):
         ds = ts.Dataset(str(path), names=["a"], sep="\t", part_size=max(1, block_bytes * 5 // 3))
         pieces = ds.pieces
         assert len(pieces) > 1 or block_bytes == 10**6
-        got = [ds._csv_block(p).data() for p in pieces]
+        got = [ds._csv._csv_block(p).data() for p in pieces]
         with open(path, "rb") as f:
             assert got == [read_block(f, p.offset, p.length, delimiter=b"\n") for p in pieces]
         assert b"".join(got) == text

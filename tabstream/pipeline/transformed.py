@@ -1,0 +1,118 @@
+"""The lazy result of ``workflow.transform(dataset)``: a fitted workflow applied to a
+Dataset partition by partition, read as Arrow, pandas, a dask frame, or exported.
+
+:class:`TransformedDataset` lives apart from :mod:`tabstream.pipeline.workflow` (which
+makes it) so that the Groupby's regrouping (:mod:`tabstream.pipeline.regroup`, a
+subclass) and the workflow depend on it, not on each other.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from dask import delayed
+
+from tabstream import backends
+from tabstream.core.dtypes import arrow_to_pandas
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema
+from tabstream.pipeline.dataset import Dataset
+from tabstream.pipeline.execution import compute
+from tabstream.pipeline.frames import gpu_ddf
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["TransformedDataset", "client_for", "conform"]
+
+
+class TransformedDataset:
+    """The lazy result of ``workflow.transform(dataset)``."""
+
+    def __init__(self, workflow: Any, dataset: Dataset) -> None:  # a fitted Workflow
+        self.workflow = workflow
+        self.dataset = dataset
+
+    @property
+    def schema(self) -> Schema:
+        return self.workflow.output_schema
+
+    @property
+    def npartitions(self) -> int:
+        return self.dataset.npartitions
+
+    @functools.cached_property
+    def _dictionary_columns(self) -> list[str]:
+        # once per transformed dataset, not per partition (it walks the graph)
+        return self.workflow.dictionary_columns(self.dataset)
+
+    def read_piece(self, piece: Any) -> pa.Table:
+        dictionary = self._dictionary_columns
+        columns = self.workflow.input_columns
+        table = (self.dataset.read_piece(piece, columns, dictionary) if dictionary
+                 else self.dataset.read_piece(piece, columns))
+        return self.workflow.transform_table(table, self.dataset.backend_name)
+
+    def to_iter(self):
+        for piece in self.dataset.pieces:
+            yield arrow_to_pandas(self.read_piece(piece))
+
+    def to_ddf(self):
+        """A dask DataFrame of the transformed partitions (dask-cudf on the cudf backend)."""
+        import dask.dataframe as dd
+
+        first = self.read_piece(self.dataset.pieces[0])
+        if self.dataset.backend_name == "cudf":
+            return gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
+        meta = arrow_to_pandas(first.schema.empty_table())
+        return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
+
+    def compute(self) -> pd.DataFrame:
+        """The whole transformed dataset in memory (small data only)."""
+        tables = compute([delayed(self.read_piece)(p) for p in self.dataset.pieces],
+                         client_for(self.workflow.client, self.dataset))
+        return arrow_to_pandas(pa.concat_tables(tables))
+
+    def to_parquet(self, output_path: str, **kwargs: Any):
+        from tabstream.pipeline.export import export
+
+        kwargs.setdefault("client", client_for(self.workflow.client, self.dataset))
+        return export(self.dataset, self.workflow, output_path, **kwargs)
+
+
+class _TransformPandas:
+    def __init__(self, tds: TransformedDataset) -> None:
+        self.tds = tds
+
+    def __call__(self, piece: Any) -> pd.DataFrame:
+        return arrow_to_pandas(self.tds.read_piece(piece))
+
+
+def client_for(client: Any, dataset: Any) -> Any:
+    """The dask client a dataset's tasks run on: ``client`` when given; on the cudf
+    backend with several GPUs, dask-cuda's LocalCUDACluster; else None (threads).
+    See :func:`tabstream.backends.scheduler_for`."""
+    return backends.execution_client(getattr(dataset, "backend_name", "arrow"), client)
+
+
+def conform(table: pa.Table, schema: Schema) -> pa.Table:
+    """Cast input columns to the types the workflow was fitted on when they differ
+    only in representation (pandas turns nullable ints into float64, say)."""
+    from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+
+    columns = []
+    for name, col in zip(table.column_names, table.columns):
+        expected = schema[name]
+        dtype, is_list = arrow_type_to_dtype(col.type)
+        if not is_list and not expected.is_list and dtype != expected.dtype and expected.dtype != "unknown":
+            try:
+                col = col.cast(dtype_to_arrow_type(expected.dtype))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
+                raise SchemaError(
+                    f"input column {name!r} is {dtype}, but the workflow was fitted on "
+                    f"{expected.dtype} and the values do not convert: {exc}"
+                ) from exc
+        columns.append(col)
+    return pa.table(columns, names=table.column_names)
