@@ -167,7 +167,7 @@ def test_tagging_helpers(frame):
         "user": {"user_id", "user", "id"},
         "count": {"item_id", "item", "id"},
         "price": {"user", "continuous"},
-        "tags": {"item", "list"},
+        "tags": {"item"},  # no LIST tag added to a list column (as Merlin infers it)
     }
     assert out["price"].tolist()[:3] == frame["price"].tolist()[:3]
     assert [c.name for c in wf.output_schema.select_by_tag(ts.Tags.USER_ID)] == ["user"]
