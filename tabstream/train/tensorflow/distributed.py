@@ -194,6 +194,7 @@ class _ShardedTable:
             # Zeros that depend on a (zero-gradient) variable, so that the backward
             # all-reduce of this exchange runs here too: every worker must call the
             # same collectives in the same order, or they pair up wrongly.
+            assert self.anchor is not None  # made for every worker lacking a shard
             return zeros * tf.cast(self.anchor.value, zeros.dtype)
         weights = self.shard.value
         if place.kind == "table_wise":
@@ -242,12 +243,15 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         by_table = {t.config.name: t for t in tables.tables.values()}
         self._feature_to_table = {f: tables.table_for(f).config.name for f in self.feature_names}
         replicated = [c for c in self.configs if plan[c.name] == "data_parallel"]
-        self.replicated = EmbeddingTables(
-            replicated, list_features=[f for f in self.list_features
-                                       if self._feature_to_table[f] in {c.name for c in replicated}],
-            name=f"{tables.name}_replicated") if replicated else None
-        for cfg in replicated:  # the model's own (mirrored) initial weights
-            self.replicated.tables[cfg.name].embeddings.assign(by_table[cfg.name].embeddings)
+        self.replicated: EmbeddingTables | None = None
+        if replicated:
+            names = {c.name for c in replicated}
+            self.replicated = EmbeddingTables(
+                replicated, list_features=[f for f in self.list_features
+                                           if self._feature_to_table[f] in names],
+                name=f"{tables.name}_replicated")
+            for cfg in replicated:  # the model's own (mirrored) initial weights
+                self.replicated.tables[cfg.name].embeddings.assign(by_table[cfg.name].embeddings)
         # kept off Keras' tracking: plain variables, not the model's mirrored weights
         paths = {c.name: by_table[c.name].embeddings.path for c in self.configs}
         pieces = {}
@@ -294,7 +298,8 @@ class ShardedEmbeddingTables(keras.layers.Layer):
     def call(self, features: Mapping[str, Any]) -> dict[str, Any]:
         out = {}
         for f in self.feature_names:
-            if self.plan[self._feature_to_table[f]] == "data_parallel":
+            if self.replicated is not None and \
+                    self.plan[self._feature_to_table[f]] == "data_parallel":
                 out[f] = self.replicated.lookup(f, features)
             else:
                 out[f] = EmbeddingTables.lookup(self._view, f, features)
@@ -397,7 +402,7 @@ class HybridParallel:
         if unknown:
             raise ValueError(f"HybridParallel: the plan names tables {sorted(unknown)} that "
                              "the model does not have")
-        self._steps: dict[int, Any] = {}
+        self._steps: dict[str, Any] = {}
         self._optimizers: tuple[Any, Any, Any] | None = None
 
     # -- variables ------------------------------------------------------------
