@@ -48,6 +48,7 @@ RUNNABLE = [
     "tabstream.train.history",
     "tabstream.train.metrics",
     "tabstream.train.runner",
+    "tabstream.train.sharding",
     "tabstream.train.spec",
     "tabstream.train.tables",
     "tabstream.train.tensorflow",

@@ -42,11 +42,9 @@ batch of ``B_r`` rows):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, cast
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -54,6 +52,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tabstream.core.errors import DataError
+from tabstream.train.sharding import (
+    SHARDING_TYPES,
+    ShardingPlan,
+    TablePlacement,
+    plan_sharding,
+    resolve_plan,
+)
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
 
@@ -66,220 +71,6 @@ __all__ = [
     "comm_device",
     "plan_sharding",
 ]
-
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
-_STRATEGIES = ("auto", *SHARDING_TYPES)
-_FLOAT_BYTES = 4
-
-
-# --------------------------------------------------------------------------- plan
-
-
-@dataclass(frozen=True)
-class TablePlacement:
-    """Where one table lives. ``ranges[k]`` is rank ``k``'s ``(start, stop)`` row
-    range (``row_wise``) or column range (``column_wise``); ``owner`` is the rank of
-    a ``table_wise`` table."""
-
-    kind: str
-    owner: int | None = None
-    ranges: tuple[tuple[int, int], ...] = ()
-
-    def pieces(self) -> list[tuple[int, int, int]]:
-        """``[(rank, start, stop), ...]`` of the non-empty shards (ranks ascending)."""
-        if self.kind == "table_wise":
-            return [(int(self.owner or 0), 0, -1)]
-        return [(k, a, b) for k, (a, b) in enumerate(self.ranges) if b > a]
-
-
-@dataclass
-class ShardingPlan(Mapping[str, str]):
-    """A mapping ``{table name: sharding type}`` plus where each shard lives and
-    how many bytes (weights + ``optimizer_slots`` same-sized optimizer tensors)
-    each rank holds. ``print(plan)`` explains it."""
-
-    world_size: int
-    configs: dict[str, TableConfig]
-    placements: dict[str, TablePlacement]
-    optimizer_slots: int = 2
-    _bytes: list[int] = field(default_factory=list, repr=False)
-
-    def __getitem__(self, table: str) -> str:
-        return self.placements[table].kind
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.placements)
-
-    def __len__(self) -> int:
-        return len(self.placements)
-
-    def table_bytes(self, table: str) -> int:
-        cfg = self.configs[table]
-        return cfg.cardinality * cfg.dim * _FLOAT_BYTES * (1 + self.optimizer_slots)
-
-    def rank_bytes(self) -> list[int]:
-        """Bytes of sharded tables held by each rank (replicated tables not counted)."""
-        out = [0] * self.world_size
-        for name, place in self.placements.items():
-            cfg = self.configs[name]
-            per_value = _FLOAT_BYTES * (1 + self.optimizer_slots)
-            if place.kind == "table_wise":
-                out[int(place.owner or 0)] += self.table_bytes(name)
-            elif place.kind == "row_wise":
-                for k, (a, b) in enumerate(place.ranges):
-                    out[k] += (b - a) * cfg.dim * per_value
-            elif place.kind == "column_wise":
-                for k, (a, b) in enumerate(place.ranges):
-                    out[k] += (b - a) * cfg.cardinality * per_value
-        return out
-
-    def replicated_bytes(self) -> int:
-        """Bytes of the ``data_parallel`` tables, held whole by every rank."""
-        return sum(self.table_bytes(n) for n, p in self.placements.items()
-                   if p.kind == "data_parallel")
-
-    def __str__(self) -> str:
-        lines = [f"ShardingPlan for {self.world_size} ranks (bytes = weights + "
-                 f"{self.optimizer_slots} optimizer slots, float32)"]
-        width = max((len(n) for n in self.placements), default=0)
-        for name, place in self.placements.items():
-            cfg = self.configs[name]
-            where = {
-                "table_wise": f"on rank {place.owner}",
-                "row_wise": "rows " + ", ".join(f"{a}:{b}" for a, b in place.ranges),
-                "column_wise": "columns " + ", ".join(f"{a}:{b}" for a, b in place.ranges),
-                "data_parallel": "replicated",
-            }[place.kind]
-            lines.append(f"  {name:<{width}}  {cfg.cardinality:>11,} x {cfg.dim:<4} "
-                         f"{place.kind:<13} {where}")
-        per_rank = "   ".join(f"rank {k}: {b:,} bytes" for k, b in enumerate(self.rank_bytes()))
-        lines.append(f"  {per_rank}   (+{self.replicated_bytes():,} replicated on each)")
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-
-def _table_configs(model_or_tables: Any) -> list[TableConfig]:
-    if isinstance(model_or_tables, EmbeddingTables):
-        return list(model_or_tables.configs)
-    if isinstance(model_or_tables, nn.Module):
-        configs: list[TableConfig] = []
-        for module in model_or_tables.modules():
-            if isinstance(module, (EmbeddingTables, ShardedEmbeddingTables)):
-                configs.extend(module.configs)
-        if not configs:
-            raise ValueError(
-                f"plan_sharding: {type(model_or_tables).__name__} has no EmbeddingTables "
-                "module; build the model from a schema (DLRM, DCN, ...) or pass table configs"
-            )
-        return configs
-    items = list(model_or_tables)
-    bad = [type(t).__name__ for t in items if not isinstance(t, TableConfig)]
-    if bad:
-        raise TypeError(
-            "plan_sharding takes a model, an EmbeddingTables or TableConfigs, got "
-            f"{bad[0]} items"
-        )
-    return items
-
-
-def _even_ranges(n: int, parts: int) -> tuple[tuple[int, int], ...]:
-    # np.array_split sizes: the first n % parts parts one longer
-    sizes = [len(a) for a in np.array_split(np.arange(n), parts)]
-    bounds = [0, *np.cumsum(sizes).tolist()]
-    return tuple((bounds[k], bounds[k + 1]) for k in range(parts))
-
-
-def plan_sharding(
-    model_or_tables: Any,
-    world_size: int,
-    strategy: str = "auto",
-    overrides: Mapping[str, str] | None = None,
-    optimizer_slots: int = 2,
-    data_parallel_bytes: int = 1 << 20,
-) -> ShardingPlan:
-    """Decide how each embedding table is split over ``world_size`` ranks.
-
-    ``strategy="auto"``: tables under ``data_parallel_bytes`` (weights + optimizer
-    state) are replicated (``data_parallel``), tables larger than an even share of
-    all the sharded bytes are split over every rank, by columns (``column_wise``)
-    when ``dim >= world_size``, else by rows (``row_wise``), and the others are
-    placed whole (``table_wise``), largest first, each on the rank holding the
-    fewest bytes so far. Any other strategy gives every table that type;
-    ``overrides`` (``{table: type}``) win over the strategy. Deterministic: every
-    rank computes the same plan.
-
-    >>> from tabstream.train.tables import TableConfig
-    >>> model = [TableConfig(name, rows, 16, (name,))     # or a model holding these tables
-    ...          for name, rows in [("C1", 1_000_000), ("C2", 50_000), ("C7", 20_000), ("C9", 100)]]
-    >>> plan = plan_sharding(model, world_size=2, overrides={"C7": "column_wise"})
-    >>> dict(plan)
-    {'C1': 'column_wise', 'C2': 'table_wise', 'C7': 'column_wise', 'C9': 'data_parallel'}
-    >>> plan.rank_bytes()          # 1M, 50k, 20k and 100 rows x 16: weights + Adam state
-    [107520000, 97920000]
-    """
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"plan_sharding: world_size must be an int, got {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"plan_sharding: world_size must be >= 1, got {world_size}")
-    if strategy not in _STRATEGIES:
-        raise ValueError(f"plan_sharding: strategy must be one of {list(_STRATEGIES)}, "
-                         f"got {strategy!r}")
-    configs = {c.name: c for c in _table_configs(model_or_tables)}
-    overrides = dict(overrides or {})
-    for name, kind in overrides.items():
-        if name not in configs:
-            raise ValueError(f"plan_sharding: the plan names table {name!r}, which the model "
-                             f"does not have; its tables are {sorted(configs)}")
-        if kind not in SHARDING_TYPES:
-            raise ValueError(f"plan_sharding: table {name!r}: sharding type must be one of "
-                             f"{list(SHARDING_TYPES)}, got {kind!r}")
-    plan = ShardingPlan(world_size, configs, {}, optimizer_slots)
-    kinds: dict[str, str] = {}
-    for name in configs:
-        if name in overrides:
-            kinds[name] = overrides[name]
-        elif strategy != "auto":
-            kinds[name] = strategy
-        elif plan.table_bytes(name) < data_parallel_bytes:
-            kinds[name] = "data_parallel"
-    auto = [n for n in configs if n not in kinds]
-    sharded_total = sum(plan.table_bytes(n) for n in auto)
-    for name in auto:
-        big = plan.table_bytes(name) > sharded_total / world_size and world_size > 1
-        # a big table is split over all ranks: by columns when each rank gets one at
-        # least (a rank then sends B x dim/W floats per table and step, where a row
-        # split sends partial sums of B x dim to every other rank), else by rows
-        if not big:
-            kinds[name] = "table_wise"
-        else:
-            kinds[name] = "column_wise" if configs[name].dim >= world_size else "row_wise"
-
-    load = [0] * world_size
-    for name in configs:  # fixed costs first: row/column splits spread over all ranks
-        cfg, kind = configs[name], kinds[name]
-        if kind == "row_wise":
-            if cfg.cardinality < world_size:
-                raise ValueError(f"plan_sharding: table {name!r} has {cfg.cardinality} rows, "
-                                 f"fewer than {world_size} ranks: it cannot be row_wise")
-            ranges = _even_ranges(cfg.cardinality, world_size)
-        elif kind == "column_wise":
-            ranges = _even_ranges(cfg.dim, world_size)
-        else:
-            continue
-        plan.placements[name] = TablePlacement(kind, ranges=ranges)
-    load = plan.rank_bytes()
-    by_size = sorted((n for n in configs if kinds[n] == "table_wise"),
-                     key=lambda n: (-plan.table_bytes(n), n))
-    for name in by_size:
-        owner = int(np.argmin(load))
-        load[owner] += plan.table_bytes(name)
-        plan.placements[name] = TablePlacement("table_wise", owner=owner)
-    for name in configs:
-        if kinds[name] == "data_parallel":
-            plan.placements[name] = TablePlacement("data_parallel")
-    plan.placements = {n: plan.placements[n] for n in configs}  # the model's table order
-    return plan
 
 
 # ----------------------------------------------------------------- autograd pieces
@@ -583,8 +374,10 @@ class HybridParallel(nn.Module):
 
     Args:
         model: a module holding :class:`EmbeddingTables` (``DLRM``, ``DCN``, ...).
-        plan: a :class:`ShardingPlan`, or ``{table: type}`` overriding
-            :func:`plan_sharding`'s ``"auto"`` choice for those tables.
+        plan: a :class:`ShardingPlan`, a strategy name (``"auto"``, ``"table_wise"``,
+            ``"row_wise"``, ``"column_wise"``, ``"data_parallel"``) or ``{table: type}``
+            overriding :func:`plan_sharding`'s ``"auto"`` choice for those tables;
+            ``None`` is ``"auto"``.
         group: the process group (default: the world).
         **ddp_kwargs: passed on to ``DistributedDataParallel``.
 
@@ -594,7 +387,7 @@ class HybridParallel(nn.Module):
     finds the shards) apply as on one process.
     """
 
-    def __init__(self, model: nn.Module, plan: ShardingPlan | Mapping[str, str] | None = None,
+    def __init__(self, model: nn.Module, plan: ShardingPlan | Mapping[str, str] | str | None = None,
                  group: Any = None, **ddp_kwargs: Any) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -610,11 +403,7 @@ class HybridParallel(nn.Module):
             )
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        if not isinstance(plan, ShardingPlan):
-            plan = plan_sharding(model, self.world_size, overrides=plan)
-        elif plan.world_size != self.world_size:
-            raise ValueError(f"HybridParallel: the plan is for {plan.world_size} ranks, but "
-                             f"the process group has {self.world_size}")
+        plan = resolve_plan(plan, model, self.world_size)
         self.plan = plan
         self._original_keys = list(model.state_dict())
         # a group of its own, so that the embedding exchange never interleaves with

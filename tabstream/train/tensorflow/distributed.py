@@ -1,0 +1,630 @@
+"""Model-parallel embedding tables for the bundled Keras models under
+``tf.distribute.MultiWorkerMirroredStrategy`` (one replica per worker).
+
+The embedding tables are split over the workers by the same
+:func:`~tabstream.train.sharding.plan_sharding` as in PyTorch (whole tables, row
+ranges or column slices; small tables replicated), while the dense part stays
+mirrored (data-parallel). Every worker builds the model from the same seed inside
+``strategy.scope()``::
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()   # TF_CONFIG names the workers
+    with strategy.scope():
+        model = HybridParallel(DLRM(schema, seed=0), plan="auto")  # or {"C1": "row_wise"}
+        optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(), large_tables)])
+    step = model.train_step(optimizer)             # a tf.function of (features, labels)
+    for features, labels in batches:               # this worker's rows of each global batch
+        loss = step(features, labels)              # the mean over the global batch
+    model.full_weights()                           # {variable path: whole array}, every worker
+    model.save_checkpoint("ck/"); model.restore_checkpoint("ck/", optimizer)
+
+How a lookup of a sharded table flows (``W`` workers, worker ``r`` holding ``B_r``
+rows; only tf.distribute collectives of the replica context):
+
+1. the ids of the batch (and the row each belongs to) are all-gathered, so every
+   worker knows the ids of the global batch;
+2. each worker pools, for all ``sum(B_r)`` rows, what its shard holds: the whole
+   table (``table_wise``, on its owner), the ids inside its row range
+   (``row_wise``: partial sums) or its column slice (``column_wise``, placed at
+   its columns); the other workers contribute zeros;
+3. one all-reduce (sum) of these ``[sum(B_r), dim]`` contributions gives every
+   row's pooled vector; a worker keeps its own rows and divides by the list
+   lengths for ``combiner="mean"``. The all-reduce's gradient is the all-reduce of
+   the gradients, so each shard receives the gradient of every worker's loss.
+
+Per-id lookups (``combiner=None``) go the same way with one "row" per id.
+
+The shards are plain (not mirrored) variables of each worker; a copy of the
+optimizer built from its config (the same rules, its own slots) updates them
+outside the replica context, so their gradients are never summed over workers.
+The step's loss on worker ``r`` is its rows' loss sum divided by the global row
+count: summed over workers (as Keras sums the mirrored gradients, and as the
+all-reduce's gradient sums the shards'), that is the gradient of the global mean.
+Training therefore follows the path of one process on the concatenated global
+batch (worker 0's rows first), whatever the workers' batch sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tabstream.train.checks import CheckpointError
+from tabstream.train.sharding import (
+    SHARDING_TYPES,
+    ShardingPlan,
+    TablePlacement,
+    plan_sharding,
+    resolve_plan,
+)
+from tabstream.train.tables import TableConfig
+from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids
+from tabstream.train.tensorflow.optimizers import MultiOptimizer
+
+__all__ = [
+    "SHARDING_TYPES",
+    "HybridParallel",
+    "ShardedEmbeddingTables",
+    "ShardingPlan",
+    "TablePlacement",
+    "plan_sharding",
+]
+
+
+def _worker_of(strategy: tf.distribute.Strategy) -> tuple[int, int]:
+    """``(this worker's index, number of workers)``; ``(0, 1)`` without a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    world = int(strategy.num_replicas_in_sync)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0, world
+    spec = resolver.cluster_spec().as_dict()
+    workers = len(spec.get("chief", [])) + len(spec.get("worker", []))
+    if workers != world:
+        raise ValueError(
+            f"HybridParallel needs one replica per worker, but the strategy has {world} "
+            f"replicas over {workers} workers; give each worker one device "
+            "(CUDA_VISIBLE_DEVICES) or none"
+        )
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    if task_type == "worker" and "chief" in spec:
+        task_id += 1
+    return task_id, world
+
+
+def _outside_strategy(fn: Callable[[], Any]) -> Any:
+    """``fn()`` run where no tf.distribute strategy is in scope (a scope is
+    per-thread): variables made there are plain, and optimizers made there update
+    plain variables. What a shard and its optimizer state need."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="tabstream-shards")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class _ShardedTable:
+    """One sharded table as :meth:`EmbeddingTables.lookup` sees a table: ``_gather``
+    (per-id vectors) and ``pool`` (pooled lists) run the exchange of the module
+    docstring; the layouts are read by the same code as for a local table."""
+
+    def __init__(self, config: TableConfig, placement: TablePlacement, rank: int,
+                 shard: keras.Variable | None, anchor: keras.Variable | None) -> None:
+        self.config = config
+        self.placement = placement
+        self.rank = rank
+        self.shard = shard
+        self.anchor = anchor
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def __call__(self, ids: Any, feature: str | None = None) -> tf.Tensor:
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank == 2 and ids.shape[1] == 1:
+            ids = tf.squeeze(ids, axis=1)
+        if ids.shape.rank != 1:
+            raise ValueError(
+                f"table {self.config.name!r}: single-hot lookups take ids of shape [B] or "
+                f"[B, 1], got {ids.shape}; pass list features through EmbeddingTables"
+            )
+        return self._gather(ids, feature)
+
+    def _gather(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
+        ids = tf.reshape(check_ids(ids, self.config, feature or self.config.name), [-1])
+        n = tf.shape(ids, out_type=tf.int64)[0]
+        return self._exchange(ids, tf.range(n), n, mean=False)
+
+    def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
+             feature: str | None = None) -> tf.Tensor:
+        values = check_ids(values, self.config, feature or self.config.name)
+        return self._exchange(values, row_ids, nrows, mean=self.config.combiner == "mean")
+
+    def _exchange(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
+                  mean: bool) -> tf.Tensor:
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None:
+            raise ValueError(
+                "HybridParallel: a sharded table is looked up in the cross-replica context; "
+                "call the model inside strategy.run (HybridParallel.train_step and "
+                "HybridParallel.predict do)"
+            )
+        values = tf.cast(tf.reshape(values, [-1]), tf.int64)
+        row_ids = tf.cast(tf.reshape(row_ids, [-1]), tf.int64)
+        nrows = tf.cast(nrows, tf.int64)
+        # 1. the global batch's ids and the global row of each
+        sizes = ctx.all_gather(tf.stack([nrows, tf.size(values, out_type=tf.int64)])[None],
+                               axis=0)
+        all_values = ctx.all_gather(values, axis=0)
+        all_rows = ctx.all_gather(row_ids, axis=0)
+        starts = tf.cumsum(sizes[:, 0], exclusive=True)
+        owner = tf.repeat(tf.range(tf.shape(sizes)[0]), sizes[:, 1])
+        global_rows = all_rows + tf.gather(starts, owner)
+        total = tf.reduce_sum(sizes[:, 0])
+        # 2. what this worker's shard contributes to every row
+        contribution = self._contribution(all_values, global_rows, total)
+        # 3. every row's vector; keep this worker's rows
+        pooled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution)
+        mine = pooled[starts[self.rank]:starts[self.rank] + nrows]
+        if mean:
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, mine.dtype), row_ids,
+                                                  nrows)
+            mine = mine / tf.maximum(counts, 1.0)[:, None]
+        return mine
+
+    def _contribution(self, values: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
+        cfg, place = self.config, self.placement
+        zeros = tf.zeros(tf.stack([total, tf.constant(cfg.dim, tf.int64)]), tf.float32)
+        if self.shard is None:
+            # Zeros that depend on a (zero-gradient) variable, so that the backward
+            # all-reduce of this exchange runs here too: every worker must call the
+            # same collectives in the same order, or they pair up wrongly.
+            assert self.anchor is not None  # made for every worker lacking a shard
+            return zeros * tf.cast(self.anchor.value, zeros.dtype)
+        weights = self.shard.value
+        if place.kind == "table_wise":
+            return tf.math.unsorted_segment_sum(tf.gather(weights, values), rows, total)
+        start, stop = place.ranges[self.rank]
+        if place.kind == "row_wise":
+            keep = tf.logical_and(values >= start, values < stop)
+            part = tf.gather(weights, tf.boolean_mask(values, keep) - start)
+            return tf.math.unsorted_segment_sum(part, tf.boolean_mask(rows, keep), total)
+        part = tf.math.unsorted_segment_sum(tf.gather(weights, values), rows, total)
+        return tf.pad(part, [[0, 0], [start, cfg.dim - stop]])
+
+
+class _LookupView:
+    """What :meth:`EmbeddingTables.lookup` reads of its layer (``table_for`` and
+    ``list_features``), over sharded tables, so that every accepted input layout is
+    read by that one piece of code."""
+
+    def __init__(self, tables: dict[str, Any], feature_to_table: dict[str, str],
+                 list_features: set[str]) -> None:
+        self._tables = tables
+        self._feature_to_table = feature_to_table
+        self.list_features = list_features
+
+    def table_for(self, feature: str) -> Any:
+        return self._tables[self._feature_to_table[feature]]
+
+
+class ShardedEmbeddingTables(keras.layers.Layer):
+    """Stands in for an :class:`EmbeddingTables` inside a model wrapped by
+    :class:`HybridParallel`: the same ``call(features) -> {feature: [B, dim]}`` in the
+    same feature order. ``replicated`` is an :class:`EmbeddingTables` (mirrored) of the
+    ``data_parallel`` tables; ``shards[table]`` is this worker's plain variable of a
+    sharded table (absent where it holds none); ``paths[table]`` the path of the
+    table's variable in the unwrapped model."""
+
+    def __init__(self, tables: EmbeddingTables, plan: ShardingPlan, rank: int,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("name", tables.name)
+        super().__init__(**kwargs)
+        self.configs = list(tables.configs)
+        self.plan = plan
+        self.rank = rank
+        self.feature_names = list(tables.feature_names)
+        self.list_features = set(tables.list_features)
+        by_table = {t.config.name: t for t in tables.tables.values()}
+        self._feature_to_table = {f: tables.table_for(f).config.name for f in self.feature_names}
+        replicated = [c for c in self.configs if plan[c.name] == "data_parallel"]
+        self.replicated: EmbeddingTables | None = None
+        if replicated:
+            names = {c.name for c in replicated}
+            self.replicated = EmbeddingTables(
+                replicated, list_features=[f for f in self.list_features
+                                           if self._feature_to_table[f] in names],
+                name=f"{tables.name}_replicated")
+            for cfg in replicated:  # the model's own (mirrored) initial weights
+                self.replicated.tables[cfg.name].embeddings.assign(by_table[cfg.name].embeddings)
+        # kept off Keras' tracking: plain variables, not the model's mirrored weights
+        paths = {c.name: by_table[c.name].embeddings.path for c in self.configs}
+        pieces = {}
+        for cfg in self.configs:
+            if plan[cfg.name] == "data_parallel":
+                continue
+            place = plan.placements[cfg.name]
+            for k, a, b in place.pieces():
+                if k == rank:
+                    full = by_table[cfg.name].embeddings.numpy()
+                    pieces[cfg.name] = (full if place.kind == "table_wise" else
+                                        full[a:b] if place.kind == "row_wise" else full[:, a:b])
+
+        needs_anchor = any(plan[c.name] != "data_parallel" and c.name not in pieces
+                           for c in self.configs)
+
+        def make_shards() -> tuple[dict[str, keras.Variable], keras.Variable | None]:
+            out = {}
+            for name, value in pieces.items():
+                scope, _, leaf = paths[name].rpartition("/")
+                with keras.name_scope(scope or name):
+                    out[name] = keras.Variable(np.ascontiguousarray(value), name=leaf,
+                                               dtype="float32")
+            anchor = None
+            if needs_anchor:
+                with keras.name_scope(self.name):
+                    anchor = keras.Variable(0.0, name="exchange_anchor", dtype="float32")
+            return out, anchor
+
+        shards, anchor = _outside_strategy(make_shards)
+        object.__setattr__(self, "shards", shards)
+        object.__setattr__(self, "anchor", anchor)
+        object.__setattr__(self, "paths", paths)
+        sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank,
+                                         self.shards.get(c.name), anchor)
+                   for c in self.configs if plan[c.name] != "data_parallel"}
+        object.__setattr__(self, "_view", _LookupView(sharded, self._feature_to_table,
+                                                      self.list_features))
+        self.built = True
+
+    def build(self, input_shape: Any = None) -> None:
+        self.built = True
+
+    def call(self, features: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for f in self.feature_names:
+            if self.replicated is not None and \
+                    self.plan[self._feature_to_table[f]] == "data_parallel":
+                out[f] = self.replicated.lookup(f, features)
+            else:
+                out[f] = EmbeddingTables.lookup(self._view, f, features)
+        return out
+
+
+def _replace_layer(model: keras.Model, attr: str, old: keras.layers.Layer,
+                   new: keras.layers.Layer) -> None:
+    """``model.<attr> = new`` in place of the sub-layer ``old``, which stops being one
+    of the model's layers (its variables leave ``model.weights``). Keras 3 untracks a
+    deleted attribute only when it is a variable, so the layer is untracked here
+    through the model's tracker, then checked gone through the public ``layers``."""
+    tracker = getattr(model, "_tracker", None)
+    if tracker is None or not callable(getattr(tracker, "untrack", None)):
+        raise TypeError(f"HybridParallel: cannot replace the layer {attr!r} of "
+                        f"{type(model).__name__} with this Keras version ({keras.__version__})")
+    tracker.untrack(old)
+    object.__delattr__(model, attr)
+    setattr(model, attr, new)
+    if any(layer is old for layer in model.layers):
+        raise TypeError(f"HybridParallel: the layer {attr!r} of {type(model).__name__} is still "
+                        f"tracked after its replacement (Keras {keras.__version__})")
+
+
+def _open_spec(value: Any) -> Any:
+    """``tf.TensorSpec``s of ``value`` with every dimension open: one trace serves
+    every batch (each worker must trace its collectives alike, whatever its batch)."""
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), value)
+
+
+def _split_optimizer(optimizer: keras.optimizers.Optimizer, shard_paths: set[str],
+                     mirrored_paths: set[str]) -> tuple[Any, Any]:
+    """``(optimizer for the mirrored variables, copy for the shards)``. A
+    :class:`MultiOptimizer` is cut into two by its claims (as variable paths)."""
+    if not isinstance(optimizer, MultiOptimizer):
+        config = optimizer.get_config()
+        return optimizer, lambda: type(optimizer).from_config(config)
+    config = optimizer.get_config()
+
+    def part(paths: set[str]) -> dict[str, Any]:
+        entries = []
+        for ser, claims in config["optimizers_and_blocks"]:
+            kept = [c for c in claims if any(p == c or p.startswith(c + "/") for p in paths)]
+            if kept:
+                entries.append([ser, kept])
+        return {**config, "optimizers_and_blocks": entries}
+
+    mirrored, shard = part(mirrored_paths), part(shard_paths)
+    return (MultiOptimizer.from_config(mirrored), lambda: MultiOptimizer.from_config(shard))
+
+
+def _binary_crossentropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(labels, logits.dtype), logits)
+
+
+class HybridParallel:
+    """Shards a bundled Keras model's embedding tables over the workers of a
+    ``MultiWorkerMirroredStrategy``; the rest stays mirrored. Build it inside
+    ``strategy.scope()`` on every worker, from the same seed, on a model not yet
+    called (its first call builds the dense layers, mirrored).
+
+    Args:
+        model: a Keras model holding :class:`EmbeddingTables` layers (``DLRM``,
+            ``DCN``, ``WideAndDeep``).
+        plan: a :class:`ShardingPlan`, a strategy name (``"auto"``, ``"table_wise"``,
+            ``"row_wise"``, ``"column_wise"``, ``"data_parallel"``), ``{table: type}``
+            overriding ``"auto"`` for those tables, or ``None`` (``"auto"``).
+        strategy: default: the strategy in scope.
+
+    ``model(features)`` works inside ``strategy.run``; :meth:`train_step` and
+    :meth:`predict` do that. ``trainable_variables`` are the mirrored ones,
+    ``shard_variables`` this worker's shards.
+    """
+
+    def __init__(self, model: keras.Model, plan: Any = None,
+                 strategy: tf.distribute.Strategy | None = None) -> None:
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"HybridParallel wraps a keras.Model, got {type(model).__name__}")
+        if model.built:
+            raise ValueError(
+                f"HybridParallel: {model.name!r} has been called already; wrap the model "
+                "right after constructing it (inside strategy.scope()), before its first call"
+            )
+        self.strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+        self.rank, self.world_size = _worker_of(self.strategy)
+        self.plan = resolve_plan(plan, model, self.world_size)
+        self.model = model
+        self.sharded: dict[str, ShardedEmbeddingTables] = {}
+        for attr, value in list(vars(model).items()):
+            if isinstance(value, EmbeddingTables):
+                with self.strategy.scope():
+                    sharded = ShardedEmbeddingTables(value, self.plan, self.rank)
+                _replace_layer(model, attr, value, sharded)
+                self.sharded[attr] = sharded
+        if not self.sharded:
+            raise ValueError(f"HybridParallel: {type(model).__name__} has no EmbeddingTables "
+                             "attribute to shard")
+        unknown = set(self.plan) - {c.name for s in self.sharded.values() for c in s.configs}
+        if unknown:
+            raise ValueError(f"HybridParallel: the plan names tables {sorted(unknown)} that "
+                             "the model does not have")
+        self._steps: dict[str, Any] = {}
+        self._optimizers: tuple[Any, Any, Any] | None = None
+
+    # -- variables ------------------------------------------------------------
+    @property
+    def shard_variables(self) -> list[keras.Variable]:
+        """This worker's shards (plain variables), in table order, and the zero
+        scalar (``exchange_anchor``) of a worker lacking some table's shard."""
+        out = []
+        for s in self.sharded.values():
+            out.extend(s.shards.values())
+            if s.anchor is not None:
+                out.append(s.anchor)
+        return out
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        """The mirrored (data-parallel) variables: dense layers and replicated tables."""
+        return list(self.model.trainable_variables)
+
+    def build(self, features: Mapping[str, Any]) -> None:
+        """Create the dense layers (mirrored) by one call on ``features``."""
+        if self.model.built:
+            return
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+
+        @tf.function(autograph=False)
+        def call(x: Any) -> Any:
+            return self.strategy.run(lambda f: self.model(f, training=False), args=(x,))
+
+        with self.strategy.scope():
+            call(features)
+
+    def __call__(self, features: Mapping[str, Any], training: bool = False) -> Any:
+        return self.model(features, training=training)
+
+    # -- training ---------------------------------------------------------------
+    def optimizers(self, optimizer: keras.optimizers.Optimizer) -> tuple[Any, Any]:
+        """``(mirrored, shards)``: what updates the mirrored variables (``optimizer``
+        itself, or for a :class:`MultiOptimizer` its entries that claim them) and
+        the copy that updates this worker's shards (built outside the strategy)."""
+        if self._optimizers is not None and self._optimizers[2] is optimizer:
+            return self._optimizers[0], self._optimizers[1]
+        shard_paths = {v.path for v in self.shard_variables} | {
+            s.paths[c.name] for s in self.sharded.values() for c in s.configs
+            if self.plan[c.name] != "data_parallel"}
+        mirrored_paths = {v.path for v in self.trainable_variables}
+        with self.strategy.scope():
+            mirrored, make_shard_opt = _split_optimizer(optimizer, shard_paths, mirrored_paths)
+            mirrored.build(self.trainable_variables)
+        shards = self.shard_variables
+
+        def make() -> Any:
+            opt = make_shard_opt()
+            opt.build(shards)
+            return opt
+
+        shard_opt = _outside_strategy(make)
+        self._optimizers = (mirrored, shard_opt, optimizer)
+        return mirrored, shard_opt
+
+    def train_step(self, optimizer: keras.optimizers.Optimizer,
+                   loss_fn: Callable[[Any, Any], tf.Tensor] | None = None) -> Callable[..., Any]:
+        """A compiled step ``(features, labels) -> mean loss over the global batch``
+        for this worker's rows. ``loss_fn(labels, outputs)`` gives one loss per row
+        (default: binary cross-entropy on logits). Traced once (every dimension
+        open), so workers whose batch sizes differ stay in step."""
+        per_row = loss_fn or _binary_crossentropy
+        strategy = self.strategy
+        state: dict[str, Any] = {}
+
+        def replica_step(features: Any, labels: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            local = tf.cast(tf.shape(labels)[0], tf.float32)
+            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+            variables = self.trainable_variables + self.shard_variables
+            with tf.GradientTape() as tape:
+                loss_sum = tf.reduce_sum(per_row(labels, self.model(features, training=True)))
+                # summed over workers, this is the global mean's gradient
+                loss = loss_sum / tf.maximum(total, 1.0)
+            grads = tape.gradient(loss, variables)
+            n = len(self.trainable_variables)
+            state["mirrored"].apply(grads[:n], self.trainable_variables)
+            return loss_sum, local, grads[n:]
+
+        def global_step(features: Any, labels: Any) -> tf.Tensor:
+            loss_sum, rows, shard_grads = strategy.run(replica_step, args=(features, labels))
+            shard_grads = strategy.experimental_local_results(shard_grads)[0]
+            if self.shard_variables:
+                state["shards"].apply(list(shard_grads), self.shard_variables)
+            total = tf.distribute.ReduceOp.SUM
+            return (strategy.reduce(total, loss_sum, axis=None)
+                    / strategy.reduce(total, rows, axis=None))
+
+        def step(features: Any, labels: Any) -> tf.Tensor:
+            features = tf.nest.map_structure(tf.convert_to_tensor, features)
+            labels = tf.convert_to_tensor(labels)
+            if "compiled" not in state:
+                self.build(features)
+                state["mirrored"], state["shards"] = self.optimizers(optimizer)
+                state["compiled"] = tf.function(
+                    global_step, input_signature=[_open_spec(features), _open_spec(labels)],
+                    autograph=False)
+            return state["compiled"](features, labels)
+
+        return step
+
+    def predict(self, features: Mapping[str, Any]) -> np.ndarray:
+        """This worker's outputs for its ``features`` (collective: every worker calls
+        it, each with its own rows)."""
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        self.build(features)
+        if "predict" not in self._steps:
+            strategy = self.strategy
+
+            def run(x: Any) -> Any:
+                out = strategy.run(lambda f: self.model(f, training=False), args=(x,))
+                return strategy.experimental_local_results(out)[0]
+
+            self._steps["predict"] = tf.function(run, input_signature=[_open_spec(features)],
+                                                 autograph=False)
+        return self._steps["predict"](features).numpy()
+
+    # -- whole weights ----------------------------------------------------------
+    def full_weights(self) -> dict[str, np.ndarray]:
+        """Collective (every worker calls it): ``{variable path: array}`` of the
+        unwrapped model, every table whole, the same on every worker."""
+        out = {v.path: np.asarray(v.numpy()) for v in self.model.weights}
+        for s in self.sharded.values():
+            if s.replicated is not None:  # under the unwrapped model's paths
+                for cfg in s.replicated.configs:
+                    table = s.replicated.tables[cfg.name].embeddings
+                    out.pop(table.path, None)
+                    out[s.paths[cfg.name]] = np.asarray(table.numpy())
+        # each worker places its shards in zero tables; their sum over the workers
+        # is every whole table (x + 0 is exact), on every worker: one all-reduce
+        paths, wholes = [], []
+        for s in self.sharded.values():
+            for cfg in s.configs:
+                if self.plan[cfg.name] != "data_parallel":
+                    paths.append(s.paths[cfg.name])
+                    wholes.append(self._placed_shard(s, cfg))
+        if wholes:
+            if "full" not in self._steps:
+                strategy = self.strategy
+
+                def total(*xs: tf.Tensor) -> Any:
+                    # tf.identity: tensors on this replica's device (arguments have none)
+                    out = strategy.run(lambda *v: tf.distribute.get_replica_context().all_reduce(
+                        tf.distribute.ReduceOp.SUM, [tf.identity(t) for t in v]), args=xs)
+                    return strategy.experimental_local_results(out)[0]
+
+                self._steps["full"] = tf.function(total, autograph=False, input_signature=[
+                    tf.TensorSpec(w.shape, tf.float32) for w in wholes])
+            summed = self._steps["full"](*[tf.constant(w) for w in wholes])
+            out.update({p: np.asarray(t.numpy()) for p, t in zip(paths, summed, strict=True)})
+        return out
+
+    def _placed_shard(self, sharded: ShardedEmbeddingTables, cfg: TableConfig) -> np.ndarray:
+        """This worker's shard of a table inside a zero array of the whole table's shape."""
+        place = self.plan.placements[cfg.name]
+        whole = np.zeros((cfg.cardinality, cfg.dim), np.float32)
+        mine = sharded.shards.get(cfg.name)
+        if mine is not None:
+            if place.kind == "table_wise":
+                whole[:] = mine.numpy()
+            else:
+                a, b = place.ranges[self.rank]
+                if place.kind == "row_wise":
+                    whole[a:b] = mine.numpy()
+                else:
+                    whole[:, a:b] = mine.numpy()
+        return whole
+
+    # -- checkpoints ------------------------------------------------------------
+    def _checkpoint(self, optimizer: keras.optimizers.Optimizer | None) -> tf.train.Checkpoint:
+        parts: dict[str, Any] = {
+            "model": self.model,
+            "shards": {name: v.value for s in self.sharded.values()
+                       for name, v in s.shards.items()},
+        }
+        if optimizer is not None:
+            mirrored, shard_opt = self.optimizers(optimizer)
+            parts["optimizer"] = mirrored
+            parts["shard_optimizer"] = shard_opt
+        return tf.train.Checkpoint(**parts)
+
+    def save_checkpoint(self, directory: str | os.PathLike[str],
+                        optimizer: keras.optimizers.Optimizer | None = None) -> str:
+        """Each worker writes its own part (its shards and their optimizer state, plus
+        the mirrored weights and the optimizer's state) to
+        ``directory/worker-<rank>-of-<W>`` and returns its path; :meth:`restore_checkpoint`
+        has each worker read its own part back."""
+        part = os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
+        os.makedirs(part, exist_ok=True)
+        path = self._checkpoint(optimizer).write(os.path.join(part, "ckpt"))
+        with open(os.path.join(part, "plan.json"), "w") as fh:
+            json.dump({"world_size": self.world_size, "plan": dict(self.plan)}, fh)
+        return path
+
+    def restore_checkpoint(self, directory: str | os.PathLike[str],
+                           optimizer: keras.optimizers.Optimizer | None = None) -> None:
+        """Read this worker's part written by :meth:`save_checkpoint` (same plan and
+        number of workers); training then continues where it stopped."""
+        part = os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
+        meta = os.path.join(part, "plan.json")
+        if not os.path.exists(meta):
+            found = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+            raise CheckpointError(
+                f"HybridParallel: {os.fspath(directory)!r} has no part for worker {self.rank} "
+                f"of {self.world_size} (found {found}); restore with the plan and number of "
+                "workers it was saved with"
+            )
+        with open(meta) as fh:
+            saved = json.load(fh)
+        if saved["plan"] != dict(self.plan):
+            raise CheckpointError(
+                f"HybridParallel: the checkpoint in {os.fspath(directory)!r} was saved with "
+                f"plan {saved['plan']}, this model has {dict(self.plan)}; build the model "
+                "with the plan it was saved with"
+            )
+        example = getattr(self.model, "example_batch", None)
+        if not self.model.built and callable(example):
+            self.build(example())
+        self._checkpoint(optimizer).read(os.path.join(part, "ckpt")).assert_consumed()
+
