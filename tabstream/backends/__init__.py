@@ -32,8 +32,9 @@ from tabstream.backends.base import Backend
 from tabstream.backends.cudf import gpu_count, gpu_status
 from tabstream.core.errors import BackendUnavailableError
 
-__all__ = ["Backend", "BackendUnavailableError", "available", "choose", "current", "execution_client",
-           "get", "gpu_count", "gpu_status", "registered", "scheduler_for", "use"]
+__all__ = ["Backend", "BackendUnavailableError", "DEFAULT_BACKEND", "available", "choose", "current",
+           "execution_client", "frame_backend", "frame_to_arrow", "get", "gpu_count", "gpu_status",
+           "registered", "scheduler_for", "use"]
 
 # name -> (module, class); modules are imported on first use
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -41,6 +42,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "cudf": ("tabstream.backends.cudf", "CudfBackend"),
 }
 _INSTANCES: dict[str, Backend] = {}
+#: the backend that always runs (the host's): what in-memory data and defaults use
+DEFAULT_BACKEND = "arrow"
 _CURRENT: ContextVar[str] = ContextVar("tabstream_backend", default="arrow")
 
 
@@ -72,9 +75,28 @@ def get(name: str) -> Backend:
         raise BackendUnavailableError(f"the {name} backend cannot run here: {reason}",
                                       hint=INSTALL_HINT)
     if name not in _INSTANCES:
-        module, cls = _REGISTRY[name]
-        _INSTANCES[name] = getattr(importlib.import_module(module), cls)()
+        _INSTANCES[name] = _backend_class(name)()
     return _INSTANCES[name]
+
+
+def _backend_class(name: str) -> type[Backend]:
+    module, cls = _REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def frame_backend(frame: Any) -> str:
+    """The backend whose frame type ``frame`` is (a partition, or the ``_meta``, of a
+    dask DataFrame given as input): ``"arrow"`` for pandas and anything no other
+    backend claims. Checked without importing a backend's library."""
+    for name in _REGISTRY:
+        if name != "arrow" and _backend_class(name).owns_frame(frame):
+            return name
+    return "arrow"
+
+
+def frame_to_arrow(frame: Any) -> Any:
+    """A frame of any backend (pandas, cudf, ...) as an Arrow table, without its index."""
+    return get(frame_backend(frame)).frame_to_arrow(frame)
 
 
 def choose(cpu: bool | None) -> str:

@@ -53,6 +53,40 @@ class Backend(abc.ABC):
     def __repr__(self) -> str:
         return f"<tabstream backend {self.name!r}>"
 
+    # -- beside the kernels: what the pipeline asks of a backend -------------------
+    # The pipeline and the loaders never branch on a backend's name: a Dataset asks
+    # its backend for these. The defaults are the host's (pyarrow reads, pandas frames).
+
+    #: True when :meth:`read_parquet_row_groups` decodes with a reader of its own
+    reads_parquet: ClassVar[bool] = False
+
+    def read_parquet_row_groups(self, source: Any, row_groups: Sequence[int],
+                                columns: Sequence[str]) -> pa.Table:
+        """Row groups of one parquet file (a local path or an open binary file), only
+        ``columns``, decoded by this backend's reader and handed back as Arrow; only
+        called where :attr:`reads_parquet` (else the Dataset reads with pyarrow)."""
+        raise NotImplementedError(f"the {self.name} backend has no parquet reader of its own")
+
+    @staticmethod
+    def owns_frame(frame: Any) -> bool:
+        """Whether ``frame`` (a partition, or the ``_meta``, of a dask DataFrame given
+        as input) is this backend's frame type. Checked without importing a library."""
+        return type(frame).__module__.split(".")[0] == "pandas"
+
+    def frame_to_arrow(self, frame: Any) -> pa.Table:
+        """One of this backend's frames as an Arrow table, without its index."""
+        return pa.Table.from_pandas(frame, preserve_index=False)
+
+    def dask_frame(self, read: Any, pieces: Sequence[Any], schema: pa.Schema) -> Any:
+        """A dask DataFrame of this backend's frames, one partition per piece:
+        ``read(piece)`` gives the piece as an Arrow table with ``schema``."""
+        import dask.dataframe as dd
+
+        from tabstream.core.dtypes import arrow_to_pandas
+
+        return dd.from_map(_PandasPartition(read), list(pieces), meta=arrow_to_pandas(schema.empty_table()),
+                           enforce_metadata=False)
+
     # -- missing values --------------------------------------------------------
     @abc.abstractmethod
     def normalize_missing(self, column: Column) -> Column:
@@ -304,3 +338,16 @@ def hll_rho(hashes: Any, precision: int, xp: Any) -> tuple[Any, Any]:
     rest = (h & ((1 << width) - 1)).astype(xp.float64)
     rank = width - xp.frexp(rest)[1] + 1  # frexp(0) has exponent 0: rank width + 1
     return (h >> width).astype(xp.int64), rank.astype(xp.uint8)
+
+
+class _PandasPartition:
+    """Picklable partition function of :meth:`Backend.dask_frame`: the Arrow table a
+    reader gives, as a pandas DataFrame."""
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+
+    def __call__(self, piece: Any) -> Any:
+        from tabstream.core.dtypes import arrow_to_pandas
+
+        return arrow_to_pandas(self.read(piece))

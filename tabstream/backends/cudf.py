@@ -139,6 +139,22 @@ class CudfBackend(Backend):
 
     name = "cudf"
     gpu = True
+    reads_parquet = True
+
+    # -- beside the kernels (see Backend) ---------------------------------------
+    def read_parquet_row_groups(self, source: Any, row_groups: Sequence[int],
+                                columns: Sequence[str]) -> pa.Table:
+        return read_parquet_row_groups(source, row_groups, columns)
+
+    @staticmethod
+    def owns_frame(frame: Any) -> bool:
+        return is_gpu_frame(frame)
+
+    def frame_to_arrow(self, frame: Any) -> pa.Table:
+        return frame_to_arrow(frame)
+
+    def dask_frame(self, read: Any, pieces: Sequence[Any], schema: pa.Schema) -> Any:
+        return dask_gpu_frame(read, pieces, schema)
 
     # -- missing values --------------------------------------------------------
     def normalize_missing(self, column: Column) -> Column:

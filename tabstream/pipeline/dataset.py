@@ -70,9 +70,7 @@ from tabstream.pipeline.export_folder import (
 from tabstream.pipeline.frames import (
     TablePiece,
     frame_to_arrow,
-    gpu_ddf,
     is_dask_dataframe,
-    is_gpu_collection,
     is_pandas_dataframe,
     pandas_to_arrow,
     table_pieces,
@@ -187,7 +185,7 @@ class Dataset:
         self.storage_options = dict(storage_options or {})
         #: the backend whose kernels the ops run with on this data (chosen once, here)
         self.backend_name = backends.choose(cpu)
-        self.cpu = self.backend_name == "arrow"
+        self.cpu = not backends.get(self.backend_name).gpu
         if not isinstance(strict_schema, bool):
             raise TypeError(f"strict_schema must be True or False, got {strict_schema!r}")
         self.strict_schema = strict_schema
@@ -572,17 +570,14 @@ class Dataset:
     def to_ddf(self, columns: Sequence[str] | None = None):
         """A dask DataFrame over the partitions: pandas partitions on the arrow
         backend, a dask-cudf DataFrame (cudf partitions) on the cudf backend."""
-        import dask.dataframe as dd
 
-        if self.engine == "dask" and columns is None and not self._active_filters() and (
-                self.backend_name == "arrow" or is_gpu_collection(self._ddf)):
+        backend = backends.get(self.backend_name)
+        if self.engine == "dask" and columns is None and not self._active_filters() and \
+                backend.owns_frame(self._ddf._meta):
             return self._ddf  # the frame given, unchanged (not when filters or a split drop rows)
         cols = list(columns) if columns is not None else None
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
-        if self.backend_name == "cudf":
-            return gpu_ddf(_ReadArrow(self, cols), self._pieces, target)
-        meta = arrow_to_pandas(target.empty_table())
-        return dd.from_map(_ReadPandas(self, cols), self._pieces, meta=meta, enforce_metadata=False)
+        return backend.dask_frame(_ReadArrow(self, cols), self._pieces, target)
 
     def to_parquet(self, output_path: str, **kwargs: Any):
         """Export the dataset unchanged (see :func:`tabstream.pipeline.export.to_parquet`)."""
@@ -597,18 +592,8 @@ class Dataset:
         return f"Dataset({src!r}{more}, engine={self.engine!r}, npartitions={self.npartitions})"
 
 
-class _ReadPandas:
-    """Picklable partition reader for ``dd.from_map``."""
-
-    def __init__(self, ds: Dataset, columns: list[str] | None) -> None:
-        self.ds, self.columns = ds, columns
-
-    def __call__(self, piece: Any) -> pd.DataFrame:
-        return arrow_to_pandas(self.ds.read_piece(piece, self.columns))
-
-
 class _ReadArrow:
-    """Picklable partition reader for the cudf backend's ``to_ddf``."""
+    """Picklable partition reader of ``to_ddf`` (the backend makes its frames of it)."""
 
     def __init__(self, ds: Dataset, columns: list[str] | None) -> None:
         self.ds, self.columns = ds, columns

@@ -2,10 +2,8 @@
 given to ``Dataset``, and the dask frames a Dataset is turned into.
 
 An in-memory table is cut into :class:`TablePiece` row ranges of about ``part_size``
-(:func:`table_pieces`); a dask DataFrame's partitions are its pieces. The cudf
-backend's frame hooks (:func:`gpu_ddf`, :func:`is_gpu_collection`, and
-:func:`frame_to_arrow` for cudf partitions) call :mod:`tabstream.backends.cudf`,
-which holds the cudf code.
+(:func:`table_pieces`); a dask DataFrame's partitions are its pieces, turned
+into Arrow by the backend whose frames they are (:func:`frame_to_arrow`).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TablePiece", "frame_to_arrow", "gpu_ddf", "is_dask_dataframe", "is_gpu_collection",
-           "is_pandas_dataframe", "pandas_to_arrow", "table_pieces"]
+__all__ = ["TablePiece", "frame_to_arrow", "is_dask_dataframe", "is_pandas_dataframe", "pandas_to_arrow",
+           "table_pieces"]
 
 
 @dataclass(frozen=True)
@@ -45,25 +43,12 @@ def is_dask_dataframe(obj: Any) -> bool:
     return mod.startswith("dask") and hasattr(obj, "npartitions")
 
 
-def gpu_ddf(read: Any, pieces: list[Any], schema: pa.Schema) -> Any:
-    from tabstream.backends.cudf import dask_gpu_frame
-
-    return dask_gpu_frame(read, pieces, schema)
-
-
-def is_gpu_collection(ddf: Any) -> bool:
-    """Whether a dask DataFrame's partitions are cudf DataFrames (dask-cudf)."""
-    from tabstream.backends.cudf import is_gpu_frame
-
-    return is_gpu_frame(ddf._meta)
-
-
 def frame_to_arrow(frame: Any) -> pa.Table:
-    """One partition of a dask DataFrame given as input (pandas, or cudf for dask-cudf)."""
-    from tabstream.backends.cudf import frame_to_arrow as gpu_frame_to_arrow
-    from tabstream.backends.cudf import is_gpu_frame
+    """One partition of a dask DataFrame given as input, whatever backend's frame it
+    is (pandas; cudf for dask-cudf), as Arrow (see :func:`tabstream.backends.frame_to_arrow`)."""
+    from tabstream import backends
 
-    return gpu_frame_to_arrow(frame) if is_gpu_frame(frame) else pandas_to_arrow(frame)
+    return backends.frame_to_arrow(frame)
 
 
 def table_pieces(table: pa.Table, part_size: int) -> list[TablePiece]:

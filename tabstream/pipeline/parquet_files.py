@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tabstream import backends
 from tabstream.core.errors import DataError
 from tabstream.core.jsonfile import loads_json
 from tabstream.core.schema import Schema
@@ -176,8 +177,15 @@ class ParquetFiles:
                 out.append(name)
         return out
 
+    def _read_with(self, backend: Any, piece: ParquetPiece, columns: list[str]) -> pa.Table:
+        """A piece's row groups decoded by ``backend``'s own parquet reader, as Arrow."""
+        if is_local(self.fs):
+            return backend.read_parquet_row_groups(piece.path, piece.row_groups, columns)
+        with self.fs.open(piece.path, "rb") as f:
+            return backend.read_parquet_row_groups(f, piece.row_groups, columns)
+
     def read(self, piece: ParquetPiece, columns: Sequence[str] | None,
-             dictionary: Sequence[str] = (), backend_name: str = "arrow") -> pa.Table:
+             dictionary: Sequence[str] = (), backend_name: str = backends.DEFAULT_BACKEND) -> pa.Table:
         """One piece as the Dataset's schema (only ``columns`` when given; ``dictionary``:
         string columns read as dictionaries where every row group stores them so);
         on the cudf backend (``backend_name``) decoded by cudf's reader."""
@@ -189,8 +197,9 @@ class ParquetFiles:
         try:
             if not is_local(self.fs):  # a file replaced since the Dataset was opened
                 stores.check_unchanged(self.fs, piece.path, self.file_tags.get(piece.path))
-            if backend_name == "cudf" and cols:
-                table = _read_row_groups_on_gpu(self.fs, piece, cols)
+            backend = backends.get(backend_name)
+            if backend.reads_parquet and cols:  # the backend's own reader (cudf's, on the GPU)
+                table = self._read_with(backend, piece, cols)
             elif is_local(self.fs):
                 # Arrow's own file reader: no Python file object in the hot path.
                 # Threads off: dask already runs one partition per core.
@@ -232,17 +241,6 @@ class ParquetFiles:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
                 raise DataError(f"{piece.path}: cannot convert to the dataset's schema {target}: {exc}") from exc
         return table
-
-
-# -- the cudf backend's hooks (tabstream.backends.cudf holds the cudf code) ----------
-def _read_row_groups_on_gpu(fs: Any, piece: ParquetPiece, columns: list[str]) -> pa.Table:
-    """A parquet piece's row groups decoded by cudf's GPU reader, as Arrow."""
-    from tabstream.backends.cudf import read_parquet_row_groups
-
-    if is_local(fs):
-        return read_parquet_row_groups(piece.path, piece.row_groups, columns)
-    with fs.open(piece.path, "rb") as f:
-        return read_parquet_row_groups(f, piece.row_groups, columns)
 
 
 def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:

@@ -88,7 +88,7 @@ class _BucketDataset:
     """The scattered rows as a dataset whose pieces are buckets (what export reads)."""
 
     def __init__(self, fs: Any, root: str, schema: pa.Schema, pieces_of: list[list[int]],
-                 backend_name: str = "arrow") -> None:
+                 backend_name: str = backends.DEFAULT_BACKEND) -> None:
         self.fs = fs
         self.backend_name = backend_name  # the scattered Dataset's
         self.root = root
@@ -135,7 +135,7 @@ class _AfterScatter:
     def input_columns(self) -> None:
         return None
 
-    def transform_table(self, table: pa.Table, backend: str = "arrow") -> pa.Table:
+    def transform_table(self, table: pa.Table, backend: str = backends.DEFAULT_BACKEND) -> pa.Table:
         wf = self.workflow
         assert wf.input_schema is not None
         schemas: dict[int, Any] = {}

@@ -20,7 +20,6 @@ from tabstream.core.errors import SchemaError
 from tabstream.core.schema import Schema
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute
-from tabstream.pipeline.frames import gpu_ddf
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,13 +60,10 @@ class TransformedDataset:
 
     def to_ddf(self):
         """A dask DataFrame of the transformed partitions (dask-cudf on the cudf backend)."""
-        import dask.dataframe as dd
 
         first = self.read_piece(self.dataset.pieces[0])
-        if self.dataset.backend_name == "cudf":
-            return gpu_ddf(self.read_piece, self.dataset.pieces, first.schema)
-        meta = arrow_to_pandas(first.schema.empty_table())
-        return dd.from_map(_TransformPandas(self), self.dataset.pieces, meta=meta, enforce_metadata=False)
+        return backends.get(self.dataset.backend_name).dask_frame(self.read_piece, self.dataset.pieces,
+                                                                  first.schema)
 
     def compute(self) -> pd.DataFrame:
         """The whole transformed dataset in memory (small data only)."""
@@ -82,19 +78,11 @@ class TransformedDataset:
         return export(self.dataset, self.workflow, output_path, **kwargs)
 
 
-class _TransformPandas:
-    def __init__(self, tds: TransformedDataset) -> None:
-        self.tds = tds
-
-    def __call__(self, piece: Any) -> pd.DataFrame:
-        return arrow_to_pandas(self.tds.read_piece(piece))
-
-
 def client_for(client: Any, dataset: Any) -> Any:
     """The dask client a dataset's tasks run on: ``client`` when given; on the cudf
     backend with several GPUs, dask-cuda's LocalCUDACluster; else None (threads).
     See :func:`tabstream.backends.scheduler_for`."""
-    return backends.execution_client(getattr(dataset, "backend_name", "arrow"), client)
+    return backends.execution_client(getattr(dataset, "backend_name", backends.DEFAULT_BACKEND), client)
 
 
 def conform(table: pa.Table, schema: Schema) -> pa.Table:

@@ -207,7 +207,7 @@ class Workflow:
             )
 
     # -- transform ----------------------------------------------------------
-    def transform_table(self, table: pa.Table, backend: str = "arrow") -> pa.Table:
+    def transform_table(self, table: pa.Table, backend: str = backends.DEFAULT_BACKEND) -> pa.Table:
         """Transform one in-memory Arrow table (one partition) with the kernels of
         ``backend`` (the Dataset's ``backend_name``; arrow for in-memory input)."""
         self._check_fitted()

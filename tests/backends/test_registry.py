@@ -186,3 +186,39 @@ def test_the_grep_catches_what_it_forbids(tmp_path):
     bad.write_text('"""doc naming cudf."""\nimport cudf\nif gpu:\n    x = cupy.zeros(3)\nok = 1  # cudf\n')
     hits = [(n, what) for n, code in _code_lines(bad) for p, what in _FORBIDDEN if re.search(p, code)]
     assert hits == [(2, "imports a GPU library"), (3, "branches on the device"), (4, "calls a GPU library")]
+
+
+# -- pipeline/ and loaders/ ask their backend, never name one ----------------------------
+_PIPELINE_FORBIDDEN = [
+    (r"\bbackend_name\s*[!=]=", "compares a backend's name"),
+    (r"[\"'](cudf|arrow)[\"']", "names a backend"),
+    (r"\btabstream\.backends\.(cudf|arrow)\b", "imports a backend's module"),
+    (r"\bimport\s+(cudf|cupy|dask_cudf)\b|\bfrom\s+(cudf|cupy|dask_cudf)\b", "imports a GPU library"),
+]
+
+
+def test_pipeline_and_loaders_never_name_a_backend():
+    root = Path(ts.__file__).parent
+    found = []
+    for folder in ("pipeline", "loaders"):
+        for path in sorted((root / folder).glob("*.py")):
+            for number, code in _code_lines(path):
+                for pattern, what in _PIPELINE_FORBIDDEN:
+                    if re.search(pattern, code):
+                        found.append(f"{folder}/{path.name}:{number}: {what}: {code.strip()}")
+    assert found == []
+    bad = root.parent / "does-not-exist"  # the patterns catch what they forbid
+    lines = ['if ds.backend_name == "cudf":', "from tabstream.backends.cudf import x", "import cupy"]
+    assert [what for line in lines for p, what in _PIPELINE_FORBIDDEN if re.search(p, line)] == [
+        "compares a backend's name", "names a backend", "imports a backend's module", "imports a GPU library"]
+    assert not bad.exists()
+
+
+def test_a_dask_frame_is_turned_into_arrow_by_the_backend_whose_frame_it_is():
+    # pandas partitions are the arrow backend's; nothing else claims them; a cudf
+    # frame is recognised by its type's module, without importing cudf
+    frame = pd.DataFrame({"a": [1, 2], "b": ["x", None]})
+    assert backends.frame_backend(frame) == "arrow"
+    assert backends.frame_to_arrow(frame).to_pydict() == {"a": [1, 2], "b": ["x", None]}
+    fake = type("DataFrame", (), {"__module__": "cudf.core.dataframe", "to_arrow": lambda self, **k: None})()
+    assert backends.frame_backend(fake) == "cudf"
