@@ -45,7 +45,7 @@ import time
 
 
 def _schema(rows: int):
-    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+    from tabstream.core.schema import ColumnSchema, Schema, Tags
 
     def cat(name: str, n: int) -> ColumnSchema:
         return ColumnSchema(name, "int64", tags=frozenset({Tags.CATEGORICAL}),

@@ -50,7 +50,7 @@ def _cardinalities(max_rows: int) -> list[int]:
 
 
 def _schema(max_rows: int):
-    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+    from tabstream.core.schema import ColumnSchema, Schema, Tags
 
     cats = [ColumnSchema(f"C{i + 1}", "int64", tags=[Tags.CATEGORICAL],
                          properties={"domain": {"min": 0, "max": c - 1}})

@@ -77,7 +77,7 @@ def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+    from tabstream.core.schema import ColumnSchema, Schema, Tags
 
     tmp = path + ".tmp"
     os.makedirs(tmp, exist_ok=True)
@@ -114,8 +114,8 @@ def generate_multi_hot(path: str, rows: int, rows_per_file: int, row_group_size:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from tabstream.core.schema import ColumnSchema, Schema, Tags
     from tabstream.datasets import write_data
-    from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
     tmp = path + ".tmp"
     num_files = max(1, -(-rows // rows_per_file))

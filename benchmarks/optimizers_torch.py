@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.train.torch import DLRM, LazyAdam, MultiOptimizer, split_embeddings_on_size
 
 

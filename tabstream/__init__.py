@@ -12,6 +12,7 @@ from typing import Any
 
 from tabstream.core import alias_modules as _alias_modules
 from tabstream.core import errors as _errors
+from tabstream.core import moved_module as _moved_module
 from tabstream.core.errors import (
     DataError,
     ExportError,
@@ -20,7 +21,8 @@ from tabstream.core.errors import (
     TabstreamError,
 )
 
-# ``tabstream.errors`` moved to ``tabstream.core.errors``; the old path still works.
+# ``tabstream.errors`` moved to ``tabstream.core.errors``; the old path still works,
+# with a DeprecationWarning naming the new one.
 _alias_modules(_sys.modules[__name__], {"errors": _errors})
 
 __version__ = "0.1.0"
@@ -53,6 +55,9 @@ def __getattr__(name: str) -> Any:
         value = getattr(pipeline, name)
         globals()[name] = value
         return value
+    moved = _moved_module(__name__, name)
+    if moved is not None:
+        return moved
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -62,7 +62,7 @@ def test_doctest_lines_become_code_blocks():
 
 def test_sphinx_roles_become_code():
     roles = _extension().plain_roles
-    assert roles("raises :class:`~tabstream.errors.DataError` or :func:`fit`") == \
+    assert roles("raises :class:`~tabstream.core.errors.DataError` or :func:`fit`") == \
         "raises `DataError` or `fit`"
 
 

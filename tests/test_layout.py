@@ -21,9 +21,9 @@ DOCUMENTED = {
                       "Rename", "Filter", "Dropna", "ListSlice", "TargetEncoding", "JoinGroupby",
                       "JoinExternal", "DifferenceLag", "ValueCount", "DropLowCardinality",
                       "ReduceDtypeSize", "AddTags", "AddMetadata", "Groupby"],
-    "tabstream.errors": ["DataError", "ExportError", "NotFittedError", "SchemaError",
-                         "TabstreamError"],
-    "tabstream.pipeline.schema": ["ColumnSchema", "Schema", "Tags"],
+    "tabstream.core.errors": ["DataError", "ExportError", "NotFittedError", "SchemaError",
+                              "TabstreamError"],
+    "tabstream.core.schema": ["ColumnSchema", "Schema", "Tags"],
     "tabstream.train": ["TableConfig", "infer_embedding_dim", "table_configs_from_schema"],
     "tabstream.backends": ["registered", "available"],
 }
@@ -63,21 +63,47 @@ def test_torch_names_import_from_their_documented_place():
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
-def test_moved_modules_keep_their_old_path(old):
-    # the old path is the same module object (so a patch through either is seen by both)
-    new = importlib.import_module(MOVED[old])
-    assert importlib.import_module(old) is new
-    assert Path(new.__file__).resolve().is_relative_to(ROOT / "tabstream" / "core")
-    # ``import a.b.c`` then ``a.b.c.X`` works too
-    parent, _, leaf = old.rpartition(".")
-    assert getattr(importlib.import_module(parent), leaf) is new
+def test_moved_modules_keep_their_old_path_and_warn(old):
+    # the old path is the same module object (so a patch through either is seen by
+    # both), keeps its own name and spec, and its first import warns naming the new
+    # path; a fresh process, as the first import of a program would be
+    new = MOVED[old]
+    code = f"""
+import importlib, warnings
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    old = importlib.import_module({old!r})
+mod = importlib.import_module({new!r})
+parent, _, leaf = {old!r}.rpartition(".")
+print(old is mod, getattr(importlib.import_module(parent), leaf) is mod, mod.__spec__.name, mod.__file__)
+print([str(w.message) for w in seen if w.category is DeprecationWarning])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    same, via_parent, spec, path, warned = out.stdout.splitlines()[0].split(" ") + [out.stdout.splitlines()[1]]
+    assert (same, via_parent, spec) == ("True", "True", new)
+    assert Path(path).resolve().is_relative_to(ROOT / "tabstream" / "core")
+    assert f"{old} moved to {new}; import {new} instead" in warned
+
+
+def test_a_moved_module_reached_as_an_attribute_warns_too():
+    code = ("import warnings, tabstream, tabstream.pipeline, tabstream.ops\n"
+            "warnings.simplefilter('error', DeprecationWarning)\n"
+            "for parent, leaf in ((tabstream, 'errors'), (tabstream.pipeline, 'schema'), (tabstream.ops, 'base')):\n"
+            "    try:\n"
+            "        getattr(parent, leaf)\n"
+            "    except DeprecationWarning as exc:\n"
+            "        print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        f"{old} moved to {MOVED[old]}; import {MOVED[old]} instead (the old path will be removed)"
+        for old in ("tabstream.errors", "tabstream.pipeline.schema", "tabstream.ops.base")]
 
 
 def test_core_imports_without_pandas_dask_or_frameworks():
     code = ("import sys, tabstream.core.schema, tabstream.core.dtypes, tabstream.core.errors, "
             "tabstream.core.graph, tabstream.core.operators, tabstream.core.hashing, "
             "tabstream.core.merlin, "
-            "tabstream.pipeline.schema;"
+            "tabstream.pipeline;"
             "print(','.join(m for m in ('pandas', 'dask', 'torch', 'tensorflow', 'cudf') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,12 +1,13 @@
 """Workflow ops. ``columns >> op`` applies one; see each op's docstring.
 
 The operator bases moved to :mod:`tabstream.core.operators`; ``tabstream.ops.base``
-still works and names the same module.
+still works, names the same module and warns (DeprecationWarning).
 """
 
 import sys
+from typing import Any
 
-from tabstream.core import alias_modules, operators
+from tabstream.core import alias_modules, moved_module, operators
 from tabstream.core.operators import ColumnOperator, Operator, StatOperator, registered_ops
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
@@ -75,3 +76,10 @@ __all__ = [
 ]
 
 alias_modules(sys.modules[__name__], {"base": operators})
+
+
+def __getattr__(name: str) -> Any:
+    moved = moved_module(__name__, name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved

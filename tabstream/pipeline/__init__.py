@@ -1,9 +1,9 @@
 """Datasets, schemas, graphs, workflows and exports.
 
-Names are imported on first use, so that ``tabstream.pipeline.schema`` (all a
+Names are imported on first use, so that ``tabstream.core.schema`` (all a
 loader needs) can be imported without pandas or dask. ``schema``, ``dtypes``,
 ``graph``, ``hashing`` and ``merlin`` moved to :mod:`tabstream.core`; their old paths here
-still work and name the same modules.
+still work, name the same modules, and warn (DeprecationWarning) on first use.
 """
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ import importlib
 import sys
 from typing import Any
 
-from tabstream.core import alias_modules, dtypes, graph, hashing, merlin, schema
+from tabstream.core import alias_modules, moved_module
+from tabstream.core import dtypes as _dtypes
+from tabstream.core import graph as _graph
+from tabstream.core import hashing as _hashing
+from tabstream.core import merlin as _merlin
+from tabstream.core import schema as _schema
 
-alias_modules(sys.modules[__name__], {"dtypes": dtypes, "graph": graph, "hashing": hashing,
-                                      "merlin": merlin, "schema": schema})
+alias_modules(sys.modules[__name__], {"dtypes": _dtypes, "graph": _graph, "hashing": _hashing,
+                                      "merlin": _merlin, "schema": _schema})
 
 _LAZY = {
     "Dataset": "tabstream.pipeline.dataset",
@@ -34,6 +39,9 @@ __all__ = sorted(_LAZY)
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        moved = moved_module(__name__, name)
+        if moved is not None:
+            return moved
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

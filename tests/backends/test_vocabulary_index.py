@@ -193,7 +193,7 @@ def test_categorify_builds_one_index_per_vocabulary_and_matches_pandas(small_ind
 
 @pytest.mark.parametrize("num_buckets", [1, 7])
 def test_hashed_out_of_vocabulary_ids_through_the_index(small_index_floor, probes, num_buckets):
-    from tabstream.pipeline.hashing import murmur3_32
+    from tabstream.core.hashing import murmur3_32
 
     rng = np.random.default_rng(17)
     pool = np.array(hex_ids(rng, 400), dtype=object)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 import tabstream as ts
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 
 def _missing_file(tmp):

@@ -7,8 +7,8 @@ import contextlib
 import json
 import socket
 
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.train import TableConfig
 
 # torch is imported inside the cases: the corpus also runs where torch is not installed

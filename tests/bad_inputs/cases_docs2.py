@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tabstream.errors import SchemaError
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 
 def _export(tmp):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 from tabstream.train.cache_store import ParameterServer
 from tabstream.train.tables import TableConfig
 

@@ -8,7 +8,7 @@ import pandas as pd
 from _corpus import CliFailed, cli
 
 import tabstream as ts
-from tabstream.errors import ExportError
+from tabstream.core.errors import ExportError
 
 
 def _fitted_workflow(tmp) -> str:

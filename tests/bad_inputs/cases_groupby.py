@@ -11,7 +11,7 @@ from _corpus import CliFailed, cli
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 
 
 def _events(tmp, files=3, n=300):

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 
 import tabstream as ts
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.ops import (
     AddTags,
     DifferenceLag,

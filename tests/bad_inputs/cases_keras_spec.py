@@ -3,7 +3,7 @@ errors in torch and Keras; the framework-neutral checks run here without either)
 
 from __future__ import annotations
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.train.spec import check_positive, check_threshold, feature_spec
 
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import tabstream as ts
 import tabstream.backends as backends
 from tabstream import ops
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 
 def _join_how(tmp):

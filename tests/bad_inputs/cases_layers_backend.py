@@ -38,9 +38,9 @@ def _cudf_kernel_without_cudf(tmp):
 
 
 def _old_import_paths(tmp):
-    from tabstream.errors import DataError
-    from tabstream.ops.base import Operator
-    from tabstream.pipeline.schema import Schema
+    from tabstream.core.errors import DataError
+    from tabstream.core.operators import Operator
+    from tabstream.core.schema import Schema
 
     assert Schema.__module__ == "tabstream.core.schema" and Operator.__module__ == "tabstream.core.operators"
     assert DataError.__module__ == "tabstream.core.errors"

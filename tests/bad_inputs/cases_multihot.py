@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 
 import tabstream as ts
 from tabstream import ops
+from tabstream.core.errors import DataError, NotFittedError, SchemaError
+from tabstream.core.schema import ColumnSchema, Schema
 from tabstream.datasets import generate_data
-from tabstream.errors import DataError, NotFittedError, SchemaError
 from tabstream.loaders import Loader
-from tabstream.pipeline.schema import ColumnSchema, Schema
 
 
 def _export(tmp, table, schema=None):

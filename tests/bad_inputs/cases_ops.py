@@ -8,7 +8,7 @@ import pyarrow as pa
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.testing import assert_tables_equal
 
 TABLE = pa.table({

@@ -12,8 +12,8 @@ import pandas as pd
 from _corpus import CliFailed, cli
 
 import tabstream as ts
+from tabstream.core.errors import DataError
 from tabstream.datasets.synthetic import CRITEO_COLUMNS
-from tabstream.errors import DataError
 
 
 def _criteo_lines(tmp, rows: int = 300) -> list[bytes]:

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.datasets.synthetic import CRITEO_COLUMNS, CRITEO_DTYPES, write_data
-from tabstream.errors import DataError, SchemaError
 from tabstream.pipeline.dataset import DatasetWarning
 
 

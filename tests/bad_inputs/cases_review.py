@@ -11,7 +11,7 @@ import pytest
 from _corpus import CliFailed, cli
 
 import tabstream as ts
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.pipeline.dataset import DatasetWarning
 
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 
 def _prefix() -> str:

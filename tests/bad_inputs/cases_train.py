@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from _corpus import CliFailed, cli
 
-from tabstream.errors import DataError
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import DataError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 
 def _categorical(name: str, cardinality: int, is_list: bool = False) -> ColumnSchema:

@@ -16,7 +16,7 @@ from _corpus import CliFailed, cli
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 from tabstream.ops.functions import FunctionResolutionError
 
 EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('imported')\n\ndef double(s):\n    return s * 2\n"

@@ -14,7 +14,7 @@ from _corpus import CliFailed, cli
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 
 def _raw(tmp):

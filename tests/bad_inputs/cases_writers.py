@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError, ExportError
+from tabstream.core.errors import DataError, ExportError
 
 ROOT = Path(__file__).resolve().parents[2]
 

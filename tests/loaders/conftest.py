@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 # Unequal files, unequal row groups, a one-row file.
 FILE_ROWS = (700, 1, 1500, 333, 240)

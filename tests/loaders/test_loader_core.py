@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tabstream
+from tabstream.core.schema import Tags
 from tabstream.loaders import Loader, pad_lists
-from tabstream.pipeline.schema import Tags
 
 
 def epoch_ids(loader: Loader) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 from tabstream.loaders import Loader
 
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.loaders import Loader
 from tabstream.pipeline.dataset import DatasetWarning
 

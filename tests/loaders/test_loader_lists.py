@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.loaders import Loader, pad_nested
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
 
 FILE_ROWS = (310, 77, 401)
 L, F = 3, 4

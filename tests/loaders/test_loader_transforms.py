@@ -13,7 +13,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError, NotFittedError
+from tabstream.core.errors import DataError, NotFittedError
 from tabstream.loaders import Loader
 
 FILE_ROWS = (400, 130, 271)

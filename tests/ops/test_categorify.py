@@ -10,7 +10,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.pipeline.hashing import murmur3_32
+from tabstream.core.hashing import murmur3_32
 
 
 def encode_reference(train_values, apply_values, freq_threshold=0, num_buckets=None):

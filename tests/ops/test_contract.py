@@ -13,10 +13,10 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import NotFittedError
-from tabstream.ops.base import registered_ops
+from tabstream.core.dtypes import arrow_type_to_dtype
+from tabstream.core.errors import NotFittedError
+from tabstream.core.operators import registered_ops
 from tabstream.pipeline.dataset import arrow_to_pandas
-from tabstream.pipeline.dtypes import arrow_type_to_dtype
 from tabstream.testing import assert_tables_equal, nan_to_null, negative_zero_to_zero
 
 

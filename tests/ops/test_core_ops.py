@@ -7,7 +7,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import NotFittedError
+from tabstream.core.errors import NotFittedError
 
 
 def fit_transform(node, df, part_size=None):
@@ -172,7 +172,7 @@ def test_log_op_nulls_nan_and_infinities_like_numpy():
 
 
 def test_hash_bucket_is_stable_and_matches_hash():
-    from tabstream.pipeline.hashing import murmur3_32
+    from tabstream.core.hashing import murmur3_32
 
     df = pd.DataFrame({"c": ["a", "b", "a", None, "zz"] * 40, "n": np.arange(200) % 7})
     wf = ts.Workflow(["c", "n"] >> ops.HashBucket(13))

@@ -13,8 +13,8 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import SchemaError
-from tabstream.pipeline.dtypes import arrow_type_to_dtype
+from tabstream.core.dtypes import arrow_type_to_dtype
+from tabstream.core.errors import SchemaError
 
 AGGS = {
     "item": ["list", "count", "first", "last", "min", "max"],

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
-from tabstream.errors import NotFittedError, SchemaError
-from tabstream.ops.base import Operator
+from tabstream.core.errors import NotFittedError, SchemaError
+from tabstream.core.operators import Operator
 from tabstream.ops.joins import DifferenceLag, JoinExternal, JoinGroupby, TargetEncoding
 
 mmh3 = pytest.importorskip("mmh3")

@@ -9,9 +9,9 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError, NotFittedError
+from tabstream.core.errors import DataError, NotFittedError
+from tabstream.core.hashing import murmur3_32
 from tabstream.ops.lists import ListSlice, SplitList, ValueCount
-from tabstream.pipeline.hashing import murmur3_32
 
 RAW = ["a|b|c", "", None, "x||y", "solo", "b|a", "|", "c|c|c|c", None, "a"]
 

@@ -17,7 +17,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.pipeline.hashing import hash_combine, murmur3_32
+from tabstream.core.hashing import hash_combine, murmur3_32
 
 SOURCES = ["pandas", "arrow", "parquet"]
 PARTS = [1, 5]

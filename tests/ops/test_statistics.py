@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 import tabstream as ts
-from tabstream.errors import DataError, NotFittedError, SchemaError
+from tabstream.core.errors import DataError, NotFittedError, SchemaError
 from tabstream.ops import AddTags, Categorify
 from tabstream.ops.statistics import (
     Bucketize,

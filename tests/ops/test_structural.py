@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import tabstream as ts
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.ops import functions
 from tabstream.ops.structural import (
     Dropna,

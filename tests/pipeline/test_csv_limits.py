@@ -12,7 +12,7 @@ import pytest
 
 import tabstream as ts
 import tabstream.pipeline.dataset as dataset_module
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 
 def test_header_of_millions_of_fields_fails_in_seconds(tmp_path):

@@ -9,8 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
-from tabstream.core.errors import CacheWarning
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import CacheWarning, DataError, SchemaError
 from tabstream.pipeline.dataset import DatasetWarning
 
 NAMES = ["label", "I1", "C1"]

@@ -9,7 +9,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import ExportError
+from tabstream.core.errors import ExportError
 
 
 def fitted(df):

@@ -26,7 +26,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import ExportError
+from tabstream.core.errors import ExportError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ DISK_FULL = """
     import json, os, resource, signal, sys
     import numpy as np, pandas as pd
     import tabstream as ts
-    from tabstream.errors import ExportError
+    from tabstream.core.errors import ExportError
 
     out, limit = sys.argv[1], int(sys.argv[2])
     rng = np.random.default_rng(0)

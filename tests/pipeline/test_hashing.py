@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabstream.pipeline import hashing
-from tabstream.pipeline.hashing import (
+from tabstream.core import hashing
+from tabstream.core.hashing import (
     hash_combine,
     murmur3_32,
     murmur3_32_list,

@@ -24,7 +24,7 @@ SWEEP = """
     import pyarrow.parquet as pq
     import tabstream as ts
     from tabstream import ops
-    from tabstream.errors import OutOfMemoryError
+    from tabstream.core.errors import OutOfMemoryError
 
     stage, folder = sys.argv[1], sys.argv[2]
     rng = np.random.default_rng(0)

@@ -17,9 +17,9 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError
-from tabstream.pipeline.merlin import schema_from_merlin_json
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import DataError
+from tabstream.core.merlin import schema_from_merlin_json
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 FIXTURE = Path(__file__).parent / "data" / "nvtabular_schema.pbtxt"
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import tabstream as ts
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 
 NAMES = ["label", "I1", "C1"]
 DTYPES = {"label": "int64", "I1": "int64", "C1": "string"}

@@ -1,7 +1,7 @@
 import pytest
 
 from tabstream import ColumnSchema, ColumnSelector, Schema, Tags
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 
 
 def make_schema() -> Schema:

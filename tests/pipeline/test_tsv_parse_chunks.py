@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import tabstream as ts
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 from tabstream.pipeline import csv_files
 
 NAMES = ["label", "I1", "C1", "C2"]

@@ -8,7 +8,7 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 
 
 def recipe():

@@ -15,8 +15,8 @@ import pytest
 
 import tabstream as ts
 from tabstream import ops
-from tabstream.errors import DataError
-from tabstream.ops.base import StatOperator, registered_ops
+from tabstream.core.errors import DataError
+from tabstream.core.operators import StatOperator, registered_ops
 
 
 @pytest.fixture

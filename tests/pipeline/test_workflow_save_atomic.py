@@ -132,7 +132,7 @@ def test_two_savers_leave_exactly_one_workflow(raw, tmp_path, mode):
     while any(p.poll() is None for p in procs):  # loads during the race: one or the other, whole
         try:
             got = ts.Workflow.load(str(path)).transform(df)
-        except (FileNotFoundError, ts.errors.DataError):
+        except (FileNotFoundError, ts.DataError):
             continue  # between saves, or a stats file swapped away under the reader: an error, not a mix
         matches = [w for w in "AB" if got.equals(want[w])]
         assert len(matches) == 1, got

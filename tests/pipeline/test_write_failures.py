@@ -53,7 +53,7 @@ PRELUDE = """
     import numpy as np, pandas as pd
     import tabstream as ts
     from tabstream import ops
-    from tabstream.errors import ExportError
+    from tabstream.core.errors import ExportError
 
     def full_disk(limit):
         # writes past `limit` bytes fail with EFBIG, as on a full disk (without the

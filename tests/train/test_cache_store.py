@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tabstream.errors import DataError, SchemaError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.cache_store import ParameterServer
 from tabstream.train.tables import TableConfig
 

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.train.spec import FeatureSpec, check_positive, check_threshold, feature_spec
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -188,7 +188,7 @@ def test_ranking_models_return_one_logit_per_row(side, model_name, layout):
 
 @pytest.mark.parametrize("column", ["C1", "x"])
 def test_a_feature_missing_from_the_batch_is_a_schema_error(side, column):
-    from tabstream.errors import SchemaError
+    from tabstream.core.errors import SchemaError
 
     model = side.models()["DLRM"](mixed_schema())
     batch = feature_spec(mixed_schema()).example_batch(3)

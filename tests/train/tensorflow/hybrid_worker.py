@@ -21,7 +21,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
+from tabstream.core.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
     LazyAdam,

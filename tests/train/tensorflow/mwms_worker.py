@@ -20,8 +20,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tabstream.core.schema import Schema  # noqa: E402
 from tabstream.loaders.tensorflow import Loader  # noqa: E402
-from tabstream.pipeline.schema import Schema  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
     LazyAdam,

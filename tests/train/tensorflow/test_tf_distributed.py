@@ -100,7 +100,7 @@ def _run_two_workers(root: Path, out: Path, checkpoint_dir: Path) -> None:
 def _checkpoint_logits(checkpoint_dir: Path, features: dict) -> np.ndarray:
     import tensorflow as tf
 
-    from tabstream.pipeline.schema import Schema
+    from tabstream.core.schema import Schema
     from tabstream.train.tensorflow import DLRM
 
     schema, *_ = ranking_data(3, rows=10, list_cardinality=0)

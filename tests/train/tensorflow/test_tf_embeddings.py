@@ -7,7 +7,7 @@ tf = pytest.importorskip("tensorflow")
 
 from tf_synthetic import categorical  # noqa: E402
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
+from tabstream.core.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.train.tables import TableConfig  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     EmbeddingTable,

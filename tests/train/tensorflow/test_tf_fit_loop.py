@@ -11,7 +11,7 @@ keras = pytest.importorskip("keras")
 
 from tf_synthetic import ranking_data, roc_auc  # noqa: E402
 
-from tabstream.errors import SchemaError  # noqa: E402
+from tabstream.core.errors import SchemaError  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
     LazyAdam,

@@ -6,7 +6,7 @@ keras = pytest.importorskip("keras")
 
 from tf_synthetic import categorical, ranking_data, retrieval_data, roc_auc  # noqa: E402
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
+from tabstream.core.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DCN,
     DLRM,

@@ -12,8 +12,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from tf_synthetic import categorical  # noqa: E402
 
+from tabstream.core.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.loaders.tensorflow import Loader  # noqa: E402
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags  # noqa: E402
 from tabstream.train.tensorflow import (  # noqa: E402
     DLRM,
     EmbeddingTables,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 
 def categorical(name: str, cardinality: int, tags=(), is_list: bool = False) -> ColumnSchema:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dist_helpers import concat  # noqa: E402
 from torch_data import categorical, continuous, target  # noqa: E402
 
-from tabstream.pipeline.schema import Schema  # noqa: E402
+from tabstream.core.schema import Schema  # noqa: E402
 
 CACHE_WORKER = Path(__file__).resolve()
 #: table -> cardinality; "L" is a multi-hot (ragged) list column

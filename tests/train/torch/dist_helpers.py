@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tabstream.pipeline.schema import Schema
+from tabstream.core.schema import Schema
 
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_data import categorical, continuous, target  # noqa: E402

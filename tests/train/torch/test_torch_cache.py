@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch_data import categorical, continuous, target
 
-from tabstream.core.schema import Tags
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.schema import Schema
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import Schema, Tags
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch import (
     DCN,

@@ -5,8 +5,8 @@ torch = pytest.importorskip("torch")
 
 from torch_data import categorical, continuous  # noqa: E402
 
-from tabstream.errors import SchemaError  # noqa: E402
-from tabstream.pipeline.schema import Schema, Tags  # noqa: E402
+from tabstream.core.errors import SchemaError  # noqa: E402
+from tabstream.core.schema import Schema, Tags  # noqa: E402
 from tabstream.train.tables import table_configs_from_schema  # noqa: E402
 from tabstream.train.torch import (  # noqa: E402
     EmbeddingTables,

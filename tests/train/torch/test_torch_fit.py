@@ -7,8 +7,8 @@ torch = pytest.importorskip("torch")
 
 from torch_data import categorical, continuous, make_ranking_data, target  # noqa: E402
 
-from tabstream.errors import DataError, SchemaError  # noqa: E402
-from tabstream.pipeline.schema import Schema  # noqa: E402
+from tabstream.core.errors import DataError, SchemaError  # noqa: E402
+from tabstream.core.schema import Schema  # noqa: E402
 from tabstream.train.torch import (  # noqa: E402
     DCN,
     DLRM,

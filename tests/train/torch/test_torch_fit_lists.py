@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_torch_cache import Batches, Crashing, make_batches, schema
 
-from tabstream.errors import DataError
+from tabstream.core.errors import DataError
 from tabstream.train.torch import (
     DLRM,
     CachedEmbeddings,

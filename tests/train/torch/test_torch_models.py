@@ -5,7 +5,7 @@ torch = pytest.importorskip("torch")
 
 from torch_data import categorical, make_retrieval_data, target  # noqa: E402
 
-from tabstream.pipeline.schema import Schema, Tags  # noqa: E402
+from tabstream.core.schema import Schema, Tags  # noqa: E402
 from tabstream.train.torch import (  # noqa: E402
     DCN,
     DLRM,

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from torch_data import categorical, continuous  # noqa: E402
 
-from tabstream.pipeline.schema import Schema  # noqa: E402
+from tabstream.core.schema import Schema  # noqa: E402
 from tabstream.train.torch import (  # noqa: E402
     DLRM,
     LazyAdam,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tabstream.errors import SchemaError
+from tabstream.core.errors import SchemaError
 from tabstream.train import TableConfig
 from tabstream.train.torch.cache import _parse as cache_parse
 from tabstream.train.torch.distributed import _to_ragged as sharded_to_ragged

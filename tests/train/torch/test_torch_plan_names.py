@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dist_helpers import free_port
 from torch_data import categorical, continuous, target
 
-from tabstream.pipeline.schema import Schema
+from tabstream.core.schema import Schema
 from tabstream.train.sharding import plan_sharding as shared_planner
 from tabstream.train.torch import DLRM
 from tabstream.train.torch.distributed import HybridParallel, plan_sharding

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from dist_helpers import free_port
 from torch_data import categorical, continuous, target
 
-from tabstream.errors import DataError, SchemaError
-from tabstream.pipeline.schema import Schema
+from tabstream.core.errors import DataError, SchemaError
+from tabstream.core.schema import Schema
 from tabstream.train import TableConfig
 from tabstream.train.torch import DLRM
 from tabstream.train.torch.distributed import HybridParallel, plan_sharding
@@ -240,7 +240,7 @@ def test_one_rank_refuses_a_whole_model_checkpoint(one_rank, tmp_path):
 
 def test_one_rank_two_tower_trains_its_own_objective(one_rank):
     """fit uses the wrapped model's compute_loss (in-batch softmax), through DDP."""
-    from tabstream.pipeline.schema import Tags
+    from tabstream.core.schema import Tags
     from tabstream.train.torch import LazyAdam, TwoTower, fit
 
     schema = Schema([categorical("user", 30, tags=[Tags.USER, Tags.USER_ID]),

@@ -117,7 +117,7 @@ def test_models_train_on_padded_loader_batches(export, name):
 
 
 def test_two_tower_with_a_list_feature_on_padded_loader_batches(export):
-    from tabstream.pipeline.schema import Tags
+    from tabstream.core.schema import Tags
     from tabstream.train.torch import TwoTower
 
     train, valid = export

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 
 def categorical(name, cardinality, tags=(), is_list=False):
