@@ -29,7 +29,10 @@ True
 >>> ckpt.cleanup()
 
 Keras 3's ``model.fit`` does not run under ``MultiWorkerMirroredStrategy`` (it fails
-converting ``PerReplica`` values); :func:`fit` does (see ``docs/keras-distributed.md``).
+converting ``PerReplica`` values; the bundled models refuse it at once, naming
+:func:`fit`); :func:`fit` does (see ``docs/keras-distributed.md``). It is the same
+loop as torch's (:mod:`tabstream.train.loop`); this module holds the Keras step,
+checkpoint files and collectives.
 Keras' own loop works on one process:
 
 >>> model = DLRM(schema, embedding_dim=8)
@@ -520,7 +523,9 @@ def fit(
 ) -> dict[str, list[float]]:
     """Train a Keras ``model`` with a custom loop; return the history.
 
-    The same loop as :func:`tabstream.train.torch.fit`, for Keras 3. With a
+    The loop of :func:`tabstream.train.torch.fit` (:mod:`tabstream.train.loop`:
+    mid-epoch resume, ``checkpoint_every``, new file lists as new passes, the NaN
+    stop on every worker), with Keras 3's step. With a
     ``strategy`` (default: the one in scope, else TensorFlow's default strategy)
     every step runs through ``strategy.run``: under
     ``tf.distribute.MultiWorkerMirroredStrategy`` each worker reads its own shard

@@ -49,6 +49,10 @@ the model's state; :class:`CheckpointError` naming it and ``checkpoint_dir``).
 Checked every step: the labels are finite (a :class:`DataError` naming the label
 column and the first bad row's file and row); the embedding tables check their ids
 (:func:`tabstream.train.torch.embeddings.check_ids`).
+
+The loop itself (epochs, resume, ``checkpoint_every``, file lists, history, the
+NaN stop) is :mod:`tabstream.train.loop`, shared with Keras' ``fit``; this module
+holds the torch step, checkpoint file and collectives (``_TorchTrainer``).
 """
 
 from __future__ import annotations
