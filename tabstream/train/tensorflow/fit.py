@@ -482,11 +482,12 @@ class _LabelCheck:
         return str(float(bad[0])) if bad.size else "NaN or inf on another worker"
 
 
-def _check_writable(checkpoints: _Checkpoints, strategy: tf.distribute.Strategy) -> None:
-    """The chief checks the checkpoint folder; every worker raises when it cannot."""
+def _check_writable(checkpoints: Any, strategy: tf.distribute.Strategy) -> None:
+    """The writing workers (the chief, or all of them for checkpoints that every
+    worker writes) check the checkpoint folder; every worker raises when one cannot."""
     rank, workers = _worker(strategy)
     error: CheckpointError | None = None
-    if rank == 0:
+    if rank == 0 or getattr(checkpoints, "every_worker_writes", False):
         try:
             check_checkpoint_dir(checkpoints.dir, checkpoints.needed_bytes())
         except CheckpointError as exc:
@@ -619,7 +620,11 @@ class _KerasTrainer:
     step, see :func:`default_replica_step`), ``fit_before_step(features, labels)``
     and ``fit_after_step()`` (eager, on the host, around each compiled step: a
     cache staging rows and sending their updates), ``fit_before_checkpoint()``
-    (every worker, before each checkpoint is written)."""
+    (every worker, before each checkpoint is written), and ``fit_checkpoints(directory,
+    optimizer)`` returning the checkpoint files to use instead of the chief's
+    (an object like ``_Checkpoints``: ``dir``, ``exists()``, ``needed_bytes()``,
+    ``save(state)``, ``load() -> state``; with ``every_worker_writes = True`` every
+    worker saves its own part, e.g. its shards)."""
 
     def __init__(self, model: Any, optimizer: Any, loader: Any, loss_fn: LossFn | None,
                  strategy: tf.distribute.Strategy,
@@ -628,7 +633,11 @@ class _KerasTrainer:
         self.loss_fn, self.strategy = loss_fn, strategy
         self.rank, self.world = _worker(strategy)
         self.own_loss = loss_fn is None and _has_own_loss(model)
-        self.checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
+        self.checkpoints: Any = None
+        if checkpoint_dir is not None:
+            make = getattr(model, "fit_checkpoints", None)
+            self.checkpoints = (make(checkpoint_dir, optimizer) if callable(make)
+                                else _Checkpoints(checkpoint_dir, model, optimizer))
         self.checkpoint_path = self.checkpoints.dir if self.checkpoints is not None else None
         self.label_check = _LabelCheck(strategy)
         self.compiled: Any = None
@@ -665,7 +674,7 @@ class _KerasTrainer:
         if callable(before):
             before()
         failure = None
-        if self.rank == 0:
+        if self.rank == 0 or getattr(self.checkpoints, "every_worker_writes", False):
             try:
                 self.checkpoints.save(state)
             except CheckpointError as exc:
