@@ -551,9 +551,10 @@ def fit(
         resume: continue from the checkpoint in ``checkpoint_dir``, a mid-epoch one
             included (the batches already trained are skipped; start afresh when
             there is no checkpoint yet). Another file list after a finished one is
-            a new pass over it (continuous training, see :func:`fit_lists`).
+            a new pass over it (continuous training: ``fit_lists``).
         checkpoint_every: also checkpoint every this many steps of an epoch.
-        progress: a Keras progress bar per epoch and a summary line (chief only).
+        progress: a progress bar per epoch (tqdm, as torch's fit) and a summary line
+            (chief only).
 
     Returns:
         ``{"epoch", "loss", "samples", "samples_per_sec", "time_s"}`` plus, with a
