@@ -55,6 +55,7 @@ import re
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -273,22 +274,46 @@ def _check_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
             )
 
 
-_SUMS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _compiled(owner: Any, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+    """The compiled function ``make()`` of ``owner`` (a model or a strategy) for
+    ``kind``, kept while ``owner`` lives and reused while ``key`` stays the same: a
+    new ``fit`` or ``evaluate`` on the same model (each epoch's validation, each
+    file list of ``fit_lists``) does not trace again, and TensorFlow warns of no
+    retracing. One per kind and owner (the last key), so nothing piles up. The
+    functions refer to their owner weakly (a reference from the value to the key
+    would keep both alive for ever)."""
+    per_owner = _COMPILED.setdefault(owner, {})
+    found = per_owner.get(kind)
+    if found is not None and found[0] == key:
+        return found[1]
+    fn = make()
+    per_owner[kind] = (key, fn)
+    return fn
+
+
+def _spec_key(structure: Any) -> str:
+    return repr(_open_spec(structure))
 
 
 def _all_sum(strategy: tf.distribute.Strategy) -> Any:
     """A function summing a 1-D float64 tensor over the workers (one replica each).
     One per strategy, traced once for every length (the validation gather calls it
     with buffers of every size: no retracing)."""
-    fn = _SUMS.get(strategy)
-    if fn is None:
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
-        def fn(x: tf.Tensor) -> tf.Tensor:
-            per_replica = strategy.run(tf.identity, args=(x,))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    ref = weakref.ref(strategy)
 
-        _SUMS[strategy] = fn
-    return fn
+    def make() -> Any:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
+        def all_sum(x: tf.Tensor) -> tf.Tensor:
+            here = ref()
+            per_replica = here.run(tf.identity, args=(x,))
+            return here.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return all_sum
+
+    return _compiled(strategy, "all_sum", None, make)
 
 
 def _sum_over_workers(strategy: tf.distribute.Strategy, values: Any) -> np.ndarray:
@@ -342,11 +367,14 @@ def evaluate(
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
     loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
 
+    model_ref = weakref.ref(model)
+
     def replica_logits(features: Any) -> tf.Tensor:
-        out = model(features, training=False)
+        net = model_ref()
+        out = net(features, training=False)
         if not tf.is_tensor(out):
             raise TypeError(
-                f"evaluate: {type(model).__name__} returns {type(out).__name__}, not logits; "
+                f"evaluate: {type(net).__name__} returns {type(out).__name__}, not logits; "
                 "AUC and log-loss need a model with one logit per row (evaluate a TwoTower "
                 "with its recall_at_k)"
             )
@@ -365,8 +393,10 @@ def evaluate(
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
         name = name or label_name(loader, labels)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
-        if not compiled:  # one trace: every dimension open
-            compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
+        if not compiled:  # one trace, every dimension open, kept with the model
+            spec = _open_spec(features)
+            compiled.append(_compiled(model, "evaluate", (id(strategy), repr(spec)),
+                                      partial(tf.function, predict, input_signature=[spec])))
         try:
             logits = compiled[0](features)
         except tf.errors.InvalidArgumentError as exc:
@@ -467,14 +497,17 @@ class _LabelCheck:
         if not labels.dtype.is_floating:
             return None
         if self.compiled is None:
-            strategy = self.strategy
+            ref = weakref.ref(self.strategy)
 
             def count(y: tf.Tensor) -> tf.Tensor:
+                strategy = ref()
                 per_replica = strategy.run(
                     lambda t: tf.reduce_sum(tf.cast(~tf.math.is_finite(t), tf.float32)), args=(y,))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-            self.compiled = tf.function(count, input_signature=[_open_spec(labels)])
+            self.compiled = _compiled(
+                self.strategy, "label_check", _spec_key(labels),
+                lambda: tf.function(count, input_signature=[_open_spec(labels)]))
         if float(self.compiled(labels)) == 0:
             return None
         here = labels.numpy().reshape(-1)
@@ -689,19 +722,27 @@ class _KerasTrainer:
         pass
 
     def _compiled_step(self, features: Any, labels: Any) -> Any:
-        model, optimizer, strategy = self.model, self.optimizer, self.strategy
+        """The compiled step for batches like this one, kept with the model (a
+        later ``fit`` with the same optimizer, loss and strategy reuses it)."""
+        key = (id(self.optimizer), id(self.loss_fn), self.own_loss, id(self.strategy),
+               _spec_key(features), None if labels is None else _spec_key(labels))
+        return _compiled(self.model, "fit", key, lambda: self._make_step(features, labels))
+
+    def _make_step(self, features: Any, labels: Any) -> Any:
+        model_ref, optimizer, strategy = weakref.ref(self.model), self.optimizer, self.strategy
         own_loss = self.own_loss
         per_row_loss = self.loss_fn if self.loss_fn is not None else _binary_crossentropy
 
         def loss_sum(f: Any, y: Any) -> tf.Tensor:
+            model = model_ref()
             if own_loss:
                 rows = tf.cast(_rows(f, y), tf.float32)
                 return model.compute_loss(x=f, y=y, training=True) * rows
             return tf.reduce_sum(per_row_loss(model(f, training=True), y))
 
-        hook = getattr(model, "fit_replica_step", None)
-
         def replica_step(f: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor]:
+            model = model_ref()
+            hook = getattr(model, "fit_replica_step", None)
             if callable(hook):
                 return hook(f, y, loss_sum, optimizer)
             return default_replica_step(model, optimizer, loss_sum, f, y)

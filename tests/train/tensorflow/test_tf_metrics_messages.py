@@ -156,3 +156,34 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_names_tabstream_fit(tmp_
             "tabstream.train.tensorflow.fit(model, loader, optimizer, strategy=strategy)"
             ) in done.stdout, done.stdout + done.stderr[-3000:]
     assert "TRAINED: [4]" in done.stdout  # the way it names works on that strategy
+
+
+def test_repeated_fit_and_evaluate_do_not_retrace(caplog):
+    """Each epoch's validation and each fit (one per file list in fit_lists) reuse
+    the model's compiled functions: TensorFlow logs no retracing warning, and the
+    model trains as before (the same weights as one fit of all the epochs)."""
+    import logging
+
+    from tabstream.core.schema import ColumnSchema, Schema, Tags
+    from tabstream.train.tensorflow import LazyAdam, evaluate, fit
+
+    schema = Schema([ColumnSchema(n, "int64", tags=[Tags.CATEGORICAL],
+                                  properties={"domain": {"min": 0, "max": 9}}) for n in ("C1", "C2")]
+                    + [ColumnSchema("click", "float32", tags=[Tags.TARGET])])
+    rng = np.random.default_rng(5)
+    data = [({n: tf.constant(rng.integers(0, 10, 4)) for n in ("C1", "C2")},
+             tf.constant(rng.integers(0, 2, 4).astype(np.float32))) for _ in range(2)]
+
+    def build():
+        return DLRM(schema, embedding_dim=4, bottom_mlp=(4,), top_mlp=(4,), seed=0), LazyAdam(0.05)
+
+    whole, opt = build()
+    fit(whole, data, opt, epochs=7, progress=False)
+    model, opt = build()
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        for _ in range(7):
+            fit(model, data, opt, valid_loader=data, progress=False)
+            evaluate(model, data)
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    for a, b in zip(whole.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
