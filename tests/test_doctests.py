@@ -52,6 +52,7 @@ RUNNABLE = [
     "tabstream.train.spec",
     "tabstream.train.tables",
     "tabstream.train.tensorflow",
+    "tabstream.train.tensorflow.continuous",
     "tabstream.train.tensorflow.embeddings",
     "tabstream.train.tensorflow.fit",
     "tabstream.train.tensorflow.models",

@@ -6,8 +6,10 @@ and after a crash or a restart must pick up exactly where it stopped: lists
 already trained are not trained again, the list that was cut short resumes
 inside itself, its delta is written once. :func:`train_lists` keeps that record
 in ``checkpoint_dir/_lists.json`` (written atomically after each list), beside the
-fit loop's own checkpoint; the framework modules wrap it (``fit_lists`` in
-``tabstream.train.torch``).
+fit loop's own checkpoint (:mod:`tabstream.train.loop`, which starts a new pass
+on a new list and refuses another list while one is unfinished);
+:func:`fit_lists_with` is ``fit_lists`` of both frameworks (``tabstream.train.torch``
+and ``tabstream.train.tensorflow``), given their ``fit``.
 
 Order of a list's end, and why a crash anywhere is harmless:
 
@@ -33,7 +35,7 @@ from typing import Any
 from tabstream.core.errors import DataError
 from tabstream.core.jsonfile import read_json_file
 
-__all__ = ["LISTS_FILE", "lists_done", "train_lists"]
+__all__ = ["LISTS_FILE", "fit_lists_with", "lists_done", "train_lists"]
 
 LISTS_FILE = "_lists.json"
 _FORMAT = "tabstream.lists/1"
@@ -158,6 +160,43 @@ def train_lists(
         if on_list_end is not None:
             on_list_end(position, loader, history)
     return histories
+
+
+def fit_lists_with(
+    fit: Callable[..., Any],
+    identity: Callable[[Any], str | None],
+    servers: Sequence[Any],
+    model: Any,
+    loaders: Sequence[Any],
+    optimizer: Any,
+    *,
+    checkpoint_dir: str | os.PathLike[str],
+    passes: int = 1,
+    delta_dir: str | os.PathLike[str] | None = None,
+    prefetch: bool = True,
+    on_list_end: Callable[[int, Any, Any], None] | None = None,
+    **fit_kwargs: Any,
+) -> list[Any]:
+    """``fit_lists`` of a framework whose fit loop is ``fit`` (its data identity
+    ``identity``; ``servers``: the parameter servers inside ``model``): ``fit`` on
+    each file list of ``loaders`` in turn (``passes`` times over the sequence),
+    resuming after a restart where the job stopped (:func:`train_lists`).
+    ``fit_kwargs`` go to ``fit`` (``epochs`` per list, ``valid_loader``,
+    ``checkpoint_every``, ``progress``, ...)."""
+    for key in ("resume", "checkpoint_dir"):
+        if key in fit_kwargs:
+            raise TypeError(f"fit_lists: {key} is set by fit_lists itself (it always resumes)")
+    if delta_dir is not None and not servers:
+        raise ValueError("fit_lists: delta_dir needs a model with CachedEmbeddings (a "
+                         "ParameterServer to export the rows of); this model has none")
+
+    def train_one(loader: Any) -> Any:
+        return fit(model, loader, optimizer, checkpoint_dir=checkpoint_dir, resume=True,
+                   **fit_kwargs)
+
+    return train_lists(train_one, loaders, checkpoint_dir=checkpoint_dir, identity=identity,
+                       servers=servers, passes=passes, delta_dir=delta_dir, prefetch=prefetch,
+                       on_list_end=on_list_end)
 
 
 def _keysets_folder(loader: Any) -> str | None:

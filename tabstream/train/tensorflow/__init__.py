@@ -38,6 +38,7 @@ TensorShape([4])
 from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
 from tabstream.train.tensorflow.blocks import MLP, CrossNetwork, DotInteraction
 from tabstream.train.tensorflow.blocks import CrossNetV2 as CrossNetV2  # the old name, kept
+from tabstream.train.tensorflow.continuous import fit_lists
 from tabstream.train.tensorflow.embeddings import (
     EmbeddingTable,
     EmbeddingTables,
@@ -77,6 +78,7 @@ __all__ = [
     "embedding_tables_from_schema",
     "evaluate",
     "fit",
+    "fit_lists",
     "infer_embedding_dim",
     "split_embeddings_on_size",
     "table_configs_from_schema",

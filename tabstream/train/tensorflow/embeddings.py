@@ -209,6 +209,17 @@ def id_error_text(feature: str, table: str, value: int, cardinality: int) -> str
             "the model from the export's schema, or re-export the data with that workflow")
 
 
+def list_forms(name: str) -> str:
+    """Every input form a list feature ``name`` is accepted in, for error messages."""
+    return (
+        f"A list feature is accepted as: (padded, mask), both [B, L] (the loader's pad=True "
+        f"layout) or both [B, F, L] (lists of lists); padded ids [B, L] or [B, F, L] plus "
+        f"the key {name + MASK_SUFFIX!r} (bool or 0/1, the same shape); (values, offsets) "
+        f"(offsets [B + 1]); the keys {name + VALUES_SUFFIX!r} and {name + OFFSETS_SUFFIX!r}; "
+        "a RaggedTensor [B, None]; or a SparseTensor"
+    )
+
+
 def _masked_ids(
     name: str, ids: tf.Tensor, mask: Any = None
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -217,9 +228,8 @@ def _masked_ids(
     if mask is None:
         raise ValueError(
             f"list feature {name!r} arrived as padded ids of shape {ids.shape} without a "
-            f"mask; id 0 is a real id, so padding cannot be told from the ids. Pass "
-            f"(padded, mask) (the loader's pad=True layout), the key {name + MASK_SUFFIX!r}, "
-            "(values, offsets) or a RaggedTensor"
+            f"mask; id 0 is a real id, so padding cannot be told from the ids. "
+            f"{list_forms(name)}"
         )
     # Pool only the real ids: padding rows then get no (zero) gradient entries,
     # so a lazy optimizer leaves the padding row alone.
@@ -444,8 +454,8 @@ class EmbeddingTables(keras.layers.Layer):
             return table(ids, feature=name)
         if ids.shape.rank != 2:
             raise ValueError(
-                f"list feature {name!r}: expected padded ids [B, L], a RaggedTensor or "
-                f"(values, offsets), got a dense tensor of shape {ids.shape}"
+                f"list feature {name!r} arrived as a dense tensor of shape {ids.shape} "
+                f"without a mask. {list_forms(name)}"
             )
         return table.pool(*_masked_ids(name, ids, features.get(name + MASK_SUFFIX)), feature=name)
 

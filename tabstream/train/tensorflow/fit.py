@@ -29,7 +29,10 @@ True
 >>> ckpt.cleanup()
 
 Keras 3's ``model.fit`` does not run under ``MultiWorkerMirroredStrategy`` (it fails
-converting ``PerReplica`` values); :func:`fit` does (see ``docs/keras-distributed.md``).
+converting ``PerReplica`` values; the bundled models refuse it at once, naming
+:func:`fit`); :func:`fit` does (see ``docs/keras-distributed.md``). It is the same
+loop as torch's (:mod:`tabstream.train.loop`); this module holds the Keras step,
+checkpoint files and collectives.
 Keras' own loop works on one process:
 
 >>> model = DLRM(schema, embedding_dim=8)
@@ -50,8 +53,9 @@ import math
 import os
 import re
 import time
-import warnings
-from collections.abc import Callable, Iterable, Sized
+import weakref
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +72,8 @@ from tabstream.train.checks import (
     label_error,
     label_name,
 )
-from tabstream.train.history import history_keys, record_epoch
+from tabstream.train.loop import LoopOptions, NonFiniteLossError, NothingToTrainWarning, Step
+from tabstream.train.loop import run as run_loop
 from tabstream.train.metrics import log_loss, roc_auc
 from tabstream.train.tensorflow.embeddings import ID_CHECK_MARK
 
@@ -79,25 +84,60 @@ __all__ = [
     "NothingToTrainWarning",
     "ThroughputCallback",
     "binary_classification_metrics",
+    "checkpoint_position",
+    "default_replica_step",
     "evaluate",
     "fit",
 ]
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
-class LogLoss(keras.metrics.BinaryCrossentropy):
-    """Mean binary cross-entropy that accepts labels ``[B]`` with predictions ``[B, 1]``
-    (and the reverse); ``keras.metrics.BinaryCrossentropy`` requires equal ranks."""
+class LogLoss(keras.metrics.Metric):
+    """Binary cross-entropy averaged over every row seen (not over batch means):
+    ``sum over rows of w * bce / sum of w``. Labels ``[B]`` or ``[B, 1]``,
+    predictions either shape (logits by default, ``from_logits=False`` for
+    probabilities); a batch of 0 rows (the end of a dataset of unknown length)
+    changes nothing.
+
+    >>> m = LogLoss()
+    >>> m.update_state([1.0, 0.0, 1.0], [[0.0], [0.0], [2.0]])
+    >>> m.update_state([0.0], [-1.0])
+    >>> round(float(m.result()), 4)       # the mean over the 4 rows
+    0.4566
+    """
 
     def __init__(self, name: str = "logloss", from_logits: bool = True, **kwargs: Any) -> None:
-        super().__init__(name=name, from_logits=from_logits, **kwargs)
+        super().__init__(name=name, **kwargs)
+        self.from_logits = from_logits
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float64", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", dtype="float64", name="count")
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        y_pred = tf.convert_to_tensor(y_pred)
-        y_true = tf.reshape(tf.cast(y_true, y_pred.dtype), tf.shape(y_pred))
-        if sample_weight is not None:
-            sample_weight = tf.reshape(sample_weight, tf.shape(y_pred)[:1])
-        super().update_state(y_true, y_pred, sample_weight=sample_weight)
+        z = tf.reshape(tf.cast(tf.convert_to_tensor(y_pred), tf.float64), [-1])
+        y = tf.reshape(tf.cast(tf.convert_to_tensor(y_true), tf.float64), [-1])
+        if self.from_logits:  # log(1 + e^z) - y z, without overflow
+            per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=z)
+        else:
+            eps = keras.config.epsilon()
+            p = tf.clip_by_value(z, eps, 1.0 - eps)
+            per_row = -(y * tf.math.log(p) + (1.0 - y) * tf.math.log(1.0 - p))
+        if sample_weight is None:
+            weight = tf.ones_like(per_row)
+        else:
+            weight = tf.reshape(tf.cast(tf.convert_to_tensor(sample_weight), tf.float64), [-1])
+            weight = tf.broadcast_to(weight, tf.shape(per_row))
+        self.total.assign_add(tf.reduce_sum(per_row * weight))
+        self.count.assign_add(tf.reduce_sum(weight))
+
+    def result(self) -> tf.Tensor:
+        return tf.cast(tf.math.divide_no_nan(self.total, self.count), tf.float32)
+
+    def reset_state(self) -> None:
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "from_logits": self.from_logits}
 
 
 def binary_classification_metrics(from_logits: bool = True) -> list[keras.metrics.Metric]:
@@ -168,14 +208,6 @@ CHECKPOINT_PREFIX = "checkpoint"
 _FORMAT = 1
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite; the step was not applied."""
-
-
-class NothingToTrainWarning(UserWarning):
-    """``fit(resume=True)`` found a checkpoint that already covers every epoch asked for."""
-
-
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 
@@ -242,15 +274,50 @@ def _check_strategy(model: Any, strategy: tf.distribute.Strategy) -> None:
             )
 
 
+_COMPILED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _compiled(owner: Any, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+    """The compiled function ``make()`` of ``owner`` (a model or a strategy) for
+    ``kind``, kept while ``owner`` lives and reused while ``key`` stays the same: a
+    new ``fit`` or ``evaluate`` on the same model (each epoch's validation, each
+    file list of ``fit_lists``) does not trace again, and TensorFlow warns of no
+    retracing. One per kind and owner (the last key), so nothing piles up. The
+    functions refer to their owner weakly (a reference from the value to the key
+    would keep both alive for ever)."""
+    per_owner = _COMPILED.setdefault(owner, {})
+    found = per_owner.get(kind)
+    if found is not None and found[0] == key:
+        return found[1]
+    fn = make()
+    per_owner[kind] = (key, fn)
+    return fn
+
+
+def _spec_key(structure: Any) -> str:
+    return repr(_open_spec(structure))
+
+
 def _all_sum(strategy: tf.distribute.Strategy) -> Any:
-    """A function summing a float tensor over the workers (one replica each)."""
+    """A function summing a 1-D float64 tensor over the workers (one replica each).
+    One per strategy, traced once for every length (the validation gather calls it
+    with buffers of every size: no retracing)."""
+    ref = weakref.ref(strategy)
 
-    @tf.function
-    def all_sum(x: tf.Tensor) -> tf.Tensor:
-        per_replica = strategy.run(tf.identity, args=(x,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    def make() -> Any:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
+        def all_sum(x: tf.Tensor) -> tf.Tensor:
+            here = ref()
+            per_replica = here.run(tf.identity, args=(x,))
+            return here.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    return all_sum
+        return all_sum
+
+    return _compiled(strategy, "all_sum", None, make)
+
+
+def _sum_over_workers(strategy: tf.distribute.Strategy, values: Any) -> np.ndarray:
+    return _all_sum(strategy)(tf.constant(np.asarray(values, np.float64).reshape(-1))).numpy()
 
 
 def _id_error(exc: tf.errors.InvalidArgumentError) -> DataError | None:
@@ -275,16 +342,15 @@ def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> 
     if workers == 1:
         return arrays
 
-    all_sum = _all_sum(strategy)
-    mine = np.zeros(workers, np.float32)
+    mine = np.zeros(workers, np.float64)
     mine[rank] = len(arrays[0])
-    counts = all_sum(tf.constant(mine)).numpy().round().astype(np.int64)
+    counts = _sum_over_workers(strategy, mine).round().astype(np.int64)
     offsets = np.r_[0, np.cumsum(counts)]
     out = []
     for array in arrays:
-        buffer = np.zeros(int(offsets[-1]), np.float32)
+        buffer = np.zeros(int(offsets[-1]), np.float64)
         buffer[offsets[rank]:offsets[rank + 1]] = array
-        out.append(all_sum(tf.constant(buffer)).numpy())
+        out.append(_sum_over_workers(strategy, buffer).astype(np.float32))
     return out
 
 
@@ -301,11 +367,14 @@ def evaluate(
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
     loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
 
+    model_ref = weakref.ref(model)
+
     def replica_logits(features: Any) -> tf.Tensor:
-        out = model(features, training=False)
+        net = model_ref()
+        out = net(features, training=False)
         if not tf.is_tensor(out):
             raise TypeError(
-                f"evaluate: {type(model).__name__} returns {type(out).__name__}, not logits; "
+                f"evaluate: {type(net).__name__} returns {type(out).__name__}, not logits; "
                 "AUC and log-loss need a model with one logit per row (evaluate a TwoTower "
                 "with its recall_at_k)"
             )
@@ -324,8 +393,10 @@ def evaluate(
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
         name = name or label_name(loader, labels)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
-        if not compiled:  # one trace: every dimension open
-            compiled.append(tf.function(predict, input_signature=[_open_spec(features)]))
+        if not compiled:  # one trace, every dimension open, kept with the model
+            spec = _open_spec(features)
+            compiled.append(_compiled(model, "evaluate", (id(strategy), repr(spec)),
+                                      partial(tf.function, predict, input_signature=[spec])))
         try:
             logits = compiled[0](features)
         except tf.errors.InvalidArgumentError as exc:
@@ -426,14 +497,17 @@ class _LabelCheck:
         if not labels.dtype.is_floating:
             return None
         if self.compiled is None:
-            strategy = self.strategy
+            ref = weakref.ref(self.strategy)
 
             def count(y: tf.Tensor) -> tf.Tensor:
+                strategy = ref()
                 per_replica = strategy.run(
                     lambda t: tf.reduce_sum(tf.cast(~tf.math.is_finite(t), tf.float32)), args=(y,))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-            self.compiled = tf.function(count, input_signature=[_open_spec(labels)])
+            self.compiled = _compiled(
+                self.strategy, "label_check", _spec_key(labels),
+                lambda: tf.function(count, input_signature=[_open_spec(labels)]))
         if float(self.compiled(labels)) == 0:
             return None
         here = labels.numpy().reshape(-1)
@@ -441,11 +515,12 @@ class _LabelCheck:
         return str(float(bad[0])) if bad.size else "NaN or inf on another worker"
 
 
-def _check_writable(checkpoints: _Checkpoints, strategy: tf.distribute.Strategy) -> None:
-    """The chief checks the checkpoint folder; every worker raises when it cannot."""
+def _check_writable(checkpoints: Any, strategy: tf.distribute.Strategy) -> None:
+    """The writing workers (the chief, or all of them for checkpoints that every
+    worker writes) check the checkpoint folder; every worker raises when one cannot."""
     rank, workers = _worker(strategy)
     error: CheckpointError | None = None
-    if rank == 0:
+    if rank == 0 or getattr(checkpoints, "every_worker_writes", False):
         try:
             check_checkpoint_dir(checkpoints.dir, checkpoints.needed_bytes())
         except CheckpointError as exc:
@@ -460,7 +535,7 @@ def _raise_together(strategy: tf.distribute.Strategy, error: CheckpointError | N
     workers (one small all-reduce under several workers), so that none waits alone."""
     _, workers = _worker(strategy)
     if workers > 1:
-        failed = _all_sum(strategy)(tf.constant([0.0 if error is None else 1.0]))
+        failed = _sum_over_workers(strategy, [0.0 if error is None else 1.0])
         if float(failed[0]) and error is None:
             raise CheckpointError(elsewhere)
     if error is not None:
@@ -478,10 +553,13 @@ def fit(
     resume: bool = False,
     progress: bool = True,
     strategy: tf.distribute.Strategy | None = None,
+    checkpoint_every: int | None = None,
 ) -> dict[str, list[float]]:
     """Train a Keras ``model`` with a custom loop; return the history.
 
-    The same loop as :func:`tabstream.train.torch.fit`, for Keras 3. With a
+    The loop of :func:`tabstream.train.torch.fit` (:mod:`tabstream.train.loop`:
+    mid-epoch resume, ``checkpoint_every``, new file lists as new passes, the NaN
+    stop on every worker), with Keras 3's step. With a
     ``strategy`` (default: the one in scope, else TensorFlow's default strategy)
     every step runs through ``strategy.run``: under
     ``tf.distribute.MultiWorkerMirroredStrategy`` each worker reads its own shard
@@ -500,11 +578,16 @@ def fit(
             created inside ``strategy.scope()`` under a strategy.
         loss_fn: ``(logits, labels) -> per-row loss [B]``; default binary
             cross-entropy on logits.
-        checkpoint_dir: after each epoch the chief worker writes the weights, the
-            optimizer's variables and the history there (nothing is pickled).
-        resume: continue after the last epoch in ``checkpoint_dir`` (start afresh
-            when there is no checkpoint yet).
-        progress: a Keras progress bar per epoch and a summary line (chief only).
+        checkpoint_dir: after each epoch (and every ``checkpoint_every`` steps)
+            the chief worker writes the weights, the optimizer's variables and the
+            loop's position and history there (nothing is pickled).
+        resume: continue from the checkpoint in ``checkpoint_dir``, a mid-epoch one
+            included (the batches already trained are skipped; start afresh when
+            there is no checkpoint yet). Another file list after a finished one is
+            a new pass over it (continuous training: ``fit_lists``).
+        checkpoint_every: also checkpoint every this many steps of an epoch.
+        progress: a progress bar per epoch (tqdm, as torch's fit) and a summary line
+            (chief only).
 
     Returns:
         ``{"epoch", "loss", "samples", "samples_per_sec", "time_s"}`` plus, with a
@@ -514,7 +597,7 @@ def fit(
 
     Raises:
         NonFiniteLossError: (a ``FloatingPointError``) when the loss is NaN or
-            infinite, naming the epoch and step.
+            infinite on any worker, naming the epoch and step (every worker raises).
         DataError: a NaN/inf label (naming the column, and the file and row of the
             first one for a tabstream loader; checked before the step, which is
             not applied), or an id outside its embedding table.
@@ -522,12 +605,9 @@ def fit(
             before the first step; or a checkpoint write failed (the previous
             checkpoint is kept, no temporary file is left).
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int):
-        raise TypeError(f"fit: epochs must be an int, got {epochs!r}")
-    if epochs < 0:
-        raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
-    if resume and checkpoint_dir is None:
-        raise ValueError("fit: resume needs a checkpoint_dir")
+    options = LoopOptions(epochs=epochs, valid_loader=valid_loader, checkpoint_dir=checkpoint_dir,
+                          resume=resume, progress=progress, checkpoint_every=checkpoint_every)
+    options.check()
     if not isinstance(model, keras.Model):
         raise TypeError(f"fit: model must be a keras.Model, got {type(model).__name__}")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -540,129 +620,213 @@ def fit(
         raise TypeError(
             f"fit: strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
         )
-    rank, _ = _worker(strategy)
-    own_loss = loss_fn is None and _has_own_loss(model)
-    per_row_loss = loss_fn if loss_fn is not None else _binary_crossentropy
-    checkpoints = _Checkpoints(checkpoint_dir, model, optimizer) if checkpoint_dir else None
-    label_check = _LabelCheck(strategy)
+    trainer = _KerasTrainer(model, optimizer, train_loader, loss_fn, strategy, checkpoint_dir)
+    return run_loop(trainer, train_loader, options)
 
-    def replica_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        local = tf.cast(_rows(features, labels), tf.float32)
-        total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
-        with tf.GradientTape() as tape:
-            if own_loss:
-                loss_sum = model.compute_loss(x=features, y=labels, training=True) * local
-            else:
-                loss_sum = tf.reduce_sum(per_row_loss(model(features, training=True), labels))
-            # The mean over the global batch: Keras sums the replicas' gradients.
-            loss = loss_sum / tf.maximum(total, 1.0)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss_sum, local
 
-    def global_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        loss_sum, rows = strategy.run(replica_step, args=(features, labels))
-        total = tf.distribute.ReduceOp.SUM
-        return (strategy.reduce(total, loss_sum, axis=None),
-                strategy.reduce(total, rows, axis=None))
+def default_replica_step(model: Any, optimizer: Any, loss_sum: Callable[[Any, Any], tf.Tensor],
+                         features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """One replica's step of :func:`fit`: the gradient of the mean loss over the
+    global batch (all replicas' rows), applied; returns ``(this replica's summed
+    loss, its rows)``. ``loss_sum(features, labels)`` is the summed loss of the
+    replica's rows.
 
-    compiled: list[Any] = []
+    A model may replace it with a method ``fit_replica_step(features, labels,
+    loss_sum, optimizer)`` returning the same pair (for example to scale or route
+    gradients of sharded or cached tables), calling this function for the rest."""
+    local = tf.cast(_rows(features, labels), tf.float32)
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+    with tf.GradientTape() as tape:
+        summed = loss_sum(features, labels)
+        # The mean over the global batch: Keras sums the replicas' gradients.
+        loss = summed / tf.maximum(total, 1.0)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    return summed, local
 
-    def train_step(features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        # One trace for every batch: the signature of the first batch with every
-        # dimension left open (list columns change length from batch to batch).
-        features = tf.nest.map_structure(tf.convert_to_tensor, features)
-        if labels is None:
-            if not compiled:
-                compiled.append(tf.function(lambda f: global_step(f, None),
-                                            input_signature=[_open_spec(features)]))
-            return compiled[0](features)
-        labels = tf.convert_to_tensor(labels)
-        if not compiled:
-            compiled.append(tf.function(
-                global_step, input_signature=[_open_spec(features), _open_spec(labels)]))
-        return compiled[0](features, labels)
 
-    def build(features: Any) -> None:
+class _KerasTrainer:
+    """The Keras work of :func:`fit` (:class:`tabstream.train.loop.Trainer`): one
+    compiled step through ``strategy.run``, the chief's checkpoint files, sums over
+    the workers, :func:`evaluate`.
+
+    Hooks a model may define (all optional): ``fit_replica_step`` (in the compiled
+    step, see :func:`default_replica_step`), ``fit_before_step(features, labels)``
+    and ``fit_after_step()`` (eager, on the host, around each compiled step: a
+    cache staging rows and sending their updates), ``fit_before_checkpoint()``
+    (every worker, before each checkpoint is written), and ``fit_checkpoints(directory,
+    optimizer)`` returning the checkpoint files to use instead of the chief's
+    (an object like ``_Checkpoints``: ``dir``, ``exists()``, ``needed_bytes()``,
+    ``save(state)``, ``load() -> state``; with ``every_worker_writes = True`` every
+    worker saves its own part, e.g. its shards)."""
+
+    def __init__(self, model: Any, optimizer: Any, loader: Any, loss_fn: LossFn | None,
+                 strategy: tf.distribute.Strategy,
+                 checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.loss_fn, self.strategy = loss_fn, strategy
+        self.rank, self.world = _worker(strategy)
+        self.own_loss = loss_fn is None and _has_own_loss(model)
+        self.checkpoints: Any = None
+        if checkpoint_dir is not None:
+            make = getattr(model, "fit_checkpoints", None)
+            self.checkpoints = (make(checkpoint_dir, optimizer) if callable(make)
+                                else _Checkpoints(checkpoint_dir, model, optimizer))
+        self.checkpoint_path = self.checkpoints.dir if self.checkpoints is not None else None
+        self.label_check = _LabelCheck(strategy)
+        self.compiled: Any = None
+        if model.built:
+            self.build(None)
+        elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
+            self.build(model.example_batch())
+
+    def build(self, features: Any) -> None:
         # Variables made here, inside the scope, are mirrored (and, under
         # MultiWorkerMirroredStrategy, start from the chief's initial values).
-        with strategy.scope():
-            if not model.built:
-                model(features, training=False)
-            _check_strategy(model, strategy)
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
+        with self.strategy.scope():
+            if not self.model.built:
+                self.model(features, training=False)
+            _check_strategy(self.model, self.strategy)
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
 
-    if model.built:
-        build(None)
-    elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
-        build(model.example_batch())
-    if checkpoints is not None:  # before any training time is spent
-        _check_writable(checkpoints, strategy)
-    keys = history_keys(validation=valid_loader is not None)
-    history: dict[str, list[float]] = {k: [] for k in keys}
-    start_epoch = 0
-    if resume and checkpoints is not None and checkpoints.exists():
-        state = checkpoints.load()
-        start_epoch = int(state["epoch"])
-        history = {k: list(state["history"].get(k, [])) for k in keys}
-        if start_epoch >= epochs:
-            warnings.warn(
-                f"fit: checkpoint {checkpoint_dir} already holds {start_epoch} trained "
-                f"epoch(s) and epochs={epochs} were asked for: nothing to train. Pass epochs > "
-                f"{start_epoch} to train on, or resume=False to start over",
-                NothingToTrainWarning, stacklevel=2,
-            )
+    # -- checkpoints
+    def check_writable(self) -> None:
+        assert self.checkpoints is not None
+        _check_writable(self.checkpoints, self.strategy)
 
-    show = progress and rank == 0
-    for epoch in range(start_epoch, epochs):
-        if hasattr(train_loader, "set_epoch"):
-            train_loader.set_epoch(epoch)
-        total = len(train_loader) if isinstance(train_loader, Sized) else None
-        bar = keras.utils.Progbar(total, stateful_metrics=["loss"], verbose=1) if show else None
-        loss_sum, samples = 0.0, 0.0
-        started = time.perf_counter()
-        for step, batch in enumerate(train_loader):
-            features, labels = _unpack(batch, "fit")
-            if labels is None and not own_loss:
-                raise ValueError("fit: the loader yields no labels; build it with labels=")
-            if not optimizer.built:
-                build(features)
-            bad = label_check(labels)
-            if bad is not None:  # on every worker together: the count is summed over them
-                raise label_error(label_name(train_loader, labels), bad, train_loader,
-                                  f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
+    def checkpoint_exists(self) -> bool:
+        return self.checkpoints is not None and self.checkpoints.exists()
+
+    def load(self) -> dict[str, Any]:
+        assert self.checkpoints is not None
+        return self.checkpoints.load()
+
+    def save(self, state: dict[str, Any]) -> None:
+        assert self.checkpoints is not None
+        before = getattr(self.model, "fit_before_checkpoint", None)
+        if callable(before):
+            before()
+        failure = None
+        if self.rank == 0 or getattr(self.checkpoints, "every_worker_writes", False):
             try:
-                value, rows = (float(v) for v in train_step(features, labels))
-            except tf.errors.InvalidArgumentError as exc:
-                raise (_id_error(exc) or exc) from exc
-            if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    f"loss is {value} at epoch {epoch + 1}/{epochs}, step {step + 1}. Lower "
-                    "the learning rate, clip gradients (clipnorm=), or check the batch for "
-                    "NaN/inf inputs (FillMissing/Normalize on continuous columns)"
-                )
-            loss_sum += value
-            samples += rows
-            if bar is not None:
-                bar.update(step + 1, values=[("loss", loss_sum / max(samples, 1.0))])
-        elapsed = time.perf_counter() - started
-        metrics = None
-        if valid_loader is not None:
-            metrics = evaluate(model, valid_loader, loss_fn=loss_fn, strategy=strategy)
-        line = record_epoch(history, epoch=epoch, epochs=epochs, loss_sum=loss_sum,
-                            samples=samples, run_samples=samples, elapsed=elapsed,
-                            metrics=metrics)
-        if show:
-            print(line, flush=True)
-        if checkpoints is not None:
-            failure = None
-            if rank == 0:
-                try:
-                    checkpoints.save({"epoch": epoch + 1, "history": history})
-                except CheckpointError as exc:
-                    failure = exc
-            _raise_together(strategy, failure, f"checkpoint_dir {checkpoints.dir}: the chief "
-                            "could not write its checkpoint (see its error); the previous one "
-                            "is kept")
-    return history
+                self.checkpoints.save(state)
+            except CheckpointError as exc:
+                failure = exc
+        _raise_together(self.strategy, failure, f"checkpoint_dir {self.checkpoints.dir}: the "
+                        "chief could not write its checkpoint (see its error); the previous "
+                        "one is kept")
+
+    # -- steps
+    def begin_epoch(self) -> None:
+        pass
+
+    def _compiled_step(self, features: Any, labels: Any) -> Any:
+        """The compiled step for batches like this one, kept with the model (a
+        later ``fit`` with the same optimizer, loss and strategy reuses it)."""
+        key = (id(self.optimizer), id(self.loss_fn), self.own_loss, id(self.strategy),
+               _spec_key(features), None if labels is None else _spec_key(labels))
+        return _compiled(self.model, "fit", key, lambda: self._make_step(features, labels))
+
+    def _make_step(self, features: Any, labels: Any) -> Any:
+        model_ref, optimizer, strategy = weakref.ref(self.model), self.optimizer, self.strategy
+        own_loss = self.own_loss
+        per_row_loss = self.loss_fn if self.loss_fn is not None else _binary_crossentropy
+
+        def loss_sum(f: Any, y: Any) -> tf.Tensor:
+            model = model_ref()
+            if own_loss:
+                rows = tf.cast(_rows(f, y), tf.float32)
+                return model.compute_loss(x=f, y=y, training=True) * rows
+            return tf.reduce_sum(per_row_loss(model(f, training=True), y))
+
+        def replica_step(f: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor]:
+            model = model_ref()
+            hook = getattr(model, "fit_replica_step", None)
+            if callable(hook):
+                return hook(f, y, loss_sum, optimizer)
+            return default_replica_step(model, optimizer, loss_sum, f, y)
+
+        def global_step(f: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            summed, rows = strategy.run(replica_step, args=(f, y))
+            here = tf.add_n([tf.cast(v, tf.float64)
+                             for v in strategy.experimental_local_results(summed)])
+            here_rows = tf.add_n([tf.cast(v, tf.float64)
+                                  for v in strategy.experimental_local_results(rows)])
+            everywhere = strategy.reduce(tf.distribute.ReduceOp.SUM, summed, axis=None)
+            return here, here_rows, everywhere
+
+        # One trace for every batch: the signature of the first batch with every
+        # dimension left open (list columns change length from batch to batch).
+        if labels is None:
+            return tf.function(lambda f: global_step(f, None),
+                               input_signature=[_open_spec(features)])
+        return tf.function(global_step,
+                           input_signature=[_open_spec(features), _open_spec(labels)])
+
+    def step(self, batch: Any, where: str) -> Step:
+        features, labels = _unpack(batch, "fit")
+        if labels is None and not self.own_loss:
+            raise ValueError("fit: the loader yields no labels; build it with labels=")
+        if not self.optimizer.built:
+            self.build(features)
+        bad = self.label_check(labels)
+        if bad is not None:  # on every worker together: the count is summed over them
+            raise label_error(label_name(self.loader, labels), bad, self.loader, where)
+        before = getattr(self.model, "fit_before_step", None)
+        if callable(before):
+            before(features, labels)
+        features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        labels = None if labels is None else tf.convert_to_tensor(labels)
+        if self.compiled is None:
+            self.compiled = self._compiled_step(features, labels)
+        args = (features,) if labels is None else (features, labels)
+        try:
+            here, rows, everywhere = (float(v) for v in self.compiled(*args))
+        except tf.errors.InvalidArgumentError as exc:
+            raise (_id_error(exc) or exc) from exc
+        after = getattr(self.model, "fit_after_step", None)
+        if callable(after):
+            after()
+        # the loss summed over the workers is NaN on every worker when it is on one
+        return Step(here, int(rows), finite=math.isfinite(everywhere), shown=str(everywhere),
+                    applied=True)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return list(values)
+        return [float(v) for v in _sum_over_workers(self.strategy, values)]
+
+    def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
+        return evaluate(self.model, loader, loss_fn=self.loss_fn, strategy=self.strategy)
+
+
+def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(epochs completed, batches done in the next epoch)`` of the Keras checkpoint
+    in ``checkpoint_dir``, or ``None`` when there is none (as torch's
+    ``checkpoint_position``).
+
+    >>> import tempfile
+    >>> checkpoint_position(tempfile.gettempdir() + "/no-such-checkpoint") is None
+    True
+    """
+    path = Path(checkpoint_dir) / f"{CHECKPOINT_PREFIX}.json"
+    if not path.exists():
+        return None
+    state = read_json_file(path, "checkpoint state")
+    return int(state["epoch"]), int(state.get("step", 0))
+
+
+def refuse_keras_fit(model: Any) -> None:
+    """Called by the bundled models' ``fit`` (Keras' own loop): under
+    ``MultiWorkerMirroredStrategy`` Keras 3's ``model.fit`` cannot run (it fails deep
+    inside converting ``PerReplica`` values), so say at once what does."""
+    strategy = model.distribute_strategy
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise RuntimeError(
+            f"{type(model).__name__}.fit (Keras' own training loop) does not run under "
+            "tf.distribute.MultiWorkerMirroredStrategy in Keras 3. Train with "
+            "tabstream.train.tensorflow.fit(model, loader, optimizer, strategy=strategy) "
+            "instead: the same data-parallel training, with validation, checkpoints and "
+            "resume (see docs/keras-distributed.md)"
+        )

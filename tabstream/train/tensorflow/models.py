@@ -130,6 +130,9 @@ class _SchemaModel(keras.Model):
         return cls(**config)
 
     def fit(self, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from tabstream.train.tensorflow.fit import refuse_keras_fit
+
+        refuse_keras_fit(self)  # under MultiWorkerMirroredStrategy: name the way that works
         # remember what the loader feeds: export() serves exactly that
         spec = getattr(x, "element_spec", None)
         if spec is not None:

@@ -45,7 +45,7 @@ from typing import Any
 
 from torch import nn
 
-from tabstream.train.lists import lists_done, train_lists
+from tabstream.train.lists import fit_lists_with, lists_done
 from tabstream.train.torch.cache import CachedEmbeddings
 from tabstream.train.torch.fit import data_identity, fit
 
@@ -76,21 +76,10 @@ def fit_lists(
     ``valid_loader``, ``checkpoint_every``, ``progress``, ...). Returns the
     histories of the lists trained in this call.
     """
-    for key in ("resume", "checkpoint_dir"):
-        if key in fit_kwargs:
-            raise TypeError(f"fit_lists: {key} is set by fit_lists itself (it always resumes)")
-    servers = []
+    servers: list[Any] = []
     for module in model.modules():
         if isinstance(module, CachedEmbeddings) and all(module.ps is not s for s in servers):
             servers.append(module.ps)
-    if delta_dir is not None and not servers:
-        raise ValueError("fit_lists: delta_dir needs a model with CachedEmbeddings (a "
-                         "ParameterServer to export the rows of); this model has none")
-
-    def train_one(loader: Any) -> dict[str, list[float]]:
-        return fit(model, loader, optimizer, checkpoint_dir=checkpoint_dir, resume=True,
-                   **fit_kwargs)
-
-    return train_lists(train_one, loaders, checkpoint_dir=checkpoint_dir, identity=data_identity,
-                       servers=servers, passes=passes, delta_dir=delta_dir, prefetch=prefetch,
-                       on_list_end=on_list_end)
+    return fit_lists_with(fit, data_identity, servers, model, loaders, optimizer,
+                          checkpoint_dir=checkpoint_dir, passes=passes, delta_dir=delta_dir,
+                          prefetch=prefetch, on_list_end=on_list_end, **fit_kwargs)

@@ -49,16 +49,17 @@ the model's state; :class:`CheckpointError` naming it and ``checkpoint_dir``).
 Checked every step: the labels are finite (a :class:`DataError` naming the label
 column and the first bad row's file and row); the embedding tables check their ids
 (:func:`tabstream.train.torch.embeddings.check_ids`).
+
+The loop itself (epochs, resume, ``checkpoint_every``, file lists, history, the
+NaN stop) is :mod:`tabstream.train.loop`, shared with Keras' ``fit``; this module
+holds the torch step, checkpoint file and collectives (``_TorchTrainer``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import time
-import warnings
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +67,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
-from tabstream.core.errors import DataError, SchemaError, TabstreamError
+from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.checks import (
     CheckpointError,
-    changed_files,
     check_checkpoint_dir,
     checkpoint_write,
     data_files,
     label_error,
     label_name,
 )
-from tabstream.train.history import history_keys, record_epoch
+from tabstream.train.loop import LoopOptions, NonFiniteLossError, NothingToTrainWarning, Step
+from tabstream.train.loop import identity_of as _identity
+from tabstream.train.loop import run as run_loop
 from tabstream.train.torch.metrics import log_loss, roc_auc
 
 __all__ = [
@@ -97,15 +98,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 _FORMAT = "tabstream.train.torch.checkpoint/1"
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
-
-
-class NonFiniteLossError(TabstreamError, FloatingPointError):
-    """The training loss became NaN or infinite; the step was not applied."""
-
-
-class NothingToTrainWarning(UserWarning):
-    """``fit(resume=True)`` found a checkpoint that leaves no batch to train: all the
-    requested epochs are done, or the loader is shorter than the checkpoint's position."""
 
 
 def move_to_device(batch: Any, device: torch.device | str) -> Any:
@@ -336,141 +328,91 @@ def fit(
             before the first step; or a checkpoint write failed (the previous
             checkpoint is kept).
     """
-    if epochs < 0:
-        raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"fit: checkpoint_every must be >= 1 step, got {checkpoint_every}")
-    if (resume or checkpoint_every) and checkpoint_dir is None:
-        raise ValueError("fit: resume and checkpoint_every need a checkpoint_dir")
+    options = LoopOptions(epochs=epochs, valid_loader=valid_loader, checkpoint_dir=checkpoint_dir,
+                          resume=resume, progress=progress, checkpoint_every=checkpoint_every,
+                          identity=data_identity)
+    options.check()
     if device is not None:
         model.to(device)
     device = torch.device(device) if device is not None else _device_of(model)
-    path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+    trainer = _TorchTrainer(model, optimizer, train_loader, loss_fn, device, checkpoint_dir)
+    return run_loop(trainer, train_loader, options)
 
-    keys = history_keys(validation=valid_loader is not None)
-    history: dict[str, list[float]] = {k: [] for k in keys}
-    start_epoch, skip, global_step = 0, 0, 0
-    loss_sum, samples = 0.0, 0
-    rank, _ = _ranks()
-    progress = progress and rank == 0  # one progress bar and one summary line per run
-    if path is not None:
-        _check_writable(path.parent, model)
-    files_now = data_files(train_loader) if path is not None else None  # for checkpoints only
-    data_id, data_pass = _identity(train_loader, files_now), 0
-    if resume and path is not None and _checkpoint_exists(path, model):
-        ckpt = _read_checkpoint(path, model, device)
+
+class _TorchTrainer:
+    """The torch work of :func:`fit` (:class:`tabstream.train.loop.Trainer`): the step
+    (rank-aware: the global-mean loss, NaN agreed over ranks before it is applied), the
+    checkpoint file (or a HybridParallel model's shards), the all-reduce, evaluate."""
+
+    def __init__(self, model: nn.Module, optimizer: Any, loader: Any, loss_fn: LossFn | None,
+                 device: torch.device, checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.loss_fn, self.device = loss_fn, device
+        self.checkpoint_path = (Path(checkpoint_dir) / CHECKPOINT_FILE
+                                if checkpoint_dir is not None else None)
+        self.rank, self.world = _ranks()
+
+    def check_writable(self) -> None:
+        assert self.checkpoint_path is not None
+        _check_writable(self.checkpoint_path.parent, self.model)
+
+    def checkpoint_exists(self) -> bool:
+        assert self.checkpoint_path is not None
+        return _checkpoint_exists(self.checkpoint_path, self.model)
+
+    def load(self) -> dict[str, Any]:
+        path, model = self.checkpoint_path, self.model
+        assert path is not None
+        ckpt = _read_checkpoint(path, model, self.device)
         _check_same_model(path, _checkpointed(model), ckpt)
         _checkpointed(model).load_state_dict(ckpt["model"])
         try:
-            optimizer.load_state_dict(ckpt["optimizer"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         except (ValueError, KeyError, RuntimeError) as exc:
             raise SchemaError(
                 f"checkpoint {path}: its optimizer state does not fit this "
-                f"{type(optimizer).__name__} ({exc}); resume with the optimizer the "
+                f"{type(self.optimizer).__name__} ({exc}); resume with the optimizer the "
                 "checkpoint was written with, or start over with resume=False (--no-resume)"
             ) from exc
         if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
             torch.random.set_rng_state(ckpt["rng"].cpu())
-        start_epoch, skip, global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
-        loss_sum, samples = ckpt["loss_sum"], ckpt["samples"]
-        history = {k: list(ckpt["history"].get(k, [])) for k in keys}
-        start_epoch, skip, data_pass = _continue_on(path, ckpt, data_id, start_epoch, skip, epochs,
-                                                    files_now, train_loader)
-        if start_epoch >= epochs:
-            warnings.warn(
-                f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) of this "
-                f"data and epochs={epochs} were asked for: nothing to train. New data (another "
-                "file list) starts a new pass by itself, and fit_lists skips the lists already "
-                f"trained; to train this data again pass epochs > {start_epoch}, or "
-                "resume=False (or another checkpoint_dir) to start over",
-                NothingToTrainWarning, stacklevel=2,
-            )
+        return ckpt
 
-    def checkpoint(epoch: int, step: int) -> None:
-        if path is None:
-            return
-        rank_loss_sum, rank_samples = _checkpoint_sums(loss_sum, samples)
-        _write_checkpoint(path, model, {
-            "format": _FORMAT, "model_class": type(_checkpointed(model)).__qualname__,
-            "model": _checkpointed(model).state_dict(), "optimizer": optimizer.state_dict(),
-            "rng": torch.random.get_rng_state(),
-            "epoch": epoch, "step": step, "global_step": global_step,
-            "loss_sum": rank_loss_sum, "samples": rank_samples, "history": history,
-            "data_id": data_id or "", "data_pass": data_pass, "data_files": files_now or {},
+    def save(self, state: dict[str, Any]) -> None:
+        assert self.checkpoint_path is not None
+        inner = _checkpointed(self.model)
+        _write_checkpoint(self.checkpoint_path, self.model, {
+            "format": _FORMAT, "model_class": type(inner).__qualname__,
+            "model": inner.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "rng": torch.random.get_rng_state(), **state,
         })
 
-    for epoch in range(start_epoch, epochs):
-        if hasattr(train_loader, "set_epoch"):
-            train_loader.set_epoch(epoch)
-        model.train()
-        total = len(train_loader) if isinstance(train_loader, Sized) else None
-        bar = tqdm(total=total, initial=skip, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
-                   disable=not progress, dynamic_ncols=True)
-        run_samples, started = 0, time.perf_counter()
-        shown = started
-        step = -1
-        try:
-            for step, batch in enumerate(train_loader):
-                if step < skip:  # trained before the checkpoint we resumed from
-                    continue
-                features, labels = _unpack(batch, "fit")
-                features, labels = move_to_device(features, device), move_to_device(labels, device)
-                labels_bad = _nonfinite_labels(labels)
-                loss, _ = _loss(model, features, labels, loss_fn)
-                value = float(loss.detach())
-                size = _batch_size(features, labels)
-                global_size, finite, labels_ok = _agree_on_step(value, size, labels_bad)
-                if not labels_ok:  # every rank raises: a rank left alone would hang
-                    raise label_error(
-                        label_name(train_loader, batch[1]), labels_bad or "NaN or inf on another rank",
-                        train_loader, f"at epoch {epoch + 1}/{epochs}, step {step + 1}")
-                if not finite:  # on every rank together: a rank left alone would hang
-                    raise NonFiniteLossError(
-                        f"loss is {_nonfinite_text(value)} at epoch {epoch + 1}/{epochs}, step {step + 1} (global "
-                        f"step {global_step + 1}); this step was not applied. Lower the learning "
-                        "rate, clip gradients, or check the batch for NaN/inf inputs (e.g. "
-                        "FillMissing/Normalize on continuous columns)"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                _backward(model, loss, size, global_size)
-                _step(optimizer)
-                loss_sum += value * size
-                samples += size
-                run_samples += size
-                global_step += 1
-                bar.update(1)
-                now = time.perf_counter()
-                if progress and now - shown > 0.5:
-                    shown = now
-                    _postfix(bar, loss_sum / samples, run_samples / (now - started))
-                if checkpoint_every and (step + 1) % checkpoint_every == 0:
-                    checkpoint(epoch, step + 1)
-            if progress and run_samples:
-                now = time.perf_counter()
-                _postfix(bar, loss_sum / samples, run_samples / (now - started))
-        finally:
-            bar.close()
-        if skip and step + 1 < skip:
-            warnings.warn(
-                f"fit: checkpoint {path} stopped after {skip} batches of epoch {epoch + 1}, "
-                f"but the loader yields only {step + 1}: nothing was trained in that epoch. "
-                "Is this the loader (files, batch size) the checkpoint was written with?",
-                NothingToTrainWarning, stacklevel=2,
-            )
-        elapsed = time.perf_counter() - started
-        skip = 0
-        loss_sum, samples, run_samples = _global_sums(loss_sum, samples, run_samples)
-        metrics = None
-        if valid_loader is not None:
-            metrics = evaluate(model, valid_loader, loss_fn=loss_fn, device=device)
-        line = record_epoch(history, epoch=epoch, epochs=epochs, loss_sum=loss_sum,
-                            samples=samples, run_samples=run_samples, elapsed=elapsed,
-                            metrics=metrics)
-        if progress:
-            tqdm.write(line)
-        loss_sum, samples = 0.0, 0
-        checkpoint(epoch + 1, 0)
-    return history
+    def begin_epoch(self) -> None:
+        self.model.train()
+
+    def step(self, batch: Any, where: str) -> Step:
+        features, labels = _unpack(batch, "fit")
+        features, labels = move_to_device(features, self.device), move_to_device(labels, self.device)
+        labels_bad = _nonfinite_labels(labels)
+        loss, _ = _loss(self.model, features, labels, self.loss_fn)
+        value = float(loss.detach())
+        size = _batch_size(features, labels)
+        global_size, finite, labels_ok = _agree_on_step(value, size, labels_bad)
+        if not labels_ok:  # every rank raises: a rank left alone would hang
+            raise label_error(label_name(self.loader, batch[1]),
+                              labels_bad or "NaN or inf on another rank", self.loader, where)
+        if not finite:  # the loop raises on every rank together
+            return Step(0.0, 0, finite=False, shown=_nonfinite_text(value), applied=False)
+        self.optimizer.zero_grad(set_to_none=True)
+        _backward(self.model, loss, size, global_size)
+        _step(self.optimizer)
+        return Step(value * size, size)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return _all_reduce(values) if self.world > 1 else list(values)
+
+    def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
+        return evaluate(self.model, loader, loss_fn=self.loss_fn, device=self.device)
 
 
 def data_identity(loader: Any) -> str | None:
@@ -480,67 +422,6 @@ def data_identity(loader: Any) -> str | None:
     (:func:`tabstream.train.checks.data_files`), so that a file rewritten in place
     is other data; ``None`` (unknown) for other iterables."""
     return _identity(loader, data_files(loader))
-
-
-def _identity(loader: Any, files: dict[str, str] | None) -> str | None:
-    given = getattr(loader, "data_id", None)
-    if given is not None:
-        return str(given)
-    if not files:
-        return None
-    source = loader.core.source
-    text = "\n".join(f"{f} {files[f]}" for f in sorted(files)) + f"\n{source.num_rows}"
-    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _names_identity(loader: Any) -> str | None:
-    """The identity checkpoints before the file records had (names and row count)."""
-    source = getattr(getattr(loader, "core", None), "source", None)
-    if source is None or not source.files:
-        return None
-    text = "\n".join(sorted(str(f) for f in source.files)) + f"\n{source.num_rows}"
-    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _continue_on(path: Path | None, ckpt: dict[str, Any], data_id: str | None,
-                 start_epoch: int, skip: int, epochs: int,
-                 files_now: dict[str, str] | None = None,
-                 loader: Any = None) -> tuple[int, int, int]:
-    """``(start epoch, batches to skip, pass)`` for a resume: continuous training.
-
-    The same data (or data of unknown identity) resumes where the checkpoint
-    stopped. Other data after a finished one starts a new pass over it (epoch 0,
-    model and optimizer as checkpointed); other data while the checkpoint stopped
-    inside its own is refused, naming the files rewritten in place when the file
-    list is the same."""
-    saved, data_pass = ckpt.get("data_id") or None, int(ckpt.get("data_pass", 0))
-    if saved is None or data_id is None or saved == data_id:
-        return start_epoch, skip, data_pass
-    if saved == _names_identity(loader):
-        return start_epoch, skip, data_pass  # a checkpoint of an older version: names only
-    if skip == 0 and start_epoch >= epochs:
-        return 0, 0, data_pass + 1
-    changed = changed_files(ckpt.get("data_files") or {}, files_now or {})
-    if changed:
-        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-        raise DataError(
-            f"fit: checkpoint {path} stopped inside epoch {start_epoch + 1} (after {skip} "
-            f"batches) of data that has changed since: {', '.join(changed[:3])}{more} was "
-            "rewritten in place (size, modification time or parquet footer differ from "
-            "the checkpoint's record), so the batches already trained cannot be skipped",
-            hint="resume on the data the checkpoint was written with, or start over with "
-            "resume=False (tabstream train: --no-resume)",
-        )
-    raise DataError(
-        f"fit: checkpoint {path} stopped inside another file list (epoch {start_epoch + 1}, "
-        f"after {skip} batches; data {saved}, this loader's data {data_id})",
-        hint="resume on the file list the checkpoint was written with to finish it first, "
-        "or start over with resume=False",
-    )
-
-
-def _postfix(bar: Any, loss: float, rate: float) -> None:
-    bar.set_postfix({"loss": f"{loss:.4f}", "samples/s": f"{rate:,.0f}"}, refresh=False)
 
 
 def _step(optimizer: Any) -> None:
@@ -660,23 +541,6 @@ def _backward(model: nn.Module, loss: torch.Tensor, size: int, global_size: int)
     loss.backward()
 
 
-def _global_sums(loss_sum: float, samples: int, run_samples: int) -> tuple[float, int, int]:
-    if _ranks()[1] == 1:
-        return loss_sum, samples, run_samples
-    a, b, c = _all_reduce([loss_sum, float(samples), float(run_samples)])
-    return a, int(b), int(c)
-
-
-def _checkpoint_sums(loss_sum: float, samples: int) -> tuple[float, int]:
-    """The running sums a checkpoint keeps: over all ranks, on rank 0 only (the
-    other ranks resume from zero, so the end-of-epoch sum over ranks is right)."""
-    rank, world = _ranks()
-    if world == 1:
-        return loss_sum, samples
-    total, n = _all_reduce([loss_sum, float(samples)])
-    return (total, int(n)) if rank == 0 else (0.0, 0)
-
-
 def _checkpoint_exists(path: Path, model: nn.Module) -> bool:
     if _is_sharded(model):
         from tabstream.train.torch.sharded_checkpoint import POINTER_FILE, sharded_exists
@@ -721,11 +585,7 @@ def _read_checkpoint(path: Path, model: nn.Module, device: torch.device) -> dict
             raise DataError(f"fit: {path.parent / POINTER_FILE} does not point at a tabstream "
                             f"checkpoint (expected format {_FORMAT!r})")
         return move_to_device(ckpt, device) if device.type != "cpu" else ckpt
-    ckpt = _load_checkpoint(path, device)
-    rank, world = _ranks()
-    if world > 1 and rank > 0:  # rank 0's file holds the sums over all ranks
-        ckpt["loss_sum"], ckpt["samples"] = 0.0, 0
-    return ckpt
+    return _load_checkpoint(path, device)
 
 
 def _gather_evaluation(

@@ -11,7 +11,7 @@ def test_public_names_are_pinned():
         "EmbeddingTables", "LazyAdam", "LogLoss", "MultiOptimizer", "NonFiniteLossError",
         "NothingToTrainWarning", "TableConfig", "ThroughputCallback", "TwoTower",
         "WideAndDeep", "binary_classification_metrics", "embedding_tables_from_schema",
-        "evaluate", "fit", "infer_embedding_dim", "split_embeddings_on_size",
+        "evaluate", "fit", "fit_lists", "infer_embedding_dim", "split_embeddings_on_size",
         "table_configs_from_schema",
     ])
     # the name DCN-v2's cross network had before both frameworks called it CrossNetwork

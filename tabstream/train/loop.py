@@ -1,0 +1,317 @@
+"""The training loop both frameworks' ``fit`` run: epochs, mid-epoch resume,
+``checkpoint_every``, passes over successive file lists, history, the
+non-finite-loss stop, "nothing left to train", progress and validation.
+
+The framework modules (:mod:`tabstream.train.torch.fit`,
+:mod:`tabstream.train.tensorflow.fit`) hand :func:`run` a :class:`Trainer`: the
+framework work only (one training step, a checkpoint save and restore, a sum
+over the workers, an evaluation). Everything else is decided here, once, so
+the two ``fit`` loops cannot drift apart::
+
+    run(trainer, loader, options)
+      resume?  trainer.load() -> loop state -> where to start (epoch, batches to skip, pass)
+      for each epoch:  loader.set_epoch(e); skip batches already trained
+          trainer.step(batch) -> Step(loss_sum, rows, finite on every worker)
+          every checkpoint_every steps: trainer.save(loop state)
+      epoch end: sums over workers, trainer.evaluate(valid), history, trainer.save(...)
+
+A checkpoint's loop state is plain values (JSON-able)::
+
+    {"epoch": 2, "step": 40, "global_step": 240, "loss_sum": 27.1, "samples": 5120,
+     "history": {...}, "data_id": "files:3f...", "data_pass": 0, "data_files": {...}}
+
+``loss_sum`` and ``samples`` are the sums over all workers of the epoch so far
+(the chief's record; the other workers resume from zero, so the sum over
+workers at the epoch's end is right).
+
+Continuous training: ``data_id`` names the data a checkpoint was trained on
+(:func:`data_identity`). Resuming on the same data continues where the
+checkpoint stopped; other data after a finished one is a new pass over it
+(epoch 0, the checkpointed model and optimizer); other data while the checkpoint
+stopped inside its own is refused (:class:`~tabstream.core.errors.DataError`).
+:mod:`tabstream.train.lists` trains whole sequences of file lists on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sized
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm.auto import tqdm
+
+from tabstream.core.errors import DataError, TabstreamError
+from tabstream.train.checks import changed_files, data_files
+from tabstream.train.history import history_keys, record_epoch
+
+__all__ = [
+    "LoopOptions",
+    "NonFiniteLossError",
+    "NothingToTrainWarning",
+    "Step",
+    "Trainer",
+    "data_identity",
+    "run",
+]
+
+
+class NonFiniteLossError(TabstreamError, FloatingPointError):
+    """The training loss became NaN or infinite on some worker; every worker stops."""
+
+
+class NothingToTrainWarning(UserWarning):
+    """``fit(resume=True)`` found a checkpoint that leaves no batch to train: all the
+    requested epochs are done, or the loader is shorter than the checkpoint's position."""
+
+
+@dataclass
+class Step:
+    """What one training step reports to the loop.
+
+    ``loss_sum``/``rows``: this worker's summed loss and rows; ``finite``: the loss
+    was finite on every worker (the trainer agrees on it, so all workers stop
+    together); ``shown``: the loss to name in the error; ``applied``: whether the
+    update was applied (torch checks before applying, Keras' compiled step after)."""
+
+    loss_sum: float
+    rows: int
+    finite: bool = True
+    shown: str = "nan"
+    applied: bool = False
+
+
+class Trainer(Protocol):
+    """The framework work of a ``fit`` loop (see the module docstring)."""
+
+    rank: int
+    world: int
+    #: what checkpoint messages name (a file or a folder)
+    checkpoint_path: Path | None
+
+    def check_writable(self) -> None: ...
+    def checkpoint_exists(self) -> bool: ...
+    def load(self) -> dict[str, Any]: ...
+    def save(self, state: dict[str, Any]) -> None: ...
+    def begin_epoch(self) -> None: ...
+    def step(self, batch: Any, where: str) -> Step: ...
+    def all_sum(self, values: list[float]) -> list[float]: ...
+    def evaluate(self, loader: Iterable[Any]) -> dict[str, float]: ...
+
+
+@dataclass
+class LoopOptions:
+    """``fit``'s loop settings, checked once (:meth:`check`)."""
+
+    epochs: int = 1
+    valid_loader: Iterable[Any] | None = None
+    checkpoint_dir: Any = None
+    resume: bool = False
+    progress: bool = True
+    checkpoint_every: int | None = None
+    #: the data identity a checkpoint records (default :func:`data_identity`)
+    identity: Callable[[Any], str | None] | None = None
+
+    def check(self) -> None:
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int):
+            raise TypeError(f"fit: epochs must be an int, got {self.epochs!r}")
+        if self.epochs < 0:
+            raise ValueError(f"fit: epochs must be >= 0, got {self.epochs}")
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"fit: checkpoint_every must be >= 1 step, got {every}")
+        if self.checkpoint_dir is None and (self.resume or every):
+            what = "resume" if self.resume else "checkpoint_every"
+            raise ValueError(f"fit: {what} needs a checkpoint_dir (resume and checkpoint_every "
+                             "read and write checkpoints there)")
+
+
+# -- data identity (continuous training) ------------------------------------------------
+
+
+def data_identity(loader: Any) -> str | None:
+    """What a checkpoint records of the data it was trained on: ``loader.data_id``
+    when the loader has one, else a hash of a tabstream loader's files (names,
+    rows, and each file's size, modification time and parquet footer:
+    :func:`tabstream.train.checks.data_files`); ``None`` (unknown) for other
+    iterables. Both frameworks' loaders have the same ``core``."""
+    return identity_of(loader, data_files(loader))
+
+
+def identity_of(loader: Any, files: Mapping[str, str] | None) -> str | None:
+    given = getattr(loader, "data_id", None)
+    if given is not None:
+        return str(given)
+    if not files:
+        return None
+    source = loader.core.source
+    text = "\n".join(f"{f} {files[f]}" for f in sorted(files)) + f"\n{source.num_rows}"
+    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _names_identity(loader: Any) -> str | None:
+    """The identity checkpoints before the file records had (names and row count)."""
+    source = getattr(getattr(loader, "core", None), "source", None)
+    if source is None or not source.files:
+        return None
+    text = "\n".join(sorted(str(f) for f in source.files)) + f"\n{source.num_rows}"
+    return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def continue_on(path: Any, state: Mapping[str, Any], data_id: str | None, epochs: int,
+                files_now: Mapping[str, str] | None, loader: Any) -> tuple[int, int, int]:
+    """``(start epoch, batches to skip, pass)`` for a resume from ``state``.
+
+    The same data (or data of unknown identity) resumes where the checkpoint
+    stopped. Other data after a finished one starts a new pass over it (epoch 0,
+    model and optimizer as checkpointed); other data while the checkpoint stopped
+    inside its own is refused, naming the files rewritten in place when the file
+    list is the same."""
+    start_epoch, skip = int(state.get("epoch", 0)), int(state.get("step", 0))
+    saved, data_pass = state.get("data_id") or None, int(state.get("data_pass", 0))
+    if saved is None or data_id is None or saved == data_id:
+        return start_epoch, skip, data_pass
+    if saved == _names_identity(loader):
+        return start_epoch, skip, data_pass  # a checkpoint of an older version: names only
+    if skip == 0 and start_epoch >= epochs:
+        return 0, 0, data_pass + 1
+    changed = changed_files(state.get("data_files") or {}, files_now or {})
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise DataError(
+            f"fit: checkpoint {path} stopped inside epoch {start_epoch + 1} (after {skip} "
+            f"batches) of data that has changed since: {', '.join(changed[:3])}{more} was "
+            "rewritten in place (size, modification time or parquet footer differ from "
+            "the checkpoint's record), so the batches already trained cannot be skipped",
+            hint="resume on the data the checkpoint was written with, or start over with "
+            "resume=False (tabstream train: --no-resume)",
+        )
+    raise DataError(
+        f"fit: checkpoint {path} stopped inside another file list (epoch {start_epoch + 1}, "
+        f"after {skip} batches; data {saved}, this loader's data {data_id})",
+        hint="resume on the file list the checkpoint was written with to finish it first, "
+        "or start over with resume=False",
+    )
+
+
+# -- the loop ----------------------------------------------------------------------------
+
+
+def _postfix(bar: Any, loss: float, rate: float) -> None:
+    bar.set_postfix({"loss": f"{loss:.4f}", "samples/s": f"{rate:,.0f}"}, refresh=False)
+
+
+def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> dict[str, list[float]]:
+    """Train with ``trainer`` over ``train_loader`` as ``options`` say; return the
+    history (:mod:`tabstream.train.history`). Every worker calls it with the same
+    arguments; what needs agreeing (a NaN loss, the epoch's sums) is agreed through
+    ``trainer.all_sum`` or inside ``trainer.step``."""
+    options.check()
+    epochs, path = options.epochs, trainer.checkpoint_path
+    writes = options.checkpoint_dir is not None
+    keys = history_keys(validation=options.valid_loader is not None)
+    history: dict[str, list[float]] = {k: [] for k in keys}
+    start_epoch, skip, global_step, data_pass = 0, 0, 0, 0
+    loss_sum, samples = 0.0, 0
+    progress = options.progress and trainer.rank == 0  # one bar and one summary per run
+    if writes:
+        trainer.check_writable()
+    files_now = data_files(train_loader) if writes else None  # for checkpoints only
+    data_id = (options.identity or data_identity)(train_loader) if writes else None
+    if options.resume and writes and trainer.checkpoint_exists():
+        state = trainer.load()
+        global_step = int(state.get("global_step", 0))
+        if trainer.rank == 0:  # the chief's record holds the sums over all workers
+            loss_sum, samples = float(state.get("loss_sum", 0.0)), int(state.get("samples", 0))
+        history = {k: list(state.get("history", {}).get(k, [])) for k in keys}
+        start_epoch, skip, data_pass = continue_on(path, state, data_id, epochs, files_now,
+                                                   train_loader)
+        if start_epoch >= epochs:
+            warnings.warn(
+                f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) of this "
+                f"data and epochs={epochs} were asked for: nothing to train. New data (another "
+                "file list) starts a new pass by itself, and fit_lists skips the lists already "
+                f"trained; to train this data again pass epochs > {start_epoch}, or "
+                "resume=False (or another checkpoint_dir) to start over",
+                NothingToTrainWarning, stacklevel=3,
+            )
+
+    def checkpoint(epoch: int, step: int) -> None:
+        if not writes:
+            return
+        total, rows = loss_sum, samples
+        if trainer.world > 1:
+            total, n = trainer.all_sum([loss_sum, float(samples)])
+            total, rows = (total, int(n)) if trainer.rank == 0 else (0.0, 0)
+        trainer.save({
+            "epoch": epoch, "step": step, "global_step": global_step,
+            "loss_sum": total, "samples": rows, "history": history,
+            "data_id": data_id or "", "data_pass": data_pass, "data_files": dict(files_now or {}),
+        })
+
+    for epoch in range(start_epoch, epochs):
+        if hasattr(train_loader, "set_epoch"):
+            train_loader.set_epoch(epoch)
+        trainer.begin_epoch()
+        total = len(train_loader) if isinstance(train_loader, Sized) else None
+        bar = tqdm(total=total, initial=skip, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
+                   disable=not progress, dynamic_ncols=True)
+        run_samples, started = 0, time.perf_counter()
+        shown = started
+        step = -1
+        try:
+            for step, batch in enumerate(train_loader):
+                if step < skip:  # trained before the checkpoint we resumed from
+                    continue
+                where = f"at epoch {epoch + 1}/{epochs}, step {step + 1}"
+                result = trainer.step(batch, where)
+                if not result.finite:  # every worker knows: all stop together, none hangs
+                    applied = "" if result.applied else "; this step was not applied"
+                    raise NonFiniteLossError(
+                        f"loss is {result.shown} {where} (global step {global_step + 1})"
+                        f"{applied}. Lower the learning rate, clip gradients, or check the "
+                        "batch for NaN/inf inputs (e.g. FillMissing/Normalize on continuous "
+                        "columns)"
+                    )
+                loss_sum += result.loss_sum
+                samples += result.rows
+                run_samples += result.rows
+                global_step += 1
+                bar.update(1)
+                now = time.perf_counter()
+                if progress and now - shown > 0.5:
+                    shown = now
+                    _postfix(bar, loss_sum / max(samples, 1), run_samples / (now - started))
+                if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
+                    checkpoint(epoch, step + 1)
+            if progress and run_samples:
+                now = time.perf_counter()
+                _postfix(bar, loss_sum / max(samples, 1), run_samples / (now - started))
+        finally:
+            bar.close()
+        if skip and step + 1 < skip:
+            warnings.warn(
+                f"fit: checkpoint {path} stopped after {skip} batches of epoch {epoch + 1}, "
+                f"but the loader yields only {step + 1}: nothing was trained in that epoch. "
+                "Is this the loader (files, batch size) the checkpoint was written with?",
+                NothingToTrainWarning, stacklevel=3,
+            )
+        elapsed = time.perf_counter() - started
+        skip = 0
+        if trainer.world > 1:
+            a, b, c = trainer.all_sum([loss_sum, float(samples), float(run_samples)])
+            loss_sum, samples, run_samples = a, int(b), int(c)
+        metrics = None
+        if options.valid_loader is not None:
+            metrics = trainer.evaluate(options.valid_loader)
+        line = record_epoch(history, epoch=epoch, epochs=epochs, loss_sum=loss_sum,
+                            samples=samples, run_samples=run_samples, elapsed=elapsed,
+                            metrics=metrics)
+        if progress:
+            tqdm.write(line)
+        loss_sum, samples = 0.0, 0
+        checkpoint(epoch + 1, 0)
+    return history
