@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabstream.errors import DataError
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.errors import DataError
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 
 def _schema() -> Schema:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabstream.pipeline.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, Schema, Tags
 
 CARDINALITIES = {"C1": 20, "C2": 7}
 
