@@ -211,3 +211,62 @@ def test_a_non_finite_validation_label_is_named_too(tmp_path):
             rf"label column 'click' holds inf in the evaluated data: labels must be finite "
             rf"numbers; the first is row {row} \(counting from 0\) of {re.escape(path)} \(inf\)")):
         evaluate(model_for(ds.schema), Loader(ds, batch_size=64, shuffle=False))
+
+
+# -- data rewritten in place under a mid-epoch checkpoint (the loop is shared) -----------
+
+
+class Crashing:
+    """The loader's batches, then a crash before batch ``at`` (the first epoch only)."""
+
+    def __init__(self, loader, at):
+        self.loader, self.core, self.at = loader, loader.core, at
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == self.at:
+                raise KeyboardInterrupt("crash")
+            yield batch
+
+
+def train_keras(folder, checkpoint_dir, crash_at=None, resume=False):
+    from tabstream.loaders.tensorflow import Loader
+
+    ds = ts.Dataset(str(folder))
+    model = model_for(ds.schema)
+    loader = Loader(ds, batch_size=16, shuffle=True, seed=5)
+    if crash_at is not None:
+        loader = Crashing(loader, crash_at)
+    fit(model, loader, keras.optimizers.Adam(0.01), epochs=1, checkpoint_dir=str(checkpoint_dir),
+        checkpoint_every=2, resume=resume, progress=False)
+    return model
+
+
+def test_keras_resume_refuses_a_file_rewritten_in_place_since_the_checkpoint(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tabstream.train.tensorflow.fit import checkpoint_position
+
+    folder = export(tmp_path)
+    ck = tmp_path / "ck"
+    with pytest.raises(KeyboardInterrupt):
+        train_keras(folder, ck, crash_at=5)
+    assert checkpoint_position(ck) == (0, 4)
+    changed = data_files(folder)[1]
+    stat = os.stat(changed)
+    table = pq.read_table(changed)  # same rows, other values, the old modification time
+    i = table.schema.get_field_index("I1")
+    pq.write_table(table.set_column(i, "I1", pa.array((table["I1"].to_numpy() * 2 + 1).astype("float32"))),
+                   changed)
+    os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(DataError, match=(
+            rf"checkpoint {re.escape(str(ck))}\S* stopped inside epoch 1 \(after 4 batches\) of data "
+            rf"that has changed since: {re.escape(changed)} was rewritten in place")):
+        train_keras(folder, ck, resume=True)
