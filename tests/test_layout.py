@@ -2,6 +2,7 @@
 places, modules that moved into ``tabstream.core`` keep their old paths, and imports
 point down only (``lint-imports`` checks the whole graph; here, its verdict)."""
 
+import ast
 import importlib
 import shutil
 import subprocess
@@ -116,3 +117,20 @@ def test_imports_point_down_only():
                          text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "layers point down KEPT" in out.stdout
+
+
+def test_every_all_is_sorted():
+    # a module's public names, listed once, in sorted order (issue 29 item 5)
+    unsorted = []
+    for path in sorted((ROOT / "tabstream").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                try:
+                    names = list(ast.literal_eval(node.value))
+                except ValueError:  # built from other names: checked on the module
+                    module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                    names = list(importlib.import_module(module).__all__)
+                if names != sorted(names) or len(set(names)) != len(names):
+                    unsorted.append(str(path.relative_to(ROOT)))
+    assert unsorted == []

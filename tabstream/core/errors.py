@@ -3,8 +3,9 @@ line, value) and what was expected."""
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "DatasetWarning", "NotFittedError", "SchemaError",
-           "TabstreamError", "ExportError", "OutOfMemoryError", "out_of_memory", "ran_out_of_memory"]
+__all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "DatasetWarning", "ExportError",
+           "NotFittedError", "OutOfMemoryError", "SchemaError", "TabstreamError", "out_of_memory",
+           "ran_out_of_memory"]
 
 
 class TabstreamError(Exception):

@@ -102,17 +102,8 @@ import pyarrow.compute as pc
 
 from tabstream.core.dtypes import is_list_type
 
-__all__ = [
-    "DEFAULT_SEED",
-    "HashResult",
-    "ListHashes",
-    "hash_combine",
-    "murmur3_32",
-    "murmur3_32_list",
-    "murmur3_32_with_nulls",
-    "list_offsets_and_values",
-    "normalize_missing",
-]
+__all__ = ["DEFAULT_SEED", "HashResult", "ListHashes", "hash_combine", "list_offsets_and_values",
+           "murmur3_32", "murmur3_32_list", "murmur3_32_with_nulls", "normalize_missing"]
 
 DEFAULT_SEED = 0
 

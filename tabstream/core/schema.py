@@ -23,7 +23,8 @@ import fsspec
 
 from tabstream.core.jsonfile import loads_json
 
-__all__ = ["EMBEDDING_RULES", "ColumnSchema", "Schema", "Tags", "embedding_dim", "infer_embedding_dim"]
+__all__ = ["ColumnSchema", "EMBEDDING_RULES", "Schema", "Tags", "embedding_dim",
+           "infer_embedding_dim"]
 
 
 class Tags(str, enum.Enum):

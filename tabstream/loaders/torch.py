@@ -40,7 +40,7 @@ import torch.utils.data
 from tabstream.core.schema import Tags
 from tabstream.loaders import core
 
-__all__ = ["SPARSE_FEATURES", "Loader", "jagged_parts"]
+__all__ = ["Loader", "SPARSE_FEATURES", "jagged_parts"]
 
 
 def _distributed_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:

@@ -36,44 +36,13 @@ from tabstream.ops.structural import (
 )
 from tabstream.ops.tags import AddMetadata, AddTags
 
-__all__ = [
-    "AddMetadata",
-    "AddTags",
-    "Bucketize",
-    "Categorify",
-    "Clip",
-    "ColumnOperator",
-    "DataStats",
-    "DifferenceLag",
-    "DropLowCardinality",
-    "Dropna",
-    "FillMedian",
-    "FillMissing",
-    "Filter",
-    "HashBucket",
-    "HashedCross",
-    "JoinExternal",
-    "JoinGroupby",
-    "LambdaOp",
-    "ListSlice",
-    "LogOp",
-    "Normalize",
-    "NormalizeMinMax",
-    "Operator",
-    "ReduceDtypeSize",
-    "Rename",
-    "SplitList",
-    "StatOperator",
-    "TagAsItemFeatures",
-    "TagAsItemID",
-    "TagAsUserFeatures",
-    "TagAsUserID",
-    "TargetEncoding",
-    "ValueCount",
-    "register_function",
-    "registered_ops",
-    "Groupby",
-]
+__all__ = ["AddMetadata", "AddTags", "Bucketize", "Categorify", "Clip", "ColumnOperator",
+           "DataStats", "DifferenceLag", "DropLowCardinality", "Dropna", "FillMedian",
+           "FillMissing", "Filter", "Groupby", "HashBucket", "HashedCross", "JoinExternal",
+           "JoinGroupby", "LambdaOp", "ListSlice", "LogOp", "Normalize", "NormalizeMinMax",
+           "Operator", "ReduceDtypeSize", "Rename", "SplitList", "StatOperator",
+           "TagAsItemFeatures", "TagAsItemID", "TagAsUserFeatures", "TagAsUserID",
+           "TargetEncoding", "ValueCount", "register_function", "registered_ops"]
 
 alias_modules(sys.modules[__name__], {"base": operators})
 

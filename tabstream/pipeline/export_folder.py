@@ -38,7 +38,7 @@ from tabstream.core.schema import Schema
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers
 from tabstream.pipeline.stores import is_local
 
-__all__ = ["MANIFEST_FILE", "SCHEMA_FILE", "SCHEMA_KEY", "SIDECARS", "ObjectStorePublish",
+__all__ = ["MANIFEST_FILE", "ObjectStorePublish", "SCHEMA_FILE", "SCHEMA_KEY", "SIDECARS",
            "check_manifests", "check_schema_file", "check_target", "publish", "read_schema_json",
            "refuse_unpublished", "remove_export_leftovers", "write_sidecars"]
 

@@ -82,7 +82,7 @@ from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
 from tabstream.train.tables import TableConfig
 
-__all__ = ["OPTIMIZERS", "STORAGES", "ParameterServer", "initial_rows"]
+__all__ = ["OPTIMIZERS", "ParameterServer", "STORAGES", "initial_rows"]
 
 OPTIMIZERS = ("adagrad", "adam")
 STORAGES = ("disk", "memory")

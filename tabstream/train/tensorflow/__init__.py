@@ -57,29 +57,9 @@ from tabstream.train.tensorflow.fit import (
 from tabstream.train.tensorflow.models import DCN, DLRM, TwoTower, WideAndDeep
 from tabstream.train.tensorflow.optimizers import LazyAdam, MultiOptimizer
 
-__all__ = [
-    "DCN",
-    "DLRM",
-    "MLP",
-    "CrossNetwork",
-    "DotInteraction",
-    "EmbeddingTable",
-    "EmbeddingTables",
-    "LazyAdam",
-    "LogLoss",
-    "MultiOptimizer",
-    "NonFiniteLossError",
-    "NothingToTrainWarning",
-    "TableConfig",
-    "ThroughputCallback",
-    "TwoTower",
-    "WideAndDeep",
-    "binary_classification_metrics",
-    "embedding_tables_from_schema",
-    "evaluate",
-    "fit",
-    "fit_lists",
-    "infer_embedding_dim",
-    "split_embeddings_on_size",
-    "table_configs_from_schema",
-]
+__all__ = ["CrossNetwork", "DCN", "DLRM", "DotInteraction", "EmbeddingTable", "EmbeddingTables",
+           "LazyAdam", "LogLoss", "MLP", "MultiOptimizer", "NonFiniteLossError",
+           "NothingToTrainWarning", "TableConfig", "ThroughputCallback", "TwoTower", "WideAndDeep",
+           "binary_classification_metrics", "embedding_tables_from_schema", "evaluate", "fit",
+           "fit_lists", "infer_embedding_dim", "split_embeddings_on_size",
+           "table_configs_from_schema"]

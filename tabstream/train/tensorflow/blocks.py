@@ -13,7 +13,7 @@ import tensorflow as tf
 from tabstream.core.errors import SchemaError
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 
-__all__ = ["MLP", "ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction"]
+__all__ = ["ContinuousFeatures", "CrossNetV2", "CrossNetwork", "DotInteraction", "MLP"]
 
 
 def kernel_initializer(seed: int | None, offset: int = 0) -> Any:

@@ -67,14 +67,8 @@ from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids
 from tabstream.train.tensorflow.optimizers import MultiOptimizer
 
-__all__ = [
-    "SHARDING_TYPES",
-    "HybridParallel",
-    "ShardedEmbeddingTables",
-    "ShardingPlan",
-    "TablePlacement",
-    "plan_sharding",
-]
+__all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
+           "TablePlacement", "plan_sharding"]
 
 
 def _worker_of(strategy: tf.distribute.Strategy) -> tuple[int, int]:

@@ -62,15 +62,8 @@ from tabstream.train.sharding import (
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
 
-__all__ = [
-    "SHARDING_TYPES",
-    "HybridParallel",
-    "ShardedEmbeddingTables",
-    "ShardingPlan",
-    "TablePlacement",
-    "comm_device",
-    "plan_sharding",
-]
+__all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
+           "TablePlacement", "comm_device", "plan_sharding"]
 
 
 # ----------------------------------------------------------------- autograd pieces
