@@ -162,9 +162,9 @@ class Filter(_FunctionOp):
 
 
 def _shape(values: Any) -> tuple[int, ...]:
-    """The shape of what a user function returned. A cudf Series or DataFrame has a
-    ``shape`` but refuses numpy's ``np.shape``/``np.ndim`` (seen on cudf 26.10: "no
-    implementation found for 'numpy.ndim'"), so an object's own shape comes first."""
+    """The shape of what a user function returned: the object's own ``shape`` first,
+    since a GPU backend's Series or DataFrame refuses numpy's ``np.shape`` /
+    ``np.ndim`` (see the backend notes in docs/backends.md)."""
     shape = getattr(values, "shape", None)
     return tuple(shape) if isinstance(shape, tuple) else np.shape(values)
 

@@ -330,7 +330,7 @@ class CsvFiles:
                 while chunk := read(1 << 16):
                     lines += chunk.count(b"\n")
         except _DECOMPRESS_ERRORS:
-            pass
+            pass  # expected: the count stops at the fault, which is what the message reports
         where = (f"it reads up to line {lines}, then fails" if lines
                  else "not even line 1 could be read")
         return _data_error(
@@ -387,7 +387,7 @@ class CsvFiles:
             try:
                 self._parse_csv(clean, skip_header, invalid_row_handler=handler, as_strings=True)
             except pa.ArrowInvalid:
-                pass
+                pass  # the handler has recorded the bad rows; a parse error past them says no more
             if bad:
                 row = bad[0]
                 # Arrow numbers the rows it skipped (the header) too

@@ -719,7 +719,8 @@ class _KerasTrainer:
 
     # -- steps
     def begin_epoch(self) -> None:
-        pass
+        """Nothing to switch: Keras layers take ``training`` per call (torch's
+        trainer sets train mode here)."""
 
     def _compiled_step(self, features: Any, labels: Any) -> Any:
         """The compiled step for batches like this one, kept with the model (a
