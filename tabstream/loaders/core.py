@@ -109,10 +109,6 @@ def _select(schema: Schema, spec: Any, what: str) -> list[str]:
     return names
 
 
-# Ops whose transform changes the number of rows: refused as online transforms.
-_ROW_CHANGING_OPS = ("Filter", "Dropna", "Groupby")
-
-
 def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     """``(dataset, fitted workflow or None)`` from the loader's ``data`` and
     ``transforms`` arguments (``data`` may be ``workflow.transform(dataset)``)."""
@@ -133,8 +129,9 @@ def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     if not isinstance(transforms, Workflow):
         raise TypeError(f"transforms must be a fitted tabstream.Workflow, got "
                         f"{type(transforms).__name__}")
+    # ops that change the row count (Operator.changes_row_count) are refused
     changing = sorted({type(n.op).__name__ for n in transforms.output_node.walk()
-                       if n.kind == "op" and type(n.op).__name__ in _ROW_CHANGING_OPS})
+                       if n.kind == "op" and n.op.changes_row_count})
     if changing:
         raise ValueError(
             f"the workflow given to the loader holds {changing}, which change the number "
