@@ -191,6 +191,20 @@ class Operator(metaclass=_OpMeta):
 
     #: ops that need no fitting leave this False
     is_stat: ClassVar[bool] = False
+    #: What the workflow and the loaders need to know of an op, declared by the op
+    #: (never guessed from its class name): True when ``transform`` drops or groups
+    #: rows, so its output may hold fewer or more rows than its input (Filter, Dropna,
+    #: Groupby). A loader refuses such an op as an online transform (it plans equal
+    #: batches per rank from the row counts before reading). An op whose row count
+    #: changes only with some data or settings (JoinExternal with ``how="inner"`` or
+    #: duplicate side keys) leaves it False: the loader refuses a row group whose
+    #: count changed when it reads it, and the export counts rows after the workflow.
+    changes_row_count: ClassVar[bool] = False
+    #: True when ``fit_partition``/``transform`` take string columns as dictionary
+    #: arrays (Categorify): a column that only such ops read is then read from
+    #: parquet as a dictionary, without decoding its strings (see
+    #: ``Workflow.dictionary_columns``).
+    accepts_dictionary: ClassVar[bool] = False
 
     # -- parameters ---------------------------------------------------------
     def get_params(self) -> dict[str, Any]:
@@ -271,6 +285,16 @@ class StatOperator(Operator):
     #: (``"finite"``, ``"non-negative"``), e.g. ``{"stds": ("finite", "non-negative")}``;
     #: checked with :attr:`state_types` by :meth:`check_state`.
     state_values: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: True when the last combination of a fit may run as several tasks side by side:
+    #: ``combine_root(partials, shard, shards)`` then merges share ``shard`` of
+    #: ``shards`` and :meth:`join_root` puts the shares together (Categorify: by
+    #: vocabulary).
+    shards_root: ClassVar[bool] = False
+    #: True when the op writes statistics larger than memory to files under its
+    #: ``spill_dir`` (a constructor argument; None: a temporary folder of the
+    #: process). On a cluster whose workers share the client's machine, a fit then
+    #: gives such an op a folder every process reads (see ``Workflow.fit``).
+    spills: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.fitted = False
@@ -282,6 +306,17 @@ class StatOperator(Operator):
     @abc.abstractmethod
     def combine(self, partials: Sequence[Any]) -> Any:
         """Merge partials (associative: used in a tree reduction)."""
+
+    def combine_root(self, partials: Sequence[Any], shard: int = 0, shards: int = 1) -> Any:
+        """The last combination of a fit (its result goes straight to :meth:`finalize`);
+        an op may make it cheaper than :meth:`combine`, which it is by default. With
+        :attr:`shards_root`, it merges share ``shard`` of ``shards``."""
+        return self.combine(partials)
+
+    def join_root(self, parts: Sequence[Any]) -> Any:
+        """The shares of a sharded :meth:`combine_root` as one (ops with
+        :attr:`shards_root` only)."""
+        raise NotImplementedError(f"{type(self).__name__} sets shards_root but has no join_root")
 
     @abc.abstractmethod
     def finalize(self, partial: Any) -> None:

@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover - moved in some later TensorFlow: see _b
     _GeneratorDataset = getattr(dataset_ops, "_GeneratorDataset", None)
 
 from tabstream.loaders import core
+from tabstream.loaders.options import LoaderOptions
 
 __all__ = ["Loader"]
 
@@ -113,8 +114,9 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
     contiguous and 64-byte aligned buffers that it never writes to again while
     anything refers to them, so the tensor takes the buffer over through DLPack
     instead: the capsule keeps the array alive as long as the tensor, and with it
-    the buffer out of the loader's pool (see ``core._BatchPool``). Anything else (a
-    view at an unaligned offset, a read-only array) is copied as before.
+    the buffer out of the loader's pool (see ``tabstream.loaders.memory.BatchPool``).
+    Anything else (a view at an unaligned offset, a read-only array) is copied as
+    before.
     """
     if (a.flags.c_contiguous and a.flags.writeable
             and a.__array_interface__["data"][0] % _ALIGN == 0):
@@ -207,11 +209,11 @@ class Loader(dataset_ops.DatasetV2):
     ) -> None:
         global_size, global_rank = _strategy_defaults(global_size, global_rank)
         self.device = _check_device(device)
-        self.core = core.Loader(
+        self.core = core.Loader.from_options(LoaderOptions(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
             storage_options=storage_options, transforms=transforms,
-        )
+        ))
         self._keys = itertools.count()
         self._epochs: dict[int, core.BatchIterator] = {}
         self._calls = threading.Condition()  # guards the three below

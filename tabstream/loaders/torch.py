@@ -39,6 +39,7 @@ import torch.utils.data
 
 from tabstream.core.schema import Tags
 from tabstream.loaders import core
+from tabstream.loaders.options import LoaderOptions
 
 __all__ = ["Loader", "SPARSE_FEATURES", "jagged_parts"]
 
@@ -204,11 +205,11 @@ class Loader(torch.utils.data.IterableDataset):
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
-        self.core = core.Loader(
+        self.core = core.Loader.from_options(LoaderOptions(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
             storage_options=storage_options, transforms=transforms,
-        )
+        ))
         self.device = _check_device(device)
         self._pin = self.device.type == "cuda"
         self.keyed_jagged_keys = self._jagged_keys(keyed_jagged)

@@ -285,6 +285,8 @@ class Categorify(StatOperator):
     #: decoding): the workflow then reads parquet's dictionary-encoded string
     #: columns that only Categorify uses as dictionaries
     accepts_dictionary = True
+    #: statistics past spill_rows go to files under spill_dir (see the module docstring)
+    spills = True
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
     state_types = {"vocabularies": list[str]}

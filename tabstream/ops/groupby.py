@@ -142,6 +142,8 @@ class Groupby(Operator):
     item-last [7, 9]
     """
 
+    changes_row_count = True
+
     def __init__(self, groupby_cols: str | Sequence[str] | None = None,
                  sort_cols: str | Sequence[str] | None = None,
                  aggs: str | Sequence[str] | dict[str, str | Sequence[str]] = "list",

@@ -144,6 +144,8 @@ class Filter(_FunctionOp):
     0    2.5     1
     """
 
+    changes_row_count = True
+
     def __init__(self, f: Callable[[pd.DataFrame], Any] | str) -> None:
         self._set_function(f)
 
@@ -180,6 +182,8 @@ class Dropna(Operator):
     an empty list is a value. **Changes the row count**; the output holds the
     selected columns only (see :class:`Filter`).
     """
+
+    changes_row_count = True
 
     def transform(self, table: pa.Table) -> pa.Table:
         kernels = backend()

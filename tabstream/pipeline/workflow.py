@@ -129,7 +129,7 @@ class Workflow:
             assert node.selector is not None
             consumers = users.get(node.id, [])
             ok = node is not self.output_node and bool(consumers) and all(
-                c.kind == "op" and getattr(c.op, "accepts_dictionary", False) for c in consumers)
+                c.kind == "op" and c.op.accepts_dictionary for c in consumers)
             (accepted if ok else refused).update(node.selector.resolve(self.input_schema))
         schema = dataset.arrow_schema
         return [c for c in self.input_columns if c in accepted and c not in refused and c in schema.names
@@ -419,7 +419,7 @@ def _cluster_spill_dir(client: Any, stat_ops: Sequence[Any]) -> Iterator[None]:
     run on its machine (a worker's own temporary folder is never used), removed
     afterwards. On workers of other machines nothing is set, and such an op refuses
     to spill, asking for a shared ``spill_dir`` (e.g. on an object store)."""
-    spillers = [op for op in stat_ops if hasattr(op, "spill_dir") and op.spill_dir is None]
+    spillers = [op for op in stat_ops if op.spills and op.spill_dir is None]
     if client is None or not spillers or not execution.workers_share_this_host(client):
         yield
         return
@@ -459,7 +459,7 @@ def _root_shards(client: Any, nodes: Sequence[Node]) -> int:
     threaded scheduler when an op can split its root combination (Categorify: by
     vocabulary), else one. On a cluster it stays one task (each shard task would
     fetch every partial from the workers that made them)."""
-    if client is not None or not any(getattr(n.op, "shards_root", False) for n in nodes):
+    if client is not None or not any(n.op.shards_root for n in nodes):
         return 1
     return num_workers()
 
@@ -481,13 +481,12 @@ class _Combine:
             parts = [pl[i] for pl in partial_lists]
             # the last combination of the reduction may use the op's cheaper
             # ``combine_root`` (its result goes straight to ``finalize``)
-            combine = getattr(node.op, "combine_root", None) if self.root else None
-            if shards > 1 and getattr(node.op, "shards_root", False):
+            if shards > 1 and node.op.shards_root:
                 out.append(node.op.combine_root(parts, shard, shards))
             elif shard:
                 out.append(None)  # shard 0 combines it
             else:
-                out.append((combine or node.op.combine)(parts))
+                out.append(node.op.combine_root(parts) if self.root else node.op.combine(parts))
         # the row counts follow (see _fit_piece)
         out.append(_add_counts([pl[-1] for pl in partial_lists]) if not shard else None)
         return out
@@ -496,7 +495,7 @@ class _Combine:
         """The shards' results of the last combination (see ``__call__``) as one."""
         out = []
         for i, node in enumerate(self.nodes):
-            if getattr(node.op, "shards_root", False):
+            if node.op.shards_root:
                 out.append(node.op.join_root([sl[i] for sl in shard_lists]))
             else:
                 out.append(shard_lists[0][i])

@@ -302,7 +302,7 @@ def test_unit_bytes_are_the_decoded_sizes(tmp_path: Path) -> None:
     loader = Loader(str(data), 64, labels=["label"])
     # fixed-width columns: rows x item size (int64 + float32 + int32)
     row_bytes = sum(np.dtype(t).itemsize for t in (np.int64, np.float32, np.int32))
-    assert loader._unit_bytes() == [200.0 * row_bytes] * 6
+    assert loader._reader.unit_bytes() == [200.0 * row_bytes] * 6
 
 
 def test_unit_bytes_of_lists_come_from_the_footer(tmp_path: Path) -> None:
@@ -321,7 +321,7 @@ def test_unit_bytes_of_lists_come_from_the_footer(tmp_path: Path) -> None:
     expected = [max(md.row_group(g).column(0).total_uncompressed_size, decoded) + 50 * 8.0
                 for g in range(2)]
     assert md.row_group(0).column(0).total_uncompressed_size < decoded
-    assert loader._unit_bytes() == expected
+    assert loader._reader.unit_bytes() == expected
 
 
 # A chunk of k row groups of 200 rows x 16 bytes costs 2 k x 3200 bytes (the data and
@@ -329,20 +329,20 @@ def test_unit_bytes_of_lists_come_from_the_footer(tmp_path: Path) -> None:
 @pytest.mark.parametrize("chunk_bytes,parts", [(None, 2), (1, 1), (7 * 200 * 16, 3), (7 * 200 * 16 - 1, 2)])
 def test_chunks_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      chunk_bytes: int | None, parts: int) -> None:
-    import tabstream.loaders.core as core
+    import tabstream.loaders.batching as batching
 
     data = _write_wide(tmp_path / "wide")
     loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=parts if chunk_bytes is None else 4)
     if chunk_bytes is not None:
         loader.chunk_bytes = chunk_bytes
     seen: list[int] = []
-    init = core._Chunk.__init__
+    init = batching.Chunk.__init__
 
     def spy(self: Any, pieces: list, sizes: list) -> None:
         seen.append(len(pieces))
         init(self, pieces, sizes)
 
-    monkeypatch.setattr(core._Chunk, "__init__", spy)
+    monkeypatch.setattr(batching.Chunk, "__init__", spy)
     ids = np.concatenate([f["x"] for f, _ in loader])
     assert np.array_equal(np.sort(ids), np.arange(1200))
     assert seen == [parts] * (6 // parts)
@@ -350,19 +350,19 @@ def test_chunks_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_chunk_bytes_count_the_copies_and_the_read_ahead(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import tabstream.loaders.core as core
+    import tabstream.loaders.batching as batching
 
     data = _write_wide(tmp_path / "wide")
     loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=6)
-    group = loader._unit_bytes()[0]
+    group = loader._reader.unit_bytes()[0]
     sizes: list[int] = []
-    init = core._Chunk.__init__
+    init = batching.Chunk.__init__
 
     def spy(self: Any, pieces: list, rows: list) -> None:
         sizes.append(len(pieces))
         init(self, pieces, rows)
 
-    monkeypatch.setattr(core._Chunk, "__init__", spy)
+    monkeypatch.setattr(batching.Chunk, "__init__", spy)
     for chunk_bytes in range(int(group), int(12 * group), int(group // 2)):
         sizes.clear()
         loader.chunk_bytes = chunk_bytes
@@ -388,7 +388,8 @@ def _write_multi_hot(path: Path, rows: int = 400, row_group: int = 100) -> Path:
 @pytest.mark.parametrize("wide,threads", [(False, 1), (True, 2)])
 def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wide: bool, threads: int) -> None:
-    import tabstream.loaders.core as core
+    import tabstream.loaders.reading as reading
+    import tabstream.loaders.threads as loader_threads
 
     data = _write_multi_hot(tmp_path / "mh") if wide else _write_wide(tmp_path / "wide")
     loader = Loader(str(data), 64, labels=["label"])
@@ -401,13 +402,13 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
         sizes = {"x": 200 * 8, "f": 200 * 4, "label": 200 * 4}  # fixed width: from the types
     assert (max(sizes.values()) * 2 > sum(sizes.values())) == wide
     started: list[int] = []
-    init = core._PieceReader.__init__
+    init = loader_threads.PieceReader.__init__
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         started.append(len(self._threads))
 
-    monkeypatch.setattr(core._PieceReader, "__init__", spy)
+    monkeypatch.setattr(loader_threads.PieceReader, "__init__", spy)
     # Concurrent reads decode in their own threads, not in arrow's CPU pool: that
     # pool is one thread under OMP_NUM_THREADS=1, and two reads through it took
     # turns. A single read keeps the pool (its columns decode in parallel).
@@ -421,8 +422,8 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
 
         monkeypatch.setattr(pq.ParquetFile, method, recording)
     if wide:   # read in slices too
-        monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
-        monkeypatch.setattr(core, "_READ_BATCH_BYTES", 1000)
+        monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
+        monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 1000)
     labels = np.concatenate([y for _, y in loader])
     assert len(labels) == loader.num_rows
     assert started == [threads]
@@ -440,7 +441,7 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
 def test_numbers_match_pyarrow_to_numpy() -> None:
     import pyarrow as pa
 
-    from tabstream.loaders.core import _numbers
+    from tabstream.loaders.layout import numbers
 
     cases = [
         pa.array([1, 2, 3, 4, 5], pa.int64()).slice(1, 3),
@@ -451,7 +452,7 @@ def test_numbers_match_pyarrow_to_numpy() -> None:
         pa.array([[1, 2], [3], []], pa.list_(pa.int64())).slice(1).offsets,
     ]
     for arr in cases:
-        got = _numbers(arr)
+        got = numbers(arr)
         expected = arr.to_numpy(zero_copy_only=False)
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
@@ -481,15 +482,15 @@ def test_loading_does_not_import_pandas(tmp_path: Path) -> None:
 def test_pool_permutation_and_sort_equal_numpys(n: int, seed: int) -> None:
     """The loader draws its shuffles into arrow's pool (not malloc); the numbers must
     be numpy's own ``Generator.permutation`` and ``np.sort``."""
-    from tabstream.loaders.core import _permutation, _sorted
+    from tabstream.loaders.memory import permutation, sorted_copy
 
-    got = _permutation(np.random.default_rng([seed, 3]), n)
+    got = permutation(np.random.default_rng([seed, 3]), n)
     expected = np.random.default_rng([seed, 3]).permutation(n)
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
     part = expected[n // 3: n // 3 + n // 2]
-    np.testing.assert_array_equal(_sorted(part), np.sort(part))
-    for arr in (got, _sorted(part)):
+    np.testing.assert_array_equal(sorted_copy(part), np.sort(part))
+    for arr in (got, sorted_copy(part)):
         assert arr.flags.writeable and arr.__array_interface__["data"][0] % 64 == 0
 
 
@@ -531,10 +532,10 @@ def test_shuffled_batches_follow_the_plan(shared_export: Path, monkeypatch: pyte
                                           w: int, seed: int, wide: bool) -> None:
     """The batches are those the plan describes, rebuilt with plain numpy; also when
     every column is copied batch by batch (the order wide columns take)."""
-    import tabstream.loaders.core as core
+    import tabstream.loaders.batching as batching
 
     if wide:
-        monkeypatch.setattr(core, "_WIDE_COLUMN_BYTES", 0)
+        monkeypatch.setattr(batching, "_WIDE_COLUMN_BYTES", 0)
     for rank in range(w):
         loader = Loader(shared_export, 97, seed=seed, parts_per_chunk=1, global_size=w,
                         global_rank=rank, features=["row_id"])

@@ -23,8 +23,8 @@ def test_core_imports_no_framework() -> None:
 
 def test_public_names() -> None:
     assert sorted(tabstream.loaders.__all__) == [
-        "Batch", "Layout", "Loader", "ParquetSource", "RankShare", "open_source", "pad_lists",
-        "pad_nested", "split_rows",
+        "Batch", "Layout", "Loader", "LoaderOptions", "ParquetSource", "RankShare", "open_source",
+        "pad_lists", "pad_nested", "split_rows",
     ]
 
 

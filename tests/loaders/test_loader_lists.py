@@ -235,15 +235,15 @@ def test_large_row_groups_read_in_slices_give_the_same_batches(
     """Row groups above _WHOLE_READ_BYTES are read a slice at a time into buffers
     allocated up front: the batches are those of a whole read, and the rows those
     pyarrow reads."""
-    import tabstream.loaders.core as core
+    import tabstream.loaders.reading as reading
 
     path, expected = lists_export
     kw = {"seed": 4, "global_size": w, "global_rank": rank}
     whole = _batches(Loader(path, 64, **kw))
-    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
-    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 2000)   # a few rows per slice
+    monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 2000)   # a few rows per slice
     loader = Loader(path, 64, **kw)
-    assert 1 < loader._batch_rows(0) < 100
+    assert 1 < loader._reader.batch_rows(0) < 100
     sliced = _batches(loader)
     assert len(sliced) == len(whole)
     for a, b in zip(sliced, whole, strict=True):
@@ -257,15 +257,15 @@ def test_large_row_groups_read_in_slices_give_the_same_batches(
 
 def test_a_bad_row_in_a_later_slice_is_named_by_its_row_group_index(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tabstream.loaders.core as core
+    import tabstream.loaders.reading as reading
 
     ids = np.random.default_rng(7).integers(0, 9, (40, F, L)).tolist()
     ids[25][2] = ids[25][2][:1]
     t = pa.table({"n": pa.array(ids, pa.list_(pa.list_(pa.int64())))})
     schema = Schema([ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
     path = _write(tmp_path / "b", [t], schema, row_group=40)
-    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
-    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 4)  # 4 rows a slice
+    monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 8 * F * L * 4)  # 4 rows a slice
     with pytest.raises(DataError, match=rf"but inner list {25 * F + 2} of row group 0 of "):
         list(Loader(path, 40, features=["n"], shuffle=False))
 
@@ -306,16 +306,17 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
     """Large row groups are read into buffers that are reused once a chunk is copied
     into its batches: a whole epoch held at once still has every row as pyarrow reads
     it, and far fewer buffers are allocated than row groups read."""
-    import tabstream.loaders.core as core
+    import tabstream.loaders.memory as memory
+    import tabstream.loaders.reading as reading
 
     ids, t, schema = _fixed_blocks(480, 50, seed=3)
     path = _write(tmp_path / "r", [t], schema, row_group=40)   # 12 equal row groups
-    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
-    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
+    monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
     fresh = []
-    recycler_empty = core._Recycler.empty
+    recycler_empty = memory.Recycler.empty
 
-    def counting(self: core._Recycler, shape: tuple[int, ...], dtype: np.dtype,
+    def counting(self: memory.Recycler, shape: tuple[int, ...], dtype: np.dtype,
                  *args: Any) -> np.ndarray:
         free = len(self._free)
         out = recycler_empty(self, shape, dtype, *args)
@@ -323,7 +324,7 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
             fresh.append(shape)
         return out
 
-    monkeypatch.setattr(core._Recycler, "empty", counting)
+    monkeypatch.setattr(memory.Recycler, "empty", counting)
     for rank in range(w):
         fresh.clear()
         loader = Loader(path, 30, seed=5, parts_per_chunk=1, global_size=w, global_rank=rank)
@@ -343,15 +344,16 @@ def test_read_buffers_fit_the_largest_row_group_whatever_comes_first(
     sized for 40 rows, so a buffer first used by a 20-row group serves the next
     40-row one instead of a new buffer being allocated; the rows are still those
     numpy gives."""
-    import tabstream.loaders.core as core
+    import tabstream.loaders.memory as memory
+    import tabstream.loaders.reading as reading
 
     ids, t, schema = _fixed_blocks(300, 50, seed=8)
     path = _write(tmp_path / "u", [t.slice(0, 100), t.slice(100, 100), t.slice(200, 100)],
                   schema, row_group=40)
-    monkeypatch.setattr(core, "_WHOLE_READ_BYTES", 0)
-    monkeypatch.setattr(core, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
+    monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
+    monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 8 * F * L * 16)  # 16 rows a slice
     fresh: list[int] = []
-    allocate = core._empty
+    allocate = memory.empty
 
     def recording(size: int, dtype: np.dtype) -> np.ndarray:
         out = allocate(size, dtype)
@@ -359,7 +361,7 @@ def test_read_buffers_fit_the_largest_row_group_whatever_comes_first(
             fresh.append(size)
         return out
 
-    monkeypatch.setattr(core, "_empty", recording)
+    monkeypatch.setattr(memory, "empty", recording)
     for seed in range(4):   # several row group orders, short groups first in some
         fresh.clear()
         loader = Loader(path, 30, seed=seed, parts_per_chunk=1)
@@ -378,20 +380,21 @@ def test_pooled_batch_buffers_never_overwrite_a_held_batch(
     drops the batch. Every other batch is kept (as the array, a slice of it, or a
     tensor over it) and compared at the end with a copy taken when it was handed
     out; the others are dropped at once, so their buffers are reused meanwhile."""
-    import tabstream.loaders.core as core
+    import tabstream.loaders.batching as batching
+    import tabstream.loaders.memory as memory
 
     ids, t, schema = _fixed_blocks(600, 1000, seed=11)
     path = _write(tmp_path / "p", [t], schema, row_group=100)
     if wide:   # every dense column is copied batch by batch
-        monkeypatch.setattr(core, "_WIDE_COLUMN_BYTES", 0)
+        monkeypatch.setattr(batching, "_WIDE_COLUMN_BYTES", 0)
     pools = []
-    pool_class = core._BatchPool
+    pool_class = memory.BatchPool
 
-    def recording(keep: int) -> core._BatchPool:
+    def recording(keep: int) -> memory.BatchPool:
         pools.append(pool_class(keep))
         return pools[-1]
 
-    monkeypatch.setattr(core, "_BatchPool", recording)
+    monkeypatch.setattr(memory, "BatchPool", recording)
     loader = Loader(path, 32, seed=1, parts_per_chunk=2)
     held, copies = [], []
     count = 0

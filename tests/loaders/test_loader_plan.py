@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tabstream.loaders.core
+import tabstream.loaders.layout
 import tabstream.loaders.plan
 from tabstream.loaders.plan import chunk_bounds, rank_pieces, split_rows, unit_order
 
@@ -100,7 +100,7 @@ def test_unit_order_depends_on_seed_and_epoch() -> None:
     assert np.array_equal(unit_order(5, 3, 9, shuffle=False), np.arange(5))
 
 
-@pytest.mark.parametrize("module", [tabstream.loaders.plan, tabstream.loaders.core])
+@pytest.mark.parametrize("module", [tabstream.loaders.plan, tabstream.loaders.layout])
 def test_docstring_examples(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.failed == 0

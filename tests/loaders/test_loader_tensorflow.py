@@ -183,24 +183,24 @@ def test_batch_arrays_become_tensors_without_a_copy() -> None:
     """Fresh, aligned, writable batch arrays are handed to TensorFlow through DLPack
     (the tensor is the array's memory); anything else is copied, as
     ``tf.convert_to_tensor`` does."""
-    from tabstream.loaders.core import _empty
+    from tabstream.loaders.memory import empty
     from tabstream.loaders.tensorflow import _tensor
 
-    fresh = _empty(1000, np.dtype(np.int64))
+    fresh = empty(1000, np.dtype(np.int64))
     fresh[:] = np.arange(1000)
     t = _tensor(fresh)
     assert t.dtype == tf.int64 and t.shape == (1000,)
     fresh[3] = -1
     assert int(t[3]) == -1, "the tensor shares the batch's memory"
 
-    block = _empty(12, np.dtype(np.float32)).reshape(3, 4)
+    block = empty(12, np.dtype(np.float32)).reshape(3, 4)
     block[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
-    mask = _empty(6, np.dtype(bool)).reshape(3, 2)
+    mask = empty(6, np.dtype(bool)).reshape(3, 2)
     mask[:] = [[True, False], [False, True], [True, True]]
     for a in (block, mask):
         np.testing.assert_array_equal(_tensor(a).numpy(), a)
 
-    unaligned = _empty(17, np.dtype(np.int64))[1:]   # 8 bytes into a 64-byte aligned buffer
+    unaligned = empty(17, np.dtype(np.int64))[1:]   # 8 bytes into a 64-byte aligned buffer
     unaligned[:] = 7
     read_only = np.arange(5)
     read_only.flags.writeable = False

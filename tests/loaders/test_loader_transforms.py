@@ -14,6 +14,7 @@ import pytest
 import tabstream as ts
 from tabstream import ops
 from tabstream.core.errors import DataError, NotFittedError
+from tabstream.core.operators import Operator
 from tabstream.loaders import Loader
 
 FILE_ROWS = (400, 130, 271)
@@ -128,6 +129,25 @@ def test_row_changing_ops_are_refused(raw: Path, op) -> None:
     wf = ts.Workflow(["x", "label"] >> op).fit(ts.Dataset(str(raw), engine="parquet"))
     name = type(op).__name__
     with pytest.raises(ValueError, match=rf"the workflow given to the loader holds \['{name}'\], "
+                                         r"which change the number of rows"):
+        Loader(str(raw), 10, transforms=wf)
+
+
+class _EveryOtherRow(Operator):
+    """An op of a user's own (not registered: the name starts with "_") that drops
+    every other row and says so."""
+
+    changes_row_count = True
+
+    def transform(self, table: pa.Table) -> pa.Table:
+        return table.take(np.arange(0, table.num_rows, 2))
+
+
+def test_an_op_declaring_changes_row_count_is_refused_whatever_its_name(raw: Path) -> None:
+    # the loader asks the op (Operator.changes_row_count), not a list of class names
+    wf = ts.Workflow(["x", "label"] >> _EveryOtherRow()).fit(ts.Dataset(str(raw), engine="parquet"))
+    assert wf.transform(_raw(0, 10)).num_rows == 5
+    with pytest.raises(ValueError, match=r"the workflow given to the loader holds \['_EveryOtherRow'\], "
                                          r"which change the number of rows"):
         Loader(str(raw), 10, transforms=wf)
 

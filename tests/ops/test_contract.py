@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import tabstream as ts
@@ -352,3 +353,93 @@ def test_pandas_input_equals_arrow_input(nasty_example):
     assert_tables_equal(nan_to_null(pa.Table.from_pandas(got, preserve_index=False)), nan_to_null(out),
                         check_dtype=False, rtol=1e-12)
     assert dict(got.dtypes) == dict(arrow_to_pandas(out).dtypes)
+
+
+# -- what an op declares for the workflow and the loaders ----------------------------
+# (class attributes of Operator / StatOperator, read instead of class names or
+# getattr probes: each must say what the op really does)
+FRAMES = {**{name: contract_frame for name in EXAMPLES}, **{name: nasty_frame for name in NASTY_EXAMPLES}}
+
+
+def _example(name):
+    return {**EXAMPLES, **NASTY_EXAMPLES}[name]
+
+
+@pytest.mark.parametrize("name", sorted(FRAMES))
+def test_changes_row_count_says_whether_transform_changes_the_row_count(name):
+    """Every registered op (through its example) declares ``changes_row_count`` True
+    exactly when its output holds another number of rows than its input."""
+    factory, columns = _example(name)
+    table = FRAMES[name]()
+    _, out = run(factory, columns, table)
+    assert type(factory()).changes_row_count == (out.num_rows != table.num_rows), (
+        f"{name}: {table.num_rows} rows in, {out.num_rows} out, but changes_row_count is "
+        f"{type(factory()).changes_row_count}")
+
+
+def test_the_row_changing_ops_are_the_documented_ones():
+    changing = sorted(n for n, cls in registered_ops().items() if cls.changes_row_count)
+    assert changing == sorted(["Filter", "Dropna", "Groupby"])
+
+
+def _dictionary_encoded(table):
+    strings = [n for n in table.column_names if pa.types.is_string(table.schema.field(n).type)]
+    assert strings, "the example selects no string column to hand over as a dictionary"
+    return pa.table({n: pc.dictionary_encode(table.column(n)) if n in strings else table.column(n)
+                     for n in table.column_names})
+
+
+def _reads_strings(name):
+    schema = FRAMES[name]().schema
+    return any(pa.types.is_string(schema.field(c).type) for c in _example(name)[1])
+
+
+# (the workflow hands over as dictionaries only plain string columns)
+@pytest.mark.parametrize("name", sorted(n for n in FRAMES if type(_example(n)[0]()).accepts_dictionary
+                                        and _reads_strings(n)))
+def test_ops_accepting_dictionaries_give_the_same_from_dictionary_columns(name):
+    """An op with ``accepts_dictionary`` fits and transforms string columns handed
+    over as dictionary arrays (as the workflow reads them from parquet) exactly as
+    the plain strings."""
+    factory, columns = _example(name)
+    table = FRAMES[name]().select(columns)
+    encoded = _dictionary_encoded(table)
+    plain, from_dictionary = factory(), factory()
+    if plain.is_stat:
+        plain.fit_table(table)
+        from_dictionary.fit_table(encoded)
+    expected = plain.transform(table)
+    assert_tables_equal(from_dictionary.transform(encoded), expected)
+    assert_tables_equal(plain.transform(encoded), expected)
+
+
+def test_some_op_accepts_dictionaries():
+    assert sorted(n for n, cls in registered_ops().items() if cls.accepts_dictionary) == ["Categorify"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in FRAMES if getattr(type(_example(n)[0]()), "shards_root", False)))
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_shards_root_merges_in_shares_as_in_one(name, shards):
+    """An op with ``shards_root`` fitted through ``combine_root`` in ``shards``
+    shares joined by ``join_root`` transforms as the same op fitted with
+    ``combine`` alone (``fit_table``)."""
+    factory, columns = _example(name)
+    table = FRAMES[name]().select(columns)
+    parts = [table.slice(start, 97) for start in range(0, table.num_rows, 97)]
+    sharded = factory()
+    partials = [sharded.fit_partition(part) for part in parts]
+    sharded.finalize(sharded.join_root([sharded.combine_root(partials, s, shards) for s in range(shards)]))
+    assert_tables_equal(sharded.transform(table), factory().fit_table(table).transform(table))
+
+
+def test_some_op_shards_its_root():
+    assert sorted(n for n, cls in registered_ops().items() if getattr(cls, "shards_root", False)) == ["Categorify"]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_spills_is_declared_by_the_ops_that_take_a_spill_dir(name):
+    """The workflow gives ``spill_dir`` to the ops declaring ``spills`` (on a cluster
+    on the client's machine): exactly the ops that take that argument."""
+    factory, _ = EXAMPLES[name]
+    op = factory()
+    assert getattr(op, "spills", False) == ("spill_dir" in op.get_params())

@@ -1,0 +1,283 @@
+"""How a column is delivered: its :class:`Layout` and the arrays of each form.
+
+A selected column is a scalar (one number a row), a list (``(values, offsets)``)
+or a list of lists (``(values, outer_offsets, inner_offsets)``); padded
+(``pad=``) or fixed-length, a list is ``(dense, mask)`` instead (see
+:mod:`tabstream.loaders.core` for the shapes). This module decides a column's
+layout from its arrow type and schema properties (:func:`column_layout`), the
+lengths lists are padded to (:func:`pad_lengths`), and turns a batch's arrow lists
+into those numpy forms (:func:`ragged`, :func:`ragged_nested`, :func:`pad_lists`,
+:func:`pad_nested`, :func:`resize`); :func:`numbers` reads arrow numbers as numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tabstream.core.dtypes import is_list_type
+from tabstream.core.errors import SchemaError
+from tabstream.core.schema import Schema
+from tabstream.loaders.memory import empty, zeros
+from tabstream.loaders.options import check_int
+
+__all__ = ["Batch", "Layout", "column_layout", "numbers", "pad_lengths", "pad_lists", "pad_nested",
+           "ragged", "ragged_nested", "resize"]
+
+# (features, labels): see tabstream.loaders.core's docstring.
+Batch = tuple[dict[str, Any], Any]
+
+
+def _shifted(offsets: np.ndarray, start: int) -> np.ndarray:
+    """``offsets - start`` as int64 in arrow's pool (see :func:`empty`)."""
+    out = empty(len(offsets), np.dtype(np.int64))
+    np.subtract(offsets, start, out=out, casting="unsafe")
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a selected column is delivered: ``dtype`` of its numbers, ``depth`` (0 a
+    scalar, 1 a list, 2 a list of lists) and ``fixed``, the per-row shape when every
+    row has the same one (``(L,)`` or ``(F, L)``), else ``None``."""
+
+    dtype: np.dtype
+    depth: int
+    fixed: tuple[int, ...] | None = None
+
+
+def column_layout(name: str, t: pa.DataType, properties: Mapping[str, Any]) -> Layout:
+    """The layout of a column of arrow type ``t`` and schema ``properties`` (see
+    :class:`Layout`); raises a TypeError for what the loaders cannot deliver.
+
+    A level is fixed when its arrow type is a fixed-size list, or when the schema
+    says so: ``value_count`` with ``min == max`` (the outer level), or ``shape``, the
+    per-row dims (``[F, L]``, a leading batch ``None`` allowed, ``None`` for a ragged
+    level). Plain lists with a schema shape read about 3x faster from parquet than
+    fixed-size list types, which the parquet reader rebuilds row by row."""
+    sizes: list[int | None] = []
+    leaf = t
+    while is_list_type(leaf):
+        sizes.append(leaf.list_size if pa.types.is_fixed_size_list(leaf) else None)
+        leaf = leaf.value_type
+    plain = leaf.value_type if pa.types.is_dictionary(leaf) else leaf
+    if pa.types.is_struct(plain) or pa.types.is_map(plain):
+        raise TypeError(_record_column_message(name, t, plain))
+    if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf) or pa.types.is_boolean(leaf)) \
+            or len(sizes) > 2:
+        raise TypeError(
+            f"column {name!r} has type {t}; loaders deliver numbers, lists of numbers and "
+            "lists of lists of numbers: encode it first (e.g. ops.Categorify) or leave it "
+            "out with features=/labels="
+        )
+    dtype = np.dtype(leaf.to_pandas_dtype())
+    value_count = properties.get("value_count")
+    if sizes and sizes[0] is None and isinstance(value_count, Mapping):
+        lo, hi = value_count.get("min"), value_count.get("max")
+        if lo is not None and lo == hi and int(hi) > 0:
+            sizes[0] = int(hi)
+    shape = properties.get("shape")
+    if shape is not None and sizes:
+        dims = list(shape)[1:] if len(shape) == len(sizes) + 1 and shape[0] is None else list(shape)
+        if len(dims) != len(sizes) or any(d is not None and (not isinstance(d, int) or d < 1)
+                                          for d in dims):
+            raise SchemaError(f"column {name!r}: the schema's shape {list(shape)} does not fit "
+                              f"its type {t}: expected {len(sizes)} dims (ints >= 1 or None)")
+        sizes = [s if s is not None else d for s, d in zip(sizes, dims, strict=True)]
+    fixed = tuple(int(n) for n in sizes) if sizes and None not in sizes else None
+    return Layout(dtype, len(sizes), fixed)
+
+
+def _record_column_message(name: str, t: pa.DataType, record: pa.DataType) -> str:
+    """Why a struct or map column (or a list of them) cannot be loaded, and what to do.
+    Categorify and the continuous ops refuse such a column too: its fields must become
+    plain columns before the data reaches tabstream."""
+    kind = "a struct" if pa.types.is_struct(record) else "a map"
+    if pa.types.is_struct(record):
+        fix = (f"flatten it into one column per field ({', '.join(repr(f'{name}.{f.name}') for f in record)}; "
+               "e.g. pyarrow's Table.flatten()) before making the Dataset")
+    else:
+        fix = ("split it into two list columns, its keys and its values (a pyarrow MapArray's "
+               ".keys and .items with its .offsets), before making the Dataset")
+    return (f"column {name!r} is {kind} column (type {t}): the loaders deliver numbers, lists of "
+            f"numbers and lists of lists of numbers (Categorify and the continuous ops refuse "
+            f"struct and map columns too): {fix}, or leave it out with features=/labels=")
+
+def numbers(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric arrow array as a (read-only) numpy array, without pyarrow's
+    ``to_numpy``: that imports pandas on its first call (+45 MB of RSS in a loader
+    process). Numbers are a view of the values buffer (the array's offset
+    honoured); booleans are unpacked from their bits; null floats become NaN.
+    Callers check that other columns hold no nulls.
+
+    >>> numbers(pa.array([1.5, None, 2.0])).tolist()
+    [1.5, nan, 2.0]
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if arr.null_count and pa.types.is_floating(t):
+        arr = pc.fill_null(arr, pa.scalar(float("nan"), t))
+    boolean = pa.types.is_boolean(t)
+    dtype = np.dtype(bool) if boolean else np.dtype(t.to_pandas_dtype())
+    data = arr.buffers()[1]
+    if len(arr) == 0 or data is None:
+        return np.zeros(len(arr), dtype)
+    if boolean:
+        bits = np.frombuffer(data, np.uint8)
+        return np.unpackbits(bits, count=arr.offset + len(arr),
+                             bitorder="little")[arr.offset:].view(bool)
+    return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+def ragged_nested(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list-of-lists array as ``(values, outer_offsets, inner_offsets)``, both
+    offsets starting at 0."""
+    outer = numbers(arr.offsets)
+    lo, hi = int(outer[0]), int(outer[-1])
+    inner_lists = arr.values.slice(lo, hi - lo)
+    inner = numbers(inner_lists.offsets)
+    vlo, vhi = int(inner[0]), int(inner[-1])
+    return _values(inner_lists.values, vlo, vhi), _shifted(outer, lo), _shifted(inner, vlo)
+
+def pad_nested(values: np.ndarray, outer: np.ndarray, inner: np.ndarray,
+               shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged lists of lists as a zero-padded ``(rows, F, L)`` array and its mask;
+    longer lists keep their first ``F`` inner lists and ``L`` values.
+
+    >>> padded, mask = pad_nested(np.array([1, 2, 3]), np.array([0, 2, 3]),
+    ...                           np.array([0, 1, 1, 3]), (2, 2))
+    >>> padded.tolist(), mask.sum(axis=2).tolist()
+    ([[[1, 0], [0, 0]], [[2, 3], [0, 0]]], [[1, 0], [2, 0]])
+    """
+    f, length = shape
+    rows = len(outer) - 1
+    n_inner = len(inner) - 1
+    outer_len, inner_len = np.diff(outer), np.diff(inner)
+    row_of = np.repeat(np.arange(rows), outer_len)            # per inner list
+    field = np.arange(n_inner) - np.repeat(outer[:-1], outer_len)
+    list_of = np.repeat(np.arange(n_inner), inner_len)         # per value
+    pos = np.arange(len(values)) - np.repeat(inner[:-1], inner_len)
+    keep = (pos < length) & (field[list_of] < f)
+    padded = zeros((rows, f, length), values.dtype)
+    padded[row_of[list_of[keep]], field[list_of[keep]], pos[keep]] = values[keep]
+    mask = zeros((rows, f, length), np.dtype(bool))
+    shown = field < f
+    mask[row_of[shown], field[shown]] = np.arange(length) < np.minimum(inner_len[shown], length)[:, None]
+    return padded, mask
+
+
+@functools.lru_cache(maxsize=16)
+def _all_true(shape: tuple[int, ...]) -> np.ndarray:
+    """The all-true mask of a fixed-length column's batch: one array per shape,
+    shared by every batch of that shape (filling a fresh one costs about as much as
+    gathering the ids). Do not write to it."""
+    mask = empty(int(np.prod(shape, dtype=np.int64)), np.dtype(bool)).reshape(shape)
+    mask.fill(True)
+    return mask
+
+
+def resize(dense: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed-shape batch ``(rows, *fixed)`` cut or zero-padded to ``(rows, *shape)``,
+    with its mask: a view plus a constant mask when nothing needs padding."""
+    fixed = dense.shape[1:]
+    if fixed == shape:
+        return dense, _all_true(dense.shape)
+    out = zeros((len(dense), *shape), dense.dtype)
+    mask = zeros(out.shape, np.dtype(bool))
+    common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(fixed, shape, strict=True)))
+    out[common] = dense[common]
+    mask[common] = True
+    return out, mask
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    # Arrow buffers are read-only; frameworks want arrays they may own.
+    return a if a.flags.writeable else a.copy()
+
+
+def _values(arr: pa.Array, lo: int, hi: int) -> np.ndarray:
+    """``arr[lo:hi]`` (numbers) as a writable numpy array: a view of arrow's buffer
+    when that buffer is mutable (the batch's own, fresh from take/concat or the
+    read), else a copy. Saves a copy of every list value per batch."""
+    t = arr.type
+    buffers = arr.buffers()
+    if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)) \
+            and len(buffers) == 2 and buffers[1] is not None and buffers[1].is_mutable:
+        dtype = np.dtype(t.to_pandas_dtype())
+        return np.frombuffer(buffers[1], dtype, count=hi - lo,
+                             offset=(arr.offset + lo) * dtype.itemsize)
+    return _writable(numbers(arr)[lo:hi])
+
+
+def ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A list array as ``(values, offsets)`` with ``offsets[0] == 0``."""
+    offsets = numbers(arr.offsets)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    return _values(arr.values, lo, hi), _shifted(offsets, lo)
+
+
+def pad_lists(values: np.ndarray, offsets: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged lists as a zero-padded ``(rows, length)`` array and its mask; longer
+    lists keep their first ``length`` values.
+
+    >>> pad_lists(np.array([4, 5, 6]), np.array([0, 2, 2, 3]), 2)[0].tolist()
+    [[4, 5], [0, 0], [6, 0]]
+    """
+    rows = len(offsets) - 1
+    lengths = np.diff(offsets)
+    row = np.repeat(np.arange(rows), lengths)
+    pos = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
+    keep = pos < length
+    padded = zeros((rows, length), values.dtype)
+    padded[row[keep], pos[keep]] = values[keep]
+    mask = empty(rows * length, np.dtype(bool)).reshape(rows, length)
+    np.less(np.arange(length), np.minimum(lengths, length)[:, None], out=mask)
+    return padded, mask
+
+
+def pad_lengths(pad: bool | Mapping[str, Any], layouts: Mapping[str, Layout],
+                schema: Schema) -> dict[str, Any]:
+    """``{name: length}`` for padded lists, ``{name: (F, L)}`` for padded lists of
+    lists, from the loader's ``pad=`` argument, the selected columns' ``layouts``
+    (in column order) and their ``schema``; fixed-length columns always get an entry
+    (their shape unless ``pad`` gives another)."""
+    given = dict(pad) if isinstance(pad, Mapping) else {}
+    lists = [n for n, layout in layouts.items() if layout.depth]
+    unknown = sorted(set(given) - set(lists))
+    if unknown:
+        raise ValueError(f"pad names {unknown}, which are not selected list columns; "
+                         f"list columns: {lists}")
+    lengths: dict[str, Any] = {}
+    for name in lists:
+        layout = layouts[name]
+        length = given.get(name)
+        if length is None and layout.fixed is not None:
+            length = layout.fixed
+        elif length is None and not pad:
+            continue
+        elif length is None and layout.depth == 1:
+            length = (schema[name].properties.get("value_count") or {}).get("max")
+        if length is None:
+            shape = "length" if layout.depth == 1 else "(inner lists, values)"
+            raise ValueError(
+                f"list column {name!r} has no "
+                + ("value_count max in the schema" if layout.depth == 1
+                   else "fixed-size list type")
+                + f" to pad to; pass pad={{{name!r}: {shape}}}"
+            )
+        if layout.depth == 1:
+            if isinstance(length, tuple) and len(length) == 1:
+                length = length[0]
+            lengths[name] = check_int(f"pad length of {name!r}", length, 1)
+        else:
+            if not (isinstance(length, Sequence) and len(length) == 2):
+                raise TypeError(f"pad for the list-of-lists column {name!r} must be a pair "
+                                f"(inner lists, values per inner list), got {length!r}")
+            lengths[name] = tuple(check_int(f"pad length of {name!r}", v, 1) for v in length)
+    return lengths
