@@ -152,6 +152,24 @@ def test_an_op_declaring_changes_row_count_is_refused_whatever_its_name(raw: Pat
         Loader(str(raw), 10, transforms=wf)
 
 
+def test_an_inner_join_dropping_rows_is_refused_when_it_drops_them(raw: Path) -> None:
+    # JoinExternal keeps changes_row_count False: with how="left" and unique side keys
+    # (the usual case) it keeps every row, so the loader accepts it; an inner join
+    # that drops rows of a row group is refused when that row group is read, naming it
+    side = pa.table({"label": [1], "weight": [0.5]})
+    left = ts.Workflow(["label", "x"] >> ops.JoinExternal(side, on="label"))
+    left.fit(ts.Dataset(str(raw), engine="parquet"))
+    assert sum(len(b[1]) for b in Loader(str(raw), 50, transforms=left, labels=["label"])) == sum(FILE_ROWS)
+    inner = ts.Workflow(["label", "x"] >> ops.JoinExternal(side, on="label", how="inner"))
+    inner.fit(ts.Dataset(str(raw), engine="parquet"))
+    dropped = 45  # the rows of row group 0 (ids 0..89) whose label (id % 2) is 0
+    with pytest.raises(DataError, match=rf"the loader's transforms turned the 90 rows of row group 0 of "
+                                        rf"'[^']*part_0.parquet' into {90 - dropped}; online transforms must "
+                                        "keep every row"):
+        for _ in Loader(str(raw), 50, transforms=inner, labels=["label"], shuffle=False):
+            pass  # the error comes while iterating
+
+
 def test_groupby_transform_is_refused(raw: Path) -> None:
     wf = ts.Workflow(["cat", "x"] >> ops.Groupby("cat", aggs={"x": ["sum"]}))
     wf.fit(ts.Dataset(str(raw), engine="parquet"))
