@@ -21,7 +21,8 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
    source column once copied (wide columns, such as multi-hot blocks, batch by
-   batch, each batch handed out once complete);
+   batch, each batch handed out once complete); a complete batch's rows are then
+   shuffled among themselves, from ``(seed, epoch, rank, batch index)``;
 4. hand the batches to the consumer through a queue of ``prefetch`` batches, from
    a second background thread.
 
@@ -163,7 +164,9 @@ class Loader:
             a list of files (any fsspec URL), read as ``Dataset(data, engine="parquet")``:
             the export's manifest is checked and its schema file used.
         batch_size: rows per batch (see :mod:`tabstream.loaders.plan` for the last ones).
-        shuffle: shuffle row groups and rows within chunks, differently each epoch.
+        shuffle: shuffle row groups, rows within chunks and rows within each batch,
+            differently each epoch. Default ``False``, as merlin-dataloader's: pass
+            ``shuffle=True`` for training.
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
             on every run. Must be the same on all ranks.
         parts_per_chunk: row groups read and shuffled together; more is a better
@@ -212,7 +215,7 @@ class Loader:
         self,
         data: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,
@@ -360,9 +363,11 @@ class Loader:
         groups read by a helper thread.
 
         With shuffling, each batch takes the next ``batch_size`` entries of the
-        chunk's random permutation, sorted: which rows share a batch is random,
-        their order inside it follows the chunk (an in-order gather is about twice
-        as fast, and a batch's row order does not matter to a gradient step).
+        chunk's random permutation, sorted: which rows share a batch is random and
+        they are gathered in the chunk's order (an in-order gather is about twice
+        as fast); the complete batch's rows are then put in an order of their own,
+        drawn from ``(seed, epoch, rank, batch index)``
+        (:func:`tabstream.loaders.batching.shuffle_within`).
         """
         pieces = self.pieces(epoch)
         lists = [n for n in self.columns
@@ -377,7 +382,8 @@ class Loader:
         pool = memory.BatchPool(keep=budget.pool_keep)
         blocks = {n: (k, row, len(group)) for k, group in enumerate(self._column_blocks)
                   for row, n in enumerate(group)}
-        builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks)
+        made = 0  # batches started: the next one's index in the epoch
+        builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
         filled = 0
         recycler = memory.Recycler(keep=budget.recycler_keep)
         threads = read_threads(self._reader.unit_sizes())
@@ -404,18 +410,19 @@ class Loader:
                         done.append(builder)
                         size, filled = next(sizes, 0), 0
                         if size:
-                            builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks)
+                            made += 1
+                            builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
                 handed: set[int] = set()
                 for finished in chunk.fill(segments, done, recycler):
                     handed.add(id(finished))
-                    yield from self._hand_out(finished)
+                    yield from self._hand_out(finished, epoch)
                 rest = [b for b in done if id(b) not in handed]
                 # the chunk's columns are all dropped by now: the reader may fill its
                 # budget again while the rest of the chunk's batches are consumed
                 del chunk, segments, done
                 reader.release(len(chunk_pieces))
                 for finished in rest:
-                    yield from self._hand_out(finished)
+                    yield from self._hand_out(finished, epoch)
                 del rest
         finally:
             reader.close()
@@ -423,7 +430,9 @@ class Loader:
             raise RuntimeError(f"rank {self.global_rank} ran out of rows before its last batch; "
                                "were the files modified while loading?")
 
-    def _hand_out(self, finished: batching.BatchBuilder) -> Iterator[Batch]:
+    def _hand_out(self, finished: batching.BatchBuilder, epoch: int) -> Iterator[Batch]:
+        if self.shuffle:
+            batching.shuffle_within(finished, self.seed, epoch, self.global_rank)
         batch = batching.finish_batch(finished, self.layouts, self.pad_lengths, self.feature_names,
                                       self.label_names)
         # the batch's arrays are the consumer's now: a builder kept in a list of

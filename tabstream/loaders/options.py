@@ -8,7 +8,7 @@ take the same arguments, in the same order, with the same defaults; each builds 
 
     >>> opts = LoaderOptions("out/train", 1024, seed=3)
     >>> opts.batch_size, opts.shuffle, opts.global_size, opts.global_rank
-    (1024, True, 1, 0)
+    (1024, False, 1, 0)
     >>> LoaderOptions("out/train", 0)
     Traceback (most recent call last):
     ...
@@ -51,7 +51,7 @@ class LoaderOptions:
 
     data: Any
     batch_size: int
-    shuffle: bool = True
+    shuffle: bool = False
     seed: int = 0
     parts_per_chunk: int = 2
     global_size: int | None = None

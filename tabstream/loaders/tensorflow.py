@@ -3,7 +3,7 @@
 The loader *is* a ``tf.data.Dataset`` (with a fixed ``element_spec`` and a known
 cardinality), so it goes straight into Keras and into ``tf.function`` loops::
 
-    train = Loader("out/train", batch_size=65536)
+    train = Loader("out/train", batch_size=65536, shuffle=True)
     valid = Loader("out/valid", batch_size=65536, shuffle=False)
     model.fit(train, validation_data=valid, epochs=2, shuffle=False)
 
@@ -192,7 +192,7 @@ class Loader(dataset_ops.DatasetV2):
         self,
         dataset: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,

@@ -187,7 +187,7 @@ class Loader(torch.utils.data.IterableDataset):
         self,
         dataset: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,
