@@ -65,6 +65,7 @@ no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -79,6 +80,7 @@ from tabstream.loaders.layout import Batch, Layout, pad_lengths, pad_lists, pad_
 from tabstream.loaders.options import LoaderOptions, check_int
 from tabstream.loaders.reading import RowGroupReader
 from tabstream.loaders.source import ParquetSource, open_source
+from tabstream.loaders.stepping import Mapped, Peekable, Stepping
 from tabstream.loaders.threads import BatchIterator, PieceReader, read_threads
 
 __all__ = ["Batch", "BatchIterator", "Layout", "Loader", "LoaderOptions", "column_block", "pad_lists",
@@ -152,7 +154,7 @@ def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     return data, transforms
 
 
-class Loader:
+class Loader(Stepping, Mapped):
     """Shuffled, sharded numpy batches from exported parquet.
 
     Its arguments are :class:`~tabstream.loaders.options.LoaderOptions` (checked
@@ -199,6 +201,11 @@ class Loader:
     ``set_epoch(n)`` makes the next iteration run epoch ``n`` (then ``n+1``...), as
     with ``DistributedSampler``. ``len(loader)`` is the number of batches this rank
     yields per epoch, the same on every rank.
+
+    As merlin-dataloader's loaders, it also steps by hand (see
+    :mod:`tabstream.loaders.stepping`): ``next(loader)``, ``peek()``, ``stop()``,
+    ``with Loader(...) as loader:``, ``map(fn)``; and ``loader.batch_size = n``
+    applies from the next epoch on.
     """
 
     #: Upper bound on the bytes one chunk costs: its decoded row groups (estimated
@@ -245,7 +252,6 @@ class Loader:
 
     def _configure(self, options: LoaderOptions) -> None:
         self.options = options
-        self.batch_size: int = options.batch_size
         self.seed: int = options.seed
         self.parts_per_chunk: int = options.parts_per_chunk
         self.prefetch: int = options.prefetch
@@ -284,6 +290,19 @@ class Loader:
         self._column_blocks: list[list[str]] = []
 
     # -- configuration -------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch; setting it (checked as the constructor's argument)
+        applies to the epochs started afterwards."""
+        return self.options.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        options = dataclasses.replace(self.options, batch_size=value)
+        share = plan.split_rows(self.num_rows, options.batch_size, self.global_size,
+                                self.drop_last)[self.global_rank]
+        self.options, self._share = options, share
+
     def set_column_blocks(self, blocks: Sequence[Sequence[str]]) -> None:
         """Assemble each group of ``blocks`` (scalar columns of one dtype) in one
         ``(len(group), batch)`` buffer per batch, a column per row, in the group's
@@ -343,7 +362,10 @@ class Loader:
         return epoch
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_epoch(self.next_epoch())
+        return self._continue_or_open()
+
+    def _open_iteration(self) -> Peekable:
+        return Peekable(self.iter_epoch(self.next_epoch(), self._mapping()))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.source.files)} files, {self.num_rows} rows, "
@@ -351,14 +373,14 @@ class Loader:
                 f"rank {self.global_rank}/{self.global_size}, {len(self)} batches)")
 
     # -- planning and reading -------------------------------------------------
-    def pieces(self, epoch: int) -> list[plan.Piece]:
+    def pieces(self, epoch: int, share: plan.RankShare | None = None) -> list[plan.Piece]:
         """This rank's pieces of row groups for ``epoch``, in reading order."""
+        share = share or self._share
         units = self.source.units
         order = plan.unit_order(len(units), self.seed, epoch, self.shuffle)
-        return plan.rank_pieces([u.num_rows for u in units], order,
-                                self._share.start, self._share.stop)
+        return plan.rank_pieces([u.num_rows for u in units], order, share.start, share.stop)
 
-    def _batches(self, epoch: int) -> Iterator[Batch]:
+    def _batches(self, epoch: int, share: plan.RankShare) -> Iterator[Batch]:
         """This rank's batches for ``epoch``, cut in the calling thread from row
         groups read by a helper thread.
 
@@ -369,12 +391,12 @@ class Loader:
         drawn from ``(seed, epoch, rank, batch index)``
         (:func:`tabstream.loaders.batching.shuffle_within`).
         """
-        pieces = self.pieces(epoch)
+        pieces = self.pieces(epoch, share)
         lists = [n for n in self.columns
                  if self.layouts[n].depth and self.layouts[n].fixed is None]
         dtypes = {n: (self.layouts[n].dtype, self.layouts[n].fixed or ())
                   for n in self.columns if n not in lists}
-        sizes = self._share.batch_sizes()
+        sizes = share.batch_sizes()
         size = next(sizes, 0)
         budget = memory.epoch_budget(pieces, self._reader.unit_bytes(),
                                      [u.num_rows for u in self.source.units], self.parts_per_chunk,
@@ -445,4 +467,4 @@ class Loader:
                    transform: Callable[[Batch], Any] | None = None) -> BatchIterator:
         """Iterate ``epoch`` without touching the epoch counter. ``transform`` is
         applied to each batch in the background thread (e.g. to build tensors)."""
-        return BatchIterator(self._batches(epoch), transform, self.prefetch)
+        return BatchIterator(self._batches(epoch, self._share), transform, self.prefetch)

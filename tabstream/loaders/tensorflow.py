@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - moved in some later TensorFlow: see _b
 
 from tabstream.loaders import core
 from tabstream.loaders.options import LoaderOptions
+from tabstream.loaders.stepping import Peekable, Stepping
 
 __all__ = ["Loader"]
 
@@ -172,7 +173,7 @@ def _spec(core_loader: core.Loader) -> Any:
     return features, {n: column(n) for n in labels}
 
 
-class Loader(dataset_ops.DatasetV2):
+class Loader(dataset_ops.DatasetV2, Stepping):
     """Shuffled, sharded batches from exported parquet, as a ``tf.data.Dataset``.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
@@ -186,6 +187,11 @@ class Loader(dataset_ops.DatasetV2):
     prefetches batches onto that device (``tf.data.experimental.prefetch_to_device``),
     so host-to-GPU copies overlap the training step; batches and their order do not
     depend on it.
+
+    merlin-dataloader's ``next(loader)``, ``peek()``, ``stop()`` and ``with`` work
+    (:mod:`tabstream.loaders.stepping`); ``map`` is ``tf.data.Dataset.map`` (its
+    function gets ``(features, labels)`` as graph tensors), and the batch size is
+    fixed when the loader is made.
     """
 
     def __init__(
@@ -244,6 +250,10 @@ class Loader(dataset_ops.DatasetV2):
             ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
         self._dataset = ds
         super().__init__(ds._variant_tensor)
+
+    def _open_iteration(self) -> Peekable:
+        # an eager iterator: dropping it ends its epoch (tf.data calls _close_epoch)
+        return Peekable(iter(self), closer=lambda: None)
 
     # tf.data.Dataset's abstract interface
     def _inputs(self) -> list[tf.data.Dataset]:
