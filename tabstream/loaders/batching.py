@@ -30,7 +30,7 @@ from tabstream.loaders.layout import (
 from tabstream.loaders.memory import BatchPool, Recycler, empty, permutation
 
 __all__ = ["BatchBuilder", "Chunk", "Segment", "batch_rows_rng", "column_block", "finish_batch",
-           "shuffle_within"]
+           "flat_names", "flatten_lists", "shuffle_within"]
 
 # The key that sets the within-batch generators apart from the epoch plan's
 # (tabstream.loaders.plan draws from (seed, epoch, stream, ...) with small streams).
@@ -259,12 +259,41 @@ def column_block(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         len(columns), len(first))
 
 
+def flat_names(name: str, depth: int) -> list[str]:
+    """The entries a ragged list column of ``depth`` becomes in the flat layout."""
+    offsets = ["offsets"] if depth == 1 else ["outer_offsets", "inner_offsets"]
+    return [f"{name}__{part}" for part in ["values", *offsets]]
+
+
+def flatten_lists(features: dict[str, Any], layouts: Mapping[str, Layout],
+                  lengths: Mapping[str, Any]) -> dict[str, Any]:
+    """Ragged list features ``{"tags": (values, offsets)}`` as merlin-dataloader's
+    ``{"tags__values": values, "tags__offsets": offsets}``, in the features' order.
+
+    >>> flatten_lists({"tags": ("v", "o"), "C1": "c"},
+    ...               {"tags": Layout(np.dtype(np.int64), 1), "C1": Layout(np.dtype(np.int64), 0)},
+    ...               {})
+    {'tags__values': 'v', 'tags__offsets': 'o', 'C1': 'c'}
+    """
+    out: dict[str, Any] = {}
+    for name, value in features.items():
+        layout = layouts[name]
+        if layout.depth and name not in lengths:
+            out.update(zip(flat_names(name, layout.depth), value, strict=True))
+        else:
+            out[name] = value
+    return out
+
+
 def finish_batch(builder: BatchBuilder, layouts: Mapping[str, Layout], lengths: Mapping[str, Any],
-                 feature_names: Sequence[str], label_names: Sequence[str]) -> Batch:
+                 feature_names: Sequence[str], label_names: Sequence[str],
+                 flat_lists: bool = False) -> Batch:
     """A complete batch as ``(features, labels)``: list columns as ``(values,
     offsets)`` (or nested offsets), or padded to ``lengths`` (see
     :func:`tabstream.loaders.layout.pad_lengths`), fixed-length ones cut or padded
-    to theirs; ``labels`` one array, a dict, or None."""
+    to theirs; ``labels`` one array, a dict, or None. ``flat_lists``: ragged list
+    features as ``name__values``/``name__offsets`` entries instead (see
+    :data:`tabstream.loaders.options.LIST_LAYOUTS`)."""
     batch: dict[str, Any] = dict(builder.out)
     for name, parts in builder.lists.items():
         col = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
@@ -280,6 +309,8 @@ def finish_batch(builder: BatchBuilder, layouts: Mapping[str, Layout], lengths: 
             shape = lengths[name]
             batch[name] = resize(batch[name], shape if isinstance(shape, tuple) else (shape,))
     features = {n: batch[n] for n in feature_names}
+    if flat_lists:
+        features = flatten_lists(features, layouts, lengths)
     if not label_names:
         return features, None
     if len(label_names) == 1:

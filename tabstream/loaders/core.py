@@ -196,6 +196,9 @@ class Loader(Stepping, Mapped):
             does the same. Features and labels are chosen among its output columns.
             Row-count-changing ops (Filter, Dropna, Groupby) are refused: the
             equal-batches plan counts rows before reading them.
+        list_layout: ``"tuple"`` (ragged lists as ``(values, offsets)``) or ``"flat"``
+            (merlin-dataloader's ``name__values`` and ``name__offsets`` features; see
+            :data:`tabstream.loaders.options.LIST_LAYOUTS`).
 
     Epochs: each ``iter(loader)`` runs the next epoch (0, 1, 2, ...);
     ``set_epoch(n)`` makes the next iteration run epoch ``n`` (then ``n+1``...), as
@@ -235,11 +238,12 @@ class Loader(Stepping, Mapped):
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,
+        list_layout: str = "tuple",
     ) -> None:
         self._configure(LoaderOptions(
             data, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank, drop_last,
             features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options, transforms=transforms))
+            storage_options=storage_options, transforms=transforms, list_layout=list_layout))
 
     @classmethod
     def from_options(cls, options: LoaderOptions) -> Loader:
@@ -456,7 +460,7 @@ class Loader(Stepping, Mapped):
         if self.shuffle:
             batching.shuffle_within(finished, self.seed, epoch, self.global_rank)
         batch = batching.finish_batch(finished, self.layouts, self.pad_lengths, self.feature_names,
-                                      self.label_names)
+                                      self.label_names, self.options.list_layout == "flat")
         # the batch's arrays are the consumer's now: a builder kept in a list of
         # finished batches must not keep their buffers from the pool
         finished.out, finished.lists, finished.held = {}, {}, {}

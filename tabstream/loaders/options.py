@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoaderOptions", "check_int"]
+__all__ = ["LIST_LAYOUTS", "LoaderOptions", "check_int"]
+
+#: How ragged list features are delivered: ``"tuple"``, ``features["tags"] = (values,
+#: offsets)``; ``"flat"``, merlin-dataloader's ``features["tags__values"]`` and
+#: ``features["tags__offsets"]`` (lists of lists: ``__values``, ``__outer_offsets``,
+#: ``__inner_offsets``). Padded and fixed-length lists stay ``(dense, mask)``.
+LIST_LAYOUTS = ("tuple", "flat")
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -64,8 +70,12 @@ class LoaderOptions:
     prefetch: int = 2
     storage_options: dict | None = None
     transforms: Any = None
+    list_layout: str = "tuple"
 
     def __post_init__(self) -> None:
+        if self.list_layout not in LIST_LAYOUTS:
+            raise ValueError(f"list_layout must be one of {list(LIST_LAYOUTS)}, got "
+                             f"{self.list_layout!r}")
         checked = {
             "batch_size": check_int("batch_size", self.batch_size, 1),
             "seed": check_int("seed", self.seed, 0),

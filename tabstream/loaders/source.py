@@ -117,10 +117,16 @@ class ParquetSource:
     arrow_types: dict[str, pa.DataType]
     units: list[Unit]
     dataset: Any = None
+    #: what messages call the files, when not their paths (an in-memory Dataset's copy)
+    shown_as: str | None = None
 
     @property
     def num_rows(self) -> int:
         return sum(u.num_rows for u in self.units)
+
+    def display_name(self, file: int) -> str:
+        """How messages name ``file``: its path, or what an in-memory copy stands for."""
+        return self.files[file] if self.shown_as is None else self.shown_as
 
     def open(self, file: int) -> pq.ParquetFile:
         """Open one file, reusing the footer read when planning."""
@@ -239,7 +245,8 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
         what = " that this split or filter keeps" if ds.filtered else ""
         raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows{what} "
                         f"(first: {files[0]!r})")
-    source = ParquetSource(files, fs, ds.schema, metadata, {}, units, ds)
+    source = ParquetSource(files, fs, ds.schema, metadata, {}, units, ds,
+                           None if cleanup is None else "the in-memory Dataset")
     if cleanup is not None:
         weakref.finalize(source, cleanup)
     return source

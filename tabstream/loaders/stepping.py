@@ -24,10 +24,12 @@ The TensorFlow loader is a ``tf.data.Dataset``: its ``iter()`` and ``map`` are
 tf.data's (each ``iter`` a new epoch; ``map`` traces its function), and its batch
 size is fixed when it is made; ``next``, ``peek``, ``stop`` and ``with`` are as above.
 
-    >>> loader = Loader(data, batch_size=2)          # doctest: +SKIP
-    >>> first = loader.peek(); again = next(loader)  # the same batch
-    >>> with loader.map(lambda x, y: (x, y, x.pop("weight"))) as weighted:
-    ...     for features, labels, weights in weighted: ...
+For example::
+
+    loader = Loader(data, batch_size=2)
+    first = loader.peek(); again = next(loader)  # the same batch
+    with loader.map(lambda x, y: (x, y, x.pop("weight"))) as weighted:
+        for features, labels, weights in weighted: ...
 """
 
 from __future__ import annotations

@@ -207,14 +207,18 @@ class Loader(Stepping, Mapped, torch.utils.data.IterableDataset):
         storage_options: dict | None = None,
         transforms: Any = None,
         keyed_jagged: bool | Sequence[str] = False,
+        list_layout: str = "tuple",
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
         self.core = core.Loader.from_options(LoaderOptions(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options, transforms=transforms,
+            storage_options=storage_options, transforms=transforms, list_layout=list_layout,
         ))
+        if keyed_jagged is not False and list_layout != "tuple":
+            raise ValueError(f"keyed_jagged builds its KeyedJaggedTensor from (values, offsets) "
+                             f"pairs: use it with list_layout='tuple', not {list_layout!r}")
         self.device = _check_device(device)
         self._pin = self.device.type == "cuda"
         self.keyed_jagged_keys = self._jagged_keys(keyed_jagged)

@@ -261,3 +261,69 @@ def test_tensorflow_loader_steps_as_merlins() -> None:
         assert next(loader)[0]["a"].numpy().tolist() == first[0]["a"].numpy().tolist() == [0, 1, 2]
         assert next(loader)[0]["a"].numpy().tolist() == [3, 4, 5]
         assert [f["a"].numpy().tolist() for f, _ in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+# -- list columns in merlin's name__values / name__offsets layout -----------------------
+def _rows(values: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_flat_list_layout_gives_values_and_offsets_entries(shuffle: bool) -> None:
+    df = frame(300, seed=3)
+    loader = Loader(ts.Dataset(df), 64, shuffle=shuffle, labels=["label"], list_layout="flat")
+    seen = 0
+    for features, labels in loader:
+        assert list(features) == ["a", "x", "tags__values", "tags__offsets"]
+        want = df.iloc[features["a"]]
+        assert _rows(features["tags__values"], features["tags__offsets"]) == \
+            [list(t) for t in want["tags"]]
+        assert features["tags__offsets"][0] == 0 and features["tags__offsets"].dtype == np.int64
+        np.testing.assert_array_equal(labels, want["label"].to_numpy())
+        seen += len(labels)
+    assert seen == len(df)
+
+
+def test_flat_layout_leaves_padded_lists_as_dense_and_mask() -> None:
+    df = frame(20)
+    features, _ = next(iter(Loader(ts.Dataset(df), 20, labels=["label"], list_layout="flat",
+                                   pad={"tags": 3})))
+    assert "tags__values" not in features
+    padded, mask = features["tags"]
+    want = [(list(t) + [0, 0, 0])[:3] for t in df["tags"]]
+    assert padded.tolist() == want
+    assert mask.sum(axis=1).tolist() == [min(len(t), 3) for t in df["tags"]]
+
+
+def test_an_unknown_list_layout_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^list_layout must be one of \['tuple', 'flat'\], "
+                                         r"got 'merlin'$"):
+        Loader(ts.Dataset(frame(5)), 2, list_layout="merlin")
+
+
+@pytest.mark.torch
+def test_torch_flat_layout_and_its_refusal_with_keyed_jagged() -> None:
+    torch = pytest.importorskip("torch")
+    from tabstream.loaders.torch import Loader as TorchLoader
+
+    df = frame(40)
+    features, _ = next(iter(TorchLoader(ts.Dataset(df), 40, labels=["label"], list_layout="flat")))
+    assert isinstance(features["tags__values"], torch.Tensor)
+    assert _rows(features["tags__values"].numpy(), features["tags__offsets"].numpy()) == \
+        [list(t) for t in df["tags"]]
+    with pytest.raises(ValueError, match="use it with list_layout='tuple', not 'flat'"):
+        TorchLoader(ts.Dataset(df), 8, labels=["label"], list_layout="flat", keyed_jagged=["a"])
+
+
+@pytest.mark.tensorflow
+def test_tensorflow_flat_layout_matches_the_data() -> None:
+    pytest.importorskip("tensorflow")
+    from tabstream.loaders.tensorflow import Loader as TFLoader
+
+    df = frame(50)
+    loader = TFLoader(ts.Dataset(df), 20, labels=["label"], list_layout="flat")
+    assert set(loader.element_spec[0]) == {"a", "x", "tags__values", "tags__offsets"}
+    got: list[list[int]] = []
+    for features, _ in loader:
+        got += _rows(features["tags__values"].numpy(), features["tags__offsets"].numpy())
+    assert got == [list(t) for t in df["tags"]]
