@@ -145,6 +145,8 @@ class Stepping:
 class Mapped:
     """``map(fn)`` for the loaders that deliver batches themselves (core, torch)."""
 
+    _map_fns: tuple[Callable[..., Any], ...] = ()
+
     def map(self, fn: Callable[..., Any]) -> Any:
         """Apply ``fn(*batch)`` to each batch from the next epoch on (``fn(features,
         labels)`` first, then with what the previous function returned); returns
@@ -152,13 +154,13 @@ class Mapped:
         if not callable(fn):
             raise TypeError(f"map takes a function of (features, labels), got "
                             f"{type(fn).__name__} {fn!r}")
-        self.__dict__.setdefault("_map_fns", []).append(fn)
+        self._map_fns = (*self._map_fns, fn)
         return self
 
     def _mapping(self, transform: Callable[[Any], Any] | None = None
                  ) -> Callable[[Any], Any] | None:
         """``transform`` followed by the map functions (None when neither)."""
-        fns = list(self.__dict__.get("_map_fns", ()))
+        fns = self._map_fns
         if not fns:
             return transform
 
