@@ -181,3 +181,114 @@ def test_position_round_trip_and_damage() -> None:
         EpochPosition.from_dict({**p.to_dict(), "delivered": "%%%"})
     with pytest.raises(ValueError, match="not sorted, disjoint positions of the 50-row stream"):
         EpochPosition.from_dict({**p.to_dict(), "num_rows": 50})
+
+
+# -- the loader: position() and set_position() ----------------------------------------
+
+FILES, GROUPS = (300, 1, 170, 90), (40, 1, 60, 25)   # 561 rows in 14 row groups
+
+
+def _loaders(export, w, b, shuffle, drop_last=False, seed=5):
+    from tabstream.loaders import Loader
+
+    return [Loader(str(export), b, shuffle=shuffle, seed=seed, parts_per_chunk=2, global_size=w,
+                   global_rank=r, drop_last=drop_last) for r in range(w)]
+
+
+def _take(loaders, epoch, steps=None):
+    """Row ids of the first ``steps`` batches (all when None) of each rank; checks that
+    every rank yields the same number and that each row's columns belong to it."""
+    ids, counts = [], set()
+    for loader in loaders:
+        if loader.epoch != epoch:
+            loader.set_epoch(epoch)
+        n = 0
+        for features, labels in loader:
+            if steps is not None and n == steps:
+                break
+            np.testing.assert_array_equal(labels, features["row_id"] % 2)
+            ids += features["row_id"].tolist()
+            n += 1
+        counts.add(n)
+    assert len(counts) == 1, f"ranks yielded {counts} batches"
+    return ids
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize(("w", "w2"), [(1, 2), (2, 1), (2, 3), (3, 2), (4, 3)])
+def test_loader_resumes_on_another_world_size(testdata, tmp_path, shuffle, w, w2) -> None:
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    before = _loaders(export, w, 24 // w, shuffle)
+    steps = len(before[0]) // 2 + 1
+    seen = _take(before, 1, steps)
+    states = [loader.position(1, steps) for loader in before]
+    assert all(s == states[0] for s in states), "every rank computes the same position"
+    assert states[0]["rows_delivered"] == len(seen)
+    after = _loaders(export, w2, 24 // w2, shuffle)
+    for loader in after:
+        loader.set_position(states[0])
+    assert {len(loader) for loader in after} == {-(-(561 - len(seen)) // 24)}
+    seen += _take(after, 1)
+    assert sorted(seen) == list(range(561)), "every row of the epoch exactly once"
+    # the next epoch is the usual one on w2 ranks
+    fresh = _loaders(export, w2, 24 // w2, shuffle)
+    assert _take(after, 2) == _take(fresh, 2)
+
+
+def test_loader_resumes_twice_in_one_epoch(testdata, tmp_path) -> None:
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    first = _loaders(export, 2, 16, True)
+    seen = _take(first, 0, 5)
+    second = _loaders(export, 3, 7, True)
+    for loader in second:
+        loader.set_position(first[0].position(0, 5))
+    seen += _take(second, 0, 4)
+    third = _loaders(export, 1, 50, True)
+    third[0].set_position(second[1].position(0, 4))
+    seen += _take(third, 0)
+    assert sorted(seen) == list(range(561))
+
+
+def test_position_at_zero_is_where_the_iteration_started(testdata, tmp_path) -> None:
+    """The same world size replays a resumed epoch from its start position: the
+    batches after k are the ones an uninterrupted run yields."""
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    first = _loaders(export, 2, 16, True)
+    _take(first, 0, 3)
+    state = first[0].position(0, 3)
+    run = _loaders(export, 3, 8, True)
+    for loader in run:
+        loader.set_position(state)
+    whole = [[f["row_id"].tolist() for f, _ in loader] for loader in run]
+    start = run[0].position(0, 0)
+    assert start == state
+    again = _loaders(export, 3, 8, True)
+    for loader in again:
+        loader.set_position(start)
+    assert [[f["row_id"].tolist() for f, _ in loader] for loader in again] == whole
+
+
+def test_drop_last_resume_leaves_out_less_than_one_global_batch(testdata, tmp_path) -> None:
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    first = _loaders(export, 3, 10, True, drop_last=True)
+    seen = _take(first, 0, 7)
+    second = _loaders(export, 2, 15, True, drop_last=True)
+    for loader in second:
+        loader.set_position(first[0].position(0, 7))
+    seen += _take(second, 0)
+    assert len(set(seen)) == len(seen) and 561 - len(seen) < 30
+
+
+def test_set_position_refuses_other_data_or_shuffle(testdata, tmp_path) -> None:
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    other = testdata.write_export(tmp_path / "o", (300, 1, 170, 91), GROUPS)
+    state = _loaders(export, 2, 8, True)[0].position(0, 2)
+    with pytest.raises(ValueError, match=r"taken with seed 5, this loader has 6: build the "
+                                         r"loader with seed=5"):
+        _loaders(export, 1, 16, True, seed=6)[0].set_position(state)
+    with pytest.raises(ValueError, match="taken with shuffle True, this loader has False"):
+        _loaders(export, 1, 16, False)[0].set_position(state)
+    with pytest.raises(ValueError, match="taken with rows 561, this loader has 562: load the data"):
+        _loaders(other, 1, 16, True)[0].set_position(state)
+    with pytest.raises(ValueError, match="batches=99 is more than the 18 batches of epoch 0"):
+        _loaders(export, 2, 16, True)[0].position(0, 99)
