@@ -291,6 +291,10 @@ class Loader(Stepping, Mapped):
         self._share = plan.split_rows(self.num_rows, self.batch_size, self.global_size,
                                       self.drop_last)[self.global_rank]
         self._epoch = 0
+        # set_position's position, until an iteration of its epoch starts; then the
+        # start of that iteration (what position() adds the batches taken to)
+        self._pending: plan.EpochPosition | None = None
+        self._active: plan.EpochPosition | None = None
         self._column_blocks: list[list[str]] = []
 
     # -- configuration -------------------------------------------------------
@@ -352,6 +356,11 @@ class Loader(Stepping, Mapped):
         self._epoch = check_int("epoch", epoch, 0)
 
     def __len__(self) -> int:
+        """Batches this rank yields in the next iteration's epoch: the whole epoch's,
+        or, after :meth:`set_position`, those left of that epoch."""
+        pending = self._pending
+        if pending is not None and pending.epoch == self._epoch:
+            return self._rank_epoch(pending.epoch, self.global_rank, pending)[0].num_batches
         return self._share.num_batches
 
     @property
@@ -376,6 +385,114 @@ class Loader(Stepping, Mapped):
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"rank {self.global_rank}/{self.global_size}, {len(self)} batches)")
 
+    # -- position in an epoch (resuming on another number of ranks) ----------
+    def _unit_rows(self) -> list[int]:
+        return [u.num_rows for u in self.source.units]
+
+    def _start_of(self, epoch: int) -> plan.EpochPosition:
+        """Where this loader's iteration of ``epoch`` starts (or the next one will)."""
+        for start in (self._pending, self._active):
+            if start is not None and start.epoch == epoch:
+                return start
+        return plan.EpochPosition(epoch, self.num_rows, self.seed, self.shuffle,
+                                  plan.layout_digest(self._unit_rows()), np.empty((0, 2), np.int64))
+
+    def _rank_epoch(self, epoch: int, rank: int, start: plan.EpochPosition | None
+                    ) -> tuple[plan.RankShare, list[tuple[plan.Piece, np.ndarray | None]]]:
+        """Rank ``rank``'s share of ``epoch`` and its pieces with their keep masks
+        (see :func:`tabstream.loaders.plan.select_pieces`): of the whole epoch, or of
+        the rows ``start`` has not delivered."""
+        rows = self._unit_rows()
+        order = plan.unit_order(len(rows), self.seed, epoch, self.shuffle)
+        if start is None or start.num_delivered == 0:
+            share = (self._share if rank == self.global_rank else
+                     plan.split_rows(self.num_rows, self.batch_size, self.global_size,
+                                     self.drop_last)[rank])
+            return share, [(p, None) for p in plan.rank_pieces(rows, order, share.start, share.stop)]
+        left = start.num_rows - start.num_delivered
+        try:
+            share = plan.resume_split(left, self.batch_size, self.global_size,
+                                      self.drop_last)[rank]
+        except ValueError as exc:
+            raise ValueError(f"resuming epoch {epoch} with {left} rows left to deliver: {exc}; "
+                             "resume on fewer ranks") from exc
+        selection = plan._slice(start.remaining(), share.start, share.stop)
+        return share, plan.select_pieces(rows, order, selection, self.seed, epoch, self.shuffle)
+
+    def _chunk_lengths(self, pieces: Sequence[plan.Piece], first_batch: int) -> list[int]:
+        """How many pieces each chunk of an epoch takes (see :func:`memory.epoch_budget`)."""
+        budget = memory.epoch_budget(pieces, self._reader.unit_bytes(), self._unit_rows(),
+                                     self.parts_per_chunk, self.chunk_bytes, first_batch,
+                                     self.prefetch, len(self.columns))
+        return [len(c) for c in budget.chunks]
+
+    def position(self, epoch: int, batches: int) -> dict[str, Any]:
+        """Where ``epoch`` stands once every rank has taken ``batches`` batches of
+        this loader's iteration of it (of what was left, after :meth:`set_position`):
+        the rows delivered so far, as positions in the epoch's stream (a function of
+        ``seed``, ``epoch`` and the row groups only), so nothing in it depends on the
+        number of ranks or the batch size. Plain values, for a checkpoint.
+
+        ``batches=0`` is where the iteration started. Every rank computes the same
+        position (the plan is the same on all of them); none communicates.
+
+            loader.position(epoch=0, batches=40)   # 2 ranks, batch_size=512
+            {"format": "tabstream.loaders.position/1", "epoch": 0, "num_rows": 1000000,
+             "seed": 0, "shuffle": True, "layout": "3f0c9a...", "rows_delivered": 40960,
+             "delivered": "eJxjYGBg..."}      # stream ranges, compressed
+        """
+        epoch = check_int("epoch", epoch, 0)
+        batches = check_int("batches", batches, 0)
+        start = self._start_of(epoch)
+        rows = self._unit_rows()
+        order = plan.unit_order(len(rows), self.seed, epoch, self.shuffle)
+        position = start
+        for rank in range(self.global_size):
+            share, pieces = self._rank_epoch(epoch, rank, start)
+            if batches > share.num_batches:
+                raise ValueError(f"batches={batches} is more than the {share.num_batches} "
+                                 f"batches of epoch {epoch} each rank yields")
+            sizes = list(share.batch_sizes())
+            consumed = sum(sizes[:batches])
+            if consumed == 0:
+                continue
+            plain = [p for p, _ in pieces]
+            position = position.with_delivered(plan.delivered_rows(
+                pieces, self._chunk_lengths(plain, sizes[0]), rows, order, consumed,
+                seed=self.seed, epoch=epoch, rank=rank, shuffle=self.shuffle))
+        return position.to_dict()
+
+    def set_position(self, position: Mapping[str, Any]) -> None:
+        """Resume from :meth:`position`'s output, taken with any number of ranks and
+        any batch size: the next iteration runs its epoch and delivers only the rows
+        not delivered yet, each once, split over this loader's ranks in batches of
+        ``batch_size`` by the usual rules (equal batch counts per rank; see
+        :mod:`tabstream.loaders.plan`). The epochs after it are whole, as usual.
+
+        Refused (:class:`ValueError`) when the position is of other data, another
+        ``seed`` or another ``shuffle``: the rows it names would be other rows."""
+        start = plan.EpochPosition.from_dict(position)
+        digest = plan.layout_digest(self._unit_rows())
+        for what, saved, here, fix in (
+            ("seed", start.seed, self.seed, f"build the loader with seed={start.seed}"),
+            ("shuffle", start.shuffle, self.shuffle, f"build the loader with shuffle={start.shuffle}"),
+            ("rows", start.num_rows, self.num_rows, "load the data the position was taken on"),
+            ("row groups (digest of their row counts)", start.layout, digest,
+             "load the data the position was taken on (the same files, the same row groups)"),
+        ):
+            if saved != here:
+                raise ValueError(f"the loader position (epoch {start.epoch}) was taken with "
+                                 f"{what} {saved!r}, this loader has {here!r}: {fix}")
+        self._pending = start
+        self._epoch = start.epoch
+
+    def _claim(self, epoch: int) -> tuple[plan.RankShare, list[tuple[plan.Piece, np.ndarray | None]]]:
+        """This rank's share and pieces for an iteration of ``epoch`` starting now."""
+        start = self._pending if self._pending is not None and self._pending.epoch == epoch else None
+        self._pending = None if start is not None else self._pending
+        self._active = start
+        return self._rank_epoch(epoch, self.global_rank, start)
+
     # -- planning and reading -------------------------------------------------
     def pieces(self, epoch: int, share: plan.RankShare | None = None) -> list[plan.Piece]:
         """This rank's pieces of row groups for ``epoch``, in reading order."""
@@ -384,7 +501,8 @@ class Loader(Stepping, Mapped):
         order = plan.unit_order(len(units), self.seed, epoch, self.shuffle)
         return plan.rank_pieces([u.num_rows for u in units], order, share.start, share.stop)
 
-    def _batches(self, epoch: int, share: plan.RankShare) -> Iterator[Batch]:
+    def _batches(self, epoch: int, run: tuple[plan.RankShare, list[tuple[plan.Piece, np.ndarray | None]]]
+                 | None = None) -> Iterator[Batch]:
         """This rank's batches for ``epoch``, cut in the calling thread from row
         groups read by a helper thread.
 
@@ -395,7 +513,9 @@ class Loader(Stepping, Mapped):
         drawn from ``(seed, epoch, rank, batch index)``
         (:func:`tabstream.loaders.batching.shuffle_within`).
         """
-        pieces = self.pieces(epoch, share)
+        share, kept = run if run is not None else self._rank_epoch(epoch, self.global_rank, None)
+        pieces = [p for p, _ in kept]
+        keeps = [k for _, k in kept]
         lists = [n for n in self.columns
                  if self.layouts[n].depth and self.layouts[n].fixed is None]
         dtypes = {n: (self.layouts[n].dtype, self.layouts[n].fixed or ())
@@ -417,16 +537,23 @@ class Loader(Stepping, Mapped):
             lambda piece: self._reader.read_piece(piece, epoch, recycler, use_threads=threads == 1),
             pieces, budget=budget.read_ahead, threads=threads)
         try:
+            at = 0
             for k, chunk_pieces in enumerate(budget.chunks):
                 chunk = batching.Chunk([reader.get() for _ in chunk_pieces],
                                        [p.num_rows for p in chunk_pieces])
+                # a resumed epoch keeps only the rows not delivered yet
+                select = _kept_rows(chunk_pieces, keeps[at:at + len(chunk_pieces)])
+                at += len(chunk_pieces)
+                n = chunk.num_rows if select is None else len(select)
                 order = (memory.permutation(plan.chunk_rng(self.seed, epoch, self.global_rank, k),
-                                            chunk.num_rows) if self.shuffle else None)
+                                            n) if self.shuffle else None)
+                if select is not None:
+                    order = select if order is None else select[order]
                 segments: list[batching.Segment] = []
                 done: list[batching.BatchBuilder] = []
                 pos = 0
-                while pos < chunk.num_rows and size:
-                    take = min(size - filled, chunk.num_rows - pos)
+                while pos < n and size:
+                    take = min(size - filled, n - pos)
                     rows = (slice(pos, pos + take) if order is None
                             else memory.sorted_copy(order[pos:pos + take]))
                     segments.append((builder, filled, rows))
@@ -471,4 +598,17 @@ class Loader(Stepping, Mapped):
                    transform: Callable[[Batch], Any] | None = None) -> BatchIterator:
         """Iterate ``epoch`` without touching the epoch counter. ``transform`` is
         applied to each batch in the background thread (e.g. to build tensors)."""
-        return BatchIterator(self._batches(epoch, self._share), transform, self.prefetch)
+        return BatchIterator(self._batches(epoch, self._claim(epoch)), transform, self.prefetch)
+
+
+def _kept_rows(pieces: Sequence[plan.Piece], keeps: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """The chunk rows to deliver (indices into the pieces' rows laid end to end), or
+    ``None`` for all of them."""
+    if all(k is None for k in keeps):
+        return None
+    parts, at = [], 0
+    for piece, keep in zip(pieces, keeps, strict=True):
+        local = np.arange(piece.num_rows) if keep is None else np.flatnonzero(keep)
+        parts.append(local + at)
+        at += piece.num_rows
+    return np.concatenate(parts).astype(np.int64)

@@ -18,7 +18,21 @@ the two ``fit`` loops cannot drift apart::
 A checkpoint's loop state is plain values (JSON-able)::
 
     {"epoch": 2, "step": 40, "global_step": 240, "loss_sum": 27.1, "samples": 5120,
-     "history": {...}, "data_id": "files:3f...", "data_pass": 0, "data_files": {...}}
+     "history": {...}, "data_id": "files:3f...", "data_pass": 0, "data_files": {...},
+     "world": 2, "batch_size": 512, "position": {...}, "epoch_start": None}
+
+Another number of workers: ``world`` and ``batch_size`` (per worker) say how the
+checkpoint was trained, and ``position`` (a tabstream loader's
+:meth:`~tabstream.loaders.core.Loader.position`, mid-epoch checkpoints only) which
+rows of the epoch were delivered, whatever the world size. A resume on as many
+workers with the same batch size skips the batches trained, as before (the
+batches are those of a run that never stopped); a resume on another number of
+workers hands the position to the loader, which delivers the rows not trained yet
+split over the new workers, and says so in one line. The global batch (workers x
+batch size) must stay the same: otherwise the resume is refused naming both and
+the batch size that keeps it. ``epoch_start`` is where a resumed epoch started
+(to replay it on as many workers). Checkpoints without ``world`` (older ones)
+resume by skipping batches, on as many workers as they were written with.
 
 ``loss_sum`` and ``samples`` are the sums over all workers of the epoch so far
 (the chief's record; the other workers resume from zero, so the sum over
@@ -54,7 +68,9 @@ __all__ = [
     "NothingToTrainWarning",
     "Step",
     "Trainer",
+    "continue_on_workers",
     "data_identity",
+    "loader_core",
     "run",
 ]
 
@@ -197,6 +213,73 @@ def continue_on(path: Any, state: Mapping[str, Any], data_id: str | None, epochs
     )
 
 
+# -- another number of workers (elastic resume) -----------------------------------------
+
+
+def loader_core(loader: Any) -> Any:
+    """The tabstream loader core of ``loader`` (the torch and TensorFlow loaders hold
+    one as ``.core``; a core loader is its own), or None for other iterables."""
+    core = getattr(loader, "core", loader)
+    return core if callable(getattr(core, "set_position", None)) else None
+
+
+def _divisors(n: int, limit: int = 8) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0][:limit]
+
+
+def continue_on_workers(path: Any, state: Mapping[str, Any], world: int, loader: Any,
+                        start_epoch: int, skip: int) -> tuple[int, str | None]:
+    """``(batches to skip, the line to print or None)`` for resuming ``state`` on
+    ``world`` workers, after :func:`continue_on`; hands the loader the position it
+    resumes from. See the module docstring."""
+    core = loader_core(loader)
+    saved_world = state.get("world")
+    if saved_world is None:  # older checkpoints: batch counters, the same world size
+        return skip, None
+    saved_world = int(saved_world)
+    saved_batch, batch = state.get("batch_size"), getattr(core, "batch_size", None)
+    if saved_batch is not None and batch is not None and saved_world * saved_batch != world * batch:
+        before, now = saved_world * int(saved_batch), world * batch
+        if before % world == 0:
+            fix = (f"build the loader with batch_size={before // world} on each of the {world} "
+                   f"workers (the global batch stays {before} rows)")
+        else:
+            fix = (f"{before} rows do not split evenly over {world} workers: resume on a number "
+                   f"of workers that divides {before} ({', '.join(map(str, _divisors(before)))}, "
+                   "...)")
+        raise DataError(
+            f"fit: checkpoint {path} was trained with a global batch of {before} rows "
+            f"({saved_world} workers x batch_size={saved_batch}); this run makes {now} "
+            f"({world} x batch_size={batch}), which changes what a step means (the learning "
+            f"rate was chosen for {before} rows). To resume, {fix}; or start over with "
+            "resume=False",
+            hint=f"keep the global batch of {before} rows ({fix}), or pass resume=False",
+        )
+    if saved_world == world:
+        start = state.get("epoch_start")
+        if skip and start and core is not None:
+            core.set_position(start)  # a resumed epoch: replayed from where it started
+        return skip, None
+    if not skip:
+        return 0, (f"fit: checkpoint {path} was written by {saved_world} workers, this run has "
+                   f"{world}: training continues at epoch {start_epoch + 1}")
+    position = state.get("position")
+    if core is None or not position:
+        raise DataError(
+            f"fit: checkpoint {path} stopped inside epoch {start_epoch + 1} (after {skip} "
+            f"batches on each of {saved_world} workers) and this run has {world} workers: "
+            "which rows are left is known only to a tabstream loader's checkpoint (it "
+            "records the rows delivered)",
+            hint=f"resume on {saved_world} workers to finish the epoch, or start over with "
+            "resume=False",
+        )
+    core.set_position(position)
+    left = int(position["num_rows"]) - int(position["rows_delivered"])
+    return 0, (f"fit: checkpoint {path} was written by {saved_world} workers, this run has "
+               f"{world}: epoch {start_epoch + 1} continues with the {left} rows not trained "
+               f"yet, {len(core)} batches on each worker")
+
+
 # -- the loop ----------------------------------------------------------------------------
 
 
@@ -229,6 +312,11 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
         history = {k: list(state.get("history", {}).get(k, [])) for k in keys}
         start_epoch, skip, data_pass = continue_on(path, state, data_id, epochs, files_now,
                                                    train_loader)
+        if start_epoch < epochs:
+            skip, line = continue_on_workers(path, state, trainer.world, train_loader,
+                                             start_epoch, skip)
+            if line and trainer.rank == 0:
+                tqdm.write(line)
         if start_epoch >= epochs:
             warnings.warn(
                 f"fit: checkpoint {path} already holds {start_epoch} trained epoch(s) of this "
@@ -239,6 +327,8 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
                 NothingToTrainWarning, stacklevel=3,
             )
 
+    core = loader_core(train_loader)
+
     def checkpoint(epoch: int, step: int) -> None:
         if not writes:
             return
@@ -246,10 +336,17 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
         if trainer.world > 1:
             total, n = trainer.all_sum([loss_sum, float(samples)])
             total, rows = (total, int(n)) if trainer.rank == 0 else (0.0, 0)
+        position = start = None
+        if step and core is not None:  # which rows are trained, for any number of workers
+            position = core.position(epoch, step)
+            start = core.position(epoch, 0)
+            start = start if start["rows_delivered"] else None
         trainer.save({
             "epoch": epoch, "step": step, "global_step": global_step,
             "loss_sum": total, "samples": rows, "history": history,
             "data_id": data_id or "", "data_pass": data_pass, "data_files": dict(files_now or {}),
+            "world": trainer.world, "batch_size": getattr(core, "batch_size", None),
+            "position": position, "epoch_start": start,
         })
 
     for epoch in range(start_epoch, epochs):
