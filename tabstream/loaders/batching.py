@@ -191,24 +191,20 @@ class BatchBuilder:
         return col
 
     def permute(self, order: np.ndarray) -> None:
-        """Put the batch's rows in ``order`` (a permutation of ``range(size)``): each
-        dense column gathered into a fresh buffer (the old one goes back to the pool
-        once dropped), a block's buffer as a whole, list columns with arrow's take."""
-        moved: set[str] = set()
-        for key, held in list(self.held.items()):
-            new = self._allocate(held.shape, held.dtype)
-            held.take(order, axis=1, out=new, mode="clip")
-            self.held[key] = new
-            for name, (k, row, _rows) in self.blocks.items():
-                if k == key and name in self.out:
-                    self.out[name] = new[row]
-                    moved.add(name)
-        for name, col in list(self.out.items()):
-            if name in moved:
-                continue
-            new = self._allocate(col.shape, col.dtype)
-            col.take(order, axis=0, out=new, mode="clip")
-            self.out[name] = new
+        """Put the batch's rows in ``order`` (a permutation of ``range(size)``), in
+        place: each dense column (a block's buffer as a whole) gathered into one
+        scratch buffer and copied back, list columns with arrow's take. In place,
+        not into fresh buffers: those cost page faults and pool churn, 4x the
+        gather itself (measured 29 against 7 ms CPU for 40 columns of 65,536 rows)."""
+        # (array, the axis its rows are on): a block holds a batch row per column
+        dense = [(held, 1) for held in self.held.values()] + [
+            (col, 0) for name, col in self.out.items() if name not in self.blocks]
+        if dense:
+            scratch = empty(max(arr.nbytes for arr, _ in dense), np.dtype(np.uint8))
+            for arr, axis in dense:
+                tmp = scratch[:arr.nbytes].view(arr.dtype).reshape(arr.shape)
+                arr.take(order, axis=axis, out=tmp, mode="clip")
+                arr[...] = tmp
         for name, parts in self.lists.items():
             col = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
             self.lists[name] = [pc.take(col, pa.array(order))]

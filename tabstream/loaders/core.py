@@ -496,7 +496,7 @@ class Loader(Stepping, Mapped):
     # -- planning and reading -------------------------------------------------
     def pieces(self, epoch: int, share: plan.RankShare | None = None) -> list[plan.Piece]:
         """This rank's pieces of row groups for ``epoch``, in reading order."""
-        share = share or self._share
+        share = self._share if share is None else share
         units = self.source.units
         order = plan.unit_order(len(units), self.seed, epoch, self.shuffle)
         return plan.rank_pieces([u.num_rows for u in units], order, share.start, share.stop)

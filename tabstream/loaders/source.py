@@ -23,6 +23,7 @@ still written with ``to_parquet`` first: their rows need not fit in memory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -205,24 +206,42 @@ def _in_memory_parquet(ds: Any) -> tuple[Any, Any]:
                     writer.write_table(table.cast(schema), row_group_size=table.num_rows)
                     rows += table.num_rows
     except (pa.ArrowException, ValueError, TypeError) as exc:
-        fs.rm(folder, recursive=True)
+        _remove(fs, folder)
         raise DataError(f"the in-memory Dataset could not be laid out as parquet for the "
                         f"loader ({exc}); columns: {schema}") from exc
     if not rows:
-        fs.rm(folder, recursive=True)
+        _remove(fs, folder)
         what = " that this split or filter keeps" if ds.filtered else ""
         raise DataError(f"the dataset is empty: the in-memory Dataset holds no rows{what}")
     return (Dataset(path, engine="parquet", schema=ds.schema),
-            functools.partial(fs.rm, folder, recursive=True))
+            functools.partial(_remove, fs, folder))
+
+
+def _remove(fs: Any, folder: str) -> None:
+    """Delete an in-memory copy (gone already: nothing to do)."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(folder, recursive=True)
 
 
 def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource:
     """The row groups of ``data`` (a Dataset or what :func:`as_dataset` takes) and,
     for a split or filtered Dataset, the rows of each it keeps (see module doc)."""
     ds = as_dataset(data, storage_options)
-    cleanup = None
-    if ds.engine == "dataframe":
-        ds, cleanup = _in_memory_parquet(ds)
+    if ds.engine != "dataframe":
+        return _parquet_source(ds)
+    copy, cleanup = _in_memory_parquet(ds)
+    try:
+        source = _parquet_source(copy, shown_as="the in-memory Dataset")
+    except BaseException:
+        cleanup()
+        raise
+    weakref.finalize(source, cleanup)  # the copy lives as long as the loader's source
+    return source
+
+
+def _parquet_source(ds: Any, shown_as: str | None = None) -> ParquetSource:
+    """A parquet Dataset's :class:`ParquetSource` (``shown_as``: what messages call
+    its files)."""
     if ds.engine != "parquet":
         raise DataError(
             f"loaders read parquet files or in-memory data, and this Dataset's engine is "
@@ -245,8 +264,4 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
         what = " that this split or filter keeps" if ds.filtered else ""
         raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows{what} "
                         f"(first: {files[0]!r})")
-    source = ParquetSource(files, fs, ds.schema, metadata, {}, units, ds,
-                           None if cleanup is None else "the in-memory Dataset")
-    if cleanup is not None:
-        weakref.finalize(source, cleanup)
-    return source
+    return ParquetSource(files, fs, ds.schema, metadata, {}, units, ds, shown_as)

@@ -147,6 +147,17 @@ def test_the_in_memory_copy_goes_away_with_the_loader() -> None:
     assert set(memory.store) - before == set()
 
 
+def test_a_loader_refused_after_the_copy_leaves_no_copy_behind() -> None:
+    from tabstream.core.errors import SchemaError
+
+    memory = fsspec.filesystem("memory")
+    before = set(memory.store)
+    with pytest.raises(SchemaError, match="features column 'nope' is not in the dataset schema"):
+        Loader(ts.Dataset(frame(30)), 8, features=["nope"])
+    gc.collect()
+    assert set(memory.store) - before == set()
+
+
 def test_an_empty_in_memory_dataset_is_refused() -> None:
     from tabstream.core.errors import DataError
 
