@@ -170,6 +170,11 @@ class Groupby(Operator):
         self.name_sep = name_sep
         self.ascending = ascending
 
+    def dependencies(self) -> list[str]:
+        """The keys join the selection (``["item"] >> Groupby("session")`` reads
+        ``session`` too), as NVTabular's Groupby does."""
+        return list(self.groupby_cols)
+
     # -- schema -------------------------------------------------------------
     def _plan(self, input_schema: Schema) -> list[tuple[str, list[str]]]:
         names = input_schema.column_names
