@@ -98,6 +98,13 @@ class JoinGroupby(StatOperator):
         self.tables: dict[str, pa.Table] = {}
         self.stats_files: dict[str, str] = {}  # out_path files by name, written at fit
 
+    def set_column_groups(self, groups: list) -> None:
+        """Called by the graph when the selection has nested lists (NVTabular's
+        ``["a", "b", ["a", "b"]] >> JoinGroupby(...)``): they are the groups to encode,
+        unless ``cat_groups`` was given."""
+        if self.cat_groups is None and any(isinstance(g, list) for g in groups):
+            self.cat_groups = _groups(groups, "JoinGroupby")
+
     def dependencies(self) -> list[Any]:
         return dependencies_of(self.cont_cols, self._cont_nodes)
 

@@ -127,6 +127,13 @@ class TargetEncoding(StatOperator):
         self.global_counts: dict[str, int] = {}
         self._arrays: dict[str, Any] = {}
 
+    def set_column_groups(self, groups: list) -> None:
+        """Called by the graph when the selection has nested lists (NVTabular's
+        ``["a", "b", ["a", "b"]] >> TargetEncoding(...)``): they are the groups to encode,
+        unless ``cat_groups`` was given."""
+        if self.cat_groups is None and any(isinstance(g, list) for g in groups):
+            self.cat_groups = _groups(groups, "TargetEncoding")
+
     def dependencies(self) -> list[Any]:
         return dependencies_of(self._value_cols(), self._target_nodes)
 
