@@ -181,7 +181,12 @@ class Filter(_FunctionOp):
             raise TypeError(f"Filter: f={fname} returned a frame whose index is not a selection of "
                             f"the given rows 0..{n - 1} (do not reset or change the index; or return "
                             "a boolean mask)")
-        return index.astype(np.int64)
+        index = index.astype(np.int64)
+        if not result.equals(frame.take(index)):
+            raise TypeError(f"Filter: f={fname} returned a frame whose rows are not the given rows "
+                            "at its index labels (was the index reset, or were values changed?); "
+                            "return the rows unchanged with their labels, or a boolean mask")
+        return index
 
 
 def _shape(values: Any) -> tuple[int, ...]:
