@@ -87,13 +87,37 @@ def sort_indices(table: pa.Table, sort_keys: list[tuple[str, ...]]) -> pa.Array:
 
 
 def arrow_to_pandas(table: pa.Table) -> Any:
-    """Arrow -> pandas keeping nulls as nulls: nullable ints stay ints (ArrowDtype),
-    lists become ArrowDtype lists, strings pandas' string dtype."""
+    """Arrow -> pandas with numpy dtypes for numbers and booleans, as NVTabular's
+    pandas frames hold them, so numpy idioms and dtype comparisons work.
+
+    - numbers and booleans without nulls: numpy dtypes (``int64``, ``float32``, ``bool``);
+    - floats with nulls: the same numpy float dtype with NaN;
+    - integers and booleans with nulls: pandas' masked dtypes (``Int64``, ``boolean``),
+      exact for every value (a float64 would round ids above 2**53), never ``float64``;
+    - strings: pandas' string dtype; lists: ``pd.ArrowDtype`` lists.
+
+    >>> arrow_to_pandas(pa.table({"a": [1, 2], "b": [1, None], "c": [0.5, None]})).dtypes.tolist()
+    [dtype('int64'), Int64Dtype(), dtype('float64')]
+    """
     import pandas as pd  # here, so that schemas and dtypes import without pandas
 
     def mapper(t: pa.DataType) -> Any:
-        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
             return pd.ArrowDtype(t)
         return None
 
-    return table.to_pandas(types_mapper=mapper, self_destruct=False)
+    frame = table.to_pandas(types_mapper=mapper, self_destruct=False)
+    for i, column in enumerate(table.columns):
+        if column.null_count and (pa.types.is_integer(column.type) or pa.types.is_boolean(column.type)):
+            masked = _masked_dtype(column.type)
+            frame.isetitem(i, column.to_pandas(types_mapper={column.type: masked}.get))
+    return frame
+
+
+def _masked_dtype(t: pa.DataType) -> Any:
+    """pandas' masked (nullable) dtype of an Arrow integer or boolean type."""
+    import pandas as pd
+
+    return {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+            pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype()}[t]

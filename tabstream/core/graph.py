@@ -99,7 +99,9 @@ class Node:
     """One step of a workflow graph.
 
     ``kind`` is ``"select"`` (input columns), ``"op"`` (an operator applied to the
-    concatenated outputs of ``parents``), ``"concat"`` or ``"drop"``.
+    concatenated outputs of ``parents``), ``"concat"``, ``"drop"`` or ``"union"``
+    (the first parent's columns, then the others' columns it lacks: how an op's
+    dependencies, e.g. TargetEncoding's target, join its selection).
     """
 
     def __init__(self, kind: str, parents: Sequence[Node] = (), op: Any = None,
@@ -110,6 +112,7 @@ class Node:
         self.selector = selector
         self.names = list(names)
         self.id = next(_ids)
+        self.input_schema: Schema | None = None  # set when its workflow is fitted
 
     # -- building -----------------------------------------------------------
     def __rshift__(self, op: Any) -> Node:
@@ -117,12 +120,48 @@ class Node:
 
         if isinstance(op, type) and issubclass(op, Operator):
             raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")
+        if callable(op) and not isinstance(op, (Operator, type)):
+            # NVTabular's `cols >> (lambda col: ...)`: a LambdaOp, found in the op
+            # registry (core does not import the ops layer above it)
+            from tabstream.core.operators import registered_ops
+
+            lambda_op = registered_ops().get("LambdaOp")
+            if lambda_op is None:
+                raise TypeError("`>> function` builds a LambdaOp; import tabstream.ops first")
+            op = lambda_op(op)
         if not isinstance(op, Operator):
             raise TypeError(f"`>>` needs an op instance on its right, got {type(op).__name__}")
         if self.kind == "select" and self.selector is not None and self.selector.has_groups \
                 and hasattr(op, "set_column_groups"):
             op.set_column_groups(self.selector.groups)
-        return Node("op", [self], op=op)
+        # the columns the op reads besides its selection (NVTabular's dependencies):
+        # added to its input, never selected twice
+        dependencies = [as_node(d) for d in op.dependencies()]
+        parent = Node("union", [self, *dependencies]) if dependencies else self
+        return Node("op", [parent], op=op)
+
+    def __getitem__(self, columns: str | Sequence[str]) -> Node:
+        """The node's output restricted to ``columns`` (NVTabular's ``node[cols]``)."""
+        names = [columns] if isinstance(columns, str) else list(columns)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"node[...] takes a column name or a list of names, got {columns!r}")
+        return Node("pick", [self], names=names)
+
+    def output_names_from_selection(self) -> list[str]:
+        """The names this node outputs, worked out from the column names it selects
+        (a node given where NVTabular takes column names, e.g. ``TargetEncoding``'s
+        target). Raises ``TypeError`` when they depend on the data (tags, dtypes)."""
+        leaves = [n for n in self.walk() if n.kind == "select"]
+        if any(n.selector is None or n.selector.tags for n in leaves):
+            raise TypeError(f"{self!r} selects columns by tag; give the column names instead")
+        from tabstream.core.schema import ColumnSchema
+
+        names = list(dict.fromkeys(c for n in leaves for c in n.selector.names))  # type: ignore[union-attr]
+        try:
+            return self.schema_for(Schema([ColumnSchema(c, "float64") for c in names])).column_names
+        except (SchemaError, TypeError, ValueError) as exc:
+            raise TypeError(f"cannot tell the columns {self!r} outputs before fit ({exc}); "
+                            "give the column names instead") from exc
 
     def __add__(self, other: Any) -> Node:
         return Node("concat", _flatten_concat([self, as_node(other)]))
@@ -133,6 +172,21 @@ class Node:
     def __sub__(self, other: Any) -> Node:
         names = [other] if isinstance(other, str) else list(other)
         return Node("drop", [self], names=names)
+
+    @property
+    def output_schema(self) -> Any:
+        """The schema this node outputs, once its workflow is fitted (NVTabular's
+        ``node.output_schema``). Calling it, ``node.output_schema(input_schema)``,
+        computes it for another input schema."""
+        if self.input_schema is None:
+            return _UnboundSchema(self)
+        return _CallableSchema(self, self.schema_for(self.input_schema))
+
+    def bind(self, input_schema: Schema) -> None:
+        """Record the workflow's input schema on this node and those above it
+        (``Workflow.fit``/``fit_schema``/``load`` call it)."""
+        for node in self.walk():
+            node.input_schema = input_schema
 
     # -- traversal ----------------------------------------------------------
     def walk(self) -> list[Node]:
@@ -151,7 +205,7 @@ class Node:
         visit(self)
         return order
 
-    def output_schema(self, input_schema: Schema, cache: dict[int, Schema] | None = None) -> Schema:
+    def schema_for(self, input_schema: Schema, cache: dict[int, Schema] | None = None) -> Schema:
         """The schema this node outputs given the workflow's input schema."""
         cache = {} if cache is None else cache
         if self.id in cache:
@@ -160,7 +214,7 @@ class Node:
             assert self.selector is not None
             out = input_schema.select_by_name(self.selector.resolve(input_schema))
         elif self.kind == "op":
-            inp = _concat_schemas([p.output_schema(input_schema, cache) for p in self.parents])
+            inp = _concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
             try:
                 out = self.op.compute_output_schema(inp)
             except SchemaError:
@@ -168,13 +222,25 @@ class Node:
             except KeyError as exc:
                 raise SchemaError(f"{self.op!r}: {exc}") from exc
         elif self.kind == "concat":
-            out = _concat_schemas([p.output_schema(input_schema, cache) for p in self.parents])
+            out = _concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
         elif self.kind == "drop":
-            inp = self.parents[0].output_schema(input_schema, cache)
+            inp = self.parents[0].schema_for(input_schema, cache)
             missing = [n for n in self.names if n not in inp]
             if missing:
                 raise SchemaError(f"cannot drop {missing}: not among {inp.column_names}")
             out = inp.without(self.names)
+        elif self.kind == "pick":
+            inp = self.parents[0].schema_for(input_schema, cache)
+            missing = [n for n in self.names if n not in inp]
+            if missing:
+                raise SchemaError(f"node[{self.names}]: {missing} are not among its columns {inp.column_names}")
+            out = inp.select_by_name(self.names)
+        elif self.kind == "union":
+            cols: dict[str, Any] = {}
+            for p in self.parents:
+                for c in p.schema_for(input_schema, cache):
+                    cols.setdefault(c.name, c)
+            out = Schema(cols.values())
         else:
             raise ValueError(f"unknown node kind {self.kind!r}")
         cache[self.id] = out
@@ -188,7 +254,7 @@ class Node:
         schema_cache = {} if schema_cache is None else schema_cache
         if self.id in cache:
             return cache[self.id]
-        expected = self.output_schema(input_schema, schema_cache)
+        expected = self.schema_for(input_schema, schema_cache)
         if self.kind == "select":
             out = table.select(expected.column_names)
         elif self.kind == "op":
@@ -197,6 +263,10 @@ class Node:
             _check_produced(self.op, expected, out)
         elif self.kind == "concat":
             out = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+        elif self.kind == "union":
+            out = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+        elif self.kind == "pick":
+            out = self.parents[0].transform(table, input_schema, cache, schema_cache).select(self.names)
         else:
             out = self.parents[0].transform(table, input_schema, cache, schema_cache).drop_columns(self.names)
         cache[self.id] = out
@@ -209,6 +279,10 @@ class Node:
             return f"Node({self.parents!r} >> {self.op!r})"
         if self.kind == "drop":
             return f"Node({self.parents[0]!r} - {self.names!r})"
+        if self.kind == "pick":
+            return f"Node({self.parents[0]!r}[{self.names!r}])"
+        if self.kind == "union":
+            return f"Node({' | '.join(repr(p) for p in self.parents)})"
         return f"Node({' + '.join(repr(p) for p in self.parents)})"
 
 
@@ -287,3 +361,43 @@ def _check_produced(op: Any, expected: Schema, table: pa.Table) -> None:
                 f"{'list of ' if col.is_list else ''}{col.dtype} but produced "
                 f"{'list of ' if is_list else ''}{dtype}"
             )
+
+
+class _CallableSchema(Schema):
+    """``node.output_schema``: the schema, and callable as the method it once was."""
+
+    def __init__(self, node: Node, schema: Schema) -> None:
+        super().__init__(schema)
+        self._node = node
+
+    def __call__(self, input_schema: Schema, cache: dict[int, Schema] | None = None) -> Schema:
+        return self._node.schema_for(input_schema, cache)
+
+
+class _UnboundSchema:
+    """``node.output_schema`` before the node's workflow is fitted: callable with an
+    input schema; anything else says to fit first."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def __call__(self, input_schema: Schema, cache: dict[int, Schema] | None = None) -> Schema:
+        return self._node.schema_for(input_schema, cache)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise SchemaError(f"{self._node!r} has no output schema yet: fit its workflow first "
+                          "(Workflow(node).fit(dataset)), or call node.output_schema(input_schema)")
+
+    def __iter__(self) -> Any:
+        return self.__getattr__("columns")
+
+    def __len__(self) -> int:
+        return self.__getattr__("columns")
+
+    def __contains__(self, name: object) -> bool:
+        return self.__getattr__("columns")
+
+    def __getitem__(self, name: str) -> Any:
+        return self.__getattr__("columns")

@@ -237,6 +237,12 @@ class Operator(metaclass=_OpMeta):
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({params})"
 
+    def dependencies(self) -> list[Any]:
+        """Columns the op reads besides its selection (column names or nodes), added
+        to its input by ``cols >> op`` as NVTabular's dependencies are: e.g.
+        TargetEncoding's target, JoinGroupby's ``cont_cols``. None by default."""
+        return []
+
     # -- schema and transform ----------------------------------------------
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         return Schema(self.output_column(col) for col in input_schema)

@@ -12,6 +12,7 @@ every export as ``_schema.json``::
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import math
@@ -23,7 +24,7 @@ import fsspec
 
 from tabstream.core.jsonfile import loads_json
 
-__all__ = ["ColumnSchema", "EMBEDDING_RULES", "Schema", "Tags", "embedding_dim",
+__all__ = ["ColumnSchema", "CustomTag", "EMBEDDING_RULES", "Schema", "Tags", "embedding_dim",
            "infer_embedding_dim"]
 
 
@@ -55,19 +56,43 @@ _EXPANSIONS = {
 }
 
 
+class CustomTag(str):
+    """A free-form tag beside the :class:`Tags` members (Merlin allows any string:
+    ``"session_id"``, ``"sequence"``): a string with the ``value`` a member has."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"CustomTag({str.__repr__(self)})"
+
+
 def normalize_tags(tags: Iterable[Tags | str] | Tags | str | None) -> frozenset[Tags]:
-    """Turn tags given as enum members or strings into a set of :class:`Tags`."""
+    """Turn tags given as enum members or strings into a set of :class:`Tags`; a
+    string that names no member is a free-form :class:`CustomTag`, unless it looks
+    like a misspelt member (``"categorial"``), which is an error."""
     if tags is None:
         return frozenset()
     if isinstance(tags, (str, Tags)):
         tags = [tags]
-    out: set[Tags] = set()
+    out: set[Any] = set()
     for tag in tags:
-        try:
-            t = tag if isinstance(tag, Tags) else Tags(str(tag).lower())
-        except ValueError:
-            valid = ", ".join(t.value for t in Tags)
-            raise ValueError(f"unknown tag {tag!r}; expected one of: {valid}") from None
+        if isinstance(tag, (Tags, CustomTag)):
+            t: Any = tag
+        elif not isinstance(tag, str) or not tag:
+            raise TypeError(f"a tag is a Tags member or a non-empty string, got {tag!r}")
+        else:
+            try:
+                t = Tags(tag.lower())
+            except ValueError:
+                close = difflib.get_close_matches(tag.lower(), [m.value for m in Tags], n=1, cutoff=0.85)
+                if close:
+                    raise ValueError(f"unknown tag {tag!r}; did you mean {close[0]!r}? (a free-form tag "
+                                     "may be any string that does not look like a Tags member)") from None
+                t = CustomTag(tag)
         out.add(t)
         out.update(_EXPANSIONS.get(t, ()))
     return frozenset(out)
@@ -95,6 +120,36 @@ class ColumnSchema:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", normalize_tags(self.tags))
         object.__setattr__(self, "properties", dict(self.properties))
+        if not isinstance(self.dtype, str):  # np.int64, np.dtype("float32"), pa.int32(), str
+            from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
+
+            object.__setattr__(self, "dtype", arrow_type_to_dtype(dtype_to_arrow_type(self.dtype))[0])
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        """Merlin's shape: ``(None,)`` a scalar per row, ``(None, None)`` a ragged list,
+        ``(None, n)`` a list of ``n`` values per row."""
+        if not self.is_list:
+            return (None,)
+        count = self.properties.get("value_count") or {}
+        fixed = not self.is_ragged and count.get("min") is not None and count.get("min") == count.get("max")
+        return (None, int(count["max"]) if fixed else None)
+
+    def with_shape(self, shape: Any) -> ColumnSchema:
+        """The column with Merlin's ``shape``: ``(None,)``/``None`` a scalar, ``(None,
+        None)`` a ragged list, ``(None, n)`` a list of ``n`` values (its
+        ``value_count`` property set to ``n``)."""
+        dims = (None,) if shape is None else tuple(shape) if isinstance(shape, (tuple, list)) else (None, shape)
+        if len(dims) == 1:
+            props = {k: v for k, v in self.properties.items() if k != "value_count"}
+            return replace(self, is_list=False, is_ragged=False, properties=props)
+        if len(dims) != 2 or not (dims[1] is None or (isinstance(dims[1], int) and dims[1] >= 0)):
+            raise ValueError(f"ColumnSchema {self.name!r}: shape must be (None,), (None, None) or "
+                             f"(None, n) with n >= 0, got {shape!r} (lists of lists are not described by shape)")
+        if dims[1] is None:
+            return replace(self, is_list=True, is_ragged=True)
+        return replace(self, is_list=True, is_ragged=False,
+                       properties={**self.properties, "value_count": {"min": dims[1], "max": dims[1]}})
 
     def with_name(self, name: str) -> ColumnSchema:
         return replace(self, name=name)
@@ -198,6 +253,11 @@ class Schema:
         merged = dict(self._columns)
         merged.update({c.name: c for c in other})
         return Schema(merged.values())
+
+    @property
+    def column_schemas(self) -> dict[str, ColumnSchema]:
+        """Name -> column, in order (merlin.schema's ``column_schemas``)."""
+        return {c.name: c for c in self}
 
     @property
     def column_names(self) -> list[str]:

@@ -11,6 +11,7 @@ from tabstream.core import alias_modules, moved_module, operators
 from tabstream.core.operators import ColumnOperator, Operator, StatOperator, registered_ops
 from tabstream.ops.categorify import Categorify
 from tabstream.ops.continuous import Clip, FillMissing, LogOp, Normalize
+from tabstream.ops.embedding_sizes import get_embedding_sizes
 from tabstream.ops.groupby import Groupby
 from tabstream.ops.hashing import HashBucket, HashedCross
 from tabstream.ops.joins import DifferenceLag, JoinExternal, JoinGroupby, TargetEncoding
@@ -42,7 +43,8 @@ __all__ = ["AddMetadata", "AddTags", "Bucketize", "Categorify", "Clip", "ColumnO
            "JoinGroupby", "LambdaOp", "ListSlice", "LogOp", "Normalize", "NormalizeMinMax",
            "Operator", "ReduceDtypeSize", "Rename", "SplitList", "StatOperator",
            "TagAsItemFeatures", "TagAsItemID", "TagAsUserFeatures", "TagAsUserID",
-           "TargetEncoding", "ValueCount", "register_function", "registered_ops"]
+           "TargetEncoding", "ValueCount", "get_embedding_sizes", "register_function",
+           "registered_ops"]
 
 alias_modules(sys.modules[__name__], {"base": operators})
 

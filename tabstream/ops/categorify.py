@@ -94,11 +94,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
-from tabstream.core.dtypes import sort_indices, widen_half
+from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort_indices, widen_half
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import TaskGroup, shared_pool
+from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
 
@@ -305,32 +306,45 @@ class Categorify(StatOperator):
                              "lists each value once")
 
     def __init__(self, freq_threshold: int | dict[str, int] = 0, max_size: int | dict[str, int] = 0,
-                 num_buckets: int | None = None, vocabs: dict[str, list] | None = None,
+                 num_buckets: int | dict[str, int] | None = None, vocabs: dict[str, list] | None = None,
                  encode_type: str = "joint", column_groups: list | None = None,
-                 single_table: bool = False, dtype: str = "int64",
-                 spill_rows: int = 250_000, spill_buckets: int = 32, spill_dir: str | None = None) -> None:
+                 single_table: bool = False, dtype: Any = "int64",
+                 spill_rows: int = 250_000, spill_buckets: int = 32, spill_dir: str | None = None,
+                 out_path: str | None = None, split_out: int | dict[str, int] | None = None,
+                 tree_width: int | dict[str, int] | None = None, on_host: bool = True,
+                 cat_cache: Any = "host", search_sorted: bool = False, name_sep: str = "_",
+                 cardinality_memory_limit: Any = None) -> None:
         super().__init__()
         for name, value in (("freq_threshold", freq_threshold), ("max_size", max_size)):
             values = value.values() if isinstance(value, dict) else [value]
             if any(not isinstance(v, (int, np.integer)) or v < 0 for v in values):
                 raise ValueError(f"Categorify: {name} must be a non-negative integer, got {value!r}")
-        if num_buckets is not None and (not isinstance(num_buckets, (int, np.integer)) or num_buckets < 1):
-            raise ValueError(f"Categorify: num_buckets must be a positive integer or None, got {num_buckets!r}")
+        buckets = num_buckets.values() if isinstance(num_buckets, dict) else [num_buckets]
+        if any(b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1)
+               for b in buckets):
+            raise ValueError(f"Categorify: num_buckets must be a positive integer, a dict column -> "
+                             f"positive integer, or None, got {num_buckets!r}")
+        if isinstance(num_buckets, dict) and single_table:
+            raise ValueError("Categorify: single_table=True shares one range of out-of-vocabulary "
+                             "ids; give num_buckets as one integer, not a dict")
+        if name_sep != "_":
+            raise ValueError(f"Categorify: name_sep={name_sep!r} is not supported; joint and combo "
+                             "vocabularies are named with '_'")
         if encode_type not in ("joint", "combo"):
             raise ValueError(f"Categorify: encode_type must be 'joint' or 'combo', got {encode_type!r}")
-        if dtype not in ("int32", "int64"):
-            raise ValueError(f"Categorify: dtype must be 'int32' or 'int64', got {dtype!r}")
+        dtype = _id_dtype(dtype)
         if spill_rows < 1 or spill_buckets < 1:
             raise ValueError("Categorify: spill_rows and spill_buckets must be positive")
-        reserved = OOV_ID + (num_buckets or 1)
         sizes = max_size.items() if isinstance(max_size, dict) else [(None, max_size)]
         for where, size in sizes:
+            nb = num_buckets.get(where) if isinstance(num_buckets, dict) else num_buckets
+            reserved = OOV_ID + (nb or 1)
             if size and size <= reserved:
                 col = f" for {where!r}" if where is not None else ""
                 raise ValueError(
                     f"Categorify: max_size={size}{col} leaves no room for a vocabulary: the "
                     f"table reserves {reserved} rows (0 padding, 1 null, "
-                    f"{OOV_ID}..{reserved - 1} out-of-vocabulary with num_buckets={num_buckets}); "
+                    f"{OOV_ID}..{reserved - 1} out-of-vocabulary with num_buckets={nb}); "
                     f"use max_size > {reserved}, or 0 for no limit")
         self.freq_threshold = freq_threshold
         self.max_size = max_size
@@ -343,17 +357,44 @@ class Categorify(StatOperator):
         self.spill_rows = int(spill_rows)
         self.spill_buckets = int(spill_buckets)
         self.spill_dir = spill_dir
+        # NVTabular's knobs of where and how statistics are computed: accepted so that
+        # migrating code runs; tabstream's statistics need none of them (see
+        # docs/nvtabular-differences.md). out_path names the folder the vocabulary
+        # parquet files are written to at fit (NVTabular's "where statistics go").
+        check_nvt_knobs("Categorify", out_path=out_path, split_out=split_out, tree_width=tree_width)
+        self.out_path = out_path
+        self.split_out = split_out
+        self.tree_width = tree_width
+        self.on_host = bool(on_host)
+        self.cat_cache = cat_cache
+        self.search_sorted = bool(search_sorted)
+        self.name_sep = name_sep
+        self.cardinality_memory_limit = cardinality_memory_limit
         # fitted state: vocabulary name -> table (values, counts) in id order; with
         # single_table the dict's order is the order of the id ranges
         self.tables: dict[str, pa.Table] = {}
+        self.stats_files: dict[str, str] = {}  # out_path files by name, written at fit
         # vocabulary names in selection order, as the output schema last saw them
         self._order: list[str] = []
 
     # -- groups -------------------------------------------------------------
     @property
     def start_index(self) -> int:
-        """Id of the first vocabulary entry."""
-        return OOV_ID + (self.num_buckets or 1)
+        """Id of the first vocabulary entry (of every vocabulary when ``num_buckets``
+        is one integer; see :meth:`start_of` for a dict)."""
+        return OOV_ID + ((None if isinstance(self.num_buckets, dict) else self.num_buckets) or 1)
+
+    def buckets_of(self, name: str) -> int | None:
+        """``num_buckets`` of vocabulary ``name`` (a dict gives a column's own; a
+        column it does not name has none)."""
+        if isinstance(self.num_buckets, dict):
+            value = self.num_buckets.get(name)
+            return None if value is None else int(value)
+        return self.num_buckets
+
+    def start_of(self, name: str) -> int:
+        """Id of vocabulary ``name``'s first value without ``single_table``."""
+        return OOV_ID + (self.buckets_of(name) or 1)
 
     def set_column_groups(self, groups: list) -> None:
         """Called by the graph when the selection has nested lists."""
@@ -397,7 +438,7 @@ class Categorify(StatOperator):
         """Id of vocabulary ``name``'s first value: after the previous vocabularies'
         ranges with ``single_table``, else :attr:`start_index`."""
         if not self.single_table:
-            return self.start_index
+            return self.start_of(name)
         first = self.start_index
         for other, table in self.tables.items():
             if other == name:
@@ -412,7 +453,7 @@ class Categorify(StatOperator):
     def _vocab_limit(self, name: str) -> int | None:
         """How many vocabulary values ``max_size`` keeps for ``name`` (None: all)."""
         size = self._setting(self.max_size, name)
-        return size - self.start_index if size else None
+        return size - self.start_of(name) if size else None
 
     # -- schema -------------------------------------------------------------
     def compute_output_schema(self, input_schema: Schema) -> Schema:
@@ -435,15 +476,15 @@ class Categorify(StatOperator):
         props: dict[str, Any] = {
             **col.properties,
             "freq_threshold": self._setting(self.freq_threshold, vocab),
-            "num_buckets": self.num_buckets,
-            "start_index": self.start_index,
+            "num_buckets": self.buckets_of(vocab),
+            "start_index": self.start_of(vocab),
         }
         if vocab in self.tables:
             if self.single_table:   # one table: every column's ids run up to its end
                 cardinality = self.start_index + sum(t.num_rows for t in self.tables.values())
                 vocab = self._table_name()
             else:
-                cardinality = self.start_index + self.tables[vocab].num_rows
+                cardinality = self.start_of(vocab) + self.tables[vocab].num_rows
             props["domain"] = {"min": 0, "max": cardinality - 1, "name": vocab}
             props["embedding_sizes"] = {"cardinality": cardinality,
                                         "dimension": embedding_dim(cardinality)}
@@ -769,6 +810,9 @@ class Categorify(StatOperator):
         self.tables = dict(sorted(tables.items(), key=lambda kv: order.get(kv[0], len(order))))
         drop_lookup_indexes(self)  # those of the vocabularies replaced
         self.fitted = True
+        self.stats_files = write_stats_files("Categorify", self.out_path, {
+            f"unique.{name}": pa.table({name: t["values"], f"{name}_size": t["counts"]})
+            for name, t in self.tables.items()})
 
     # -- transform ----------------------------------------------------------
     def transform(self, table: pa.Table) -> pa.Table:
@@ -805,7 +849,7 @@ class Categorify(StatOperator):
         dictionary is encoded like a plain column (its null and NaN entries get id 1),
         and the rows take their entry's id; a null index is missing (id 1)."""
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
+        out_type = dtype_to_arrow_type(self.dtype)
         kernels = backend()
         out = []
         for chunk in chunks:
@@ -823,7 +867,7 @@ class Categorify(StatOperator):
         return pa.concat_arrays(out) if out else pa.array([], out_type)
 
     def _encode_flat(self, name: str, column: pa.Array) -> pa.Array:
-        out_type = pa.int64() if self.dtype == "int64" else pa.int32()
+        out_type = dtype_to_arrow_type(self.dtype)
         vocab = self.tables[name]["values"]
         if vocab.type != column.type:
             try:
@@ -834,12 +878,13 @@ class Categorify(StatOperator):
         kernels = backend()
         index = self._vocabulary_index(name, vocab, kernels)
         first = self._first_id(name)
-        if not self.num_buckets:
-            return kernels.encode_ids(column, vocab, first, NULL_ID, OOV_ID, index).cast(out_type)
+        buckets = self.buckets_of(name)
+        if not buckets:
+            return _cast_ids(kernels.encode_ids(column, vocab, first, NULL_ID, OOV_ID, index), out_type, name)
         # values out of the vocabulary get -1 (no id is negative), then their hash bucket
         ids = kernels.encode_ids(column, vocab, first, NULL_ID, -1, index)
-        oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % self.num_buckets + OOV_ID)
-        return pc.if_else(pc.equal(ids, -1), oov, ids).cast(out_type)
+        oov = pa.array(kernels.murmur3(column).hashes.astype(np.int64) % buckets + OOV_ID)
+        return _cast_ids(pc.if_else(pc.equal(ids, -1), oov, ids), out_type, name)
 
     def _vocabulary_index(self, name: str, vocab: pa.ChunkedArray, kernels: Any) -> Any:
         """The backend's lookup index over ``vocab`` (vocabulary ``name`` as the column
@@ -895,3 +940,28 @@ def _normalize_groups(groups: list) -> list[list[str]]:
         else:
             raise TypeError(f"Categorify: column groups must be names or lists of names, got {g!r}")
     return out
+
+
+def _id_dtype(dtype: Any) -> str:
+    """The integer dtype name of Categorify's ids: a name, numpy dtype or Arrow type
+    of an integer type; None is ``int64`` (NVTabular's default)."""
+    if dtype is None:
+        return "int64"
+    try:
+        name, is_list = arrow_type_to_dtype(dtype_to_arrow_type(dtype))
+    except TypeError as exc:
+        raise TypeError(f"Categorify: dtype must be an integer dtype such as 'int32', np.int64 or "
+                        f"None, got {dtype!r}") from exc
+    if is_list or not name.startswith(("int", "uint")):
+        raise TypeError(f"Categorify: dtype must be an integer dtype such as 'int32', np.int64 or "
+                        f"None, got {dtype!r}")
+    return name
+
+
+def _cast_ids(ids: Any, out_type: pa.DataType, name: str) -> Any:
+    """Ids as ``dtype``; an id the dtype cannot hold is an error naming the fix."""
+    try:
+        return ids.cast(out_type)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"Categorify: the ids of {name!r} do not fit dtype {out_type} ({exc}); "
+                         "pass a wider dtype, e.g. dtype='int64'") from exc

@@ -22,8 +22,10 @@ import numpy as np
 import pyarrow as pa
 
 from tabstream.backends import current as backend
+from tabstream.core.dtypes import is_list_type
 from tabstream.core.operators import ColumnOperator, Operator, StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
+from tabstream.ops.numeric import plain
 
 __all__ = ["Clip", "FillMissing", "LogOp", "Normalize"]
 
@@ -32,12 +34,34 @@ def _is_float(t: pa.DataType) -> bool:
     return pa.types.is_floating(t)
 
 
-def _check_numeric(op: Operator, col: ColumnSchema) -> None:
-    if col.is_list or not (col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"):
+def _check_numeric(op: Operator, col: ColumnSchema, allow_list: bool = False) -> None:
+    if (col.is_list and not allow_list) or not (col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"):
         raise TypeError(
             f"{type(op).__name__} needs numeric columns, but column {col.name!r} is "
             f"{'a list of ' if col.is_list else ''}{col.dtype}"
         )
+
+
+def _values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column's values: a list column's elements, flattened (NVTabular's LogOp and
+    Normalize work element-wise on lists)."""
+    column = plain(column)
+    return backend().list_flatten(column) if is_list_type(column.type) else column
+
+
+def _on_values(column: pa.ChunkedArray | pa.Array, fn: Any) -> pa.Array:
+    """``fn`` applied to the values; a list column keeps its rows' lengths and its
+    missing rows."""
+    column = plain(column)
+    if not is_list_type(column.type):
+        return fn(column)
+    out = fn(backend().list_flatten(column))
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    mask = column.is_null() if column.null_count else None
+    if pa.types.is_fixed_size_list(column.type):
+        return pa.FixedSizeListArray.from_arrays(out, column.type.list_size, mask=mask)
+    return type(column).from_arrays(backend().list_offsets(column), out, mask=mask)
 
 
 def _check_number(op: str, name: str, value: Any) -> None:
@@ -177,14 +201,16 @@ class LogOp(ColumnOperator):
 
     Values below -1 give NaN and -1 gives -inf, as ``numpy.log1p`` does; clip counts
     first (``Clip(min_value=0) >> LogOp()``) when they can be negative. Nulls stay null.
+    A list column is transformed element by element (``[[0, 1], []]`` gives
+    ``[[0.0, 0.693], []]``).
     """
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
-        _check_numeric(self, col)
+        _check_numeric(self, col, allow_list=True)
         return col.with_dtype("float32").with_tags(Tags.CONTINUOUS)
 
-    def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
-        return backend().log1p(column)
+    def transform_column(self, name: str, column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+        return _on_values(column, backend().log1p)
 
 
 class Normalize(StatOperator):
@@ -192,7 +218,8 @@ class Normalize(StatOperator):
 
     Statistics use finite values only (nulls, NaN and ±inf are left out); the
     output is float32. A column with std 0 (or fewer than 2 values) is only
-    centred. Nulls stay null.
+    centred. Nulls stay null. A list column's statistics are over all its elements,
+    and each element is standardized (as NVTabular's).
     """
 
     # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
@@ -205,12 +232,12 @@ class Normalize(StatOperator):
         self.stds: dict[str, float] = {}
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
-        _check_numeric(self, col)
+        _check_numeric(self, col, allow_list=True)
         return col.with_dtype("float32").with_tags(Tags.CONTINUOUS)
 
     def fit_partition(self, table: pa.Table) -> dict[str, tuple[int, float, float]]:
         kernels = backend()
-        return {name: kernels.moments(table.column(name)) for name in table.column_names}
+        return {name: kernels.moments(_values(table.column(name))) for name in table.column_names}
 
     def combine(self, partials: Sequence[dict[str, tuple[int, float, float]]]) -> dict[str, tuple[int, float, float]]:
         # Chan et al.'s pairwise update: exact and stable for any partitioning.
@@ -238,8 +265,8 @@ class Normalize(StatOperator):
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()
         kernels = backend()
-        return pa.table({name: kernels.standardize(table.column(name), self.means[name], self.stds[name])
-                         for name in table.column_names})
+        return pa.table({name: _on_values(table.column(name), lambda values, name=name: kernels.standardize(
+            values, self.means[name], self.stds[name])) for name in table.column_names})
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         return {"means": self.means, "stds": self.stds}, {}

@@ -152,6 +152,26 @@ class DataStats(StatOperator):
         self.stats = stats
         self.fitted = True
 
+    @property
+    def output(self) -> dict[str, dict[str, Any]]:
+        """NVTabular's ``DataStats.output`` layout of :attr:`stats`: per column
+        ``dtype``, ``min``, ``max``, ``per_nan`` (percent of rows missing), ``mean``
+        and ``std`` for numbers, and ``cardinality`` (distinct values) for every
+        column that is not a float (NVTabular's "cats"). A string column's
+        ``min``/``max`` are its smallest/largest values, not lengths as in NVTabular."""
+        self.check_fitted()
+        out: dict[str, dict[str, Any]] = {}
+        for name, s in self.stats.items():
+            rows = s["count"] + s["null_count"]
+            entry: dict[str, Any] = {"dtype": s["dtype"], "min": s.get("min"), "max": s.get("max"),
+                                     "per_nan": 100.0 * s["null_count"] / rows if rows else 0.0}
+            if "mean" in s:
+                entry["mean"], entry["std"] = s["mean"], s["std"]
+            if not str(s["dtype"]).startswith("float"):
+                entry["cardinality"] = s["distinct"]
+            out[name] = entry
+        return out
+
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         return input_schema
 

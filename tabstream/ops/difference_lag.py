@@ -43,6 +43,9 @@ class DifferenceLag(Operator):
         self.partition_cols = keys
         self.shift = shift if isinstance(shift, int) else shifts
 
+    def dependencies(self) -> list[str]:
+        return list(self.partition_cols)
+
     @property
     def shifts(self) -> list[int]:
         return [self.shift] if isinstance(self.shift, int) else list(self.shift)

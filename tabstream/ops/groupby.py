@@ -34,7 +34,10 @@ Semantics
   null, NaN stays NaN. ``list`` of a list column concatenates the rows' lists in
   order (a null list adds nothing); ``first``/``last`` of a list column give the
   first/last row's list.
-* Output dtypes: ``count`` int64; ``mean``/``std``/``var`` float64; ``sum`` int64
+* ``median`` (exact; the mean of the two middle values for an even count) skips
+  missing values, null for a group with none; ``nunique`` counts the distinct
+  non-missing values (pandas' ``nunique()``), 0 for a group with none.
+* Output dtypes: ``count``/``nunique`` int64; ``mean``/``std``/``var``/``median`` float64; ``sum`` int64
   for integer and bool columns, float64 for floats; ``min``/``max``/``first``/
   ``last`` keep the column's dtype; ``list`` is a ragged list of the element dtype.
 
@@ -70,9 +73,10 @@ from tabstream.core.schema import ColumnSchema, Schema, Tags
 __all__ = ["AGGREGATIONS", "Groupby", "key_buckets"]
 
 #: every aggregation name Groupby accepts
-AGGREGATIONS = ("count", "sum", "mean", "std", "var", "min", "max", "first", "last", "list")
+AGGREGATIONS = ("count", "sum", "mean", "std", "var", "min", "max", "first", "last", "list",
+                "median", "nunique")
 #: aggregations that need numbers (not lists, not strings)
-_NUMERIC = ("sum", "mean", "std", "var")
+_NUMERIC = ("sum", "mean", "std", "var", "median")
 _ROW = "__groupby_row__"
 
 
@@ -123,7 +127,8 @@ class Groupby(Operator):
     aggs:
         An aggregation name or list of names applied to every selected column that is
         not a key, or a dict ``{column: name or [names]}`` (only those columns are
-        kept). Names: ``count, sum, mean, std, var, min, max, first, last, list``.
+        kept). Names: ``count, sum, mean, std, var, median, nunique, min, max,
+        first, last, list``.
     name_sep:
         Separator of output names: ``item_id-list``.
     ascending:
@@ -170,6 +175,11 @@ class Groupby(Operator):
         self.name_sep = name_sep
         self.ascending = ascending
 
+    def dependencies(self) -> list[str]:
+        """The keys join the selection (``["item"] >> Groupby("session")`` reads
+        ``session`` too), as NVTabular's Groupby does."""
+        return list(self.groupby_cols)
+
     # -- schema -------------------------------------------------------------
     def _plan(self, input_schema: Schema) -> list[tuple[str, list[str]]]:
         names = input_schema.column_names
@@ -206,13 +216,13 @@ class Groupby(Operator):
             kind = f"{'a list of ' if col.is_list else ''}{col.dtype}"
             raise TypeError(f"Groupby: aggregation {agg!r} needs a numeric column, but {col.name!r} is {kind}; "
                             "use count, min, max, first, last or list")
-        if agg in ("min", "max") and col.is_list:
+        if agg in ("min", "max", "nunique") and col.is_list:
             raise TypeError(f"Groupby: aggregation {agg!r} does not apply to the list column {col.name!r}; "
                             "use count, first, last or list")
         props = {k: v for k, v in col.properties.items() if k != "value_count"}
-        if agg == "count":
+        if agg in ("count", "nunique"):
             return ColumnSchema(name, "int64", {Tags.CONTINUOUS})
-        if agg in ("mean", "std", "var"):
+        if agg in ("mean", "std", "var", "median"):
             return ColumnSchema(name, "float64", col.tags - {Tags.CATEGORICAL} | {Tags.CONTINUOUS})
         if agg == "sum":
             dtype = "float64" if col.dtype.startswith("float") else "int64"
@@ -267,6 +277,8 @@ class Groupby(Operator):
                     columns.append(_take(source, grouped.column(last)))
                 elif agg == "list":
                     columns.append(_gather_lists(source, rows))
+                elif agg in ("median", "nunique"):
+                    columns.append(_per_group(source, rows, agg))
                 else:
                     columns.append(grouped.column(f"v{j}_{agg}"))
         out = []
@@ -293,6 +305,32 @@ def _arrow_type(col: ColumnSchema, produced: pa.DataType) -> pa.DataType:
     if col.is_list:
         return produced if not is_list_type(produced) else pa.list_(base)
     return base
+
+
+def _per_group(source: pa.ChunkedArray, rows: pa.ListArray, agg: str) -> pa.Array:
+    """``median`` or ``nunique`` of each group's non-missing values; ``rows`` holds
+    each group's row indices."""
+    offsets = rows.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    groups = len(lengths)
+    values = backend().normalize_missing(_take(source, rows.flatten()))  # -0.0 is 0.0, NaN null
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    gid = np.repeat(np.arange(groups, dtype=np.int64), lengths)
+    valid = np.asarray(pc.is_valid(values).to_numpy(zero_copy_only=False), dtype=bool)
+    gid = gid[valid]
+    if agg == "nunique":
+        codes = pc.dictionary_encode(values.filter(pa.array(valid))).indices.to_numpy(zero_copy_only=False)
+        pairs = np.unique(np.stack([gid, codes.astype(np.int64)]), axis=1)
+        return pa.array(np.bincount(pairs[0], minlength=groups).astype(np.int64))
+    x = np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)[valid]
+    order = np.lexsort((x, gid))
+    x = np.append(x[order], 0.0)  # one spare value: a group of none indexes it, masked below
+    counts = np.bincount(gid, minlength=groups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    has = counts > 0
+    lo = np.where(has, starts + (counts - 1) // 2, len(x) - 1)
+    hi = np.where(has, starts + counts // 2, len(x) - 1)
+    return pa.array((x[lo] + x[hi]) / 2, mask=~has)
 
 
 def _gather_lists(source: pa.ChunkedArray, rows: pa.ListArray) -> pa.Array:

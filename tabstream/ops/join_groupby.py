@@ -23,15 +23,17 @@ from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     _check_scalar_categories,
     _groups,
-    _names,
     _require,
     _resolve_groups,
     _with_columns,
+    dependencies_of,
     group_codes,
     key_column,
     lookup,
+    names_and_nodes,
 )
 from tabstream.ops.numeric import check_numeric, plain
+from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
 
 __all__ = ["JoinGroupby"]
 
@@ -63,12 +65,16 @@ class JoinGroupby(StatOperator):
     state_types = {"groups": list[str]}
     state_tables = {"stats.{groups}": {}}
 
-    def __init__(self, cont_cols: list[str] | None = None, stats: Sequence[str] = ("count",),
+    def __init__(self, cont_cols: list[str] | Any = None, stats: Sequence[str] = ("count",),
                  cat_groups: list[str | list[str]] | None = None, name_sep: str = "_",
-                 out_dtype: str = "float32") -> None:
+                 out_dtype: str = "float32", out_path: str | None = None,
+                 split_out: int | dict[str, int] | None = None,
+                 tree_width: int | dict[str, int] | None = None, on_host: bool = True,
+                 cat_cache: Any = "host") -> None:
         super().__init__()
         op = "JoinGroupby"
-        cont = [] if cont_cols is None else _names(cont_cols, "cont_cols", op)
+        cont, self._cont_nodes = ([], []) if cont_cols is None else names_and_nodes(cont_cols, "cont_cols", op)
+        check_nvt_knobs(op, out_path=out_path, split_out=split_out, tree_width=tree_width)
         stats_list = [stats] if isinstance(stats, str) else list(stats)
         bad = [s for s in stats_list if s not in _STATS]
         if bad or not stats_list:
@@ -84,7 +90,23 @@ class JoinGroupby(StatOperator):
         self.cat_groups = _groups(cat_groups, op)
         self.name_sep = name_sep
         self.out_dtype = out_dtype
+        self.out_path = out_path
+        self.split_out = split_out
+        self.tree_width = tree_width
+        self.on_host = bool(on_host)
+        self.cat_cache = cat_cache
         self.tables: dict[str, pa.Table] = {}
+        self.stats_files: dict[str, str] = {}  # out_path files by name, written at fit
+
+    def set_column_groups(self, groups: list) -> None:
+        """Called by the graph when the selection has nested lists (NVTabular's
+        ``["a", "b", ["a", "b"]] >> JoinGroupby(...)``): they are the groups to encode,
+        unless ``cat_groups`` was given."""
+        if self.cat_groups is None and any(isinstance(g, list) for g in groups):
+            self.cat_groups = _groups(groups, "JoinGroupby")
+
+    def dependencies(self) -> list[Any]:
+        return dependencies_of(self.cont_cols, self._cont_nodes)
 
     def _outputs(self, group: str) -> list[tuple[str, str | None, str]]:
         """(output name, continuous column, stat) of one group."""
@@ -191,6 +213,8 @@ class JoinGroupby(StatOperator):
         self.tables = tables
         drop_lookup_indexes(self)  # those of the statistics replaced
         self.fitted = True
+        self.stats_files = write_stats_files("JoinGroupby", self.out_path, {
+            f"join_groupby.{name}": t for name, t in self.tables.items()})
 
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()

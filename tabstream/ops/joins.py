@@ -98,7 +98,8 @@ class JoinExternal(StatOperator):
 
     def __init__(self, df_ext: Any, on: str | list[str], how: str = "left",
                  on_ext: str | list[str] | None = None, columns_ext: list[str] | None = None,
-                 drop_duplicates_ext: bool = False, first_match_only: bool = False) -> None:
+                 drop_duplicates_ext: bool = False, first_match_only: bool = False,
+                 kind_ext: str | None = None, cache: str = "host") -> None:
         super().__init__()
         op = "JoinExternal"
         keys = _names(on, "on", op)
@@ -112,7 +113,17 @@ class JoinExternal(StatOperator):
         for name, flag in (("drop_duplicates_ext", drop_duplicates_ext), ("first_match_only", first_match_only)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
+        if kind_ext not in (None, "pandas", "arrow", "cudf", "parquet", "csv", "dask"):
+            raise ValueError(f"{op}: kind_ext must be None (inferred), 'parquet', 'csv', 'pandas', "
+                             f"'arrow', 'cudf' or 'dask', got {kind_ext!r}")
+        if cache not in ("host", "device"):
+            raise ValueError(f"{op}: cache must be 'host' or 'device', got {cache!r}")
         self._table: pa.Table | None = None
+        if not isinstance(df_ext, (pd.DataFrame, pa.Table, str, os.PathLike)) and df_ext is not None \
+                and callable(getattr(df_ext, "compute", None)):
+            # a dask DataFrame or a tabstream Dataset (NVTabular takes both): the side
+            # table is small; it is read into memory once, here
+            df_ext = _computed_frame(df_ext, op)
         if isinstance(df_ext, pd.DataFrame):
             self._table = pa.Table.from_pandas(df_ext, preserve_index=False)
             df_ext = None
@@ -121,8 +132,8 @@ class JoinExternal(StatOperator):
         elif isinstance(df_ext, os.PathLike):
             df_ext = os.fspath(df_ext)
         elif df_ext is not None and not isinstance(df_ext, str):
-            raise TypeError(f"{op}: df_ext must be a pandas DataFrame, a pyarrow Table or a parquet "
-                            f"path, got {type(df_ext).__name__}")
+            raise TypeError(f"{op}: df_ext must be a pandas or dask DataFrame, a pyarrow Table, a "
+                            f"Dataset or a parquet/CSV path, got {type(df_ext).__name__}")
         self.df_ext = df_ext
         self.on = on if isinstance(on, str) else keys
         self.how = how
@@ -130,6 +141,10 @@ class JoinExternal(StatOperator):
         self.columns_ext = None if columns_ext is None else list(columns_ext)
         self.drop_duplicates_ext = bool(drop_duplicates_ext)
         self.first_match_only = bool(first_match_only)
+        # where NVTabular keeps the side table ("host"/"device"): tabstream's joins
+        # read it from host memory; kept for NVTabular's signature
+        self.kind_ext = kind_ext
+        self.cache = cache
         self._side_cache: tuple[pa.Table, pa.Table, np.ndarray] | None = None
         if self._table is not None:
             self._side()  # validate the given table now
@@ -155,14 +170,18 @@ class JoinExternal(StatOperator):
             import pyarrow.parquet as pq
 
             fs, path = fsspec.core.url_to_fs(self.df_ext)
+            is_csv = self.kind_ext == "csv" or (self.kind_ext is None and path.lower().endswith(
+                (".csv", ".csv.gz", ".tsv", ".tsv.gz")))
             try:
-                self._table = pq.read_table(path, filesystem=fs)
+                self._table = _read_csv(fs, path) if is_csv else pq.read_table(path, filesystem=fs)
             except FileNotFoundError as exc:
                 raise FileNotFoundError(f"JoinExternal: side table {self.df_ext!r} does not exist; "
                                         "pass an existing parquet file or folder") from exc
             except (pa.ArrowInvalid, OSError) as exc:
-                raise DataError(f"JoinExternal: cannot read side table {self.df_ext!r} as parquet "
-                                f"({exc}); pass a parquet file or folder, or a DataFrame") from exc
+                kind = "CSV" if is_csv else "parquet"
+                raise DataError(f"JoinExternal: cannot read side table {self.df_ext!r} as {kind} "
+                                f"({exc}); pass a parquet file or folder, a CSV file (kind_ext='csv'), "
+                                "or a DataFrame") from exc
         side = self._table
         missing = [c for c in self.keys_ext + (self.columns_ext or []) if c not in side.column_names]
         if missing:
@@ -244,3 +263,22 @@ class JoinExternal(StatOperator):
         self.fitted = True
 
 
+def _computed_frame(frame: Any, op: str) -> pa.Table:
+    """A dask DataFrame's or Dataset's rows as one Arrow table (``compute()``, then
+    pandas or cudf to Arrow)."""
+    result = frame.compute()
+    if isinstance(result, pd.DataFrame):
+        return pa.Table.from_pandas(result, preserve_index=False)
+    to_arrow = getattr(result, "to_arrow", None)  # a cudf DataFrame
+    if callable(to_arrow):
+        return to_arrow().replace_schema_metadata(None)
+    raise TypeError(f"{op}: df_ext.compute() gave {type(result).__name__}, not a DataFrame")
+
+
+def _read_csv(fs: Any, path: str) -> pa.Table:
+    """A CSV side table (header line, types inferred; ``.tsv``: tab separated)."""
+    import pyarrow.csv as pv
+
+    tab = path.lower().endswith((".tsv", ".tsv.gz"))
+    with fs.open(path, "rb", compression="infer") as f:
+        return pv.read_csv(f, parse_options=pv.ParseOptions(delimiter="\t" if tab else ","))

@@ -149,6 +149,47 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     return out
 
 
+def names_and_nodes(value: Any, what: str, op: str) -> tuple[list[str], list[Any]]:
+    """Column names given as a name, a list of names, a workflow node or a list
+    mixing them (NVTabular takes a node as TargetEncoding's target or JoinGroupby's
+    ``cont_cols``): ``(the names, the nodes)``. A node's names are the columns it
+    outputs, worked out from the names it selects."""
+    from tabstream.core.graph import ColumnSelector, Node
+
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    names: list[str] = []
+    nodes: list[Any] = []
+    for item in items:
+        if isinstance(item, ColumnSelector) and not item.tags:
+            item = item.names
+        if isinstance(item, Node):
+            try:
+                produced = item.output_names_from_selection()
+            except TypeError as exc:
+                raise TypeError(f"{op}: {what}: {exc}") from exc
+            nodes.append(item)
+            names += [n for n in produced if n not in names]
+        elif isinstance(item, list) and all(isinstance(n, str) for n in item):
+            names += [n for n in item if n not in names]
+        elif isinstance(item, str):
+            if item not in names:
+                names.append(item)
+        else:
+            names = []
+            break
+    if not names:
+        raise TypeError(f"{op}: {what} must be a column name, a non-empty list of names or a "
+                        f"workflow node, got {value!r}")
+    return names, nodes
+
+
+def dependencies_of(names: Sequence[str], nodes: Sequence[Any]) -> list[Any]:
+    """What ``cols >> op`` adds to the op's input: the nodes, then the names no node
+    produces (see :meth:`Operator.dependencies`)."""
+    produced = {n for node in nodes for n in node.output_names_from_selection()}
+    return [*nodes, *(n for n in names if n not in produced)]
+
+
 def _names(value: Any, what: str, op: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
     if not names or not all(isinstance(n, str) for n in names):

@@ -152,8 +152,11 @@ class Filter(_FunctionOp):
     def transform(self, table: pa.Table) -> pa.Table:
         if table.num_rows == 0:
             return table
-        mask = self.f(backend().to_frame(table))
-        if isinstance(mask, pd.DataFrame) or _ndim(mask) != 1 or len(mask) != table.num_rows:
+        frame = backend().to_frame(table)
+        mask = self.f(frame)
+        if _ndim(mask) == 2 and hasattr(mask, "index") and hasattr(mask, "columns"):
+            return backend().take(table, self._kept_rows(frame, mask))
+        if _ndim(mask) != 1 or len(mask) != table.num_rows:
             raise TypeError(
                 f"Filter: f={_describe(self.f)} must return one boolean per row ({table.num_rows}), "
                 f"got {type(mask).__name__} of shape {_shape(mask)}")
@@ -161,6 +164,29 @@ class Filter(_FunctionOp):
         if not pa.types.is_boolean(arr.type):
             raise TypeError(f"Filter: f={_describe(self.f)} must return booleans, got {arr.type}")
         return backend().filter(table, arr)
+
+
+    def _kept_rows(self, frame: Any, result: Any) -> np.ndarray:
+        """The rows a function that returns the filtered frame (``df[df.x > 0]``,
+        NVTabular allows it) kept: its index labels, positions in ``frame``."""
+        fname = _describe(self.f)
+        if list(result.columns) != list(frame.columns):
+            raise TypeError(f"Filter: f={fname} returned a frame with columns {list(result.columns)}; "
+                            f"a filtered frame keeps the columns it was given {list(frame.columns)} "
+                            "(or return a boolean mask)")
+        index = np.asarray(result.index.to_numpy() if hasattr(result.index, "to_numpy") else result.index)
+        n = len(frame)
+        if index.dtype.kind not in "iu" or (len(index) and (index.min() < 0 or index.max() >= n)) \
+                or len(np.unique(index)) != len(index):
+            raise TypeError(f"Filter: f={fname} returned a frame whose index is not a selection of "
+                            f"the given rows 0..{n - 1} (do not reset or change the index; or return "
+                            "a boolean mask)")
+        index = index.astype(np.int64)
+        if not result.equals(frame.take(index)):
+            raise TypeError(f"Filter: f={fname} returned a frame whose rows are not the given rows "
+                            "at its index labels (was the index reset, or were values changed?); "
+                            "return the rows unchanged with their labels, or a boolean mask")
+        return index
 
 
 def _shape(values: Any) -> tuple[int, ...]:
@@ -233,8 +259,47 @@ class LambdaOp(_FunctionOp):
         self.properties = dict(properties or {})
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
-        out = col if self.dtype is None else col.with_dtype(self.dtype)
+        dtype = self.dtype or self._inferred.get(col.name)
+        out = col if dtype is None else col.with_dtype(dtype)
         return out.with_tags(self.tags).with_properties(**self.properties)
+
+    @property
+    def _inferred(self) -> dict[str, str]:
+        return self.__dict__.setdefault("_inferred_dtypes", {})
+
+    def compute_output_schema(self, input_schema: Schema) -> Schema:
+        if self.dtype is None:
+            self._infer_dtypes(input_schema)
+        return super().compute_output_schema(input_schema)
+
+    def _infer_dtypes(self, input_schema: Schema) -> None:
+        """With ``dtype=None``, the dtype ``f`` returns, found by running it on no rows
+        of each column (NVTabular finds it on the data at fit). A function that fails
+        on no rows, or returns no type there, keeps the input dtype."""
+        fields = []
+        for col in input_schema:
+            try:
+                t = dtype_to_arrow_type(col.dtype)
+            except TypeError:
+                return  # a dtype not known before the data: checked at transform
+            fields.append(pa.field(col.name, pa.list_(t) if col.is_list else t))
+        empty = pa.schema(fields).empty_table()
+        df = backend().to_frame(empty)
+        takes_frame = self._takes_frame()
+        for col in input_schema:
+            try:
+                result = self.f(df[col.name], df) if takes_frame else self.f(df[col.name])
+                arr = backend().from_user_column(result)
+            except Exception:  # noqa: BLE001 - the user's function on no rows; the data decides
+                self._inferred.pop(col.name, None)
+                continue
+            if pa.types.is_null(arr.type):
+                continue
+            dtype, is_list = arrow_type_to_dtype(arr.type)
+            if is_list == col.is_list and dtype != col.dtype:
+                self._inferred[col.name] = dtype
+            else:
+                self._inferred.pop(col.name, None)
 
     def _takes_frame(self) -> bool:
         try:
@@ -267,7 +332,9 @@ class LambdaOp(_FunctionOp):
         if pa.types.is_null(arr.type):  # all missing (or no rows): nothing to check
             target = in_type if self.dtype is None else dtype_to_arrow_type(self.dtype)
             return arr.cast(target)
-        if self.dtype is None:
+        if self.dtype is None and name in self._inferred:
+            target = dtype_to_arrow_type(self._inferred[name])
+        elif self.dtype is None:
             declared = arrow_type_to_dtype(in_type)
             if arrow_type_to_dtype(arr.type) != declared:
                 raise SchemaError(

@@ -22,15 +22,17 @@ from tabstream.ops.keys import (
     FOLD,
     _check_scalar_categories,
     _groups,
-    _names,
     _require,
     _resolve_groups,
     _sum_by_keys,
+    dependencies_of,
     group_codes,
     key_column,
     lookup,
+    names_and_nodes,
 )
 from tabstream.ops.numeric import check_numeric, to_float64
+from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
 
 __all__ = ["TargetEncoding"]
 
@@ -71,13 +73,25 @@ class TargetEncoding(StatOperator):
                    "global_counts": dict[str, int]}
     state_tables = {"stats.{groups}": {}}
 
-    def __init__(self, target: str | list[str], target_mean: float | dict[str, float] | None = None,
-                 kfold: int = 3, fold_seed: int = 42, p_smooth: float = 20,
-                 out_dtype: str = "float32", drop_folds: bool = True,
-                 cat_groups: list[str | list[str]] | None = None, fold_col: str | None = None) -> None:
+    def __init__(self, target: str | list[str] | Any, target_mean: float | dict[str, float] | None = None,
+                 kfold: int | None = 3, fold_seed: int | None = 42, p_smooth: float = 20,
+                 out_dtype: str | None = "float32", drop_folds: bool = True,
+                 cat_groups: list[str | list[str]] | None = None, fold_col: str | None = None,
+                 out_path: str | None = None, split_out: int | dict[str, int] | None = None,
+                 tree_width: int | dict[str, int] | None = None, on_host: bool = True,
+                 stat_cache: Any = "host", name_sep: str = "_") -> None:
         super().__init__()
         op = "TargetEncoding"
-        targets = _names(target, "target", op)
+        targets, self._target_nodes = names_and_nodes(target, "target", op)
+        kfold = 3 if kfold is None else kfold  # NVTabular's None: its default, 3 folds
+        # NVTabular's fold_seed=None draws folds at random; tabstream's folds are a hash,
+        # so None is the default seed (reproducible; see docs/nvtabular-differences.md)
+        fold_seed = 42 if fold_seed is None else fold_seed
+        out_dtype = "float32" if out_dtype is None else np.dtype(out_dtype).name
+        if name_sep != "_":
+            raise ValueError(f"{op}: name_sep={name_sep!r} is not supported; outputs are named "
+                             "TE_<group>_<target>")
+        check_nvt_knobs(op, out_path=out_path, split_out=split_out, tree_width=tree_width)
         if target_mean is not None:
             means = target_mean.values() if isinstance(target_mean, dict) else [target_mean]
             if any(isinstance(m, bool) or not isinstance(m, (int, float)) for m in means):
@@ -93,6 +107,13 @@ class TargetEncoding(StatOperator):
         if fold_col is not None and (not isinstance(fold_col, str) or fold_col in targets):
             raise ValueError(f"{op}: fold_col must be a column name other than the target, got {fold_col!r}")
         self.target = target if isinstance(target, str) else list(targets)
+        self.out_path = out_path
+        self.split_out = split_out
+        self.tree_width = tree_width
+        self.on_host = bool(on_host)
+        self.stat_cache = stat_cache
+        self.name_sep = name_sep
+        self.stats_files: dict[str, str] = {}  # out_path files by name, written at fit
         self.target_mean = target_mean
         self.kfold = kfold
         self.fold_seed = fold_seed
@@ -105,6 +126,16 @@ class TargetEncoding(StatOperator):
         self.global_sums: dict[str, float] = {}
         self.global_counts: dict[str, int] = {}
         self._arrays: dict[str, Any] = {}
+
+    def set_column_groups(self, groups: list) -> None:
+        """Called by the graph when the selection has nested lists (NVTabular's
+        ``["a", "b", ["a", "b"]] >> TargetEncoding(...)``): they are the groups to encode,
+        unless ``cat_groups`` was given."""
+        if self.cat_groups is None and any(isinstance(g, list) for g in groups):
+            self.cat_groups = _groups(groups, "TargetEncoding")
+
+    def dependencies(self) -> list[Any]:
+        return dependencies_of(self._value_cols(), self._target_nodes)
 
     @property
     def targets(self) -> list[str]:
@@ -173,6 +204,8 @@ class TargetEncoding(StatOperator):
         self.global_counts = dict(partial["counts"])
         self._prepare()
         self.fitted = True
+        self.stats_files = write_stats_files("TargetEncoding", self.out_path, {
+            f"target_encoding.{name}": t for name, t in self.stats.items()})
 
     def _prepare(self) -> None:
         """Per group: distinct categories and (category x fold) sum/count arrays."""

@@ -580,6 +580,12 @@ class Dataset:
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
         return backend.dask_frame(_ReadArrow(self, cols), self._pieces, target)
 
+    def compute(self, columns: Sequence[str] | None = None) -> Any:
+        """The whole dataset in memory as one DataFrame (small data only), as
+        NVTabular's ``Dataset.compute()``: ``to_ddf().compute()`` with a fresh
+        0..n-1 index (pandas on the arrow backend, cudf on the cudf backend)."""
+        return self.to_ddf(columns).compute().reset_index(drop=True)
+
     def to_parquet(self, output_path: str, **kwargs: Any):
         """Export the dataset unchanged (see :func:`tabstream.pipeline.export.to_parquet`)."""
         from tabstream.pipeline.export import export

@@ -141,7 +141,7 @@ class _AfterScatter:
         schemas: dict[int, Any] = {}
         with backends.use(backend):
             grouped = self.node.op.transform(table)
-            _check_produced(self.node.op, self.node.output_schema(wf.input_schema, schemas), grouped)
+            _check_produced(self.node.op, self.node.schema_for(wf.input_schema, schemas), grouped)
             # Nodes after the Groupby read it from the cache; any branch that bypasses it
             # sees no raw rows, and concatenating it with the groups fails loudly.
             return wf.output_node.transform(self.raw_schema.empty_table(), wf.input_schema,

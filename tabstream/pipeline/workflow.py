@@ -87,15 +87,16 @@ class Workflow:
     # -- schema -------------------------------------------------------------
     def fit_schema(self, input_schema: Schema) -> Workflow:
         """Compute (and validate) the graph's schemas for ``input_schema``; reads no data."""
-        self.output_node.output_schema(input_schema)
+        self.output_node.schema_for(input_schema)
         self.input_schema = input_schema
+        self.output_node.bind(input_schema)
         return self
 
     @property
     def output_schema(self) -> Schema:
         if self.input_schema is None:
             raise NotFittedError("the workflow has no input schema yet; call fit(dataset) or fit_schema(schema)")
-        return self.output_node.output_schema(self.input_schema)
+        return self.output_node.schema_for(self.input_schema)
 
     @property
     def input_columns(self) -> list[str]:
@@ -221,7 +222,14 @@ class Workflow:
 
     def transform(self, data: Any) -> Any:
         """Lazy on a :class:`Dataset` (returns a :class:`TransformedDataset`), eager on a
-        pandas DataFrame or Arrow table (returns the same kind)."""
+        pandas DataFrame or Arrow table (returns the same kind).
+
+        A workflow with no statistics op needs no ``fit``: its first ``transform``
+        takes the input schema from ``data`` (as NVTabular does)."""
+        if self.input_schema is None and not any(
+                n.kind == "op" and n.op.is_stat for n in self.output_node.walk()):
+            self.fit_schema(_as_dataset(data).schema)
+            self._fitted = True
         self._check_fitted()
         if isinstance(data, pd.DataFrame):
             table = pa.Table.from_pandas(data, preserve_index=False)
@@ -278,7 +286,7 @@ class Workflow:
             if node.kind == "select":
                 assert node.selector is not None
                 entry["selector"] = node.selector.to_config()
-            elif node.kind == "drop":
+            elif node.kind in ("drop", "pick"):
                 entry["names"] = node.names
             elif node.kind == "op":
                 entry["op"] = node.op.to_config()
@@ -583,6 +591,8 @@ _NODE_FIELDS = {
     "select": {"id", "kind", "parents", "selector"},
     "drop": {"id", "kind", "parents", "names"},
     "concat": {"id", "kind", "parents"},
+    "union": {"id", "kind", "parents"},
+    "pick": {"id", "kind", "parents", "names"},
     "op": {"id", "kind", "parents", "op", "state", "tables", "table_rows"},
 }
 
@@ -649,8 +659,13 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise _EntryError(f"field 'names' must be a list of column names, found {_short(names)}")
         return Node("drop", parents, names=names)
-    if kind == "concat":
-        return Node("concat", parents)
+    if kind == "pick":
+        names = entry.get("names")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise _EntryError(f"field 'names' must be a list of column names, found {_short(names)}")
+        return Node("pick", parents, names=names)
+    if kind in ("concat", "union"):
+        return Node(kind, parents)
     op = _load_op(entry)
     if op.is_stat:
         _load_state(op, entry, fs, root)
@@ -761,12 +776,12 @@ def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> Non
         if node.kind != "op" or not node.op.is_stat:
             continue
         name = type(node.op).__name__
-        inp = _concat_schemas([p.output_schema(input_schema, cache) for p in node.parents])
+        inp = _concat_schemas([p.schema_for(input_schema, cache) for p in node.parents])
         empty = _empty_table(inp)
         if empty is None:
             continue
         try:
-            _check_produced(node.op, node.output_schema(input_schema, cache), node.op.transform(empty))
+            _check_produced(node.op, node.schema_for(input_schema, cache), node.op.transform(empty))
         except (KeyError, IndexError, TypeError, ValueError, pa.ArrowException) as exc:
             raise DataError(f"{doc_path}: node {saved_id}: {name}: the saved state does not fit the columns "
                             f"{inp.column_names} it is applied to ({type(exc).__name__}: {exc})") from exc

@@ -33,7 +33,7 @@ def _fit(tmp, op, columns=("session", "ts", "item")):
 
 
 def _unknown_agg(tmp):
-    ops.Groupby("session", aggs=["list", "median"])
+    ops.Groupby("session", aggs=["list", "mode"])
 
 
 def _no_groupby_cols(tmp):
@@ -93,10 +93,11 @@ def _sessions_span_files(tmp):
 
 
 CASES = [
-    ("unknown aggregation", _unknown_agg, ValueError, r"unknown aggregation 'median'.*supported: \['count'"),
+    ("unknown aggregation", _unknown_agg, ValueError, r"unknown aggregation 'mode'.*supported: \['count'"),
     ("no groupby_cols", _no_groupby_cols, ValueError, r"groupby_cols is required"),
+    # the keys join the selection (NVTabular's dependencies): a key the data lacks is named
     ("key column not selected", _key_not_selected, SchemaError,
-     r"groupby_cols \['user'\] are not among the columns it is applied to \['session', 'ts', 'item'\]"),
+     r"selected columns \['user'\] do not exist; available columns: \['session', 'ts', 'item'\]"),
     ("sort on a missing column", _sort_missing, SchemaError, r"sort_cols \['timestamp'\] are not among"),
     ("mean of a string column", _mean_of_strings, TypeError, r"'mean' needs a numeric column, but 'name' is string"),
     ("statistics op after Groupby", _stat_after_groupby, ValueError, r"Normalize\(.*\) comes after Groupby"),

@@ -104,7 +104,7 @@ def test_filter_matches_pandas_mask(frame):
     wf, out = run(node, frame)
     expected = frame[["user", "price", "count"]][(frame["price"] > 0).fillna(False)].reset_index(drop=True)
     pd.testing.assert_frame_equal(out.reset_index(drop=True), expected, check_dtype=False)
-    assert out["count"].dtype == "int64[pyarrow]" and 0 < len(out) < len(frame)
+    assert out["count"].dtype == "int64" and 0 < len(out) < len(frame)
 
 
 def test_filter_rejects_non_boolean_result(frame):
@@ -130,7 +130,7 @@ def test_lambda_keeps_nulls_and_dtypes(frame):
     assert [None if pd.isna(v) else v for v in out["user"]] == expected_user
     expected_count = [None if pd.isna(v) else v + 1 for v in frame["count"]]
     assert [None if pd.isna(v) else v for v in out["count"]] == expected_count
-    assert wf.output_schema["count"].dtype == "int64" and out["count"].dtype == "int64[pyarrow]"
+    assert wf.output_schema["count"].dtype == "int64" and out["count"].dtype == "Int64"
 
 
 def test_lambda_dtype_tags_properties_and_frame_argument(frame):

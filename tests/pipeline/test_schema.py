@@ -49,9 +49,12 @@ def test_missing_column_error_lists_available():
         make_schema().select_by_name(["nope"])
 
 
-def test_unknown_tag_is_rejected():
-    with pytest.raises(ValueError, match="unknown tag 'colour'"):
-        ColumnSchema("x", tags=["colour"])
+def test_misspelt_tag_is_rejected_and_free_form_tags_are_kept():
+    with pytest.raises(ValueError, match="unknown tag 'categorial'; did you mean 'categorical'"):
+        ColumnSchema("x", tags=["categorial"])
+    col = ColumnSchema("x", tags=["colour", Tags.CATEGORICAL])  # free-form beside the members
+    assert sorted(t.value for t in col.tags) == ["categorical", "colour"]
+    assert ColumnSchema.from_dict(col.to_dict()) == col
 
 
 def test_selector_by_tag_resolves_and_reports_missing():

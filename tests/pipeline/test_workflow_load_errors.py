@@ -153,7 +153,7 @@ def test_unknown_kind(saved):
     doc = edit(folder, lambda d: d["nodes"][0].update(kind="shell"))
     node_id = doc["nodes"][0]["id"]
     load_fails(folder, DataError,
-               WF + f"node {node_id}: unknown kind 'shell'; known kinds: " + re.escape("['concat', 'drop', 'op', 'select']"))
+               WF + f"node {node_id}: unknown kind 'shell'; known kinds: " + re.escape("['concat', 'drop', 'op', 'pick', 'select', 'union']"))
 
 
 def test_unknown_node_field(saved):
