@@ -32,11 +32,14 @@ counts) are kept in the JSON as ``{"__scalar__": value, "dtype": ...}``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +70,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
 
-__all__ = ["FORMAT", "POINTER_FILE", "Chunk", "Piece", "Stored", "load_pieces", "load_sharded",
+__all__ = ["FORMAT", "POINTER_FILE", "Chunk", "Piece", "Stored", "load_part", "load_pieces", "load_sharded",
            "read_parts", "read_plain_values", "save_sharded", "sharded_exists", "write_parts"]
 
 POINTER_FILE = "checkpoint.dcp.json"
@@ -358,6 +361,15 @@ def _check_covered(where: Path, piece: Piece, md: TensorStorageMetadata) -> None
                         f"{piece.offsets}; the checkpoint is incomplete")
 
 
+@contextlib.contextmanager
+def _single_process(no_dist: bool) -> Iterator[None]:
+    """DCP warns that it reads or writes in one process even when asked to (no_dist)."""
+    with warnings.catch_warnings():
+        if no_dist:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def load_pieces(folder: str | os.PathLike[str], pieces: dict[str, Piece], group: Any = None,
                 no_dist: bool = False) -> tuple[dict[str, torch.Tensor], int]:
     """``({name: tensor of piece.sizes}, bytes read)``: each :class:`Piece` read from the
@@ -366,8 +378,10 @@ def load_pieces(folder: str | os.PathLike[str], pieces: dict[str, Piece], group:
     folder = Path(folder)
     targets = {n: torch.empty(p.sizes, dtype=p.dtype) for n, p in pieces.items()}
     reader = _JsonReader(folder)
-    dcp.load(targets, storage_reader=reader, planner=_PieceLoadPlanner(pieces, targets, folder),
-             process_group=group, no_dist=no_dist)
+    with _single_process(no_dist):
+        dcp.load(targets, storage_reader=reader,
+                 planner=_PieceLoadPlanner(pieces, targets, folder), process_group=group,
+                 no_dist=no_dist)
     return targets, reader.bytes_read
 
 
@@ -512,8 +526,9 @@ def write_parts(directory: str | os.PathLike[str], parts: list[dict[str, Any]],
     tensors: dict[str, torch.Tensor] = {}
     chunks: list[Chunk] = []
     skeletons = [_encode(part, tensors, f"rank{r}", chunks) for r, part in enumerate(parts)]
-    dcp.save(tensors, storage_writer=_JsonWriter(folder),
-             planner=_ChunkSavePlanner(chunks, tensors), no_dist=True)
+    with _single_process(True):
+        dcp.save(tensors, storage_writer=_JsonWriter(folder),
+                 planner=_ChunkSavePlanner(chunks, tensors), no_dist=True)
     for r, skeleton in enumerate(skeletons):
         (folder / f"rank{r}.json").write_text(json.dumps(skeleton))
     pointer = directory / POINTER_FILE
