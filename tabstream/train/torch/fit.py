@@ -377,7 +377,7 @@ class _TorchTrainer:
         if written_by is not None and written_by != self.world and not _is_sharded(model) \
                 and self.rank == 0:
             print(f"fit: checkpoint {path} was written by {written_by} rank(s); resuming on "
-                  f"{self.world} (the model is replicated: nothing to reshard)",
+                  f"{self.world} (its tensors are whole: nothing to reshard)",
                   file=sys.stderr, flush=True)
         self.global_batch = int(ckpt.get("global_batch") or 0)
         self._resumed_inside = (self.global_batch, int(ckpt.get("step", 0)), path.parent)
@@ -392,7 +392,8 @@ class _TorchTrainer:
         restored = restore(self.model, self.optimizer, self.checkpoint_path.parent)
         if restored is None:
             return None
-        ckpt, note = restored
+        ckpt = restored.values
+        note = restored.note(self.checkpoint_path.parent, self.world, self.rank)
         if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
             raise DataError(f"fit: {self.checkpoint_path.parent} does not point at a tabstream "
                             f"checkpoint (expected format {_FORMAT!r})")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from tabstream.train.torch.sharded_checkpoint import (
     write_parts,
 )
 
-__all__ = ["LAYOUT", "checkpoint_state", "reshard", "restore"]
+__all__ = ["LAYOUT", "Restored", "checkpoint_state", "reshard", "restore"]
 
 #: the version of the whole-table layout a part's "layout" describes
 LAYOUT = "tabstream.whole-tables/1"
@@ -218,11 +219,32 @@ def _refuse_unsliceable(directory: Path, fqn: str, slot: str, value: Any,
             fix=f"resume on {world} ranks with the checkpoint's plan")
 
 
+@dataclass
+class Restored:
+    """What :func:`restore` read: the checkpoint's plain values (loop state, RNG), the
+    world size that wrote it, whether its plan differs from this run's, and the bytes
+    this rank read."""
+
+    values: dict[str, Any]
+    written_by: int
+    resharded: bool
+    bytes_read: int
+
+    def note(self, directory: Any, world_size: int, rank: int) -> str | None:
+        """One line for the user when the checkpoint was resharded, else None."""
+        if not self.resharded:
+            return None
+        how = (f"by {self.written_by} rank(s); resuming on {world_size}"
+               if self.written_by != world_size
+               else f"with another plan; resuming on {world_size} rank(s) with this one")
+        return (f"fit: checkpoint {directory} was written {how}: tables and optimizer state "
+                f"resharded ({self.bytes_read:,} bytes read on rank {rank})")
+
+
 def restore(model: Any, optimizer: Any, directory: str | os.PathLike[str],
-            group: Any = None) -> tuple[dict[str, Any], str | None] | None:
+            group: Any = None) -> Restored | None:
     """Collective: load the sharded checkpoint in ``directory`` into ``model`` (a
-    :class:`HybridParallel`, any world size and plan) and ``optimizer``; return
-    ``(its plain values, a one-line note when it was resharded)``, or None for a
+    :class:`HybridParallel`, any world size and plan) and ``optimizer``; None for a
     checkpoint of the older per-rank layout (then load it as written)."""
     directory = Path(directory)
     doc, folder, parts = read_parts(directory)
@@ -304,13 +326,8 @@ def restore(model: Any, optimizer: Any, directory: str | os.PathLike[str],
                           for s, v in slots.items()} for i, slots in slots_of.items()},
             "param_groups": [{**g, "params": m} for g, m in zip(groups, members)],
         })
-    note = None
-    if world != model.world_size or _placements(layout) != _placements(model.layout()):
-        how = (f"by {world} rank(s); resuming on {model.world_size}" if world != model.world_size
-               else f"with another plan; resuming on {world} rank(s) with this one")
-        note = (f"fit: checkpoint {directory} was written {how}: tables and optimizer state "
-                f"resharded ({nbytes:,} bytes read on rank {rank})")
-    return _fill(rest, tensors), note
+    resharded = world != model.world_size or _placements(layout) != _placements(model.layout())
+    return Restored(_fill(rest, tensors), world, resharded, nbytes)
 
 
 def _opt_name(part: Mapping[str, Any]) -> str:

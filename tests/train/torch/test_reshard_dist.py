@@ -59,8 +59,8 @@ def _slots(out, name, world, model):
                 continue
             target = whole.setdefault((leaf, key, slot), np.zeros(model[key].shape, np.float32))
             piece = data[entry]
-            a, b = (int(x) for x in where.split(","))
-            target[a:a + piece.shape[0], b:b + piece.shape[1]] = piece
+            offsets = [int(x) for x in where.split(",")]
+            target[tuple(slice(o, o + n) for o, n in zip(offsets, piece.shape))] = piece
     return {k: torch.as_tensor(v) for k, v in whole.items()}
 
 
