@@ -362,6 +362,23 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(line)
 
 
+def _plan_arg(text: str | None) -> str | dict[str, str] | None:
+    """``--plan``: a strategy name, or ``TABLE=TYPE,TABLE=TYPE`` overrides of "auto"."""
+    if text is None or "=" not in text:
+        return text
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    return {name.strip(): kind.strip() for name, kind in pairs}
+
+
+def cmd_reshard(args: argparse.Namespace) -> None:
+    from tabstream.train.torch.distributed import reshard
+
+    written = reshard(args.checkpoint, args.output, args.world_size, plan=_plan_arg(args.plan))
+    what = ("a single-process checkpoint" if args.world_size == 1
+            else f"a checkpoint for {args.world_size} ranks")
+    print(f"wrote {what}: {written}")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from tabstream.demo import run_demo
 
@@ -521,6 +538,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "and overwrite it")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
+
+    p = add("reshard", "convert a sharded training checkpoint for another number of ranks",
+            "Convert the sharded checkpoint a HybridParallel run wrote (its checkpoint_dir) for "
+            "another number of ranks and plan, optimizer state and training position "
+            "included.\n\nexamples:\n  tabstream reshard ck/ ck3/ --world-size 3\n"
+            "  tabstream reshard ck/ one/ --world-size 1      # a checkpoint.pt for one process\n"
+            "  tabstream reshard ck/ ck4/ --world-size 4 --plan C1=row_wise,C2=column_wise")
+    p.add_argument("checkpoint", help="the checkpoint_dir holding checkpoint.dcp.json")
+    p.add_argument("output", help="a new or empty folder for the converted checkpoint")
+    p.add_argument("--world-size", type=int, required=True,
+                   help="ranks of the run that will resume from it (1: a plain checkpoint.pt "
+                        "that single-process fit(resume=True) of the unwrapped model loads)")
+    p.add_argument("--plan", default=None,
+                   help="the new run's plan: auto, table_wise, row_wise, column_wise, "
+                        "data_parallel, or TABLE=TYPE,... overriding auto (default: auto)")
+    p.set_defaults(func=cmd_reshard)
 
     p = add("demo", "synthetic raw TSV logs -> fit -> train/valid export (-> training)")
     p.add_argument("--rows", type=int, default=1_000_000, help="raw rows written in all")

@@ -42,7 +42,10 @@ batch of ``B_r`` rows):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -63,7 +66,7 @@ from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
-           "TablePlacement", "comm_device", "plan_sharding"]
+           "StatePiece", "TablePlacement", "comm_device", "plan_sharding", "reshard"]
 
 
 # ----------------------------------------------------------------- autograd pieces
@@ -399,6 +402,8 @@ class HybridParallel(nn.Module):
         plan = resolve_plan(plan, model, self.world_size)
         self.plan = plan
         self._original_keys = list(model.state_dict())
+        self._original_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        self._original_params = [n for n, _ in model.named_parameters()]
         # a group of its own, so that the embedding exchange never interleaves with
         # DDP's gradient all-reduces on one communicator
         ranks = dist.get_process_group_ranks(group) if group is not None else None
@@ -502,8 +507,84 @@ class HybridParallel(nn.Module):
             return torch.cat(parts, dim=1)
         return torch.cat(parts, dim=0)
 
+    def state_pieces(self) -> dict[str, StatePiece]:
+        """Where each entry of ``self.module.state_dict()`` lies in the unwrapped
+        model's ``state_dict`` (the whole-table coordinates that resharding uses)::
+
+            {"inputs.embeddings.shards.C1.weight":      # rank 1, C1 rows 25:50 of 50
+                 StatePiece("inputs.embeddings.C1.weight", offsets=(25, 0), size=(50, 6)),
+             "bottom.0.weight": StatePiece("bottom.0.weight", (0, 0), (8, 2)), ...}
+        """
+        tables: dict[int, StatePiece] = {}
+        for prefix, sharded in self._sharded.items():
+            p = f"{prefix}." if prefix else ""
+            weights = sharded.shard_weights()
+            for cfg in sharded.configs:
+                key = f"{p}{sharded._table_keys[cfg.name]}.weight"
+                size = (cfg.cardinality, cfg.dim)
+                place = self.plan.placements[cfg.name]
+                if place.kind == "data_parallel":
+                    tables[id(sharded.replicated[cfg.name].weight)] = StatePiece(key, (0, 0), size)
+                    continue
+                if cfg.name not in weights:
+                    continue
+                start = {k: a for k, a, _ in place.pieces()}[self.rank]
+                offsets = {"table_wise": (0, 0), "row_wise": (start, 0),
+                           "column_wise": (0, start)}[place.kind]
+                tables[id(weights[cfg.name])] = StatePiece(key, offsets, size)
+        out = {}
+        for k, v in self.module.state_dict(keep_vars=True).items():
+            out[k] = tables.get(id(v)) or StatePiece(k, (0,) * v.dim(), tuple(v.shape))
+        return out
+
+    def layout(self) -> dict[str, Any]:
+        """Plain values (JSON) that describe the unwrapped model and this plan: what a
+        checkpoint needs to be resharded without the model at hand::
+
+            {"world_size": 2, "model_class": "DLRM",
+             "tables": {"C1": {"key": "inputs.embeddings.C1.weight", "cardinality": 50,
+                               "dim": 6, "kind": "row_wise", "owner": None,
+                               "ranges": [[0, 25], [25, 50]]}, ...},
+             "shapes": {"inputs.embeddings.C1.weight": [50, 6], ...},   # state_dict order
+             "params": ["inputs.embeddings.C1.weight", ...]}            # parameters order
+        """
+        tables = {}
+        for prefix, sharded in self._sharded.items():
+            p = f"{prefix}." if prefix else ""
+            for cfg in sharded.configs:
+                place = self.plan.placements[cfg.name]
+                tables[cfg.name] = {
+                    "key": f"{p}{sharded._table_keys[cfg.name]}.weight",
+                    "cardinality": cfg.cardinality, "dim": cfg.dim, "kind": place.kind,
+                    "owner": place.owner, "ranges": [list(r) for r in place.ranges],
+                }
+        return {"world_size": self.world_size, "model_class": type(self.module).__qualname__,
+                "tables": tables,
+                "shapes": {k: list(v) for k, v in self._original_shapes.items()},
+                "params": list(self._original_params)}
+
     def extra_repr(self) -> str:
         return f"rank={self.rank}, world_size={self.world_size}"
+
+
+@dataclass(frozen=True)
+class StatePiece:
+    """The region ``offsets`` (of the local tensor's shape) of the unwrapped model's
+    ``state_dict()[key]``, whose shape is ``size``."""
+
+    key: str
+    offsets: tuple[int, ...]
+    size: tuple[int, ...]
+
+
+def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size: int,
+            plan: ShardingPlan | Mapping[str, str] | str | None = None) -> Path:
+    """Convert the sharded checkpoint in ``src`` (written by ``fit`` with a
+    :class:`HybridParallel` model) for ``world_size`` ranks into ``dst``; see
+    :func:`tabstream.train.torch.reshard.reshard`."""
+    from tabstream.train.torch.reshard import reshard as _reshard
+
+    return _reshard(src, dst, world_size, plan)
 
 
 class _Entry(nn.Module):

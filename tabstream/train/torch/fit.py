@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +352,10 @@ class _TorchTrainer:
         self.checkpoint_path = (Path(checkpoint_dir) / CHECKPOINT_FILE
                                 if checkpoint_dir is not None else None)
         self.rank, self.world = _ranks()
+        #: rows of the largest global batch trained (all ranks' rows of one step)
+        self.global_batch = 0
+        #: (global batch, batches done in the epoch, folder) of the checkpoint resumed
+        self._resumed_inside: tuple[int, int, Path] | None = None
 
     def check_writable(self) -> None:
         assert self.checkpoint_path is not None
@@ -363,6 +368,40 @@ class _TorchTrainer:
     def load(self) -> dict[str, Any]:
         path, model = self.checkpoint_path, self.model
         assert path is not None
+        ckpt = self._load_resharded() if _is_sharded(model) else None
+        if ckpt is None:
+            ckpt = self._load_as_written(path, model)
+        if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
+            torch.random.set_rng_state(ckpt["rng"].cpu())
+        written_by = ckpt.get("world_size")
+        if written_by is not None and written_by != self.world and not _is_sharded(model) \
+                and self.rank == 0:
+            print(f"fit: checkpoint {path} was written by {written_by} rank(s); resuming on "
+                  f"{self.world} (its tensors are whole: nothing to reshard)",
+                  file=sys.stderr, flush=True)
+        self.global_batch = int(ckpt.get("global_batch") or 0)
+        self._resumed_inside = (self.global_batch, int(ckpt.get("step", 0)), path.parent)
+        return ckpt
+
+    def _load_resharded(self) -> dict[str, Any] | None:
+        """A sharded checkpoint in whole-table coordinates, read on this world size and
+        plan (None for one of the older per-rank layout)."""
+        from tabstream.train.torch.reshard import restore
+
+        assert self.checkpoint_path is not None
+        restored = restore(self.model, self.optimizer, self.checkpoint_path.parent)
+        if restored is None:
+            return None
+        ckpt = restored.values
+        note = restored.note(self.checkpoint_path.parent, self.world, self.rank)
+        if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
+            raise DataError(f"fit: {self.checkpoint_path.parent} does not point at a tabstream "
+                            f"checkpoint (expected format {_FORMAT!r})")
+        if note and self.rank == 0:
+            print(note, file=sys.stderr, flush=True)
+        return ckpt
+
+    def _load_as_written(self, path: Path, model: nn.Module) -> dict[str, Any]:
         ckpt = _read_checkpoint(path, model, self.device)
         _check_same_model(path, _checkpointed(model), ckpt)
         _checkpointed(model).load_state_dict(ckpt["model"])
@@ -374,17 +413,21 @@ class _TorchTrainer:
                 f"{type(self.optimizer).__name__} ({exc}); resume with the optimizer the "
                 "checkpoint was written with, or start over with resume=False (--no-resume)"
             ) from exc
-        if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
-            torch.random.set_rng_state(ckpt["rng"].cpu())
         return ckpt
 
     def save(self, state: dict[str, Any]) -> None:
         assert self.checkpoint_path is not None
         inner = _checkpointed(self.model)
+        if _is_sharded(self.model):  # whole-table coordinates: resumes on any world size
+            from tabstream.train.torch.reshard import checkpoint_state
+
+            tensors = checkpoint_state(self.model, self.optimizer)
+        else:
+            tensors = {"model": inner.state_dict(), "optimizer": self.optimizer.state_dict()}
         _write_checkpoint(self.checkpoint_path, self.model, {
-            "format": _FORMAT, "model_class": type(inner).__qualname__,
-            "model": inner.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "rng": torch.random.get_rng_state(), **state,
+            "format": _FORMAT, "model_class": type(inner).__qualname__, **tensors,
+            "rng": torch.random.get_rng_state(), "world_size": self.world,
+            "global_batch": self.global_batch, **state,
         })
 
     def begin_epoch(self) -> None:
@@ -398,6 +441,9 @@ class _TorchTrainer:
         value = float(loss.detach())
         size = _batch_size(features, labels)
         global_size, finite, labels_ok = _agree_on_step(value, size, labels_bad)
+        if self._resumed_inside is not None:
+            self._check_global_batch(global_size)
+        self.global_batch = max(self.global_batch, global_size)
         if not labels_ok:  # every rank raises: a rank left alone would hang
             raise label_error(label_name(self.loader, batch[1]),
                               labels_bad or "NaN or inf on another rank", self.loader, where)
@@ -407,6 +453,29 @@ class _TorchTrainer:
         _backward(self.model, loss, size, global_size)
         _step(self.optimizer)
         return Step(value * size, size)
+
+    def _check_global_batch(self, rows: int) -> None:
+        """The first step after a resume inside an epoch: the global batch must be the
+        checkpoint's, or the batches already trained are not the ones skipped now.
+        ``rows`` is agreed over ranks, so every rank raises together."""
+        assert self._resumed_inside is not None
+        expected, done, folder = self._resumed_inside
+        self._resumed_inside = None
+        if not expected or not done or rows == expected:
+            return
+        if rows < expected and isinstance(self.loader, Sized) and done + 1 == len(self.loader):
+            return  # the epoch's last, shorter batch
+        per_rank = (f"batch_size={expected // self.world} on each of the {self.world} ranks"
+                    if expected % self.world == 0 else
+                    f"a number of ranks that divides {expected}")
+        raise SchemaError(
+            f"fit: checkpoint {folder} stopped after {done} batches of an epoch trained with "
+            f"global batches of {expected} rows (all ranks together); this run's global batch "
+            f"has {rows} rows on {self.world} rank(s), so the rows already trained are not "
+            f"the batches it would skip; resume with {per_rank}, or start over with "
+            "resume=False (tabstream train: --no-resume)",
+            hint=f"resume with {per_rank}, or start over with --no-resume",
+        )
 
     def all_sum(self, values: list[float]) -> list[float]:
         return _all_reduce(values) if self.world > 1 else list(values)
