@@ -11,11 +11,17 @@ mirrored (data-parallel). Every worker builds the model from the same seed insid
     with strategy.scope():
         model = HybridParallel(DLRM(schema, seed=0), plan="auto")  # or {"C1": "row_wise"}
         optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(), large_tables)])
+    fit(model, loader, optimizer, checkpoint_dir="ck/", resume=True)   # tabstream's fit
+    # or a loop of your own:
     step = model.train_step(optimizer)             # a tf.function of (features, labels)
     for features, labels in batches:               # this worker's rows of each global batch
         loss = step(features, labels)              # the mean over the global batch
     model.full_weights()                           # {variable path: whole array}, every worker
     model.save_checkpoint("ck/"); model.restore_checkpoint("ck/", optimizer)
+
+:func:`tabstream.train.tensorflow.fit` trains the wrapper, or the model it wraps,
+through its hooks (``fit_build``, ``fit_global_step``, ``fit_checkpoints``): every
+worker checkpoints its own part, and a resume continues mid-epoch.
 
 How a lookup of a sharded table flows (``W`` workers, worker ``r`` holding ``B_r``
 rows; only tf.distribute collectives of the replica context):
@@ -370,7 +376,9 @@ class HybridParallel:
 
     ``model(features)`` works inside ``strategy.run``; :meth:`train_step` and
     :meth:`predict` do that. ``trainable_variables`` are the mirrored ones,
-    ``shard_variables`` this worker's shards.
+    ``shard_variables`` this worker's shards. :func:`tabstream.train.tensorflow.fit`
+    trains the wrapper, or the wrapped model (which then names its wrapper as
+    ``model.fit_target``); Keras' own ``model.fit`` is refused for it.
     """
 
     def __init__(self, model: keras.Model, plan: Any = None,

@@ -613,8 +613,8 @@ def fit(
     model = getattr(model, "fit_target", None) or model
     wrapper = not isinstance(model, keras.Model) and callable(getattr(model, "fit_build", None))
     if not isinstance(model, keras.Model) and not wrapper:
-        raise TypeError(f"fit: model must be a keras.Model (or a HybridParallel of one), got "
-                        f"{type(model).__name__}")
+        raise TypeError(f"fit: model must be a keras.Model, got {type(model).__name__} (a "
+                        "HybridParallel of a Keras model is taken too)")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"fit: optimizer must be a keras optimizer (LazyAdam, MultiOptimizer, ...), got "
