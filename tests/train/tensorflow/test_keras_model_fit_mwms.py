@@ -1,15 +1,19 @@
 """Keras' own ``model.fit`` on a bundled model under ``MultiWorkerMirroredStrategy``
 fails at once with an error that names ``tabstream.train.tensorflow.fit`` (issue 30
-item 5), for each of the four bundled models; Keras' loop itself, reached past the
-refusal, fails there with its raw ``PerReplica`` error, so the refusal is what a user
-meets first. A model wrapped by ``HybridParallel`` is refused by Keras' fit on any
-strategy (its shards are no Keras weights: they would stay untrained), and the
-bundled ``fit`` trains it."""
+item 5): for each of the four bundled models on a one-worker strategy, and on two real
+workers (TF_CONFIG on 127.0.0.1), where Keras' loop itself, reached past the refusal,
+fails deep inside with its raw ``PerReplica`` error (a one-worker strategy does not
+reproduce that failure: Keras' loop runs there). A model wrapped by ``HybridParallel``
+is refused by Keras' fit on any strategy (its shards are no Keras weights: they would
+stay untrained), and the bundled ``fit`` trains it.
+
+Run as a script, this file is one of the two workers (``argv = out_dir``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,10 +22,47 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # run as a script: the helper modules beside it
+    sys.path.insert(0, str(HERE))
+
+
+def _worker(out: Path) -> None:
+    """One of two MultiWorkerMirroredStrategy workers: the bundled DLRM's ``fit``,
+    then Keras' own ``keras.Model.fit`` reached past it, each error written down."""
+    import keras
+    import tensorflow as tf
+    from tf_synthetic import ranking_data
+
+    from tabstream.train.tensorflow import DLRM, LazyAdam
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    schema, feats, labels, _ = ranking_data(rank, rows=8, list_cardinality=0)
+    data = tf.data.Dataset.from_tensors(({k: tf.constant(v) for k, v in feats.items()},
+                                         tf.constant(labels))).repeat(2)
+    with strategy.scope():
+        model = DLRM(schema, embedding_dim=4, bottom_mlp=(4,), top_mlp=(4,), seed=0)
+        model.compile(LazyAdam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    got = {}
+    for how, call in (("bundled", model.fit),
+                      ("keras", lambda *a, **k: keras.Model.fit(model, *a, **k))):
+        try:
+            call(data, epochs=1, verbose=0)
+            got[how] = None
+        except Exception as exc:  # written down for the test to judge
+            got[how] = [type(exc).__name__, str(exc)[:3000]]
+    (out / f"worker-{rank}.json").write_text(json.dumps(got))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    _worker(Path(sys.argv[1]))
+    sys.exit(0)
+
 tf = pytest.importorskip("tensorflow")
 
 pytestmark = [pytest.mark.tensorflow]
-HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 NAMES_THE_WAY = (r"\.fit \(Keras' own training loop\) does not run under "
@@ -55,14 +96,11 @@ def test_keras_fit_of_every_bundled_model_under_mwms_names_tabstream_fit():
                 loss = (None if name == "TwoTower"
                         else keras.losses.BinaryCrossentropy(from_logits=True))
                 model.compile(LazyAdam(0.01), loss=loss)
-            got = {}
-            for how, call in (("bundled", model.fit), ("keras", lambda *a, **k: keras.Model.fit(model, *a, **k))):
-                try:
-                    call(d, epochs=1, verbose=0)
-                    got[how] = None
-                except Exception as exc:
-                    got[how] = [type(exc).__name__, str(exc)[:2000]]
-            out[name] = got
+            try:
+                model.fit(d, epochs=1, verbose=0)
+                out[name] = None
+            except Exception as exc:
+                out[name] = [type(exc).__name__, str(exc)[:2000]]
         print("RESULT " + json.dumps(out))
     """)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3",
@@ -76,16 +114,43 @@ def test_keras_fit_of_every_bundled_model_under_mwms_names_tabstream_fit():
     assert line, done.stdout + done.stderr[-3000:]
     result = json.loads(line[0][len("RESULT "):])
     assert sorted(result) == ["DCN", "DLRM", "TwoTower", "WideAndDeep"]
-    import re
 
     for name, got in result.items():
-        kind, message = got["bundled"]
+        assert got is not None, (name, "trained: the refusal is gone")
+        kind, message = got
         assert kind == "RuntimeError", (name, got)
         assert re.match(name + NAMES_THE_WAY, message), (name, message)
-        # Keras' loop reached past the refusal fails deep inside, naming no way out
-        assert got["keras"] is not None, (name, "Keras' own fit ran: the refusal is stale")
-        assert "PerReplica" in got["keras"][1], (name, got["keras"])
-        assert "tabstream" not in got["keras"][1], name
+
+
+@pytest.mark.slow  # two TensorFlow worker processes
+def test_two_real_workers_refused_at_once_where_keras_fit_fails_deep_inside(tmp_path):
+    from test_tf_hybrid_parallel import _env, _free_ports
+
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    procs = [subprocess.Popen([sys.executable, __file__, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=_env({"cluster": cluster, "task": {"type": "worker",
+                                                                     "index": i}}))
+             for i in range(2)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=600)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"worker {i}:\n{outputs[i][-4000:]}"
+    for rank in range(2):
+        got = json.loads((tmp_path / f"worker-{rank}.json").read_text())
+        assert got["bundled"][0] == "RuntimeError", got
+        assert re.match("DLRM" + NAMES_THE_WAY, got["bundled"][1]), got["bundled"][1]
+        # Keras' own loop, reached past the refusal, fails inside on this strategy
+        # with an error that names no way out: what users met before the refusal
+        assert got["keras"] is not None, "Keras' fit ran under MWMS: the refusal is stale"
+        assert "PerReplica" in got["keras"][1], got["keras"]
+        assert "tabstream" not in got["keras"][1]
 
 
 def test_keras_fit_of_a_hybrid_parallel_model_is_refused_and_fit_trains_it():
