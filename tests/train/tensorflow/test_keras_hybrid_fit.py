@@ -181,3 +181,52 @@ def test_fit_trains_hybrid_parallel_like_one_process_and_resumes_after_a_crash(t
     assert sorted(os.listdir(out / "ck")) == ["worker-0-of-2", "worker-1-of-2"]
     for part in ("worker-0-of-2", "worker-1-of-2"):
         assert sorted(os.listdir(out / "ck" / part)) == ["step-3-0-3", "step-3-1-0"], part
+
+
+def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_path):
+    """The per-worker checkpoint files on one worker (the default strategy): a fit
+    that stops mid-epoch and a rebuilt model resuming it end where the plain model's
+    uninterrupted fit does; a plan other than the checkpoint's is refused."""
+    import tensorflow as tf
+    from hybrid_worker import MIXED, as_tf, global_batches, make_model, make_optimizer
+
+    from tabstream.train.checks import CheckpointError
+    from tabstream.train.tensorflow import fit
+    from tabstream.train.tensorflow.distributed import HybridParallel
+
+    batches = [(as_tf(f), tf.constant(y)) for f, y in global_batches()]
+
+    class Stops:
+        def __iter__(self):
+            for i, batch in enumerate(batches):
+                if i == DIE_BEFORE:
+                    raise KeyboardInterrupt("stopped mid-epoch")
+                yield batch
+
+    plain = make_model(0)
+    expected = fit(plain, batches, make_optimizer("multi", plain), progress=False)
+
+    def build(seed, plan):  # the optimizer's claims name the tables before they are sharded
+        model = make_model(seed)
+        optimizer = make_optimizer("multi", model)
+        return HybridParallel(model, plan=plan), optimizer
+
+    wrapper, optimizer = build(0, MIXED)
+    with pytest.raises(KeyboardInterrupt):
+        fit(wrapper, Stops(), optimizer, progress=False, checkpoint_dir=tmp_path,
+            checkpoint_every=1)
+    assert sorted(os.listdir(tmp_path / "worker-0-of-1")) == ["step-1-0-1", "step-2-0-2"]
+    wrapper, optimizer = build(5, MIXED)
+    got = fit(wrapper, batches, optimizer, progress=False, checkpoint_dir=tmp_path,
+              checkpoint_every=1, resume=True)
+    np.testing.assert_allclose(got["loss"], expected["loss"], rtol=0, atol=1e-6)
+    weights = wrapper.full_weights()
+    assert sorted(weights) == sorted(v.path for v in plain.weights)
+    for v in plain.weights:
+        np.testing.assert_allclose(weights[v.path], v.numpy(), rtol=0, atol=1e-6, err_msg=v.path)
+    assert sorted(os.listdir(tmp_path / "worker-0-of-1")) == ["step-3-0-3", "step-3-1-0"]
+    other, optimizer = build(0, "row_wise")
+    with pytest.raises(CheckpointError, match=r"was saved with plan \{'cat_0': 'table_wise'.*"
+                       r"this model has \{'cat_0': 'row_wise'.*build the model with the plan "
+                       r"it was saved with"):
+        fit(other, batches, optimizer, progress=False, checkpoint_dir=tmp_path, resume=True)
