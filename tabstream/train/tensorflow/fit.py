@@ -572,7 +572,10 @@ def fit(
     Args:
         model: a Keras model returning logits (``[B]`` or ``[B, 1]``), or one with
             its own ``compute_loss`` (``TwoTower``), taken as the mean over its rows.
-            Under a strategy, create and build it inside ``strategy.scope()``.
+            Under a strategy, create and build it inside ``strategy.scope()``. A
+            ``HybridParallel`` (model-parallel tables), or the model it wraps, trains
+            through the wrapper's hooks; every worker then checkpoints its own part,
+            and the strategy defaults to the wrapper's.
         train_loader: batches ``(features dict, labels)``, e.g. a tabstream
             ``Loader``; every worker must yield the same number (the loader does).
         optimizer: a Keras optimizer (``LazyAdam``, ``MultiOptimizer``, ...),
