@@ -17,8 +17,20 @@ at ``--max-rows`` so that the run fits a small machine.
 Then it prints, from the same table sizes, the bytes each rank sends per step in
 either mode at 8 and 64 ranks (the paper estimate in docs/distributed-training.md).
 
+``--framework tensorflow``: the Keras DLRM (the same tables, LazyAdam) under
+``tf.distribute.MultiWorkerMirroredStrategy``, ``W`` worker processes on 127.0.0.1
+(``TF_CONFIG``), trained by ``tabstream.train.tensorflow.fit`` in both modes:
+
+    data-parallel   the plain model built in strategy.scope(): every table mirrored
+    hybrid          HybridParallel(model, plan="auto"): big tables sharded, small
+                    ones mirrored
+
+Steps/s are over ``--steps`` batches of one ``fit`` call, after a first ``fit`` of 3
+batches (tracing); the byte estimate is not printed again.
+
     python benchmarks/distributed.py                          # W = 1, 2
     python benchmarks/distributed.py --max-rows 20000 --steps 10 --batch 512
+    python benchmarks/distributed.py --framework tensorflow --steps 20
 """
 
 from __future__ import annotations
@@ -112,6 +124,78 @@ def rank_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
     dist.destroy_process_group()
 
 
+def tf_worker_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
+    """One Keras worker (TF_CONFIG in the environment)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+
+    from tabstream.train.tensorflow import DLRM, LazyAdam, fit
+    from tabstream.train.tensorflow.distributed import HybridParallel
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    with strategy.scope():
+        model = DLRM(_schema(max_rows), embedding_dim=DIM, seed=0)
+        optimizer = LazyAdam(1e-3)
+        trained = HybridParallel(model, plan="auto") if mode == "hybrid" else model
+    rng = np.random.default_rng(rank)
+    cards = _cardinalities(max_rows)
+    batches = []
+    for _ in range(min(steps, 8)):  # a few batches, cycled: generation is not measured
+        f = {f"C{i + 1}": tf.constant(rng.integers(0, c, batch)) for i, c in enumerate(cards)}
+        f.update({f"I{i + 1}": tf.constant(rng.normal(size=batch).astype(np.float32))
+                  for i in range(N_CONT)})
+        batches.append((f, tf.constant(rng.integers(0, 2, batch).astype(np.float32))))
+    timed = [batches[i % len(batches)] for i in range(steps)]
+    fit(trained, batches[:3], optimizer, strategy=strategy, progress=False)  # traces
+    start = time.perf_counter()
+    fit(trained, timed, optimizer, strategy=strategy, progress=False)  # ends on a collective
+    elapsed = time.perf_counter() - start
+    if mode == "hybrid":
+        held = sum(int(np.prod(v.shape)) * 4 for v in
+                   trained.trainable_variables + trained.shard_variables)
+        plan_bytes = trained.plan.rank_bytes()[rank] + trained.plan.replicated_bytes()
+    else:
+        held = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+        plan_bytes = sum(c * DIM * 12 for c in cards)
+    print(json.dumps({"rank": rank, "steps_per_s": steps / elapsed, "param_bytes": held,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "plan_rank_bytes": plan_bytes}))
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_tf(world: int, mode: str, args: argparse.Namespace) -> list[dict]:
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(world)]}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    argv = [sys.executable, __file__, "--framework", "tensorflow", "--rank-main", mode,
+            "--max-rows", str(args.max_rows), "--batch", str(args.batch), "--steps",
+            str(args.steps)]
+    procs = [subprocess.Popen(argv, env=dict(env, TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": r}})),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            raise SystemExit(f"tensorflow {mode} W={world} failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -188,21 +272,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
+    parser.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     parser.add_argument("--rank-main", choices=["hybrid", "data-parallel"])
     args = parser.parse_args()
     if args.rank_main:
-        rank_main(args.rank_main, args.max_rows, args.batch, args.steps)
+        main_of = tf_worker_main if args.framework == "tensorflow" else rank_main
+        main_of(args.rank_main, args.max_rows, args.batch, args.steps)
         return
 
     print(f"# {machine_note()}")
-    print(f"# 26 tables capped at {args.max_rows:,} rows x {DIM}, batch {args.batch}/rank, "
-          f"{args.steps} timed steps")
+    print(f"# {args.framework}: 26 tables capped at {args.max_rows:,} rows x {DIM}, batch "
+          f"{args.batch}/rank, {args.steps} timed steps")
+    launch = run_tf if args.framework == "tensorflow" else run
     rows = []
     for world in args.world_sizes:
         runs: dict[str, list[list[dict]]] = {"data-parallel": [], "hybrid": []}
         for _ in range(args.repeats):  # the modes alternate, so load changes hit both
             for mode in runs:
-                runs[mode].append(run(world, mode, args))
+                runs[mode].append(launch(world, mode, args))
         base = None
         for mode, reps in runs.items():
             sps = median([min(r["steps_per_s"] for r in res) for res in reps])
@@ -212,6 +299,8 @@ def main() -> None:
                          f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
     print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel",
                         "peak RSS MB (max rank)", "param MB (max rank)"], rows, markdown=True))
+    if args.framework == "tensorflow":
+        return
     print("\n# bytes sent per rank per step, full Criteo cardinalities, batch 2048/rank")
     est = []
     for world in (8, 64):

@@ -11,11 +11,17 @@ mirrored (data-parallel). Every worker builds the model from the same seed insid
     with strategy.scope():
         model = HybridParallel(DLRM(schema, seed=0), plan="auto")  # or {"C1": "row_wise"}
         optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(), large_tables)])
+    fit(model, loader, optimizer, checkpoint_dir="ck/", resume=True)   # tabstream's fit
+    # or a loop of your own:
     step = model.train_step(optimizer)             # a tf.function of (features, labels)
     for features, labels in batches:               # this worker's rows of each global batch
         loss = step(features, labels)              # the mean over the global batch
     model.full_weights()                           # {variable path: whole array}, every worker
     model.save_checkpoint("ck/"); model.restore_checkpoint("ck/", optimizer)
+
+:func:`tabstream.train.tensorflow.fit` trains the wrapper, or the model it wraps,
+through its hooks (``fit_build``, ``fit_global_step``, ``fit_checkpoints``): every
+worker checkpoints its own part, and a resume continues mid-epoch.
 
 How a lookup of a sharded table flows (``W`` workers, worker ``r`` holding ``B_r``
 rows; only tf.distribute collectives of the replica context):
@@ -47,15 +53,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tabstream.train.checks import CheckpointError
+from tabstream.core.jsonfile import read_json_file
+from tabstream.train.checks import CheckpointError, checkpoint_write
 from tabstream.train.sharding import (
     SHARDING_TYPES,
     ShardingPlan,
@@ -366,7 +376,9 @@ class HybridParallel:
 
     ``model(features)`` works inside ``strategy.run``; :meth:`train_step` and
     :meth:`predict` do that. ``trainable_variables`` are the mirrored ones,
-    ``shard_variables`` this worker's shards.
+    ``shard_variables`` this worker's shards. :func:`tabstream.train.tensorflow.fit`
+    trains the wrapper, or the wrapped model (which then names its wrapper as
+    ``model.fit_target``); Keras' own ``model.fit`` is refused for it.
     """
 
     def __init__(self, model: keras.Model, plan: Any = None,
@@ -398,6 +410,9 @@ class HybridParallel:
                              "the model does not have")
         self._steps: dict[str, Any] = {}
         self._optimizers: tuple[Any, Any, Any] | None = None
+        # fit(model) on the wrapped model trains through this wrapper (its own step
+        # would leave the shards untouched); Keras' model.fit is refused for it
+        object.__setattr__(model, "fit_target", self)
 
     # -- variables ------------------------------------------------------------
     @property
@@ -416,10 +431,30 @@ class HybridParallel:
         """The mirrored (data-parallel) variables: dense layers and replicated tables."""
         return list(self.model.trainable_variables)
 
-    def build(self, features: Mapping[str, Any]) -> None:
-        """Create the dense layers (mirrored) by one call on ``features``."""
+    @property
+    def built(self) -> bool:
+        return bool(self.model.built)
+
+    @property
+    def distribute_strategy(self) -> tf.distribute.Strategy:
+        """The strategy the wrapper was built under (``fit``'s default for it)."""
+        return self.strategy
+
+    def example_batch(self, batch_size: int = 2) -> dict[str, Any]:
+        """The wrapped model's ``example_batch`` (zeros shaped like its inputs)."""
+        make = getattr(self.model, "example_batch", None)
+        if not callable(make):
+            raise TypeError(f"HybridParallel: {type(self.model).__name__} has no example_batch; "
+                            "call build(features) with a batch of its inputs")
+        return make(batch_size)
+
+    def build(self, features: Mapping[str, Any] | None) -> None:
+        """Create the dense layers (mirrored) by one call on ``features``
+        (collective: every worker calls it; default: the model's ``example_batch``)."""
         if self.model.built:
             return
+        if features is None:
+            features = self.example_batch()
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
 
         @tf.function(autograph=False)
@@ -457,6 +492,59 @@ class HybridParallel:
         self._optimizers = (mirrored, shard_opt, optimizer)
         return mirrored, shard_opt
 
+    # -- the hooks of tabstream.train.tensorflow.fit ------------------------------
+    def fit_build(self, features: Mapping[str, Any] | None, optimizer: Any,
+                  strategy: tf.distribute.Strategy) -> None:
+        """Build the model and the optimizer's two parts before ``fit`` trains (or
+        resumes); ``strategy`` must be the one the wrapper was built under."""
+        if strategy is not self.strategy:
+            raise ValueError(
+                f"fit: this HybridParallel was built under {type(self.strategy).__name__} "
+                f"(id {id(self.strategy)}), but fit was given {type(strategy).__name__} "
+                f"(id {id(strategy)}); pass strategy= the one in whose scope the model was "
+                "wrapped, or leave it out (fit then uses that one)"
+            )
+        self.build(features)
+        self.optimizers(optimizer)
+
+    def fit_checkpoints(self, directory: str | os.PathLike[str],
+                        optimizer: keras.optimizers.Optimizer) -> _HybridCheckpoints:
+        """``fit``'s checkpoint files: every worker writes its own part (see
+        :class:`_HybridCheckpoints`)."""
+        return _HybridCheckpoints(self, directory, optimizer)
+
+    def fit_global_step(self, features: Any, labels: Any,
+                        loss_sum: Callable[[Any, Any], tf.Tensor],
+                        optimizer: keras.optimizers.Optimizer) -> tuple[Any, Any]:
+        """One step of the global batch, in the cross-replica context of a compiled
+        function (the hook :func:`tabstream.train.tensorflow.fit` calls in place of its
+        ``strategy.run``): ``strategy.run`` of this worker's gradient of the mean
+        loss over the global batch, the mirrored variables updated there (Keras sums
+        their gradients over the workers), then this worker's shards updated outside
+        the replica context, where their gradients are not summed. Returns the
+        per-replica ``(summed loss of this worker's rows, its rows)``.
+        ``loss_sum(features, labels)`` is the summed loss of a worker's rows."""
+        mirrored, shard_opt = self.optimizers(optimizer)
+        mirrored_vars, shards = self.trainable_variables, self.shard_variables
+
+        def replica(f: Any, y: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            local = tf.cast(tf.shape(tf.reshape(y, [-1]))[0], tf.float32)
+            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+            with tf.GradientTape() as tape:
+                summed = loss_sum(f, y)
+                # summed over workers, this is the global mean's gradient
+                loss = summed / tf.maximum(total, 1.0)
+            grads = tape.gradient(loss, mirrored_vars + shards)
+            mirrored.apply(grads[:len(mirrored_vars)], mirrored_vars)
+            return summed, local, grads[len(mirrored_vars):]
+
+        summed, rows, shard_grads = self.strategy.run(replica, args=(features, labels))
+        if shards:
+            shard_opt.apply([self.strategy.experimental_local_results(g)[0]
+                             for g in shard_grads], shards)
+        return summed, rows
+
     def train_step(self, optimizer: keras.optimizers.Optimizer,
                    loss_fn: Callable[[Any, Any], tf.Tensor] | None = None) -> Callable[..., Any]:
         """A compiled step ``(features, labels) -> mean loss over the global batch``
@@ -467,25 +555,10 @@ class HybridParallel:
         strategy = self.strategy
         state: dict[str, Any] = {}
 
-        def replica_step(features: Any, labels: Any) -> Any:
-            ctx = tf.distribute.get_replica_context()
-            local = tf.cast(tf.shape(labels)[0], tf.float32)
-            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
-            variables = self.trainable_variables + self.shard_variables
-            with tf.GradientTape() as tape:
-                loss_sum = tf.reduce_sum(per_row(labels, self.model(features, training=True)))
-                # summed over workers, this is the global mean's gradient
-                loss = loss_sum / tf.maximum(total, 1.0)
-            grads = tape.gradient(loss, variables)
-            n = len(self.trainable_variables)
-            state["mirrored"].apply(grads[:n], self.trainable_variables)
-            return loss_sum, local, grads[n:]
-
         def global_step(features: Any, labels: Any) -> tf.Tensor:
-            loss_sum, rows, shard_grads = strategy.run(replica_step, args=(features, labels))
-            shard_grads = strategy.experimental_local_results(shard_grads)[0]
-            if self.shard_variables:
-                state["shards"].apply(list(shard_grads), self.shard_variables)
+            loss_sum, rows = self.fit_global_step(
+                features, labels,
+                lambda f, y: tf.reduce_sum(per_row(y, self.model(f, training=True))), optimizer)
             total = tf.distribute.ReduceOp.SUM
             return (strategy.reduce(total, loss_sum, axis=None)
                     / strategy.reduce(total, rows, axis=None))
@@ -495,7 +568,7 @@ class HybridParallel:
             labels = tf.convert_to_tensor(labels)
             if "compiled" not in state:
                 self.build(features)
-                state["mirrored"], state["shards"] = self.optimizers(optimizer)
+                self.optimizers(optimizer)  # built before the trace
                 state["compiled"] = tf.function(
                     global_step, input_signature=[_open_spec(features), _open_spec(labels)],
                     autograph=False)
@@ -589,36 +662,172 @@ class HybridParallel:
         the mirrored weights and the optimizer's state) to
         ``directory/worker-<rank>-of-<W>`` and returns its path; :meth:`restore_checkpoint`
         has each worker read its own part back."""
-        part = os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
-        os.makedirs(part, exist_ok=True)
-        path = self._checkpoint(optimizer).write(os.path.join(part, "ckpt"))
-        with open(os.path.join(part, "plan.json"), "w") as fh:
-            json.dump({"world_size": self.world_size, "plan": dict(self.plan)}, fh)
-        return path
+        return self.write_part(self.part_dir(directory), optimizer)
 
     def restore_checkpoint(self, directory: str | os.PathLike[str],
                            optimizer: keras.optimizers.Optimizer | None = None) -> None:
         """Read this worker's part written by :meth:`save_checkpoint` (same plan and
         number of workers); training then continues where it stopped."""
-        part = os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
-        meta = os.path.join(part, "plan.json")
-        if not os.path.exists(meta):
+        part = self.part_dir(directory)
+        if not os.path.exists(os.path.join(part, "plan.json")):
             found = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
             raise CheckpointError(
                 f"HybridParallel: {os.fspath(directory)!r} has no part for worker {self.rank} "
                 f"of {self.world_size} (found {found}); restore with the plan and number of "
                 "workers it was saved with"
             )
-        with open(meta) as fh:
+        self.read_part(part, optimizer, where=os.fspath(directory))
+
+    def part_dir(self, directory: str | os.PathLike[str]) -> str:
+        """This worker's folder in a checkpoint ``directory``."""
+        return os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
+
+    def write_part(self, part: str, optimizer: keras.optimizers.Optimizer | None) -> str:
+        """Write this worker's weights, shards and optimizer state into ``part``."""
+        os.makedirs(part, exist_ok=True)
+        path = self._checkpoint(optimizer).write(os.path.join(part, "ckpt"))
+        with open(os.path.join(part, "plan.json"), "w") as fh:
+            json.dump({"world_size": self.world_size, "plan": dict(self.plan)}, fh)
+        return path
+
+    def read_part(self, part: str, optimizer: keras.optimizers.Optimizer | None,
+                  where: str) -> None:
+        """Read what :meth:`write_part` wrote into ``part`` (``where`` names the
+        checkpoint in errors)."""
+        with open(os.path.join(part, "plan.json")) as fh:
             saved = json.load(fh)
         if saved["plan"] != dict(self.plan):
             raise CheckpointError(
-                f"HybridParallel: the checkpoint in {os.fspath(directory)!r} was saved with "
+                f"HybridParallel: the checkpoint in {where!r} was saved with "
                 f"plan {saved['plan']}, this model has {dict(self.plan)}; build the model "
                 "with the plan it was saved with"
             )
-        example = getattr(self.model, "example_batch", None)
-        if not self.model.built and callable(example):
-            self.build(example())
+        self.build(None)
         self._checkpoint(optimizer).read(os.path.join(part, "ckpt")).assert_consumed()
 
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """Collective: ``values`` (float64) summed over the workers."""
+        values = np.asarray(values, np.float64)
+        if self.world_size == 1:
+            return values
+        if "all_sum" not in self._steps:
+            strategy = self.strategy
+
+            def total(x: tf.Tensor) -> Any:
+                out = strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.identity(v)), args=(x,))
+                return strategy.experimental_local_results(out)[0]
+
+            self._steps["all_sum"] = tf.function(total, autograph=False, input_signature=[
+                tf.TensorSpec(None, tf.float64)])
+        return np.asarray(self._steps["all_sum"](tf.constant(values)).numpy())
+
+
+class _HybridCheckpoints:
+    """The checkpoint files of ``fit`` for a :class:`HybridParallel`: every worker
+    writes its own part (its shards and their optimizer state, the mirrored weights,
+    the loop's state)::
+
+        checkpoint_dir/worker-<rank>-of-<W>/step-<global step>-<epoch>-<batch>/
+            ckpt.index, ckpt.data-*, plan.json, state.json (written last)
+
+    A save goes to a hidden folder renamed into place, and the part keeps the
+    previous save until the next one is whole, so a worker dying in the middle of
+    a save leaves every worker holding a save they all have. :meth:`load` (every
+    worker together) restores the newest save that every worker holds whole."""
+
+    every_worker_writes = True
+
+    def __init__(self, wrapper: HybridParallel, directory: str | os.PathLike[str],
+                 optimizer: keras.optimizers.Optimizer) -> None:
+        self.wrapper, self.optimizer = wrapper, optimizer
+        self.dir = Path(directory)
+        self.part = Path(wrapper.part_dir(directory))
+        self._previous: str | None = None  # the save before the newest, kept until the next
+
+    def _saves(self) -> dict[tuple[int, int, int], Path]:
+        """This worker's whole saves by (global step, epoch, batch)."""
+        out = {}
+        if self.part.is_dir():
+            for entry in self.part.iterdir():
+                found = re.fullmatch(r"step-(\d+)-(\d+)-(\d+)", entry.name)
+                if found and (entry / "state.json").is_file():
+                    key = (int(found[1]), int(found[2]), int(found[3]))
+                    out[key] = entry
+        return out
+
+    def _common(self) -> tuple[tuple[int, int, int] | None, list[list[tuple[int, int, int]]]]:
+        """Collective: the newest save every worker holds, and each worker's saves."""
+        w = self.wrapper
+        mine = sorted(self._saves())[-_KEPT:]
+        table = np.full((w.world_size, _KEPT, 3), 0.0)
+        table[w.rank, :, :] = -1.0
+        for i, key in enumerate(mine):
+            table[w.rank, i] = key
+        table = w.all_sum(table.reshape(-1)).reshape(w.world_size, _KEPT, 3)
+        per_worker = [sorted(tuple(int(x) for x in row) for row in table[r] if row[0] >= 0)
+                      for r in range(w.world_size)]
+        common = set(per_worker[0]).intersection(*map(set, per_worker[1:]))
+        return (max(common) if common else None), per_worker
+
+    def exists(self) -> bool:
+        """Collective: whether there is a checkpoint to resume (refused when some
+        workers hold saves and no save is held by all)."""
+        newest, per_worker = self._common()
+        if newest is None and any(per_worker):
+            held = {f"worker {r}": [f"step-{a}-{b}-{c}" for a, b, c in saves]
+                    for r, saves in enumerate(per_worker)}
+            raise CheckpointError(
+                f"checkpoint_dir {self.dir}: no save is held whole by all "
+                f"{self.wrapper.world_size} workers ({held}); were its parts written by "
+                "another run or number of workers? Resume with the folder each worker wrote, "
+                "or start over with resume=False (or another checkpoint_dir)"
+            )
+        return newest is not None
+
+    def needed_bytes(self) -> int:
+        """At least this worker's part: the mirrored weights and its shards."""
+        variables = list(self.wrapper.model.weights) + self.wrapper.shard_variables
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+
+    def save(self, state: dict[str, Any]) -> None:
+        key = f"step-{int(state['global_step'])}-{int(state['epoch'])}-{int(state['step'])}"
+        final, tmp = self.part / key, self.part / f".tmp-{key}"
+        try:
+            with checkpoint_write(self.dir, []):
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.wrapper.write_part(os.fspath(tmp), self.optimizer)
+                (tmp / "state.json").write_text(json.dumps({"format": 1, **state}))
+                if final.exists():  # the same position saved again (a rerun)
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in self._saves().values():  # keep this save and the one before it
+            if old.name not in (key, self._previous):
+                shutil.rmtree(old, ignore_errors=True)
+        self._previous = key
+
+    def load(self) -> dict[str, Any]:
+        newest, _ = self._common()
+        if newest is None:
+            raise CheckpointError(f"checkpoint_dir {self.dir}: worker {self.wrapper.rank} "
+                                  "holds no save to resume from")
+        folder = self._saves()[newest]
+        try:
+            state = read_json_file(folder / "state.json", "checkpoint state")
+            self.wrapper.read_part(os.fspath(folder), self.optimizer, where=os.fspath(self.dir))
+        except (OSError, ValueError, KeyError, AssertionError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(
+                f"checkpoint {folder}: cannot restore {type(self.wrapper.model).__name__} "
+                f"from it ({exc}); resume with the model, plan and optimizer it was written "
+                "with, or start over with resume=False"
+            ) from exc
+        self._previous = folder.name
+        return dict(state)
+
+
+#: saves each worker keeps (the newest and the one before it)
+_KEPT = 2

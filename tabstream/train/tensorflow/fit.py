@@ -219,7 +219,8 @@ def _binary_crossentropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 
 def _has_own_loss(model: Any) -> bool:
-    return type(model).compute_loss is not keras.Model.compute_loss
+    return getattr(type(model), "compute_loss", keras.Model.compute_loss) is not \
+        keras.Model.compute_loss
 
 
 def _unpack(batch: Any, where: str) -> tuple[Any, Any]:
@@ -571,7 +572,10 @@ def fit(
     Args:
         model: a Keras model returning logits (``[B]`` or ``[B, 1]``), or one with
             its own ``compute_loss`` (``TwoTower``), taken as the mean over its rows.
-            Under a strategy, create and build it inside ``strategy.scope()``.
+            Under a strategy, create and build it inside ``strategy.scope()``. A
+            ``HybridParallel`` (model-parallel tables), or the model it wraps, trains
+            through the wrapper's hooks; every worker then checkpoints its own part,
+            and the strategy defaults to the wrapper's.
         train_loader: batches ``(features dict, labels)``, e.g. a tabstream
             ``Loader``; every worker must yield the same number (the loader does).
         optimizer: a Keras optimizer (``LazyAdam``, ``MultiOptimizer``, ...),
@@ -608,14 +612,19 @@ def fit(
     options = LoopOptions(epochs=epochs, valid_loader=valid_loader, checkpoint_dir=checkpoint_dir,
                           resume=resume, progress=progress, checkpoint_every=checkpoint_every)
     options.check()
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"fit: model must be a keras.Model, got {type(model).__name__}")
+    # a model wrapped by HybridParallel trains through its wrapper (its fit_* hooks)
+    model = getattr(model, "fit_target", None) or model
+    wrapper = not isinstance(model, keras.Model) and callable(getattr(model, "fit_build", None))
+    if not isinstance(model, keras.Model) and not wrapper:
+        raise TypeError(f"fit: model must be a keras.Model, got {type(model).__name__} (a "
+                        "HybridParallel of a Keras model is taken too)")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"fit: optimizer must be a keras optimizer (LazyAdam, MultiOptimizer, ...), got "
             f"{type(optimizer).__name__}"
         )
-    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    if strategy is None:
+        strategy = model.distribute_strategy if wrapper else tf.distribute.get_strategy()
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(
             f"fit: strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
@@ -651,7 +660,13 @@ class _KerasTrainer:
     the workers, :func:`evaluate`.
 
     Hooks a model may define (all optional): ``fit_replica_step`` (in the compiled
-    step, see :func:`default_replica_step`), ``fit_before_step(features, labels)``
+    step, see :func:`default_replica_step`), ``fit_global_step(features, labels,
+    loss_sum, optimizer)`` (in place of the compiled step's ``strategy.run``: it runs
+    that itself and returns the per-replica ``(summed loss, rows)``; a wrapper
+    updating variables outside the replica context, as ``HybridParallel`` does its
+    shards), ``fit_build(features, optimizer, strategy)`` (in place of building the
+    model and the optimizer; a wrapper that is no ``keras.Model`` has it),
+    ``fit_before_step(features, labels)``
     and ``fit_after_step()`` (eager, on the host, around each compiled step: a
     cache staging rows and sending their updates), ``fit_before_checkpoint()``
     (every worker, before each checkpoint is written), and ``fit_checkpoints(directory,
@@ -675,12 +690,18 @@ class _KerasTrainer:
         self.checkpoint_path = self.checkpoints.dir if self.checkpoints is not None else None
         self.label_check = _LabelCheck(strategy)
         self.compiled: Any = None
+        self.ready = False
         if model.built:
             self.build(None)
         elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
             self.build(model.example_batch())
 
     def build(self, features: Any) -> None:
+        self.ready = True
+        hook = getattr(self.model, "fit_build", None)
+        if callable(hook):
+            hook(features, self.optimizer, self.strategy)
+            return
         # Variables made here, inside the scope, are mirrored (and, under
         # MultiWorkerMirroredStrategy, start from the chief's initial values).
         with self.strategy.scope():
@@ -749,7 +770,11 @@ class _KerasTrainer:
             return default_replica_step(model, optimizer, loss_sum, f, y)
 
         def global_step(f: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            summed, rows = strategy.run(replica_step, args=(f, y))
+            hook = getattr(model_ref(), "fit_global_step", None)
+            if callable(hook):
+                summed, rows = hook(f, y, loss_sum, optimizer)
+            else:
+                summed, rows = strategy.run(replica_step, args=(f, y))
             here = tf.add_n([tf.cast(v, tf.float64)
                              for v in strategy.experimental_local_results(summed)])
             here_rows = tf.add_n([tf.cast(v, tf.float64)
@@ -769,7 +794,7 @@ class _KerasTrainer:
         features, labels = _unpack(batch, "fit")
         if labels is None and not self.own_loss:
             raise ValueError("fit: the loader yields no labels; build it with labels=")
-        if not self.optimizer.built:
+        if not self.ready:
             self.build(features)
         bad = self.label_check(labels)
         if bad is not None:  # on every worker together: the count is summed over them
@@ -821,7 +846,17 @@ def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, in
 def refuse_keras_fit(model: Any) -> None:
     """Called by the bundled models' ``fit`` (Keras' own loop): under
     ``MultiWorkerMirroredStrategy`` Keras 3's ``model.fit`` cannot run (it fails deep
-    inside converting ``PerReplica`` values), so say at once what does."""
+    inside converting ``PerReplica`` values), and a model wrapped by ``HybridParallel``
+    would train its dense part only (its sharded tables are no Keras weights), so
+    say at once what does."""
+    if getattr(model, "fit_target", None) is not None:
+        raise RuntimeError(
+            f"{type(model).__name__}.fit (Keras' own training loop) cannot train a model "
+            "wrapped by HybridParallel: its sharded tables are not Keras weights and would "
+            "stay untrained. Train with tabstream.train.tensorflow.fit(model, loader, "
+            "optimizer): the same model-parallel step, with validation, checkpoints and "
+            "resume (see docs/distributed-training.md)"
+        )
     strategy = model.distribute_strategy
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         raise RuntimeError(
