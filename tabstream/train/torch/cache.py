@@ -72,7 +72,7 @@ from torch import nn
 
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.cache_store import ParameterServer
-from tabstream.train.row_cache import RowCache
+from tabstream.train.row_cache import RowCache, check_cache_args, served_tables
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.cache_ranks import RankExchange
 from tabstream.train.torch.embeddings import parse_feature, to_ragged
@@ -104,32 +104,11 @@ class CachedEmbeddings(nn.Module):
     def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000,
                  tables: Any = None, process_group: Any = None) -> None:
         super().__init__()
-        if not isinstance(ps, ParameterServer):
-            raise TypeError(f"CachedEmbeddings: ps must be a ParameterServer, got {type(ps).__name__}")
-        if isinstance(cache_rows, bool) or not isinstance(cache_rows, int) or cache_rows < 1:
-            raise ValueError(f"CachedEmbeddings: cache_rows must be an int >= 1, got {cache_rows!r}")
+        check_cache_args(ps, cache_rows)
         self.ps = ps
         self.cache_rows = cache_rows
-        if tables is None:
-            names = list(dict.fromkeys(ps.feature_to_table.values()))
-            names += [c.name for c in ps.configs if not c.feature_names]
-        else:
-            names = [tables] if isinstance(tables, str) else list(tables)
-            unknown = sorted(set(names) - {c.name for c in ps.configs})
-            if unknown:
-                raise SchemaError(f"CachedEmbeddings: parameter server {ps.path} has no tables "
-                                  f"{unknown}; it has {[c.name for c in ps.configs]}")
-        self.configs: tuple[TableConfig, ...] = tuple(c for c in ps.configs if c.name in names)
-        self.feature_to_table: dict[str, str] = {}
-        for cfg in self.configs:
-            for f in cfg.feature_names:
-                if f in self.feature_to_table:
-                    raise ValueError(
-                        f"CachedEmbeddings: feature {f!r} is in tables "
-                        f"{self.feature_to_table[f]!r} and {cfg.name!r}; serve them with two "
-                        "modules (tables=...)"
-                    )
-                self.feature_to_table[f] = cfg.name
+        self.configs: tuple[TableConfig, ...]
+        self.configs, self.feature_to_table = served_tables(ps, tables)
         self._config_by_name = {c.name: c for c in self.configs}
         self._caches = {c.name: RowCache(min(cache_rows, c.cardinality), c.dim)
                         for c in self.configs}
