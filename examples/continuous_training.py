@@ -3,6 +3,7 @@ incremental exports and a resume after a crash.
 
     python examples/continuous_training.py                       # 6 x 50,000 rows
     python examples/continuous_training.py --rows 6000 --lists 3 --passes 1
+    python examples/continuous_training.py --framework tensorflow   # the same flow in Keras
 
 Steps:
 
@@ -20,8 +21,15 @@ Steps:
    exporting its delta (the rows it changed) to ``deltas/<position>`` after it.
    Lists already trained are skipped, the list cut short resumes inside itself,
    each delta is written once: no glue code decides what is left to do.
-4. The first start "crashes" in the second pass half way through a list (the
-   loader raises); the second start finishes the job.
+4. The first start crashes in the second pass half way through a list: with
+   torch the loader raises; with ``--framework tensorflow`` the job runs in a
+   child process that is killed there with ``kill -9`` (SIGKILL: no cleanup, the
+   server's updates since its last commit are rolled back when it is reopened).
+   The second start finishes the job.
+
+With ``--framework tensorflow`` the model is the Keras ``DLRM`` over
+``tabstream.train.tensorflow.CachedEmbeddings`` (the same ``ParameterServer``),
+read by the TensorFlow loader and trained by ``tabstream.train.tensorflow.fit_lists``.
 
 Prints one line per list, for example::
 
@@ -35,6 +43,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -45,10 +56,11 @@ class CrashingLoader:
     """Wraps a loader and raises after ``after`` batches of its ``on_pass``-th
     iteration: a stand-in for a crash."""
 
-    def __init__(self, loader: Any, after: int, on_pass: int) -> None:
-        from tabstream.train.torch.fit import data_identity
+    def __init__(self, loader: Any, after: int, on_pass: int, kill: bool = False) -> None:
+        from tabstream.train.loop import data_identity
 
         self.loader, self.after, self.on_pass, self.passes = loader, after, on_pass, 0
+        self.kill = kill  # a real crash: this process gets SIGKILL (kill -9)
         self.data_id = data_identity(loader)  # the same file list as the loader it wraps
 
     def set_epoch(self, epoch: int) -> None:
@@ -61,6 +73,9 @@ class CrashingLoader:
         self.passes += 1
         for i, batch in enumerate(self.loader):
             if self.passes == self.on_pass and i == self.after:
+                if self.kill:
+                    print(f"killing this process (kill -9) after {i} batches", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"simulated crash after {i} batches")
             yield batch
 
@@ -86,23 +101,40 @@ def build_exports(workdir: str, rows: int, lists: int, seed: int) -> tuple[list[
     return list_dirs, valid
 
 
-def build_model(ps: Any, schema: Any, cache_rows: int, seed: int) -> tuple[Any, Any]:
+def build_model(ps: Any, schema: Any, cache_rows: int, seed: int,
+                framework: str) -> tuple[Any, Any, Any]:
+    """(model, optimizer of its dense part, its CachedEmbeddings)."""
+    if framework == "tensorflow":
+        import keras
+
+        from tabstream.train.tensorflow import DLRM as KerasDLRM
+        from tabstream.train.tensorflow import CachedEmbeddings as KerasCachedEmbeddings
+
+        emb = KerasCachedEmbeddings(ps, cache_rows=cache_rows)
+        model = KerasDLRM(schema, embedding_dim=16, embeddings=emb, seed=seed)
+        return model, keras.optimizers.Adam(1e-3), emb
     import torch
 
     from tabstream.train.torch import DLRM, CachedEmbeddings
 
     torch.manual_seed(seed)
     model = DLRM(schema, embedding_dim=16, embeddings=CachedEmbeddings(ps, cache_rows=cache_rows))
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), model.inputs.embeddings
 
 
 def job(workdir: str, list_dirs: list[str], valid_dir: str, args: Any,
         crash_at: tuple[int, int] | None = None) -> None:
     """What the training job runs on every start."""
     import tabstream as ts
-    from tabstream.loaders.torch import Loader
     from tabstream.train import ParameterServer, table_configs_from_schema
-    from tabstream.train.torch import fit_lists, lists_done
+
+    if args.framework == "tensorflow":
+        from tabstream.loaders.tensorflow import Loader
+        from tabstream.train.tensorflow import fit_lists
+        from tabstream.train.tensorflow.continuous import lists_done
+    else:
+        from tabstream.loaders.torch import Loader  # type: ignore[assignment]
+        from tabstream.train.torch import fit_lists, lists_done  # type: ignore[assignment]
 
     schema = ts.Dataset(list_dirs[0]).schema
     features = schema.without(schema.select_by_tag("target").column_names)
@@ -110,12 +142,13 @@ def job(workdir: str, list_dirs: list[str], valid_dir: str, args: Any,
     ps = ParameterServer.open_or_create(os.path.join(workdir, "ps"),
                                         table_configs_from_schema(features, dim=16),
                                         storage="disk", seed=args.seed, optimizer="adagrad", lr=0.05)
-    model, optimizer = build_model(ps, schema, args.cache_rows, args.seed)
+    model, optimizer, emb = build_model(ps, schema, args.cache_rows, args.seed, args.framework)
     loaders: list[Any] = [Loader(d, batch_size=args.batch_size, shuffle=True, seed=args.seed)
                           for d in list_dirs]
     if crash_at is not None:
         p, i = crash_at
-        loaders[i] = CrashingLoader(loaders[i], max(len(loaders[i]) // 2, 1), on_pass=p + 1)
+        loaders[i] = CrashingLoader(loaders[i], max(len(loaders[i]) // 2, 1), on_pass=p + 1,
+                                    kill=args.framework == "tensorflow")
     resumed = [len(lists_done(ck_dir)) if os.path.isdir(ck_dir) else 0]
 
     def report(position: int, loader: Any, history: dict) -> None:
@@ -126,7 +159,7 @@ def job(workdir: str, list_dirs: list[str], valid_dir: str, args: Any,
         note = " (resumed)" if crash_at is None and position == resumed[0] else ""
         print(f"pass {p + 1} list {i + 1}: loss {history['loss'][-1]:.4f}  "
               f"val_auc {history['val_auc'][-1]:.4f}  delta {rows:,} rows  "
-              f"hit rate {model.inputs.embeddings.hit_rate:.2f}{note}", flush=True)
+              f"hit rate {emb.hit_rate:.2f}{note}", flush=True)
 
     try:
         fit_lists(model, loaders, optimizer, checkpoint_dir=ck_dir, passes=args.passes,
@@ -139,6 +172,7 @@ def job(workdir: str, list_dirs: list[str], valid_dir: str, args: Any,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch")
     parser.add_argument("--rows", type=int, default=50_000, help="rows per file list")
     parser.add_argument("--lists", type=int, default=6)
     parser.add_argument("--passes", type=int, default=2)
@@ -146,15 +180,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-rows", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="default: a temporary folder")
+    # the first start of the Keras job, in a child process killed with SIGKILL
+    parser.add_argument("--crashing-job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    import torch
+    if args.framework == "tensorflow":
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import tensorflow as tf
 
-    torch.set_num_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    else:
+        import torch
+
+        torch.set_num_threads(1)
+    if args.crashing_job:
+        list_dirs = sorted(os.path.join(args.workdir, "lists", d)
+                           for d in os.listdir(os.path.join(args.workdir, "lists")))
+        job(args.workdir, list_dirs, os.path.join(args.workdir, "valid"), args,
+            crash_at=(1, args.lists // 2))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         list_dirs, valid_dir = build_exports(workdir, args.rows, args.lists, args.seed)
-        if args.passes > 1:
+        if args.passes > 1 and args.framework == "tensorflow":
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), "--crashing-job",
+                                    "--workdir", workdir, *(argv if argv is not None else sys.argv[1:])])
+            if child.returncode != -signal.SIGKILL:
+                raise SystemExit(f"the first start ended with code {child.returncode}, not killed")
+            print(f"pass 2 list {args.lists // 2 + 1}: killed with kill -9; restarting the job",
+                  flush=True)
+        elif args.passes > 1:
             crash_at = (1, args.lists // 2)
             try:
                 job(workdir, list_dirs, valid_dir, args, crash_at=crash_at)

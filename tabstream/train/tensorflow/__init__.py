@@ -38,6 +38,7 @@ TensorShape([4])
 from tabstream.train.tables import TableConfig, infer_embedding_dim, table_configs_from_schema
 from tabstream.train.tensorflow.blocks import MLP, CrossNetwork, DotInteraction
 from tabstream.train.tensorflow.blocks import CrossNetV2 as CrossNetV2  # the old name, kept
+from tabstream.train.tensorflow.cache import CachedEmbeddings, ParameterServer
 from tabstream.train.tensorflow.continuous import fit_lists
 from tabstream.train.tensorflow.embeddings import (
     EmbeddingTable,
@@ -57,9 +58,9 @@ from tabstream.train.tensorflow.fit import (
 from tabstream.train.tensorflow.models import DCN, DLRM, TwoTower, WideAndDeep
 from tabstream.train.tensorflow.optimizers import LazyAdam, MultiOptimizer
 
-__all__ = ["CrossNetwork", "DCN", "DLRM", "DotInteraction", "EmbeddingTable", "EmbeddingTables",
-           "LazyAdam", "LogLoss", "MLP", "MultiOptimizer", "NonFiniteLossError",
-           "NothingToTrainWarning", "TableConfig", "ThroughputCallback", "TwoTower", "WideAndDeep",
-           "binary_classification_metrics", "embedding_tables_from_schema", "evaluate", "fit",
-           "fit_lists", "infer_embedding_dim", "split_embeddings_on_size",
-           "table_configs_from_schema"]
+__all__ = ["CachedEmbeddings", "CrossNetwork", "DCN", "DLRM", "DotInteraction", "EmbeddingTable",
+           "EmbeddingTables", "LazyAdam", "LogLoss", "MLP", "MultiOptimizer",
+           "NonFiniteLossError", "NothingToTrainWarning", "ParameterServer", "TableConfig",
+           "ThroughputCallback", "TwoTower", "WideAndDeep", "binary_classification_metrics",
+           "embedding_tables_from_schema", "evaluate", "fit", "fit_lists", "infer_embedding_dim",
+           "split_embeddings_on_size", "table_configs_from_schema"]

@@ -35,6 +35,13 @@ TensorShape([4])
 
 :class:`TwoTower` returns ``{"query": [B, d], "candidate": [B, d]}`` and trains with
 in-batch negatives; evaluate it with :meth:`TwoTower.recall_at_k`.
+
+Every model also takes ``embeddings=``: ready-made tables serving the schema's
+categorical features, such as a :class:`~tabstream.train.tensorflow.CachedEmbeddings`
+for tables larger than memory (trained by :func:`~tabstream.train.tensorflow.fit`;
+``TwoTower`` looks up each tower's features through ``embeddings.subset(names)``;
+``WideAndDeep`` serves its wide part from the same server, whose tables
+:meth:`WideAndDeep.table_configs` lists).
 """
 
 from __future__ import annotations
@@ -46,8 +53,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tabstream.core.errors import SchemaError
 from tabstream.core.schema import Schema, Tags
 from tabstream.train.spec import check_positive, feature_spec
+from tabstream.train.tables import TableConfig, wide_table_configs
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.blocks import (
     MLP,
@@ -93,6 +102,25 @@ class _SchemaModel(keras.Model):
     def _seed(self, offset: int) -> int | None:
         return None if self.seed is None else self.seed + 1000 * offset
 
+    def _given_embeddings(self, embeddings: Any, schema: Schema, who: str) -> Any:
+        """``embeddings=`` checked: it serves every categorical feature of ``schema``."""
+        served = set(getattr(embeddings, "feature_names", ()))
+        wanted = [f for t in feature_spec(schema).tables for f in t.feature_names]
+        missing = [f for f in wanted if f not in served]
+        if not callable(embeddings) or missing:
+            raise SchemaError(
+                f"{who}: embeddings= must serve the schema's categorical features {wanted}; "
+                f"{type(embeddings).__name__} serves {sorted(served)}"
+            )
+        return embeddings
+
+    def fit_replica_step(self, features: Any, labels: Any, loss_sum: Any, optimizer: Any) -> Any:
+        """``tabstream.train.tensorflow.fit``'s step: tables served by a
+        ``CachedEmbeddings`` send their gradients to its parameter server."""
+        from tabstream.train.tensorflow.cache import replica_step
+
+        return replica_step(self, optimizer, loss_sum, features, labels)
+
     def _embedding_list(self, tables: EmbeddingTables, features: Mapping[str, Any]) -> list[tf.Tensor]:
         looked_up = tables(features)
         return [looked_up[name] for name in tables.feature_names]
@@ -130,9 +158,11 @@ class _SchemaModel(keras.Model):
         return cls(**config)
 
     def fit(self, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from tabstream.train.tensorflow.cache import refuse_keras_fit_cached
         from tabstream.train.tensorflow.fit import refuse_keras_fit
 
         refuse_keras_fit(self)  # under MultiWorkerMirroredStrategy: name the way that works
+        refuse_keras_fit_cached(self)  # a cache's rows train in tabstream's fit only
         # remember what the loader feeds: export() serves exactly that
         spec = getattr(x, "element_spec", None)
         if spec is not None:
@@ -182,6 +212,7 @@ class DLRM(_SchemaModel):
         top_mlp: Sequence[int] = (64, 32),
         seed: int | None = None,
         name: str = "dlrm",
+        embeddings: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
@@ -194,9 +225,18 @@ class DLRM(_SchemaModel):
                 "DLRM needs at least two interacting vectors (categorical columns plus one for "
                 f"all continuous columns); schema has {self.schema.column_names}"
             )
-        self.embeddings = embedding_tables_from_schema(
-            self._cat_schema, dim=self.embedding_dim, seed=self._seed(1)
-        )
+        if embeddings is not None:
+            self.embeddings = self._given_embeddings(embeddings, self._cat_schema, "DLRM")
+            other = {f: d for f, d in getattr(embeddings, "output_dims", {}).items()
+                     if d != self.embedding_dim}
+            if other:
+                raise ValueError(f"DLRM: every embedding must be embedding_dim="
+                                 f"{self.embedding_dim} wide for the dot interaction; the given "
+                                 f"embeddings have {other}")
+        else:
+            self.embeddings = embedding_tables_from_schema(
+                self._cat_schema, dim=self.embedding_dim, seed=self._seed(1)
+            )
         self.bottom_mlp = (
             MLP([*self.bottom_mlp_units, self.embedding_dim], seed=self._seed(2), name="bottom_mlp")
             if self.continuous
@@ -244,6 +284,7 @@ class DCN(_SchemaModel):
         low_rank: int | None = None,
         seed: int | None = None,
         name: str = "dcn",
+        embeddings: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
@@ -254,11 +295,14 @@ class DCN(_SchemaModel):
         self.deep_units = list(deep)
         self.structure = structure
         self.low_rank = low_rank
-        self.embeddings = (
-            embedding_tables_from_schema(self._cat_schema, dim=embedding_dim, seed=self._seed(1))
-            if len(self._cat_schema)
-            else None
-        )
+        if embeddings is not None:
+            self.embeddings = self._given_embeddings(embeddings, self._cat_schema, "DCN")
+        else:
+            self.embeddings = (
+                embedding_tables_from_schema(self._cat_schema, dim=embedding_dim, seed=self._seed(1))
+                if len(self._cat_schema)
+                else None
+            )
         if self.embeddings is None and not self.continuous:
             raise ValueError(f"DCN: schema has no feature columns: {self.schema.column_names}")
         self.cross = CrossNetV2(self.cross_layers, low_rank=low_rank, seed=self._seed(2), name="cross")
@@ -304,6 +348,7 @@ class WideAndDeep(_SchemaModel):
         deep: Sequence[int] = (64, 32),
         seed: int | None = None,
         name: str = "wide_and_deep",
+        embeddings: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
@@ -313,15 +358,19 @@ class WideAndDeep(_SchemaModel):
             )
         self.embedding_dim = embedding_dim
         self.deep_units = list(deep)
-        self.embeddings = embedding_tables_from_schema(
-            self._cat_schema, dim=embedding_dim, seed=self._seed(1)
-        )
-        self.wide_tables = EmbeddingTables(
-            with_dim(self.embeddings.configs, 1, prefix="wide_"),
-            list_features=self.embeddings.list_features,
-            initializer="zeros",
-            name="wide_tables",
-        )
+        if embeddings is not None:
+            self.embeddings = self._given_embeddings(embeddings, self._cat_schema, "WideAndDeep")
+            self.wide_tables = _wide_from_server(embeddings, self._cat_schema)
+        else:
+            self.embeddings = embedding_tables_from_schema(
+                self._cat_schema, dim=embedding_dim, seed=self._seed(1)
+            )
+            self.wide_tables = EmbeddingTables(
+                with_dim(self.embeddings.configs, 1, prefix="wide_"),
+                list_features=self.embeddings.list_features,
+                initializer="zeros",
+                name="wide_tables",
+            )
         self.wide_continuous = keras.layers.Dense(
             1, use_bias=False, kernel_initializer="zeros", name="wide_continuous"
         )
@@ -338,8 +387,40 @@ class WideAndDeep(_SchemaModel):
             parts.append(dense)
         return tf.squeeze(wide + self.head(self.deep(tf.concat(parts, axis=1))), axis=1)
 
+    @staticmethod
+    def table_configs(schema: Schema | Mapping[str, Any], embedding_dim: int | None = None,
+                      combiner: str = "sum") -> list[TableConfig]:
+        """Every embedding table of this model over ``schema``, for a parameter
+        server: the deep tables, then the 1-wide ``<table>_wide`` ones (the names
+        torch's ``WideAndDeep.table_configs`` gives: one server serves both)."""
+        cats, _ = _features(_as_schema(schema))
+        deep = feature_spec(cats, dim=embedding_dim, combiner=combiner)
+        return [*deep.tables, *wide_table_configs(cats, combiner=combiner)]
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "embedding_dim": self.embedding_dim, "deep": self.deep_units}
+
+
+def _wide_from_server(embeddings: Any, cat_schema: Schema) -> Any:
+    """The wide part's 1-wide tables from the deep part's parameter server."""
+    ps = getattr(embeddings, "ps", None)
+    if ps is None:
+        raise TypeError(
+            "WideAndDeep: embeddings= must be a CachedEmbeddings (its wide tables come from "
+            f"the same parameter server); got {type(embeddings).__name__}"
+        )
+    from tabstream.train.tensorflow.cache import CachedEmbeddings
+
+    wanted = [cfg.name for cfg in wide_table_configs(cat_schema)]
+    missing = [name for name in wanted if name not in {cfg.name for cfg in ps.configs}]
+    if missing:
+        raise SchemaError(
+            f"WideAndDeep: embeddings= serves the deep tables from parameter server {ps.path}, "
+            f"which has no wide tables {missing}: the wide part would train in memory, outside "
+            "the server and its export_delta. Create the server with "
+            "WideAndDeep.table_configs(schema, embedding_dim) (deep and wide tables)"
+        )
+    return CachedEmbeddings(ps, embeddings.cache_rows, tables=wanted, name="wide_tables")
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
@@ -369,6 +450,7 @@ class TwoTower(_SchemaModel):
         seed: int | None = None,
         name: str = "two_tower",
         logq_correction: bool = True,
+        embeddings: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(schema, seed=seed, name=name, **kwargs)
@@ -404,12 +486,17 @@ class TwoTower(_SchemaModel):
         self.user_continuous = ContinuousFeatures(user_conts)
         self.item_continuous = ContinuousFeatures(item_conts)
         self.item_feature_names = item.column_names
-        self.user_embeddings = embedding_tables_from_schema(
-            user_cats, dim=embedding_dim, seed=self._seed(1), name="user_embeddings"
-        )
-        self.item_embeddings = embedding_tables_from_schema(
-            item_cats, dim=embedding_dim, seed=self._seed(2), name="item_embeddings"
-        )
+        if embeddings is not None:
+            self.embeddings = self._given_embeddings(embeddings, self._cat_schema, "TwoTower")
+            self.user_embeddings, self.item_embeddings = _tower_views(embeddings, user_cats,
+                                                                      item_cats)
+        else:
+            self.user_embeddings = embedding_tables_from_schema(
+                user_cats, dim=embedding_dim, seed=self._seed(1), name="user_embeddings"
+            )
+            self.item_embeddings = embedding_tables_from_schema(
+                item_cats, dim=embedding_dim, seed=self._seed(2), name="item_embeddings"
+            )
         self.query_tower = MLP(
             self.tower_units, activate_last=False, seed=self._seed(3), name="query_tower"
         )
@@ -582,3 +669,23 @@ class TwoTower(_SchemaModel):
             "normalize": self.normalize,
             "logq_correction": self.logq_correction,
         }
+
+
+def _tower_views(embeddings: Any, user: Schema, item: Schema) -> tuple[Any, Any]:
+    """``embeddings=`` of a TwoTower split into a view per tower."""
+    if not hasattr(embeddings, "subset"):
+        raise TypeError(
+            f"TwoTower: embeddings= must offer subset(feature_names), one view per tower "
+            f"(CachedEmbeddings does); got {type(embeddings).__name__}"
+        )
+    names = {key: [f for t in feature_spec(part).tables for f in t.feature_names]
+             for key, part in (("user", user), ("item", item))}
+    tables = getattr(embeddings, "feature_to_table", {})
+    shared = sorted({tables.get(f) for f in names["user"]} & {tables.get(f) for f in names["item"]}
+                    - {None})
+    if shared:
+        # two towers updating one table would apply two sparse steps where
+        # in-memory training applies one
+        raise ValueError(f"TwoTower: embeddings= tables {shared} serve both USER and ITEM "
+                         "features; give each tower its own tables")
+    return embeddings.subset(names["user"]), embeddings.subset(names["item"])

@@ -72,6 +72,7 @@ from torch import nn
 
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.train.cache_store import ParameterServer
+from tabstream.train.row_cache import RowCache, check_cache_args, served_tables
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.cache_ranks import RankExchange
 from tabstream.train.torch.embeddings import parse_feature, to_ragged
@@ -79,65 +80,6 @@ from tabstream.train.torch.embeddings import parse_feature, to_ragged
 __all__ = ["CachedEmbeddings", "ParameterServer"]
 
 Features = Mapping[str, Any]
-
-
-class _RowCache:
-    """At most ``capacity`` rows of one table, least recently used evicted first."""
-
-    def __init__(self, capacity: int, dim: int) -> None:
-        self.capacity = capacity
-        self.rows = np.zeros((capacity, dim), np.float32)
-        self.keys = np.full(capacity, -1, np.int64)
-        self.used = np.zeros(capacity, np.int64)
-        self.slot: dict[int, int] = {}
-        self.free = list(range(capacity - 1, -1, -1))
-        self.clock = 0
-        self.hits = self.misses = 0
-
-    def find(self, ids: np.ndarray) -> np.ndarray:
-        get = self.slot.get
-        return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, len(ids))
-
-    def put(self, ids: np.ndarray, rows: np.ndarray, keep: np.ndarray | None = None) -> None:
-        """Cache ``rows`` of ``ids`` (none of them cached yet), evicting the least
-        recently used cached rows but never the slots in ``keep`` (the batch's hits).
-        Ids beyond the room left are not cached (they were served all the same)."""
-        keep = np.zeros(0, np.int64) if keep is None else np.unique(keep)
-        n = min(len(ids), self.capacity - len(keep))
-        ids, rows = ids[:n], rows[:n]
-        need = n - len(self.free)
-        if need > 0:
-            # victims are taken from occupied slots only: a free slot chosen here
-            # would go on the free list twice and two ids would share it
-            candidates = np.setdiff1d(np.flatnonzero(self.keys >= 0), keep, assume_unique=True)
-            victims = candidates[np.argpartition(self.used[candidates], need - 1)[:need]]
-            for key in self.keys[victims].tolist():
-                del self.slot[key]
-            self.keys[victims] = -1
-            self.free.extend(victims.tolist())
-        slots = np.array([self.free.pop() for _ in range(n)], np.int64)
-        self.rows[slots] = rows
-        self.keys[slots] = ids
-        self.used[slots] = self.clock
-        self.slot.update(zip(ids.tolist(), slots.tolist()))
-
-    def check(self) -> None:
-        """Assert the bookkeeping: each slot holds at most one id, each cached id
-        one slot, and free + used slots = capacity (for tests)."""
-        occupied = np.flatnonzero(self.keys >= 0)
-        assert len(set(self.free)) == len(self.free), "a slot is on the free list twice"
-        assert not set(self.free) & set(occupied.tolist()), "a free slot holds an id"
-        assert len(self.free) + len(occupied) == self.capacity, "free + used != capacity"
-        assert len(self.slot) == len(occupied), "cached ids and occupied slots differ"
-        assert all(self.keys[s] == k for k, s in self.slot.items()), "an id points at another's slot"
-
-    def clear(self) -> None:
-        self.keys[:] = -1
-        self.slot.clear()
-        self.free = list(range(self.capacity - 1, -1, -1))
-
-    def __len__(self) -> int:
-        return len(self.slot)
 
 
 class CachedEmbeddings(nn.Module):
@@ -162,34 +104,13 @@ class CachedEmbeddings(nn.Module):
     def __init__(self, ps: ParameterServer, cache_rows: int = 1_000_000,
                  tables: Any = None, process_group: Any = None) -> None:
         super().__init__()
-        if not isinstance(ps, ParameterServer):
-            raise TypeError(f"CachedEmbeddings: ps must be a ParameterServer, got {type(ps).__name__}")
-        if isinstance(cache_rows, bool) or not isinstance(cache_rows, int) or cache_rows < 1:
-            raise ValueError(f"CachedEmbeddings: cache_rows must be an int >= 1, got {cache_rows!r}")
+        check_cache_args(ps, cache_rows)
         self.ps = ps
         self.cache_rows = cache_rows
-        if tables is None:
-            names = list(dict.fromkeys(ps.feature_to_table.values()))
-            names += [c.name for c in ps.configs if not c.feature_names]
-        else:
-            names = [tables] if isinstance(tables, str) else list(tables)
-            unknown = sorted(set(names) - {c.name for c in ps.configs})
-            if unknown:
-                raise SchemaError(f"CachedEmbeddings: parameter server {ps.path} has no tables "
-                                  f"{unknown}; it has {[c.name for c in ps.configs]}")
-        self.configs: tuple[TableConfig, ...] = tuple(c for c in ps.configs if c.name in names)
-        self.feature_to_table: dict[str, str] = {}
-        for cfg in self.configs:
-            for f in cfg.feature_names:
-                if f in self.feature_to_table:
-                    raise ValueError(
-                        f"CachedEmbeddings: feature {f!r} is in tables "
-                        f"{self.feature_to_table[f]!r} and {cfg.name!r}; serve them with two "
-                        "modules (tables=...)"
-                    )
-                self.feature_to_table[f] = cfg.name
+        self.configs: tuple[TableConfig, ...]
+        self.configs, self.feature_to_table = served_tables(ps, tables)
         self._config_by_name = {c.name: c for c in self.configs}
-        self._caches = {c.name: _RowCache(min(cache_rows, c.cardinality), c.dim)
+        self._caches = {c.name: RowCache(min(cache_rows, c.cardinality), c.dim)
                         for c in self.configs}
         # the server version this module's rows belong to (checkpointed)
         self.register_buffer("ps_version", torch.zeros((), dtype=torch.int64))

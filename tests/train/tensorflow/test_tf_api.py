@@ -7,9 +7,9 @@ import tabstream.train.tensorflow as tstf  # noqa: E402
 
 def test_public_names_are_pinned():
     assert sorted(tstf.__all__) == sorted([
-        "DCN", "DLRM", "MLP", "CrossNetwork", "DotInteraction", "EmbeddingTable",
+        "CachedEmbeddings", "DCN", "DLRM", "MLP", "CrossNetwork", "DotInteraction", "EmbeddingTable",
         "EmbeddingTables", "LazyAdam", "LogLoss", "MultiOptimizer", "NonFiniteLossError",
-        "NothingToTrainWarning", "TableConfig", "ThroughputCallback", "TwoTower",
+        "NothingToTrainWarning", "ParameterServer", "TableConfig", "ThroughputCallback", "TwoTower",
         "WideAndDeep", "binary_classification_metrics", "embedding_tables_from_schema",
         "evaluate", "fit", "fit_lists", "infer_embedding_dim", "split_embeddings_on_size",
         "table_configs_from_schema",

@@ -223,9 +223,9 @@ def test_the_reported_eviction_serves_each_id_its_own_row(tmp_path):
 
 @pytest.mark.parametrize("capacity", [1, 2, 5])
 def test_put_keeps_the_batch_hits_and_evicts_least_recently_used(capacity):
-    from tabstream.train.torch.cache import _RowCache
+    from tabstream.train.row_cache import RowCache
 
-    cache = _RowCache(capacity, 2)
+    cache = RowCache(capacity, 2)
     rows = np.arange(40, dtype=np.float32).reshape(20, 2)
     for clock, i in enumerate(range(capacity), start=1):
         cache.clock = clock
