@@ -753,13 +753,14 @@ def _check_int(what: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _generate_table(name: str, start: int, stop: int, seed: int, drift: float = 0.0,
+def _generate_table(name: str, start: int, stop: int, seed: int,
                     **options: Any) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) of dataset ``name`` as (Arrow table, (n,) float64 probabilities).
 
-    The one place rows are made; write_data calls it once per chunk.
+    The one place rows are made; write_data calls it once per chunk. ``options``:
+    the dataset's (multi-hot) and ``drift`` when not 0.
     """
-    return _TABLE_MAKERS[name](seed, start, stop, drift=drift, **options)
+    return _TABLE_MAKERS[name](seed, start, stop, **options)
 
 
 def _check_drift(drift: Any) -> float:
@@ -817,11 +818,12 @@ def generate_data(
     num_rows = _check_int("num_rows", num_rows, 0)
     seed = _check_int("seed", seed, 0)
     start_row = _check_int("start_row", start_row, 0)
-    drift = _check_drift(drift)
     options = _multihot_options(key, options)
+    if _check_drift(drift):
+        options["drift"] = float(drift)
     stop = start_row + num_rows
     pieces = [
-        _generate_table(key, lo, hi, seed, drift, **options)
+        _generate_table(key, lo, hi, seed, **options)
         for lo, hi in (list(_ranges(start_row, stop, DEFAULT_CHUNK_ROWS)) or [(start_row, stop)])
     ]
     table = pa.concat_tables([t for t, _ in pieces])
@@ -940,8 +942,9 @@ def write_data(
     row_group_size = _check_int("row_group_size", row_group_size, 1)
     start_row = _check_int("start_row", start_row, 0)
     chunk_rows = _check_int("chunk_rows", chunk_rows, 1)
-    drift = _check_drift(drift)
     options = _multihot_options(key, options)
+    if _check_drift(drift):
+        options["drift"] = float(drift)
     if key == "multi-hot" and fmt != "parquet":
         raise ValueError("the multi-hot dataset holds lists: write it with fmt='parquet'")
     if num_files > num_rows:
@@ -970,7 +973,7 @@ def write_data(
             _AtomicFile(prob_path, "parquet", row_group_size) as prob_file,
         ):
             for c_lo, c_hi in _ranges(lo, hi, chunk_rows):
-                table, prob = _generate_table(key, c_lo, c_hi, seed, drift, **options)
+                table, prob = _generate_table(key, c_lo, c_hi, seed, **options)
                 data_file.write(table)
                 if return_probability:
                     prob_file.write(pa.table({"probability": prob}))
