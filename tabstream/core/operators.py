@@ -328,6 +328,18 @@ class StatOperator(Operator):
     def finalize(self, partial: Any) -> None:
         """Store the combined statistics as state and set ``fitted``."""
 
+    #: True when :meth:`update` folds an update's partials (combined as in a fit) into
+    #: the fitted state (``Workflow.update``; Categorify's living vocabulary)
+    updatable: ClassVar[bool] = False
+
+    def check_updatable(self) -> None:
+        """Raise ``ValueError`` saying why this op's settings forbid :meth:`update`."""
+
+    def update(self, partial: Any) -> Any:
+        """Fold combined partials of new data into the fitted state (ops that set
+        :attr:`updatable`); returns what changed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot update its statistics")
+
     def discard_partials(self) -> None:
         """Remove what this op's partials hold outside memory (spill files), after a
         fit that failed: nothing will read them. Most ops hold nothing; the default

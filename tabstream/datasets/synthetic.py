@@ -225,6 +225,18 @@ def _powerlaw_ranks(u: np.ndarray, size: int, exponent: float) -> np.ndarray:
     return np.minimum(x.astype(np.int64), size - 1)  # floor; guard rounding at u -> 1
 
 
+def _drifted(ranks: np.ndarray, start: int, size: int, drift: float) -> np.ndarray:
+    """Popularity ranks of rows ``start, start + 1, ...`` -> the values they stand for
+    under ``drift``: at row ``i`` rank ``r`` is value ``(r + floor(i * drift / 1000)) %
+    size``, so the popular values move through the vocabulary as rows go by (a day's
+    new ids). ``ranks`` is (n, ...) with rows first; drift 0 changes nothing."""
+    if not drift:
+        return ranks
+    rows = np.arange(start, start + len(ranks), dtype=np.float64)
+    shift = np.floor(rows * (drift / 1000.0)).astype(np.int64) % size
+    return (ranks + shift.reshape((-1,) + (1,) * (ranks.ndim - 1))) % size
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -468,7 +480,7 @@ def _category_effects(seed: int, column: str, ranks: np.ndarray, valid: np.ndarr
     return effects
 
 
-def _criteo_table(seed: int, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
+def _criteo_table(seed: int, start: int, stop: int, drift: float = 0.0) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) of the criteo-like data: (Arrow table, (n,) float64 probabilities)."""
     n = stop - start
     logit = np.full(n, _CRITEO_BIAS)
@@ -482,6 +494,7 @@ def _criteo_table(seed: int, start: int, stop: int) -> tuple[pa.Table, np.ndarra
         columns[name] = pa.array(values, mask=~valid)
     for name, cat_spec in _CRITEO_CAT_SPECS.items():
         ranks, valid = _criteo_ranks(seed, name, start, stop)
+        ranks = _drifted(ranks, start, cat_spec.vocab, drift)
         if cat_spec.effect:
             logit += _category_effects(seed, name, ranks, valid)
         columns[name] = _strings_from_words(_hex_words(name, ranks, cat_spec.vocab), valid)
@@ -605,7 +618,7 @@ def _ecommerce_logit(seed: int, users: _Users, items: _Items, device: np.ndarray
     )
 
 
-def _ecommerce_table(seed: int, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
+def _ecommerce_table(seed: int, start: int, stop: int, drift: float = 0.0) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) of the e-commerce-like data: (Arrow table, (n,) float64 probabilities)."""
     u_user, u_item, u_device = _block_draws(
         seed,
@@ -614,8 +627,8 @@ def _ecommerce_table(seed: int, start: int, stop: int) -> tuple[pa.Table, np.nda
         stop,
         lambda rng, n: (rng.random(n), rng.random(n), rng.random(n)),
     )
-    users = _users(seed, _powerlaw_ranks(u_user, _NUM_USERS, _USER_EXPONENT))
-    items = _items(seed, _powerlaw_ranks(u_item, _NUM_ITEMS, _ITEM_EXPONENT))
+    users = _users(seed, _drifted(_powerlaw_ranks(u_user, _NUM_USERS, _USER_EXPONENT), start, _NUM_USERS, drift))
+    items = _items(seed, _drifted(_powerlaw_ranks(u_item, _NUM_ITEMS, _ITEM_EXPONENT), start, _NUM_ITEMS, drift))
     device = _pick(u_device, _DEVICE_WEIGHTS)
     prob = _sigmoid(_ecommerce_logit(seed, users, items, device))
     columns = {
@@ -656,7 +669,8 @@ def _multihot_effects(seed: int, slots: int, vocabulary: int) -> np.ndarray:
 
 
 def _multihot_table(seed: int, start: int, stop: int, *, slots: int = 100, nnz: int = 10,
-                    vocabulary: int = 8192, layout: str = "nested") -> tuple[pa.Table, np.ndarray]:
+                    vocabulary: int = 8192, layout: str = "nested",
+                    drift: float = 0.0) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop): ``slots`` x ``nnz`` ids per row plus a logistic label."""
     n = stop - start
     stream = _key(seed, "multi-hot-ids", slots, nnz, vocabulary) & 0xFFFFFFFF
@@ -668,6 +682,7 @@ def _multihot_table(seed: int, start: int, stop: int, *, slots: int = 100, nnz: 
         hi = min(stop - block * _MULTIHOT_BLOCK, _MULTIHOT_BLOCK)
         blocks.append(_powerlaw_ranks(u[lo:hi], vocabulary, _MULTIHOT_EXPONENT))
     ids = np.concatenate(blocks) if blocks else np.zeros((0, slots, nnz), np.int64)
+    ids = _drifted(ids, start, vocabulary, drift)
     effects = _multihot_effects(seed, slots, vocabulary)
     total = np.zeros(n)
     for s in range(slots):  # one slot's small table at a time stays in cache
@@ -742,9 +757,17 @@ def _generate_table(name: str, start: int, stop: int, seed: int,
                     **options: Any) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) of dataset ``name`` as (Arrow table, (n,) float64 probabilities).
 
-    The one place rows are made; write_data calls it once per chunk.
+    The one place rows are made; write_data calls it once per chunk. ``options``:
+    the dataset's (multi-hot) and ``drift`` when not 0.
     """
     return _TABLE_MAKERS[name](seed, start, stop, **options)
+
+
+def _check_drift(drift: Any) -> float:
+    if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not math.isfinite(drift) or drift < 0:
+        raise ValueError(f"drift must be a finite number >= 0 (ranks the popular values move per "
+                         f"1,000 rows), got {drift!r}")
+    return float(drift)
 
 
 def _ranges(start: int, stop: int, step: int) -> Iterator[tuple[int, int]]:
@@ -760,6 +783,7 @@ def generate_data(
     return_probability: bool = False,
     *,
     start_row: int = 0,
+    drift: float = 0.0,
     **options: Any,
 ) -> pd.DataFrame | tuple[pd.DataFrame, np.ndarray]:
     """Generate ``num_rows`` synthetic rows in memory.
@@ -772,6 +796,11 @@ def generate_data(
         start_row: first row of the stream to return; rows [start_row, start_row +
             num_rows) equal the same rows of a longer call, so e.g. a validation set
             can continue where a training set stopped (same hidden model).
+        drift: ids that drift, as in daily logs: at row ``i`` a categorical's
+            popularity rank ``r`` stands for value ``(r + floor(i * drift / 1000))``
+            modulo its vocabulary, so the popular values move on by ``drift`` values
+            every 1,000 rows (Criteo's categoricals, e-commerce users and items,
+            multi-hot ids). A value keeps its effect on the click. 0: no drift.
         options: multi-hot only: ``slots=100``, ``nnz=10`` ids per slot,
             ``vocabulary=8192`` ids per slot, ``layout="nested"`` (one
             ``multi_hot`` column of ``(slots, nnz)``) or ``"columns"`` (``S1`` ...).
@@ -790,6 +819,8 @@ def generate_data(
     seed = _check_int("seed", seed, 0)
     start_row = _check_int("start_row", start_row, 0)
     options = _multihot_options(key, options)
+    if _check_drift(drift):
+        options["drift"] = float(drift)
     stop = start_row + num_rows
     pieces = [
         _generate_table(key, lo, hi, seed, **options)
@@ -875,6 +906,7 @@ def write_data(
     return_probability: bool = False,
     start_row: int = 0,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    drift: float = 0.0,
     **options: Any,
 ) -> list[str]:
     """Write ``num_rows`` synthetic rows to ``num_files`` files, in bounded memory.
@@ -887,7 +919,8 @@ def write_data(
     ``CRITEO_DTYPES`` / ``ECOMMERCE_DTYPES``.
 
     Args:
-        name, seed, start_row: as in :func:`generate_data`.
+        name, seed, start_row, drift: as in :func:`generate_data` (with ``drift``,
+            the files of consecutive rows are consecutive "days" of drifting ids).
         output_dir: local folder, created if needed.
         num_files: 1 <= num_files <= num_rows.
         fmt: ``"parquet"`` or ``"tsv"``.
@@ -910,6 +943,8 @@ def write_data(
     start_row = _check_int("start_row", start_row, 0)
     chunk_rows = _check_int("chunk_rows", chunk_rows, 1)
     options = _multihot_options(key, options)
+    if _check_drift(drift):
+        options["drift"] = float(drift)
     if key == "multi-hot" and fmt != "parquet":
         raise ValueError("the multi-hot dataset holds lists: write it with fmt='parquet'")
     if num_files > num_rows:

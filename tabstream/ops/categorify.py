@@ -68,6 +68,14 @@ full or read-only is an ``OSError`` naming the folder and ``spill_dir``, and the
 other spills of that fit are removed with it.
 The vocabulary (values with their counts, in id order) is saved as parquet.
 
+A living vocabulary: :meth:`Workflow.update <tabstream.pipeline.workflow.Workflow.update>`
+folds a new file list's counts into the fitted vocabularies without renumbering kept
+values; new values are admitted when their running count reaches ``freq_threshold``,
+and under ``max_size`` values are evicted (``eviction``) and their ids recycled (see
+:mod:`tabstream.ops.vocabulary_policy`). The fitted state then also holds the counts of
+the values not (yet) admitted (``cand.<vocabulary>`` tables; ``keep_candidates=False``
+drops them), and each vocabulary table the running counts, scores and last update seen.
+
 Dictionary columns (parquet's dictionary-encoded string pages, which the workflow
 reads as dictionaries for columns only Categorify uses) are counted and encoded
 without decoding: each chunk's dictionary is counted by a bincount of its indices
@@ -100,6 +108,13 @@ from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import TaskGroup, shared_pool
 from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
+from tabstream.ops.vocabulary_policy import (
+    Vocabulary,
+    VocabularyChange,
+    VocabularyPolicy,
+    check_policy,
+    fold,
+)
 
 __all__ = ["Categorify", "merge_counts", "value_counts"]
 
@@ -280,6 +295,18 @@ class Categorify(StatOperator):
     single_table:
         Number every column's vocabulary in one table, one range of ids after the
         other (see module docs).
+    eviction, window, decay:
+        How :meth:`Workflow.update <tabstream.pipeline.workflow.Workflow.update>`
+        makes room under ``max_size``: ``"lru"`` evicts the least recently seen values
+        not seen in the last ``window`` updates; ``"decay"`` multiplies every running
+        count by ``decay`` at each update and evicts the lowest (see
+        :mod:`tabstream.ops.vocabulary_policy`). Without ``max_size`` nothing is evicted.
+    keep_candidates:
+        Keep the counts of values counted but not in the vocabulary (below
+        ``freq_threshold`` or past ``max_size``) in the fitted state, so that an update
+        admits them once their running count, the fit's included, reaches
+        ``freq_threshold``. ``False`` saves their memory and disk for a vocabulary that
+        is never updated (an update then counts from that update only).
     """
 
     #: fit and transform take dictionary columns (counted and encoded without
@@ -289,9 +316,17 @@ class Categorify(StatOperator):
     #: statistics past spill_rows go to files under spill_dir (see the module docstring)
     spills = True
 
-    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types)
-    state_types = {"vocabularies": list[str]}
-    state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"}}
+    # saved-state declaration, checked by Workflow.load (see StatOperator.state_types);
+    # "candidates" and "updates" are absent from workflows saved before they existed
+    state_types = {"vocabularies": list[str], "candidates": list[str], "updates": int}
+    state_tables = {"vocab.{vocabularies}": {"values": None, "counts": "integer"},
+                    "cand.{candidates}": {"values": None, "counts": "integer"}}
+
+    @classmethod
+    def check_state(cls, values: Any) -> list[str]:
+        if isinstance(values, dict):  # a Categorify saved before living vocabularies
+            values = {"candidates": [], "updates": 0, **values}
+        return super().check_state(values)
 
     @classmethod
     def check_state_table_values(cls, name: str, table: pa.Table) -> None:
@@ -313,8 +348,10 @@ class Categorify(StatOperator):
                  out_path: str | None = None, split_out: int | dict[str, int] | None = None,
                  tree_width: int | dict[str, int] | None = None, on_host: bool = True,
                  cat_cache: Any = "host", search_sorted: bool = False, name_sep: str = "_",
-                 cardinality_memory_limit: Any = None) -> None:
+                 cardinality_memory_limit: Any = None, eviction: str = "lru", window: int = 1,
+                 decay: float = 0.5, keep_candidates: bool = True) -> None:
         super().__init__()
+        check_policy(eviction, window, decay, "Categorify")
         for name, value in (("freq_threshold", freq_threshold), ("max_size", max_size)):
             values = value.values() if isinstance(value, dict) else [value]
             if any(not isinstance(v, (int, np.integer)) or v < 0 for v in values):
@@ -370,6 +407,12 @@ class Categorify(StatOperator):
         self.search_sorted = bool(search_sorted)
         self.name_sep = name_sep
         self.cardinality_memory_limit = cardinality_memory_limit
+        self.eviction, self.window, self.decay = eviction, int(window), float(decay)
+        self.keep_candidates = bool(keep_candidates)
+        # living vocabulary (Workflow.update): per vocabulary, the values counted but
+        # not in it, and how many updates were folded in
+        self.candidates: dict[str, pa.Table] = {}
+        self.updates = 0
         # fitted state: vocabulary name -> table (values, counts) in id order; with
         # single_table the dict's order is the order of the id ranges
         self.tables: dict[str, pa.Table] = {}
@@ -771,25 +814,40 @@ class Categorify(StatOperator):
         return pa.concat_tables(kept)
 
     def _threshold(self, counts: pa.Table, name: str) -> pa.Table:
+        """``counts`` without the values below ``freq_threshold``, on the worker, where
+        nothing needs them later: not when the op keeps candidates' counts, nor in an
+        update (a fitted op: every kept value's count counts). :meth:`finalize`
+        applies the threshold again in any case."""
+        if self.keep_candidates or self.fitted:
+            return counts
         threshold = self._setting(self.freq_threshold, name)
         if threshold > 1:
             counts = counts.filter(pc.greater_equal(counts["counts"], threshold))
         return counts
 
+    def _merged(self, name: str, counts: _Counts) -> pa.Table:
+        """The counts of one vocabulary's partial as one table ``(values, counts)``."""
+        if counts.spilled:
+            return self._merge_spilled(name, counts)
+        assert counts.table is not None
+        # one partition's partial comes here unmerged
+        return self._threshold(counts.table if counts.distinct else _sum_counts([counts.table]), name)
+
     def finalize(self, partial: dict[str, _Counts]) -> None:
-        tables = {}
+        tables, candidates = {}, {}
         for name, counts in partial.items():
-            if counts.spilled:
-                table = self._merge_spilled(name, counts)
-            else:
-                assert counts.table is not None
-                # one partition's partial comes here unmerged
-                table = self._threshold(counts.table if counts.distinct else _sum_counts([counts.table]), name)
+            table = self._merged(name, counts)
             table = table.take(sort_indices(table, [("counts", "descending"), ("values", "ascending")]))
+            threshold = self._setting(self.freq_threshold, name)
+            kept = table.num_rows if threshold <= 1 else \
+                int(pc.sum(pc.greater_equal(table["counts"], threshold)).as_py() or 0)  # a prefix
             limit = self._vocab_limit(name)
             if limit is not None:
-                table = table.slice(0, limit)
-            tables[name] = table.combine_chunks()
+                kept = min(kept, limit)
+            tables[name] = table.slice(0, kept).combine_chunks()
+            if self.keep_candidates and table.num_rows > kept:
+                # below freq_threshold or past max_size: counted on by Workflow.update
+                candidates[name] = table.slice(kept).combine_chunks()
         for name, values in (self.vocabs or {}).items():
             arr = backend().normalize_missing(pa.array(values))
             if arr.null_count:
@@ -808,11 +866,65 @@ class Categorify(StatOperator):
         # in this order); partials may come in another (the last merge's shards)
         order = {name: i for i, name in enumerate(self._order)}
         self.tables = dict(sorted(tables.items(), key=lambda kv: order.get(kv[0], len(order))))
+        self.candidates = {k: candidates[k] for k in self.tables if k in candidates}
+        self.updates = 0
         drop_lookup_indexes(self)  # those of the vocabularies replaced
         self.fitted = True
         self.stats_files = write_stats_files("Categorify", self.out_path, {
             f"unique.{name}": pa.table({name: t["values"], f"{name}_size": t["counts"]})
             for name, t in self.tables.items()})
+
+    # -- update (a living vocabulary, see tabstream.ops.vocabulary_policy) -----
+    #: Workflow.update folds new data's counts into the fitted vocabularies
+    updatable = True
+
+    def check_updatable(self) -> None:
+        if self.single_table:
+            raise ValueError(
+                "Categorify(single_table=True) cannot update: its vocabularies are numbered one "
+                "after the other in one table, so a vocabulary that grows would move the ids of "
+                "every later one; use single_table=False (one table per vocabulary) or fit again")
+
+    def policy(self, name: str) -> VocabularyPolicy:
+        """The update policy of vocabulary ``name``: its ``freq_threshold``, the capacity
+        ``max_size`` leaves (None: no limit), ``eviction``, ``window`` and ``decay``."""
+        return VocabularyPolicy(self._setting(self.freq_threshold, name), self._vocab_limit(name),
+                                self.eviction, self.window, self.decay)
+
+    def update(self, partial: dict[str, _Counts]) -> dict[str, tuple[list[str], int, VocabularyChange]]:
+        """Fold an update's counts (partials of :meth:`fit_partition`, combined as in a
+        fit) into the fitted vocabularies: kept values keep their ids, values reaching
+        ``freq_threshold`` are admitted, under ``max_size`` values are evicted by
+        ``eviction`` and their ids recycled (see :mod:`tabstream.ops.vocabulary_policy`).
+        Vocabularies given with ``vocabs=`` stay as given. Returns, per vocabulary
+        updated, its columns, the id of its first slot and what changed."""
+        self.check_fitted()
+        self.check_updatable()
+        out = {}
+        tables, candidates = dict(self.tables), dict(self.candidates)
+        for name, counts in partial.items():
+            vocab = Vocabulary.fitted(self.tables[name], self.candidates.get(name), self.updates)
+            vocab, change = fold(vocab, self._merged(name, counts), self.policy(name))
+            tables[name] = vocab.slots
+            cand = vocab.candidates
+            if self.keep_candidates and cand.num_rows:
+                candidates[name] = cand.take(sort_indices(cand, [("scores", "descending"),
+                                                                 ("values", "ascending")]))
+            else:
+                candidates.pop(name, None)
+            out[name] = (self._vocab_columns(name), self._first_id(name), change)
+        self.tables, self.candidates = tables, candidates
+        self.updates += 1
+        drop_lookup_indexes(self)  # the vocabularies changed
+        return out
+
+    def _vocab_columns(self, name: str) -> list[str]:
+        """The output columns vocabulary ``name`` encodes."""
+        if self.encode_type != "combo":
+            for group in self.column_groups or []:
+                if len(group) > 1 and self._vocab_name(group) == name:
+                    return list(group)
+        return [name]
 
     # -- transform ----------------------------------------------------------
     def transform(self, table: pa.Table) -> pa.Table:
@@ -904,10 +1016,15 @@ class Categorify(StatOperator):
 
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-        return {"vocabularies": list(self.tables)}, {f"vocab.{k}": v for k, v in self.tables.items()}
+        values = {"vocabularies": list(self.tables), "candidates": list(self.candidates),
+                  "updates": self.updates}
+        return values, {**{f"vocab.{k}": v for k, v in self.tables.items()},
+                        **{f"cand.{k}": v for k, v in self.candidates.items()}}
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         self.tables = {k: tables[f"vocab.{k}"] for k in values["vocabularies"]}
+        self.candidates = {k: tables[f"cand.{k}"] for k in values.get("candidates", [])}
+        self.updates = int(values.get("updates", 0))
         drop_lookup_indexes(self)
         self.fitted = True
 

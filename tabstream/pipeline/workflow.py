@@ -39,6 +39,7 @@ from typing import Any
 import fsspec
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dask import delayed
 
@@ -53,6 +54,12 @@ from tabstream.pipeline import execution
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, num_workers, tree_reduce
 from tabstream.pipeline.transformed import TransformedDataset, client_for, conform
+from tabstream.pipeline.vocabulary_delta import (
+    DELTA_FOLDER,
+    VocabularyChanges,
+    VocabularyDelta,
+    read_chain,
+)
 
 __all__ = ["TransformedDataset", "Workflow"]
 
@@ -76,6 +83,8 @@ class Workflow:
         self.client = client
         self.input_schema: Schema | None = None
         self._fitted = False
+        #: the vocabulary deltas of every update since the fit, oldest first (see update)
+        self.vocabulary_deltas: list[VocabularyDelta] = []
 
     def __getstate__(self) -> dict[str, Any]:
         """What dask ships to a worker with a task: everything but the client (a
@@ -178,26 +187,120 @@ class Workflow:
         # (2M Criteo-like rows: export peak RSS about 940 -> 750 MB, same CPU)
         pa.default_memory_pool().release_unused()
         self._fitted = True
+        self.vocabulary_deltas = []  # a new fit starts a new chain
         return self
 
     def _fit_phases(self, ds: Dataset, columns: list[str], phases: list[list[Node]],
                     progress: bool | None) -> None:
         dictionary = self.dictionary_columns(ds)
         for level, nodes in enumerate(phases):
-            partials = [
-                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
-                for piece in ds.pieces
-            ]
-            reduced = tree_reduce(partials, _Combine(nodes), fan_in=fit_fan_in(len(partials)),
-                                  root=_Combine(nodes, root=True),
-                                  shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
-            (stats,) = compute([reduced], self.client, desc=f"fit level {level + 1}", progress=progress)
-            rows = stats.pop()  # rows of the input and out of every node evaluated
-            if level == 0:
-                _check_has_rows(ds, rows[_INPUT_ROWS])
-            _check_nodes_have_rows(ds, nodes, rows)
+            stats = self._reduce_level(ds, columns, nodes, dictionary, f"fit level {level + 1}",
+                                       progress, first=level == 0)
             for node, partial in zip(nodes, stats, strict=True):
                 node.op.finalize(partial)
+
+    def _reduce_level(self, ds: Dataset, columns: list[str], nodes: list[Node], dictionary: list[str],
+                      desc: str, progress: bool | None, first: bool) -> list[Any]:
+        """The combined partials of ``nodes`` over ``ds``: a tree reduction of
+        per-partition partials (every statistics op's pass over the data)."""
+        partials = [
+            delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
+            for piece in ds.pieces
+        ]
+        reduced = tree_reduce(partials, _Combine(nodes), fan_in=fit_fan_in(len(partials)),
+                              root=_Combine(nodes, root=True),
+                              shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
+        (stats,) = compute([reduced], self.client, desc=desc, progress=progress)
+        rows = stats.pop()  # rows of the input and out of every node evaluated
+        if first:
+            _check_has_rows(ds, rows[_INPUT_ROWS])
+        _check_nodes_have_rows(ds, nodes, rows)
+        return stats
+
+    # -- update (a living vocabulary) ------------------------------------------
+    def update(self, dataset: Dataset | Any, progress: bool | None = None,
+               others: str = "refuse") -> VocabularyDelta:
+        """Fold a new file list into the fitted statistics without renumbering: every
+        Categorify folds the new counts into its vocabularies (kept values keep their
+        ids; values reaching ``freq_threshold`` are admitted; under ``max_size`` values
+        are evicted by the op's ``eviction`` policy and their ids recycled, see
+        :mod:`tabstream.ops.vocabulary_policy`).
+
+        Returns the :class:`~tabstream.pipeline.vocabulary_delta.VocabularyDelta` of
+        this update (admitted, evicted and recycled ids per column; ``delta.summary()``),
+        also appended to :attr:`vocabulary_deltas`, the chain :meth:`save` writes under
+        ``vocabulary/`` and :meth:`load` reads back. Apply it to the embedding tables
+        (``ParameterServer.apply_vocabulary_delta``, ``EmbeddingTables.reset_rows``)
+        before training on the new data.
+
+        Statistics ops that cannot update (Normalize, FillMedian, ...) are refused,
+        named, unless ``others="keep"``: then their fitted statistics stay as they are.
+        The dataset needs the columns the workflow was fitted on, of the same dtypes.
+        On an error nothing changes."""
+        from tabstream.pipeline.regroup import check_graph
+
+        if others not in ("refuse", "keep"):
+            raise ValueError(f"Workflow.update: others must be 'refuse' or 'keep', got {others!r}")
+        if not self._fitted or self.input_schema is None:
+            raise NotFittedError("Workflow.update folds new data into fitted statistics, but the "
+                                 "workflow is not fitted; call fit(dataset) first")
+        self._check_fitted()
+        check_graph(self.output_node)
+        stat_nodes = [n for n in self.output_node.walk() if n.kind == "op" and n.op.is_stat]
+        fixed = [f"{type(n.op).__name__} (node {n.id})" for n in stat_nodes if not n.op.updatable]
+        if fixed and others == "refuse":
+            raise ValueError(
+                f"Workflow.update: {', '.join(fixed)} cannot update their statistics (only Categorify "
+                "folds new data in); pass others='keep' to keep their fitted statistics as they "
+                "are, or fit the workflow again")
+        for node in stat_nodes:
+            if node.op.updatable:
+                try:
+                    node.op.check_updatable()
+                except ValueError as exc:
+                    raise ValueError(f"Workflow.update: node {node.id}: {exc}") from exc
+        ds = _as_dataset(dataset)
+        self._check_update_schema(ds)
+        columns = self.input_columns
+        phases = [[n for n in nodes if n.op.updatable] for nodes in self._stat_nodes_by_phase()]
+        phases = [nodes for nodes in phases if nodes]
+        ops = [n.op for nodes in phases for n in nodes]
+        before = [op.get_state() for op in ops]
+        changes: dict[str, VocabularyChanges] = {}
+        with _runs_on(self, ds), _cluster_spill_dir(self.client, ops), small_pages():
+            try:
+                dictionary = self.dictionary_columns(ds)
+                for level, nodes in enumerate(phases):
+                    stats = self._reduce_level(ds, columns, nodes, dictionary, f"update level {level + 1}",
+                                               progress, first=level == 0)
+                    for node, partial in zip(nodes, stats, strict=True):
+                        changes.update(_vocabulary_changes(node.op.update(partial)))
+            except BaseException:
+                for op, (values, tables) in zip(ops, before, strict=True):
+                    op.discard_partials()
+                    op.set_state(values, tables)  # nothing changes on an error
+                raise
+        pa.default_memory_pool().release_unused()
+        previous = self.vocabulary_deltas[-1].name if self.vocabulary_deltas else None
+        delta = VocabularyDelta(len(self.vocabulary_deltas) + 1, changes, previous)
+        self.vocabulary_deltas.append(delta)
+        return delta
+
+    def _check_update_schema(self, ds: Dataset) -> None:
+        assert self.input_schema is not None
+        schema = ds.schema
+        missing = [c for c in self.input_columns if c not in schema.column_names]
+        if missing:
+            raise SchemaError(f"Workflow.update: {ds!r} lacks the columns {missing} the workflow was "
+                              f"fitted on; it has {schema.column_names}")
+        for name in self.input_columns:
+            have, fitted = schema[name], self.input_schema[name]
+            if (have.dtype, have.is_list) != (fitted.dtype, fitted.is_list):
+                raise SchemaError(
+                    f"Workflow.update: column {name!r} of {ds!r} is {have.dtype}"
+                    f"{' (list)' if have.is_list else ''}, but the workflow was fitted on "
+                    f"{fitted.dtype}{' (list)' if fitted.is_list else ''}; read it with the "
+                    f"fitted dtype (Dataset(..., dtypes={{{name!r}: {fitted.dtype!r}}}))")
 
     def _check_fitted(self) -> None:
         unfitted = [n.op for n in self.output_node.walk()
@@ -249,7 +352,8 @@ class Workflow:
     # -- save / load --------------------------------------------------------
     def save(self, path: str, storage_options: dict | None = None) -> None:
         """Write ``workflow.json`` and one parquet file per fitted statistics table
-        (``stats/``, paths relative to the folder).
+        (``stats/``, paths relative to the folder), and the chain of vocabulary deltas
+        of the updates since the fit (``vocabulary/update_<n>/``, see :meth:`update`).
 
         On a local disk the save is atomic: everything is written to a hidden
         folder beside ``path`` (``.<name>.tmp-<host>-<pid>-<id>``), which then
@@ -273,13 +377,14 @@ class Workflow:
         else:
             _save_in_place(fs, root, text, files)
 
-    def _serialize(self, path: str, save_id: str) -> tuple[str, dict[str, pa.Table]]:
+    def _serialize(self, path: str, save_id: str) -> tuple[str, dict[str, pa.Table | str]]:
         """``workflow.json``'s text and the stats tables by path relative to the
         folder; the stats file names carry ``save_id``, so a load that read another
-        save's ``workflow.json`` never takes this save's tables for its own."""
+        save's ``workflow.json`` never takes this save's tables for its own. The
+        vocabulary deltas' files (tables, and ``_delta.json`` texts) come with them."""
         assert self.input_schema is not None
         nodes = []
-        files: dict[str, pa.Table] = {}
+        files: dict[str, pa.Table | str] = {}
         for node in self.output_node.walk():
             entry: dict[str, Any] = {"id": node.id, "kind": node.kind,
                                      "parents": [p.id for p in node.parents]}
@@ -309,6 +414,11 @@ class Workflow:
                         files[f"{rel}.parquet"] = table
                         entry["tables"][name] = f"{rel}.parquet"
             nodes.append(entry)
+        for delta in self.vocabulary_deltas:  # the chain, whole, with every save
+            text, tables = delta.files()
+            folder = f"{DELTA_FOLDER}/{delta.name}"
+            files.update({f"{folder}/{name}": table for name, table in tables.items()})
+            files[f"{folder}/_delta.json"] = text
         doc = {
             "format": "tabstream.workflow",
             "version": FORMAT_VERSION,
@@ -318,6 +428,8 @@ class Workflow:
             "nodes": nodes,
             "output": self.output_node.id,
         }
+        if self.vocabulary_deltas:
+            doc["vocabulary_deltas"] = [d.name for d in self.vocabulary_deltas]
         try:
             text = json.dumps(doc, indent=2)  # before touching the folder
         except (TypeError, ValueError) as exc:
@@ -401,11 +513,29 @@ class Workflow:
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{doc_path}: the saved graph does not fit its own 'input_schema': {exc}") from exc
         _dry_run(built, input_schema, doc_path)
+        wf.vocabulary_deltas = read_chain(fs, root, doc.get("vocabulary_deltas", []), doc_path)
+        for node_id, node in built.items():
+            if node.kind == "op" and node.op.is_stat and node.op.updatable \
+                    and node.op.updates != len(wf.vocabulary_deltas):
+                raise DataError(f"{doc_path}: node {node_id}: {type(node.op).__name__} was updated "
+                                f"{node.op.updates} times, but the workflow lists "
+                                f"{len(wf.vocabulary_deltas)} vocabulary deltas")
         wf._fitted = True
         return wf
 
     def __repr__(self) -> str:
         return f"Workflow({self.output_node!r})"
+
+
+def _vocabulary_changes(updated: dict[str, Any]) -> dict[str, VocabularyChanges]:
+    """An op's ``update`` result (per vocabulary: columns, first id, change in slots)
+    as changes in ids."""
+    out = {}
+    for name, (columns, first, change) in updated.items():
+        admitted, evicted = (pa.table({"id": pc.add(t["slot"], first), "value": t["value"]})
+                             for t in (change.admitted, change.evicted))
+        out[name] = VocabularyChanges(tuple(columns), admitted, evicted)
+    return out
 
 
 @contextmanager
@@ -815,7 +945,7 @@ def _confined(fs: Any, root: str, rel: str, field: str) -> str:
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
-_ALLOWED_IN_SAVE = {"workflow.json", "stats"}
+_ALLOWED_IN_SAVE = {"workflow.json", "stats", DELTA_FOLDER}
 #: a stats file of a save (``<save id>_node<id>_<table>.parquet``; earlier versions: no id)
 _STATS_FILE = re.compile(r"(?:[0-9a-f]{8}_)?node\d+_.*\.parquet")
 
@@ -828,7 +958,17 @@ _STATS_FILE = re.compile(r"(?:[0-9a-f]{8}_)?node\d+_.*\.parquet")
 STALE_STATS_S = 3600.0
 
 
-def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) -> None:
+def _write_file(f: Any, content: pa.Table | str) -> None:
+    """Write a stats table as parquet, or a text (a vocabulary delta's JSON), to the
+    open binary file ``f``, and close it."""
+    with f:
+        if isinstance(content, str):
+            f.write(content.encode("utf-8"))
+        else:
+            pq.write_table(content, f)
+
+
+def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table | str]) -> None:
     """An object store's save: no rename, so ``workflow.json`` is removed first and
     written last (the folder does not load in between; each ``workflow.json`` names
     its own save's stats files). Two savers at once: the last ``workflow.json``
@@ -840,11 +980,11 @@ def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) ->
         fs.rm(doc_path)
     fs.makedirs(posixpath.join(root, "stats"), exist_ok=True)
     for rel, table in files.items():
-        with fs.open(posixpath.join(root, rel), "wb") as f:
-            pq.write_table(table, f)
+        fs.makedirs(posixpath.dirname(posixpath.join(root, rel)), exist_ok=True)
+        _write_file(fs.open(posixpath.join(root, rel), "wb"), table)
     with fs.open(doc_path, "w") as f:
         f.write(text)
-    written = {posixpath.basename(rel) for rel in files}
+    written = {posixpath.basename(rel) for rel in files if rel.startswith("stats/")}
     try:
         now = fs.modified(doc_path)
         present = fs.ls(posixpath.join(root, "stats"), detail=False)
@@ -859,7 +999,7 @@ def _save_in_place(fs: Any, root: str, text: str, files: dict[str, pa.Table]) ->
                 fs.rm(old)
 
 
-def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_id: str) -> None:
+def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table | str], save_id: str) -> None:
     """Write the save to a hidden folder beside ``root``, then put it in place (see
     :meth:`Workflow.save`)."""
     from tabstream.core.scratch import owner_tag
@@ -874,7 +1014,8 @@ def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table], save_
     try:
         os.makedirs(os.path.join(tmp, "stats"))
         for rel, table in files.items():
-            pq.write_table(table, os.path.join(tmp, rel))
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            _write_file(open(os.path.join(tmp, rel), "wb"), table)
         with open(os.path.join(tmp, "workflow.json"), "w", encoding="utf-8") as f:
             f.write(text)
         previous = _swap_into_place(tmp, root, f".{name}.old-{owner_tag()}-{save_id}")

@@ -82,7 +82,7 @@ from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
 from tabstream.train.tables import TableConfig
 
-__all__ = ["OPTIMIZERS", "ParameterServer", "STORAGES", "initial_rows"]
+__all__ = ["OPTIMIZERS", "ParameterServer", "STORAGES", "initial_rows", "vocabulary_resets"]
 
 OPTIMIZERS = ("adagrad", "adam")
 STORAGES = ("disk", "memory")
@@ -123,6 +123,39 @@ def initial_rows(seed: int, table: str, ids: np.ndarray, dim: int, scale: float)
     bits = _splitmix64(_splitmix64(counter ^ key))
     unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # 24 bits: exact in f32
     return ((unit * 2.0 - 1.0) * scale).astype(np.float32)
+
+
+def vocabulary_resets(delta: Any, tables: Mapping[str, Sequence[str]]) -> dict[str, np.ndarray]:
+    """The embedding rows a vocabulary delta recycles, per table: ``{table: sorted ids}``.
+
+    ``delta``: a ``VocabularyDelta`` (``Workflow.update``'s), the folder of one
+    (``<workflow>/vocabulary/update_<n>``, or what ``VocabularyDelta.write`` wrote), or
+    a mapping ``{table or column: ids}``. ``tables``: ``{table: its feature names}``; a
+    vocabulary maps to the table of its name, else to the tables of its columns.
+    Vocabularies with no table here are left out (another module holds them)."""
+    from tabstream.pipeline.vocabulary_delta import VocabularyDelta
+
+    if isinstance(delta, (str, os.PathLike)):
+        delta = VocabularyDelta.read(os.fspath(delta))
+    if isinstance(delta, Mapping):
+        items = [(str(k), (str(k),), np.asarray(v)) for k, v in delta.items()]
+    elif isinstance(delta, VocabularyDelta):
+        items = [(name, tuple(cols), ids) for name, (cols, ids) in delta.resets().items()]
+    else:
+        raise TypeError(f"a vocabulary delta is a VocabularyDelta, the folder of one or a mapping "
+                        f"{{table: ids}}, got {type(delta).__name__}")
+    by_feature: dict[str, list[str]] = {}
+    for table, features in tables.items():
+        for f in features:
+            by_feature.setdefault(f, []).append(table)
+    out: dict[str, list[np.ndarray]] = {}
+    for name, columns, ids in items:
+        if ids.size and ids.dtype.kind not in "iu":
+            raise TypeError(f"vocabulary delta: the ids of {name!r} must be integers, got dtype {ids.dtype}")
+        targets = [name] if name in tables else list(dict.fromkeys(t for c in columns for t in by_feature.get(c, [])))
+        for table in targets:
+            out.setdefault(table, []).append(ids.reshape(-1).astype(np.int64))
+    return {t: np.unique(np.concatenate(parts)) for t, parts in out.items()}
 
 
 # --------------------------------------------------------------------------
@@ -384,6 +417,7 @@ class ParameterServer:
             self.version = 0  # update counter: +1 per apply()
             self.table_steps = {cfg.name: 0 for cfg in configs}
             self.last_export = 0
+            self.vocabulary_delta = 0  # the last vocabulary delta applied (its sequence)
             self.mark, self.previous_mark = 0, None
             self._previous_state: dict[str, Any] | None = None
             self._committed = self._mark_state()
@@ -408,7 +442,13 @@ class ParameterServer:
 
     def _mark_state(self) -> dict[str, Any]:
         return {"version": self.version, "table_steps": dict(self.table_steps),
-                "last_export": self.last_export}
+                "last_export": self.last_export, "vocabulary_delta": self.vocabulary_delta}
+
+    def _set_mark_state(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
+        self.last_export = int(state["last_export"])
+        self.vocabulary_delta = int(state.get("vocabulary_delta", 0))  # absent before deltas
 
     def _write_meta(self) -> None:
         meta = self._settings()
@@ -497,9 +537,7 @@ class ParameterServer:
 
     def _restore(self, meta: dict[str, Any]) -> None:
         mark = meta["mark"]
-        self.version = int(mark["version"])
-        self.table_steps = {k: int(v) for k, v in mark["table_steps"].items()}
-        self.last_export = int(mark["last_export"])
+        self._set_mark_state(mark)
         self.mark = self.version
         self._committed = self._mark_state()
         self._previous_state = meta.get("previous")
@@ -608,10 +646,7 @@ class ParameterServer:
         log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
         if log.exists():
             self._roll_back(log)
-        state = self._previous_state
-        self.version = int(state["version"])
-        self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
-        self.last_export = int(state["last_export"])
+        self._set_mark_state(self._previous_state)
         self.mark, self.previous_mark, self._previous_state = self.version, None, None
         self._committed = self._mark_state()
         self._write_meta()
@@ -630,10 +665,7 @@ class ParameterServer:
                 table.state[newer] = 0
                 table.version[newer] = 0
             self._load_snapshot()  # rows changed before the mark and after it again
-        state = self._committed
-        self.version = int(state["version"])
-        self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
-        self.last_export = int(state["last_export"])
+        self._set_mark_state(self._committed)
         self._notify("reset")
 
     # -- memory snapshots ---------------------------------------------------
@@ -663,9 +695,10 @@ class ParameterServer:
         if not folder.exists():
             return
         mark = read_json_file(folder / "mark.json", "parameter server snapshot mark")
-        self.version = self.mark = int(mark["version"])
-        self.table_steps = {k: int(v) for k, v in mark["table_steps"].items()}
-        self.last_export = max(self.last_export, int(mark["last_export"]))
+        last_export = self.last_export
+        self._set_mark_state(mark)
+        self.mark = self.version
+        self.last_export = max(last_export, self.last_export)
         self._committed = self._mark_state()
         for name, table in self._tables.items():
             ids = np.load(folder / f"{name}.ids.npy", allow_pickle=False)
@@ -821,6 +854,76 @@ class ParameterServer:
         t.state[uniq] = s
         t.version[uniq] = self.version
         return w
+
+    def apply_vocabulary_delta(self, delta: Any) -> dict[str, int]:
+        """Reset the rows of the ids a vocabulary delta recycled (see
+        :func:`vocabulary_resets` for what ``delta`` may be), and their optimizer
+        state, to their initial values, before the new values train on them. Returns
+        ``{table: rows reset}``.
+
+        A reset is an update like :meth:`apply`'s: logged for crash safety, committed
+        by the next :meth:`flush`, and its rows are in the next :meth:`export_delta`
+        (serving sees the reset). The attached caches drop their rows. The server
+        records the sequence of the last ``VocabularyDelta`` it applied (committed with
+        the marks): applying one again does nothing, so a restarted job may apply
+        the workflow's whole chain (``for d in wf.vocabulary_deltas``); one that
+        skips a delta is refused.
+
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ps = ParameterServer(tmp.name + "/ps", [TableConfig("C1", 10, 2, ("C1",))], seed=0)
+        >>> _ = ps.apply("C1", [4], np.ones((1, 2), np.float32))
+        >>> ps.apply_vocabulary_delta({"C1": [4]})     # id 4 now stands for a new value
+        {'C1': 1}
+        >>> bool((ps.lookup("C1", [4]) == initial_rows(0, "C1", np.array([4]), 2, 0.05)).all())
+        True
+        >>> ps.close(); tmp.cleanup()
+        """
+        from tabstream.pipeline.vocabulary_delta import VocabularyDelta
+
+        if isinstance(delta, (str, os.PathLike)):
+            delta = VocabularyDelta.read(os.fspath(delta))
+        sequence = delta.sequence if isinstance(delta, VocabularyDelta) else None
+        if sequence is not None:
+            if sequence <= self.vocabulary_delta:
+                return {}  # applied already (a restarted job applies the chain again)
+            if sequence != self.vocabulary_delta + 1:
+                raise DataError(
+                    f"parameter server {self.path}: vocabulary delta update_{sequence:05d} follows "
+                    f"update_{sequence - 1:05d}, but the last delta this server applied is "
+                    f"update_{self.vocabulary_delta:05d}; apply the deltas in order",
+                    hint="for delta in workflow.vocabulary_deltas: ps.apply_vocabulary_delta(delta)")
+        resets = vocabulary_resets(delta, {c.name: c.feature_names for c in self.configs})
+        out = {}
+        for table, ids in resets.items():
+            self._reset_rows(table, self._ids(table, ids))
+            out[table] = len(ids)
+        if sequence is not None:
+            self.vocabulary_delta = int(sequence)
+        if out:
+            self._notify("reset")  # the caches hold the rows' old values
+        return out
+
+    def _reset_rows(self, table: str, ids: np.ndarray) -> None:
+        """Rows ``ids`` (sorted, distinct) and their optimizer state back to their
+        initial values, as an update (logged, then versioned)."""
+        t = self._tables[table]
+        stored_w, s, stored_v = self._stored(t, ids)
+        self._count(t, len(ids))
+        if self.storage == "disk":
+            try:
+                t.reserve(ids[stored_v == 0])
+                self._log([c.name for c in self.configs].index(table), ids, stored_w, s, stored_v)
+            except OSError as exc:
+                raise DataError(
+                    f"parameter server {self.path}: could not reset rows of table {table!r} "
+                    f"({exc.strerror or exc}); the server is as it was before",
+                    hint="free space on that disk, or move the server to a disk with room",
+                ) from exc
+        self.version += 1
+        t.weight[ids] = initial_rows(self.seed, table, ids, t.cfg.dim, self.init_scale)
+        t.state[ids] = 0
+        t.version[ids] = self.version
 
     def optimizer_state(self, table: str, ids: Any) -> np.ndarray:
         """The optimizer state of rows ``ids``: ``(n, dim)`` sums of squares (adagrad)

@@ -326,6 +326,10 @@ def _flat_list_ids(
     return None
 
 
+#: the per-row slots of Keras' optimizers and LazyAdam that reset_rows resets
+_ROW_SLOTS = ("momentum", "velocity", "velocity_hat", "accumulator")
+
+
 @keras.saving.register_keras_serializable(package="tabstream")
 class EmbeddingTables(keras.layers.Layer):
     """Embedding tables for several features: ``features -> {feature: [B, dim]}``.
@@ -410,6 +414,57 @@ class EmbeddingTables(keras.layers.Layer):
             raise KeyError(
                 f"no embedding table for feature {feature!r}; known: {self.feature_names}"
             ) from None
+
+    def reset_rows(self, table: str, ids: Any, optimizer: Any = None) -> None:
+        """Rows ``ids`` of ``table`` back to fresh values of the table's initializer,
+        and the optimizer's slots of those rows (Adam's moments, LazyAdam's,
+        Adagrad's accumulators) to their initial values: for ids a vocabulary delta
+        recycled. ``optimizer``: a Keras optimizer built with the table's variable
+        (slots of other variables are left alone)."""
+        import numpy as np
+
+        tables = self.tables
+        if table not in tables:
+            raise KeyError(f"no embedding table {table!r}; the tables are {sorted(tables)}")
+        layer = tables[table]
+        var = layer.embeddings
+        arr = np.asarray(ids)
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
+        arr = np.unique(arr.reshape(-1).astype(np.int64))
+        if not len(arr):
+            return
+        rows = int(var.shape[0])
+        if arr[0] < 0 or arr[-1] >= rows:
+            bad = int(arr[0] if arr[0] < 0 else arr[-1])
+            raise ValueError(f"table {table!r}: id {bad} is out of range; the table has {rows} rows "
+                             f"(ids 0..{rows - 1}); a living vocabulary with max_size=N needs tables "
+                             "of N rows")
+        index = tf.constant(arr[:, None])
+        fresh = layer.initializer(shape=(len(arr), int(var.shape[1])), dtype=var.dtype)
+        var.value.scatter_nd_update(index, tf.cast(fresh, var.dtype))
+        if optimizer is None:
+            return
+        # Keras names a slot "<variable path with _>_<slot>" (add_variable_from_reference)
+        slot_names = {f"{var.path.replace('/', '_')}_{kind}" for kind in _ROW_SLOTS}
+        for slot in optimizer.variables:
+            if tuple(slot.shape) != tuple(var.shape) or slot.name not in slot_names:
+                continue
+            value = optimizer.initial_accumulator_value if "accumulator" in slot.name \
+                and isinstance(optimizer, keras.optimizers.Adagrad) else 0.0
+            slot.value.scatter_nd_update(index, tf.fill((len(arr), int(var.shape[1])),
+                                                        tf.cast(value, slot.dtype)))
+
+    def apply_vocabulary_delta(self, delta: Any, optimizer: Any = None) -> dict[str, int]:
+        """:meth:`reset_rows` for every id a vocabulary delta recycled (``delta``: a
+        ``VocabularyDelta``, its folder, or ``{table or column: ids}``). Returns
+        ``{table: rows reset}``."""
+        from tabstream.train.cache_store import vocabulary_resets
+
+        resets = vocabulary_resets(delta, {c.name: c.feature_names for c in self.configs})
+        for table, ids in resets.items():
+            self.reset_rows(table, ids, optimizer=optimizer)
+        return {table: len(ids) for table, ids in resets.items()}
 
     @_no_autograph
     def lookup(self, name: str, features: Mapping[str, Any]) -> Any:

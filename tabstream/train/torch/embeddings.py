@@ -99,6 +99,7 @@ class EmbeddingTables(nn.ModuleDict):
     ) -> None:
         super().__init__()
         self.configs: tuple[TableConfig, ...] = tuple(configs)
+        self.init_scale = float(init_scale)
         self.feature_to_table: dict[str, str] = {}
         # table name -> module key; differs only for names that are ModuleDict
         # attributes ("items", "values", "type", ...), which get a trailing "_"
@@ -147,6 +148,59 @@ class EmbeddingTables(nn.ModuleDict):
         """``{feature_name: dim}`` of what :meth:`forward` returns."""
         return {f: self._config_by_name[t].dim for f, t in self.feature_to_table.items()}
 
+    def reset_rows(self, table: str, ids: Any, optimizer: Any = None, seed: int = 0) -> None:
+        """Rows ``ids`` of ``table`` back to an initial value, and their optimizer state
+        to its initial value: for ids a vocabulary delta recycled (their old value's
+        training must not carry over to the new value).
+
+        The rows get uniform values in ``[-init_scale, init_scale)``, a function of
+        ``(seed, table, row)`` (the ``ParameterServer``'s :func:`initial_rows`), not
+        of any global generator. ``optimizer`` (a torch optimizer or a
+        :class:`MultiOptimizer` holding the table's weight): its per-row state of the
+        weight (Adam's moments, Adagrad's sums, LazyAdam's) is reset, zeros or
+        Adagrad's ``initial_accumulator_value``; step counters stay.
+
+        >>> from tabstream.train.tables import TableConfig
+        >>> tables = EmbeddingTables([TableConfig("C1", 10, 4, ("C1",))])
+        >>> opt = torch.optim.Adam(tables.parameters())
+        >>> tables({"C1": torch.tensor([3, 5])})["C1"].sum().backward(); opt.step()
+        >>> tables.reset_rows("C1", [3], optimizer=opt)
+        >>> opt.state[tables["C1"].weight]["exp_avg"][[3, 5]].abs().sum(dim=1) > 0
+        tensor([False,  True])
+        """
+        from tabstream.train.cache_store import initial_rows
+
+        if table not in self._keys:
+            raise KeyError(f"no embedding table {table!r}; the tables are {self.table_names}")
+        weight = self[table].weight
+        idx = _row_ids(table, ids, weight.shape[0])
+        if not len(idx):
+            return
+        rows = torch.from_numpy(initial_rows(seed, table, idx, weight.shape[1], self.init_scale))
+        index = torch.from_numpy(idx).to(weight.device)
+        with torch.no_grad():
+            weight[index] = rows.to(device=weight.device, dtype=weight.dtype)
+            for opt in _optimizers(optimizer):
+                state = opt.state.get(weight)
+                if not state:
+                    continue  # not stepped yet, or the weight is not this optimizer's
+                group = next((g for g in opt.param_groups if any(p is weight for p in g["params"])), {})
+                for key, value in state.items():
+                    if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == weight.shape[0]:
+                        value[index] = group.get("initial_accumulator_value", 0.0) if key == "sum" else 0.0
+
+    def apply_vocabulary_delta(self, delta: Any, optimizer: Any = None, seed: int = 0) -> dict[str, int]:
+        """:meth:`reset_rows` for every id a vocabulary delta recycled (``delta``: a
+        ``VocabularyDelta``, its folder, or ``{table or column: ids}``; see
+        :func:`~tabstream.train.cache_store.vocabulary_resets`). Returns ``{table: rows
+        reset}``."""
+        from tabstream.train.cache_store import vocabulary_resets
+
+        resets = vocabulary_resets(delta, {c.name: c.feature_names for c in self.configs})
+        for table, ids in resets.items():
+            self.reset_rows(table, ids, optimizer=optimizer, seed=seed)
+        return {table: len(ids) for table, ids in resets.items()}
+
     def forward(self, features: Features) -> dict[str, Any]:
         parsed = {}
         for feature, table in self.feature_to_table.items():
@@ -172,6 +226,37 @@ class EmbeddingTables(nn.ModuleDict):
         # Single-hot fast path: a plain gather is ~4x faster than a bag of size one
         # (forward + sparse backward, 8,192 ids, one core).
         return F.embedding(x, bag.weight, sparse=bag.sparse)
+
+
+def _row_ids(table: str, ids: Any, rows: int) -> Any:
+    """``ids`` as a sorted int64 numpy array of distinct rows of a ``rows``-row table."""
+    import numpy as np
+
+    arr = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids)
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
+    arr = np.unique(arr.reshape(-1).astype(np.int64))
+    if arr[0] < 0 or arr[-1] >= rows:
+        bad = int(arr[0] if arr[0] < 0 else arr[-1])
+        raise ValueError(f"table {table!r}: id {bad} is out of range; the table has {rows} rows "
+                         f"(ids 0..{rows - 1}); a living vocabulary with max_size=N needs tables "
+                         "of N rows")
+    return arr
+
+
+def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers in ``optimizer`` (None, one, or a MultiOptimizer)."""
+    from tabstream.train.torch.optimizers import MultiOptimizer
+
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, MultiOptimizer):
+        return list(optimizer.optimizers.values())
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    raise TypeError(f"optimizer must be a torch optimizer or a MultiOptimizer, got {type(optimizer).__name__}")
 
 
 def parse_feature(
