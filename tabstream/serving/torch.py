@@ -67,7 +67,8 @@ class _K:
 
     @staticmethod
     def gather(data, idx):
-        return data[torch.clamp(idx, 0, data.shape[0] - 1)]
+        # index_select: ``data[idx]`` is ~300x slower on CPU (torch 2.13, 10k of 800k)
+        return torch.index_select(data, 0, torch.clamp(idx, 0, data.shape[0] - 1))
 
     @staticmethod
     def where(c, a, b):
@@ -82,6 +83,11 @@ class _K:
         from torch._higher_order_ops.while_loop import while_loop
 
         steps = torch.cat([counts, counts.new_zeros(1)]).max()
+        if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
+            # eager: a plain loop (the while_loop operator compiles its body when run eagerly)
+            for j in range(int(steps)):
+                state = body(torch.tensor(j, dtype=torch.int64), list(state))
+            return list(state)
 
         def cond(j, *hs):
             return j < steps
@@ -91,6 +97,11 @@ class _K:
 
         out = while_loop(cond, step, (torch.zeros((), dtype=torch.int64), *state))
         return list(out[1:])
+
+
+def _take(values: Any, idx: Any) -> Any:
+    """``values[idx]`` (in-range ``idx``) through index_select, see :meth:`_K.gather`."""
+    return torch.index_select(values, 0, idx)
 
 
 def _bits(x: Any) -> Any:
@@ -276,14 +287,14 @@ class RawFeatures(nn.Module):
         else:
             key = col.values
         pos = torch.clamp(torch.searchsorted(t["keys"], key.contiguous()), max=t["keys"].shape[0] - 1)
-        found = (t["keys"][pos] == key) & t["valid"][pos]
+        found = (_take(t["keys"], pos) == key) & _take(t["valid"], pos)
         if col.kind == "string":
-            found = found & (t["lengths"][pos] == col.lengths) & self._same_bytes(col, t, pos)
+            found = found & (_take(t["lengths"], pos) == col.lengths) & self._same_bytes(col, t, pos)
         if step["num_buckets"]:
             oov = torch.remainder(col.hashes()[0], step["num_buckets"]) + 2
         else:
             oov = torch.full_like(key, 2)
-        ids = torch.where(found, t["ids"][pos], oov)
+        ids = torch.where(found, _take(t["ids"], pos), oov)
         ids = torch.where(col.missing(), 1, ids)
         return _Column(ids, torch.ones_like(col.present), "int")
 
@@ -295,10 +306,10 @@ class RawFeatures(nn.Module):
         ends = col.starts + col.lengths
         row = torch.searchsorted(ends.contiguous(), p, right=True)
         row = torch.clamp(row, max=max(0, col.starts.shape[0] - 1)) if col.starts.shape[0] else row
-        within = p - col.starts[row]
-        cand = pos[row]
-        vocab_at = _K.gather(t["bytes"], t["starts"][cand] + within)
-        differs = (vocab_at != col.values[:n_bytes]) | (within >= t["lengths"][cand])
+        within = p - _take(col.starts, row)
+        cand = _take(pos, row)
+        vocab_at = _K.gather(t["bytes"], _take(t["starts"], cand) + within)
+        differs = (vocab_at != col.values[:n_bytes]) | (within >= _take(t["lengths"], cand))
         bad = torch.zeros_like(col.lengths).index_add(0, row, differs.to(torch.int64))
         return bad == 0
 
