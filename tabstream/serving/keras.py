@@ -143,6 +143,11 @@ class RawFeatures(keras.layers.Layer):
                     keys = tf.constant(np.asarray(step["vocab"], dtype=np.int64), tf.int64)
                 init = tf.lookup.KeyValueTensorInitializer(keys, tf.constant(step["ids"], tf.int64))
                 self._tables[f"t{step['out']}"] = tf.lookup.StaticHashTable(init, default_value=-1)
+        self.built = True  # no weights to create
+
+    def lookup_tables(self) -> list[Any]:
+        """The layer's ``tf.lookup`` tables (an export archive tracks them)."""
+        return list(self._tables.values())
 
     def call(self, inputs: dict[str, Any]) -> dict[str, Any]:
         env: dict[int, _Column] = {}
@@ -277,6 +282,7 @@ class _Bundle(keras.Model):
     def __init__(self, features: RawFeatures, model: Any) -> None:
         super().__init__()
         self.features, self.model = features, model
+        self.built = True  # both parts are
 
     def call(self, inputs: dict[str, Any]) -> Any:
         return self.model(self.features(inputs))
@@ -289,6 +295,8 @@ def export(layer: RawFeatures, path: str, model: Any = None) -> None:
     archive = keras.export.ExportArchive()
     target = layer if model is None else _Bundle(layer, model)
     archive.track(target)
+    for table in layer.lookup_tables():  # resources inside a nested layer are not found alone
+        archive.track(table)
     signature = [input_signature(layer.plan)]
     archive.add_endpoint("serve", target.call, input_signature=signature)
     if model is not None:
