@@ -427,10 +427,10 @@ def without_inputs(workflow: Any, names: Iterable[str]) -> Node | None:
     from tabstream.core.operators import ColumnOperator
 
     raw = set(names)
-    unknown = sorted(raw - set(workflow.input_schema.column_names))
+    unknown = sorted(raw - set(workflow.input_columns))
     if unknown:
         raise ValueError(f"remove_inputs: {unknown} are not input columns of the workflow; "
-                         f"its inputs are {workflow.input_schema.column_names}")
+                         f"its inputs are {workflow.input_columns}")
     schemas: dict[int, Schema] = {}
     built: dict[int, Node | None] = {}
     for node in workflow.output_node.walk():
