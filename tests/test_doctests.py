@@ -44,6 +44,10 @@ RUNNABLE = [
     "tabstream.pipeline.export",
     "tabstream.pipeline.inspect",
     "tabstream.pipeline.workflow",
+    "tabstream.serving.inputs",
+    "tabstream.serving.keras",
+    "tabstream.serving.plan",
+    "tabstream.serving.torch",
     "tabstream.testing",
     "tabstream.train.cache_store",
     "tabstream.train.checks",
@@ -73,7 +77,8 @@ RUNNABLE = [
 # two lists. Empty: every example runs.
 NOT_YET_RUNNABLE: set[str] = set()
 
-_NEEDS = {"tabstream.train.torch": "torch", "tabstream.train.tensorflow": "tensorflow"}
+_NEEDS = {"tabstream.train.torch": "torch", "tabstream.train.tensorflow": "tensorflow",
+          "tabstream.serving.torch": "torch", "tabstream.serving.keras": "tensorflow"}
 
 
 @pytest.mark.parametrize("name", RUNNABLE)

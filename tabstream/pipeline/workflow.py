@@ -310,6 +310,41 @@ class Workflow:
                 f"the workflow is not fitted (unfitted ops: {unfitted}); call fit(dataset) before transform"
             )
 
+    # -- serving (tabstream.serving) ----------------------------------------
+    def remove_inputs(self, names: Sequence[str]) -> Workflow:
+        """A copy (sharing the fitted ops) without the output columns computed from the
+        raw columns ``names`` (a label, other training-only inputs): serving it needs
+        none of them."""
+        from tabstream.serving.plan import without_inputs
+
+        self._check_fitted()
+        assert self.input_schema is not None
+        node = without_inputs(self, names)
+        if node is None:
+            raise ValueError(f"remove_inputs: every output of the workflow is computed from {list(names)}")
+        out = Workflow(node, client=self.client)
+        out.input_schema = self.input_schema.without(list(names))
+        out._fitted = self._fitted
+        return out
+
+    def to_keras(self, exclude: Sequence[str] | None = None) -> Any:
+        """A Keras layer: raw columns in, the model's inputs out (see docs/serving.md).
+        ``exclude``: output columns not served (default: those tagged TARGET)."""
+        from tabstream.serving.keras import RawFeatures
+        from tabstream.serving.plan import build_plan
+
+        self._check_fitted()
+        return RawFeatures(build_plan(self, exclude))
+
+    def to_torch(self, exclude: Sequence[str] | None = None) -> Any:
+        """An ``nn.Module``: raw columns in, the model's inputs out (see docs/serving.md).
+        ``exclude``: output columns not served (default: those tagged TARGET)."""
+        from tabstream.serving.plan import build_plan
+        from tabstream.serving.torch import RawFeatures
+
+        self._check_fitted()
+        return RawFeatures(build_plan(self, exclude))
+
     # -- transform ----------------------------------------------------------
     def transform_table(self, table: pa.Table, backend: str = backends.DEFAULT_BACKEND) -> pa.Table:
         """Transform one in-memory Arrow table (one partition) with the kernels of
