@@ -74,7 +74,7 @@ def run_rank(rank: int, world_size: int, port: int, export_dir: str, batch_size:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
     try:
-        loader = Loader(export_dir, batch_size=batch_size, seed=42)
+        loader = Loader(export_dir, batch_size=batch_size, seed=42, shuffle=True)
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             rows = batches = 0

@@ -113,7 +113,7 @@ def run_rank(rank: int, world_size: int, port: int, export_dir: str, batch_size:
             else:
                 model = DistributedDataParallel(model)
             held = sum(p.numel() * p.element_size() for p in model.parameters())
-            loader = Loader(export_dir, batch_size=batch_size, seed=1)
+            loader = Loader(export_dir, batch_size=batch_size, seed=1, shuffle=True)
             history = fit(model, loader, LazyAdam(model.parameters(), lr=1e-3), epochs=1,
                           progress=False)
             step_ms = history["time_s"][-1] / max(len(loader), 1) * 1000

@@ -196,7 +196,7 @@ def run_keras_worker(rank: int, world_size: int, parts: list[str],
     with strategy.scope():
         model = build_keras_model(args.slots, args.nnz, args.vocabulary, args.dim, seed=0)
         loader = Loader(parts[rank], batch_size=args.batch_size, seed=rank, global_size=1,
-                        global_rank=0, labels=["label"], drop_last=True)
+                        global_rank=0, labels=["label"], drop_last=True, shuffle=True)
         model(next(iter(loader))[0])  # build the mirrored variables (same seed everywhere)
         optimizer = tf.keras.optimizers.Adam(args.lr)
     history = fit(model, FirstSteps(loader, steps), optimizer, epochs=args.epochs,

@@ -425,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="line 1 of raw text holds column names (skipped when --names is given)")
         g.add_argument("--dtypes", default=None,
                        help="column types of raw text, e.g. label=int8,I1=float32 (default: "
-                            "undeclared columns are read as strings)")
+                            "undeclared columns are inferred from the first block: int64, "
+                            "float64, bool or string)")
         g.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def export_opts(p: argparse.ArgumentParser) -> None:

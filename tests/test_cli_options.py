@@ -100,7 +100,9 @@ def test_inspect_reads_a_raw_log_with_its_own_header(tmp_path, capsys):
     cols = {c["name"]: c for c in json.loads(capsys.readouterr().out)["columns"]}
     assert cols["x"]["mean"] == pytest.approx(df["x"].mean())
     assert cols["c"]["distinct"] == df["c"].nunique()
-    assert cols["y"]["dtype"] == "string"  # undeclared columns are text
+    # undeclared columns are typed as pandas types them (integers here), declared ones as given
+    assert cols["y"]["dtype"] == str(pd.read_csv(tmp_path / "log.csv", sep=";")["y"].dtype)
+    assert cols["c"]["dtype"] == "string"
 
 
 def test_inspect_text_report_and_plots(tmp_path, capsys):

@@ -25,6 +25,7 @@ RUNNABLE = [
     "tabstream.core.merlin",
     "tabstream.core.scratch",
     "tabstream.datasets.synthetic",
+    "tabstream.loaders.batching",
     "tabstream.loaders.layout",
     "tabstream.loaders.options",
     "tabstream.loaders.plan",

@@ -27,9 +27,14 @@ from tabstream.loaders.layout import (
     ragged_nested,
     resize,
 )
-from tabstream.loaders.memory import BatchPool, Recycler, empty
+from tabstream.loaders.memory import BatchPool, Recycler, empty, permutation
 
-__all__ = ["BatchBuilder", "Chunk", "Segment", "column_block", "finish_batch"]
+__all__ = ["BatchBuilder", "Chunk", "Segment", "batch_rows_rng", "column_block", "finish_batch",
+           "flat_names", "flatten_lists", "shuffle_within"]
+
+# The key that sets the within-batch generators apart from the epoch plan's
+# (tabstream.loaders.plan draws from (seed, epoch, stream, ...) with small streams).
+_WITHIN_BATCH = 0x62617463
 
 
 # Where a batch's rows come from in one chunk: (batch, first row in the batch,
@@ -152,8 +157,10 @@ class BatchBuilder:
 
     def __init__(self, dtypes: dict[str, tuple[np.dtype, tuple[int, ...]]], lists: list[str],
                  size: int, pool: BatchPool | None = None,
-                 blocks: Mapping[str, tuple[int, int, int]] | None = None) -> None:
+                 blocks: Mapping[str, tuple[int, int, int]] | None = None,
+                 index: int = 0) -> None:
         self.size = size
+        self.index = index  # the batch's position in the rank's epoch
         self.dtypes = dtypes
         self.pool = pool
         # name -> (block, row, rows): scalar columns delivered as rows of one buffer
@@ -183,6 +190,51 @@ class BatchBuilder:
                 col = self.out[name] = held[row]
         return col
 
+    def permute(self, order: np.ndarray) -> None:
+        """Put the batch's rows in ``order`` (a permutation of ``range(size)``): each
+        dense column gathered into a fresh buffer (the old one goes back to the pool
+        once dropped), a block's buffer as a whole, list columns with arrow's take."""
+        moved: set[str] = set()
+        for key, held in list(self.held.items()):
+            new = self._allocate(held.shape, held.dtype)
+            held.take(order, axis=1, out=new, mode="clip")
+            self.held[key] = new
+            for name, (k, row, _rows) in self.blocks.items():
+                if k == key and name in self.out:
+                    self.out[name] = new[row]
+                    moved.add(name)
+        for name, col in list(self.out.items()):
+            if name in moved:
+                continue
+            new = self._allocate(col.shape, col.dtype)
+            col.take(order, axis=0, out=new, mode="clip")
+            self.out[name] = new
+        for name, parts in self.lists.items():
+            col = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+            self.lists[name] = [pc.take(col, pa.array(order))]
+
+
+def batch_rows_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
+    """The generator whose ``permutation(rows)`` orders the rows inside batch ``batch``
+    of ``rank``'s ``epoch`` when shuffling (see :func:`shuffle_within`)."""
+    return np.random.default_rng([seed, epoch, _WITHIN_BATCH, rank, batch])
+
+
+def shuffle_within(builder: BatchBuilder, seed: int, epoch: int, rank: int) -> None:
+    """Shuffle the rows inside a complete batch. The plan decides which rows share a
+    batch and gathers them in storage order (the fast, in-order gather); this puts
+    them in an order of their own, drawn from ``(seed, epoch, rank, batch index)``,
+    so a shuffled batch is reproducible and still holds each of its rows once.
+
+    >>> b = BatchBuilder({"x": (np.dtype(np.int64), ())}, [], 4)
+    >>> b.column("x")[:] = [10, 11, 12, 13]
+    >>> shuffle_within(b, seed=0, epoch=0, rank=0)
+    >>> sorted(b.out["x"].tolist()), b.out["x"].tolist() == [10, 11, 12, 13]
+    ([10, 11, 12, 13], False)
+    """
+    builder.permute(permutation(batch_rows_rng(seed, epoch, rank, builder.index), builder.size))
+
+
 def column_block(columns: Sequence[np.ndarray]) -> np.ndarray | None:
     """The ``(len(columns), rows)`` buffer whose rows ``columns`` are, in order (a
     batch's columns of one block, see :meth:`Loader.set_column_blocks`), as a view
@@ -207,12 +259,41 @@ def column_block(columns: Sequence[np.ndarray]) -> np.ndarray | None:
         len(columns), len(first))
 
 
+def flat_names(name: str, depth: int) -> list[str]:
+    """The entries a ragged list column of ``depth`` becomes in the flat layout."""
+    offsets = ["offsets"] if depth == 1 else ["outer_offsets", "inner_offsets"]
+    return [f"{name}__{part}" for part in ["values", *offsets]]
+
+
+def flatten_lists(features: dict[str, Any], layouts: Mapping[str, Layout],
+                  lengths: Mapping[str, Any]) -> dict[str, Any]:
+    """Ragged list features ``{"tags": (values, offsets)}`` as merlin-dataloader's
+    ``{"tags__values": values, "tags__offsets": offsets}``, in the features' order.
+
+    >>> flatten_lists({"tags": ("v", "o"), "C1": "c"},
+    ...               {"tags": Layout(np.dtype(np.int64), 1), "C1": Layout(np.dtype(np.int64), 0)},
+    ...               {})
+    {'tags__values': 'v', 'tags__offsets': 'o', 'C1': 'c'}
+    """
+    out: dict[str, Any] = {}
+    for name, value in features.items():
+        layout = layouts[name]
+        if layout.depth and name not in lengths:
+            out.update(zip(flat_names(name, layout.depth), value, strict=True))
+        else:
+            out[name] = value
+    return out
+
+
 def finish_batch(builder: BatchBuilder, layouts: Mapping[str, Layout], lengths: Mapping[str, Any],
-                 feature_names: Sequence[str], label_names: Sequence[str]) -> Batch:
+                 feature_names: Sequence[str], label_names: Sequence[str],
+                 flat_lists: bool = False) -> Batch:
     """A complete batch as ``(features, labels)``: list columns as ``(values,
     offsets)`` (or nested offsets), or padded to ``lengths`` (see
     :func:`tabstream.loaders.layout.pad_lengths`), fixed-length ones cut or padded
-    to theirs; ``labels`` one array, a dict, or None."""
+    to theirs; ``labels`` one array, a dict, or None. ``flat_lists``: ragged list
+    features as ``name__values``/``name__offsets`` entries instead (see
+    :data:`tabstream.loaders.options.LIST_LAYOUTS`)."""
     batch: dict[str, Any] = dict(builder.out)
     for name, parts in builder.lists.items():
         col = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
@@ -228,6 +309,8 @@ def finish_batch(builder: BatchBuilder, layouts: Mapping[str, Layout], lengths: 
             shape = lengths[name]
             batch[name] = resize(batch[name], shape if isinstance(shape, tuple) else (shape,))
     features = {n: batch[n] for n in feature_names}
+    if flat_lists:
+        features = flatten_lists(features, layouts, lengths)
     if not label_names:
         return features, None
     if len(label_names) == 1:

@@ -21,7 +21,8 @@ One epoch on one rank (see :mod:`tabstream.loaders.plan` for the sharding):
    batches at random with a generator drawn from ``(seed, epoch, rank, chunk)``
    (a batch may span two chunks), and copy them column by column, releasing each
    source column once copied (wide columns, such as multi-hot blocks, batch by
-   batch, each batch handed out once complete);
+   batch, each batch handed out once complete); a complete batch's rows are then
+   shuffled among themselves, from ``(seed, epoch, rank, batch index)``;
 4. hand the batches to the consumer through a queue of ``prefetch`` batches, from
    a second background thread.
 
@@ -64,6 +65,7 @@ no per-row padding work. Lists of lists
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -78,6 +80,7 @@ from tabstream.loaders.layout import Batch, Layout, pad_lengths, pad_lists, pad_
 from tabstream.loaders.options import LoaderOptions, check_int
 from tabstream.loaders.reading import RowGroupReader
 from tabstream.loaders.source import ParquetSource, open_source
+from tabstream.loaders.stepping import Mapped, Peekable, Stepping
 from tabstream.loaders.threads import BatchIterator, PieceReader, read_threads
 
 __all__ = ["Batch", "BatchIterator", "Layout", "Loader", "LoaderOptions", "column_block", "pad_lists",
@@ -151,7 +154,7 @@ def _split_transforms(data: Any, transforms: Any) -> tuple[Any, Any]:
     return data, transforms
 
 
-class Loader:
+class Loader(Stepping, Mapped):
     """Shuffled, sharded numpy batches from exported parquet.
 
     Its arguments are :class:`~tabstream.loaders.options.LoaderOptions` (checked
@@ -163,7 +166,9 @@ class Loader:
             a list of files (any fsspec URL), read as ``Dataset(data, engine="parquet")``:
             the export's manifest is checked and its schema file used.
         batch_size: rows per batch (see :mod:`tabstream.loaders.plan` for the last ones).
-        shuffle: shuffle row groups and rows within chunks, differently each epoch.
+        shuffle: shuffle row groups, rows within chunks and rows within each batch,
+            differently each epoch. Default ``False``, as merlin-dataloader's: pass
+            ``shuffle=True`` for training.
         seed: the shuffle is a function of ``(seed, epoch)``: same on every rank, same
             on every run. Must be the same on all ranks.
         parts_per_chunk: row groups read and shuffled together; more is a better
@@ -191,11 +196,19 @@ class Loader:
             does the same. Features and labels are chosen among its output columns.
             Row-count-changing ops (Filter, Dropna, Groupby) are refused: the
             equal-batches plan counts rows before reading them.
+        list_layout: ``"tuple"`` (ragged lists as ``(values, offsets)``) or ``"flat"``
+            (merlin-dataloader's ``name__values`` and ``name__offsets`` features; see
+            :data:`tabstream.loaders.options.LIST_LAYOUTS`).
 
     Epochs: each ``iter(loader)`` runs the next epoch (0, 1, 2, ...);
     ``set_epoch(n)`` makes the next iteration run epoch ``n`` (then ``n+1``...), as
     with ``DistributedSampler``. ``len(loader)`` is the number of batches this rank
     yields per epoch, the same on every rank.
+
+    As merlin-dataloader's loaders, it also steps by hand (see
+    :mod:`tabstream.loaders.stepping`): ``next(loader)``, ``peek()``, ``stop()``,
+    ``with Loader(...) as loader:``, ``map(fn)``; and ``loader.batch_size = n``
+    applies from the next epoch on.
     """
 
     #: Upper bound on the bytes one chunk costs: its decoded row groups (estimated
@@ -212,7 +225,7 @@ class Loader:
         self,
         data: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,
@@ -225,11 +238,12 @@ class Loader:
         prefetch: int = 2,
         storage_options: dict | None = None,
         transforms: Any = None,
+        list_layout: str = "tuple",
     ) -> None:
         self._configure(LoaderOptions(
             data, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank, drop_last,
             features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options, transforms=transforms))
+            storage_options=storage_options, transforms=transforms, list_layout=list_layout))
 
     @classmethod
     def from_options(cls, options: LoaderOptions) -> Loader:
@@ -242,7 +256,6 @@ class Loader:
 
     def _configure(self, options: LoaderOptions) -> None:
         self.options = options
-        self.batch_size: int = options.batch_size
         self.seed: int = options.seed
         self.parts_per_chunk: int = options.parts_per_chunk
         self.prefetch: int = options.prefetch
@@ -285,6 +298,19 @@ class Loader:
         self._column_blocks: list[list[str]] = []
 
     # -- configuration -------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch; setting it (checked as the constructor's argument)
+        applies to the epochs started afterwards."""
+        return self.options.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        options = dataclasses.replace(self.options, batch_size=value)
+        share = plan.split_rows(self.num_rows, options.batch_size, self.global_size,
+                                self.drop_last)[self.global_rank]
+        self.options, self._share = options, share
+
     def set_column_blocks(self, blocks: Sequence[Sequence[str]]) -> None:
         """Assemble each group of ``blocks`` (scalar columns of one dtype) in one
         ``(len(group), batch)`` buffer per batch, a column per row, in the group's
@@ -349,7 +375,10 @@ class Loader:
         return epoch
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_epoch(self.next_epoch())
+        return self._continue_or_open()
+
+    def _open_iteration(self) -> Peekable:
+        return Peekable(self.iter_epoch(self.next_epoch(), self._mapping()))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.source.files)} files, {self.num_rows} rows, "
@@ -465,12 +494,12 @@ class Loader:
         return self._rank_epoch(epoch, self.global_rank, start)
 
     # -- planning and reading -------------------------------------------------
-    def pieces(self, epoch: int) -> list[plan.Piece]:
+    def pieces(self, epoch: int, share: plan.RankShare | None = None) -> list[plan.Piece]:
         """This rank's pieces of row groups for ``epoch``, in reading order."""
+        share = share or self._share
         units = self.source.units
         order = plan.unit_order(len(units), self.seed, epoch, self.shuffle)
-        return plan.rank_pieces([u.num_rows for u in units], order,
-                                self._share.start, self._share.stop)
+        return plan.rank_pieces([u.num_rows for u in units], order, share.start, share.stop)
 
     def _batches(self, epoch: int, run: tuple[plan.RankShare, list[tuple[plan.Piece, np.ndarray | None]]]
                  | None = None) -> Iterator[Batch]:
@@ -478,9 +507,11 @@ class Loader:
         groups read by a helper thread.
 
         With shuffling, each batch takes the next ``batch_size`` entries of the
-        chunk's random permutation, sorted: which rows share a batch is random,
-        their order inside it follows the chunk (an in-order gather is about twice
-        as fast, and a batch's row order does not matter to a gradient step).
+        chunk's random permutation, sorted: which rows share a batch is random and
+        they are gathered in the chunk's order (an in-order gather is about twice
+        as fast); the complete batch's rows are then put in an order of their own,
+        drawn from ``(seed, epoch, rank, batch index)``
+        (:func:`tabstream.loaders.batching.shuffle_within`).
         """
         share, kept = run if run is not None else self._rank_epoch(epoch, self.global_rank, None)
         pieces = [p for p, _ in kept]
@@ -497,7 +528,8 @@ class Loader:
         pool = memory.BatchPool(keep=budget.pool_keep)
         blocks = {n: (k, row, len(group)) for k, group in enumerate(self._column_blocks)
                   for row, n in enumerate(group)}
-        builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks)
+        made = 0  # batches started: the next one's index in the epoch
+        builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
         filled = 0
         recycler = memory.Recycler(keep=budget.recycler_keep)
         threads = read_threads(self._reader.unit_sizes())
@@ -531,18 +563,19 @@ class Loader:
                         done.append(builder)
                         size, filled = next(sizes, 0), 0
                         if size:
-                            builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks)
+                            made += 1
+                            builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
                 handed: set[int] = set()
                 for finished in chunk.fill(segments, done, recycler):
                     handed.add(id(finished))
-                    yield from self._hand_out(finished)
+                    yield from self._hand_out(finished, epoch)
                 rest = [b for b in done if id(b) not in handed]
                 # the chunk's columns are all dropped by now: the reader may fill its
                 # budget again while the rest of the chunk's batches are consumed
                 del chunk, segments, done
                 reader.release(len(chunk_pieces))
                 for finished in rest:
-                    yield from self._hand_out(finished)
+                    yield from self._hand_out(finished, epoch)
                 del rest
         finally:
             reader.close()
@@ -550,9 +583,11 @@ class Loader:
             raise RuntimeError(f"rank {self.global_rank} ran out of rows before its last batch; "
                                "were the files modified while loading?")
 
-    def _hand_out(self, finished: batching.BatchBuilder) -> Iterator[Batch]:
+    def _hand_out(self, finished: batching.BatchBuilder, epoch: int) -> Iterator[Batch]:
+        if self.shuffle:
+            batching.shuffle_within(finished, self.seed, epoch, self.global_rank)
         batch = batching.finish_batch(finished, self.layouts, self.pad_lengths, self.feature_names,
-                                      self.label_names)
+                                      self.label_names, self.options.list_layout == "flat")
         # the batch's arrays are the consumer's now: a builder kept in a list of
         # finished batches must not keep their buffers from the pool
         finished.out, finished.lists, finished.held = {}, {}, {}

@@ -8,7 +8,7 @@ take the same arguments, in the same order, with the same defaults; each builds 
 
     >>> opts = LoaderOptions("out/train", 1024, seed=3)
     >>> opts.batch_size, opts.shuffle, opts.global_size, opts.global_rank
-    (1024, True, 1, 0)
+    (1024, False, 1, 0)
     >>> LoaderOptions("out/train", 0)
     Traceback (most recent call last):
     ...
@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoaderOptions", "check_int"]
+__all__ = ["LIST_LAYOUTS", "LoaderOptions", "check_int"]
+
+#: How ragged list features are delivered: ``"tuple"``, ``features["tags"] = (values,
+#: offsets)``; ``"flat"``, merlin-dataloader's ``features["tags__values"]`` and
+#: ``features["tags__offsets"]`` (lists of lists: ``__values``, ``__outer_offsets``,
+#: ``__inner_offsets``). Padded and fixed-length lists stay ``(dense, mask)``.
+LIST_LAYOUTS = ("tuple", "flat")
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -51,7 +57,7 @@ class LoaderOptions:
 
     data: Any
     batch_size: int
-    shuffle: bool = True
+    shuffle: bool = False
     seed: int = 0
     parts_per_chunk: int = 2
     global_size: int | None = None
@@ -64,8 +70,12 @@ class LoaderOptions:
     prefetch: int = 2
     storage_options: dict | None = None
     transforms: Any = None
+    list_layout: str = "tuple"
 
     def __post_init__(self) -> None:
+        if self.list_layout not in LIST_LAYOUTS:
+            raise ValueError(f"list_layout must be one of {list(LIST_LAYOUTS)}, got "
+                             f"{self.list_layout!r}")
         checked = {
             "batch_size": check_int("batch_size", self.batch_size, 1),
             "seed": check_int("seed", self.seed, 0),

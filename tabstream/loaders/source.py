@@ -11,11 +11,22 @@ the files' schemas are the Dataset's; nothing is resolved twice.
 Counting the rows a split keeps costs no I/O for a random split (the draws come
 from the split's generator alone); a value split or ``filters=`` reads just the
 columns it tests, for all partitions concurrently, once, when the loader is built.
+
+An in-memory Dataset (``Dataset(pandas_df)`` or a pyarrow Table), as
+merlin-dataloader users pass it, is written once, its own rows only (split or
+filtered), to parquet in memory (fsspec's ``memory://`` filesystem; one row group
+per partition of the Dataset's ``part_size``), with the Dataset's schema, and read
+from there like an export: the same shuffle, sharding and batches. That copy is
+compressed parquet, deleted when the loader goes away. CSV and dask Datasets are
+still written with ``to_parquet`` first: their rows need not fit in memory.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,12 +83,16 @@ def list_value_type(t: pa.DataType) -> pa.DataType | None:
 
 
 def as_dataset(data: Any, storage_options: dict | None = None) -> Any:
-    """``data`` as a ``tabstream.Dataset``: itself if it is one, else a parquet
-    Dataset over the path, glob, folder or list of files."""
+    """``data`` as a ``tabstream.Dataset``: itself if it is one, an in-memory Dataset
+    over a pandas DataFrame or pyarrow Table, else a parquet Dataset over the path,
+    glob, folder or list of files."""
     from tabstream.pipeline.dataset import Dataset
+    from tabstream.pipeline.frames import is_pandas_dataframe
 
     if isinstance(data, Dataset):
         return data
+    if isinstance(data, pa.Table) or is_pandas_dataframe(data):
+        return Dataset(data)  # in memory (see open_source)
     if isinstance(data, (str, os.PathLike)):
         return Dataset(os.fspath(data), engine="parquet", storage_options=storage_options)
     if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
@@ -86,8 +101,8 @@ def as_dataset(data: Any, storage_options: dict | None = None) -> Any:
         return Dataset([os.fspath(p) for p in data], engine="parquet",
                        storage_options=storage_options)
     raise TypeError(
-        "a loader reads a tabstream.Dataset, a directory, a glob, a parquet file or a list "
-        f"of files; got {type(data).__name__}"
+        "a loader reads a tabstream.Dataset, a pandas DataFrame, a pyarrow Table, a "
+        f"directory, a glob, a parquet file or a list of files; got {type(data).__name__}"
     )
 
 
@@ -102,10 +117,16 @@ class ParquetSource:
     arrow_types: dict[str, pa.DataType]
     units: list[Unit]
     dataset: Any = None
+    #: what messages call the files, when not their paths (an in-memory Dataset's copy)
+    shown_as: str | None = None
 
     @property
     def num_rows(self) -> int:
         return sum(u.num_rows for u in self.units)
+
+    def display_name(self, file: int) -> str:
+        """How messages name ``file``: its path, or what an in-memory copy stands for."""
+        return self.files[file] if self.shown_as is None else self.shown_as
 
     def open(self, file: int) -> pq.ParquetFile:
         """Open one file, reusing the footer read when planning."""
@@ -159,14 +180,53 @@ class ParquetSource:
                 )
 
 
+# in-memory Datasets written for a loader: one folder each under this prefix
+_MEMORY_ROOT = "memory://tabstream-loader-frames"
+_MEMORY_FOLDERS = itertools.count()
+
+
+def _in_memory_parquet(ds: Any) -> tuple[Any, Any]:
+    """An in-memory Dataset's rows as a parquet Dataset in fsspec's memory filesystem
+    (see the module docstring), and the function that deletes that copy."""
+    import fsspec
+
+    from tabstream.pipeline.dataset import Dataset
+
+    fs = fsspec.filesystem("memory")
+    folder = f"{_MEMORY_ROOT}/{os.getpid()}-{next(_MEMORY_FOLDERS)}"
+    path = f"{folder}/part.0.parquet"
+    schema = ds.arrow_schema
+    rows = 0
+    try:
+        with fs.open(path, "wb") as out, pq.ParquetWriter(out, schema) as writer:
+            for piece in ds.pieces:
+                table = ds.read_piece(piece)
+                if table.num_rows:
+                    writer.write_table(table.cast(schema), row_group_size=table.num_rows)
+                    rows += table.num_rows
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        fs.rm(folder, recursive=True)
+        raise DataError(f"the in-memory Dataset could not be laid out as parquet for the "
+                        f"loader ({exc}); columns: {schema}") from exc
+    if not rows:
+        fs.rm(folder, recursive=True)
+        what = " that this split or filter keeps" if ds.filtered else ""
+        raise DataError(f"the dataset is empty: the in-memory Dataset holds no rows{what}")
+    return (Dataset(path, engine="parquet", schema=ds.schema),
+            functools.partial(fs.rm, folder, recursive=True))
+
+
 def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource:
     """The row groups of ``data`` (a Dataset or what :func:`as_dataset` takes) and,
     for a split or filtered Dataset, the rows of each it keeps (see module doc)."""
     ds = as_dataset(data, storage_options)
+    cleanup = None
+    if ds.engine == "dataframe":
+        ds, cleanup = _in_memory_parquet(ds)
     if ds.engine != "parquet":
         raise DataError(
-            f"loaders read exported parquet, and this Dataset's engine is {ds.engine!r}: "
-            "write it with to_parquet(...) first and load that folder"
+            f"loaders read parquet files or in-memory data, and this Dataset's engine is "
+            f"{ds.engine!r}: write it with to_parquet(...) first and load that folder"
         )
     fragments = ds.fragments()  # with a split or filter: the rows of each row group it keeps
     hive = sorted({k for fragment in fragments for k in fragment.partition_values})
@@ -185,4 +245,8 @@ def open_source(data: Any, storage_options: dict | None = None) -> ParquetSource
         what = " that this split or filter keeps" if ds.filtered else ""
         raise DataError(f"the dataset is empty: its {len(files)} file(s) hold no rows{what} "
                         f"(first: {files[0]!r})")
-    return ParquetSource(files, fs, ds.schema, metadata, {}, units, ds)
+    source = ParquetSource(files, fs, ds.schema, metadata, {}, units, ds,
+                           None if cleanup is None else "the in-memory Dataset")
+    if cleanup is not None:
+        weakref.finalize(source, cleanup)
+    return source

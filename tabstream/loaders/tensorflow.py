@@ -3,7 +3,7 @@
 The loader *is* a ``tf.data.Dataset`` (with a fixed ``element_spec`` and a known
 cardinality), so it goes straight into Keras and into ``tf.function`` loops::
 
-    train = Loader("out/train", batch_size=65536)
+    train = Loader("out/train", batch_size=65536, shuffle=True)
     valid = Loader("out/valid", batch_size=65536, shuffle=False)
     model.fit(train, validation_data=valid, epochs=2, shuffle=False)
 
@@ -55,8 +55,9 @@ try:  # the dataset op behind from_generator (TensorFlow's own module, private)
 except ImportError:  # pragma: no cover - moved in some later TensorFlow: see _batches
     _GeneratorDataset = getattr(dataset_ops, "_GeneratorDataset", None)
 
-from tabstream.loaders import core
+from tabstream.loaders import batching, core
 from tabstream.loaders.options import LoaderOptions
+from tabstream.loaders.stepping import Peekable, Stepping
 
 __all__ = ["Loader"]
 
@@ -124,12 +125,16 @@ def _tensor(a: np.ndarray) -> tf.Tensor:
     return tf.convert_to_tensor(a)
 
 
-def _blocks(spec: Any) -> list[list[int]]:
-    """Positions in the flattened element of the scalar columns, grouped by dtype in
-    that order (groups of two or more): each group travels through ``tf.py_function``
-    as one ``(columns, batch)`` tensor, unstacked in the graph into its columns."""
+def _blocks(spec: Any, scalars: set[str]) -> list[list[int]]:
+    """Positions in the flattened element of the scalar columns (named in
+    ``scalars``), grouped by dtype in that order (groups of two or more): each group
+    travels through ``tf.py_function`` as one ``(columns, batch)`` tensor, unstacked
+    in the graph into its columns."""
     def column(s: Any) -> Any:  # a scalar column is one spec; others a tuple of them
-        return True if isinstance(s, tf.TensorSpec) else tuple(False for _ in s)
+        # (or, flat lists, single specs named after their part: not scalar columns)
+        if isinstance(s, tf.TensorSpec):
+            return s.name in scalars
+        return tuple(False for _ in s)
 
     def columns(specs: Any) -> Any:
         return {n: column(s) for n, s in specs.items()} if isinstance(specs, dict) else column(specs)
@@ -164,6 +169,8 @@ def _spec(core_loader: core.Loader) -> Any:
                 tf.TensorSpec(shape, tf.bool, name=f"{name}__mask"))
 
     features = {n: column(n) for n in core_loader.feature_names}
+    if core_loader.options.list_layout == "flat":
+        features = batching.flatten_lists(features, core_loader.layouts, core_loader.pad_lengths)
     labels = core_loader.label_names
     if not labels:
         return features
@@ -172,7 +179,7 @@ def _spec(core_loader: core.Loader) -> Any:
     return features, {n: column(n) for n in labels}
 
 
-class Loader(dataset_ops.DatasetV2):
+class Loader(dataset_ops.DatasetV2, Stepping):
     """Shuffled, sharded batches from exported parquet, as a ``tf.data.Dataset``.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
@@ -186,13 +193,18 @@ class Loader(dataset_ops.DatasetV2):
     prefetches batches onto that device (``tf.data.experimental.prefetch_to_device``),
     so host-to-GPU copies overlap the training step; batches and their order do not
     depend on it.
+
+    merlin-dataloader's ``next(loader)``, ``peek()``, ``stop()`` and ``with`` work
+    (:mod:`tabstream.loaders.stepping`); ``map`` is ``tf.data.Dataset.map`` (its
+    function gets ``(features, labels)`` as graph tensors), and the batch size is
+    fixed when the loader is made.
     """
 
     def __init__(
         self,
         dataset: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,
@@ -206,13 +218,14 @@ class Loader(dataset_ops.DatasetV2):
         storage_options: dict | None = None,
         transforms: Any = None,
         device: str | None = None,
+        list_layout: str = "tuple",
     ) -> None:
         global_size, global_rank = _strategy_defaults(global_size, global_rank)
         self.device = _check_device(device)
         self.core = core.Loader.from_options(LoaderOptions(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options, transforms=transforms,
+            storage_options=storage_options, transforms=transforms, list_layout=list_layout,
         ))
         self._keys = itertools.count()
         self._epochs: dict[int, core.BatchIterator] = {}
@@ -223,7 +236,8 @@ class Loader(dataset_ops.DatasetV2):
         _OPEN.add(self)
         self._spec = _spec(self.core)
         flat = tf.nest.flatten(self._spec)
-        self._block_positions = _blocks(self._spec)
+        self._block_positions = _blocks(self._spec, {
+            n for n in self.core.columns if not self.core.column_layout(n).depth})
         grouped = {i for g in self._block_positions for i in g}
         self._single_positions = [i for i in range(len(flat)) if i not in grouped]
         self.core.set_column_blocks([[flat[i].name for i in g] for g in self._block_positions])
@@ -244,6 +258,10 @@ class Loader(dataset_ops.DatasetV2):
             ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
         self._dataset = ds
         super().__init__(ds._variant_tensor)
+
+    def _open_iteration(self) -> Peekable:
+        # an eager iterator: dropping it ends its epoch (tf.data calls _close_epoch)
+        return Peekable(iter(self), closer=lambda: None)
 
     # tf.data.Dataset's abstract interface
     def _inputs(self) -> list[tf.data.Dataset]:

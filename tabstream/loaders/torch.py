@@ -40,6 +40,7 @@ import torch.utils.data
 from tabstream.core.schema import Tags
 from tabstream.loaders import core
 from tabstream.loaders.options import LoaderOptions
+from tabstream.loaders.stepping import Mapped, Peekable, Stepping
 
 __all__ = ["Loader", "SPARSE_FEATURES", "jagged_parts"]
 
@@ -157,7 +158,7 @@ def _tensor(a: Any, pin: bool) -> torch.Tensor:
                     "array nor a DLPack-capable array")
 
 
-class Loader(torch.utils.data.IterableDataset):
+class Loader(Stepping, Mapped, torch.utils.data.IterableDataset):
     """Shuffled, sharded ``(features, labels)`` tensor batches from exported parquet.
 
     Takes the arguments of :class:`tabstream.loaders.Loader` (``features=``,
@@ -181,13 +182,17 @@ class Loader(torch.utils.data.IterableDataset):
 
     Tensors share memory with the numpy batches (``torch.from_numpy``), so a batch
     costs no copy beyond the shuffle's gather.
+
+    merlin-dataloader's stepping works too (:mod:`tabstream.loaders.stepping`):
+    ``next(loader)``, ``peek()``, ``stop()``, ``with``, ``map(fn)`` (``fn`` gets the
+    tensors on ``device``) and ``loader.batch_size = n`` (from the next epoch on).
     """
 
     def __init__(
         self,
         dataset: Any,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
         parts_per_chunk: int = 2,
         global_size: int | None = None,
@@ -202,14 +207,18 @@ class Loader(torch.utils.data.IterableDataset):
         storage_options: dict | None = None,
         transforms: Any = None,
         keyed_jagged: bool | Sequence[str] = False,
+        list_layout: str = "tuple",
     ) -> None:
         super().__init__()
         global_size, global_rank = _distributed_defaults(global_size, global_rank)
         self.core = core.Loader.from_options(LoaderOptions(
             dataset, batch_size, shuffle, seed, parts_per_chunk, global_size, global_rank,
             drop_last, features=features, labels=labels, pad=pad, prefetch=prefetch,
-            storage_options=storage_options, transforms=transforms,
+            storage_options=storage_options, transforms=transforms, list_layout=list_layout,
         ))
+        if keyed_jagged is not False and list_layout != "tuple":
+            raise ValueError(f"keyed_jagged builds its KeyedJaggedTensor from (values, offsets) "
+                             f"pairs: use it with list_layout='tuple', not {list_layout!r}")
         self.device = _check_device(device)
         self._pin = self.device.type == "cuda"
         self.keyed_jagged_keys = self._jagged_keys(keyed_jagged)
@@ -240,7 +249,15 @@ class Loader(torch.utils.data.IterableDataset):
         return keys
 
     # -- the core's settings ----------------------------------------------------
-    batch_size = property(lambda self: self.core.batch_size)
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch; setting it applies from the next epoch on."""
+        return self.core.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.core.batch_size = value
+
     shuffle = property(lambda self: self.core.shuffle)
     seed = property(lambda self: self.core.seed)
     global_size = property(lambda self: self.core.global_size)
@@ -282,7 +299,18 @@ class Loader(torch.utils.data.IterableDataset):
                 "num_workers=0: it reads in its own background thread, and each worker "
                 "process would deliver every row again"
             )
+        return self._continue_or_open()
+
+    def _open_iteration(self) -> Peekable:
+        if self.device.type == "cpu":  # map functions run in the background thread
+            return Peekable(self.core.iter_epoch(self.core.next_epoch(),
+                                                 self._mapping(self._to_tensors)))
         batches = self.core.iter_epoch(self.core.next_epoch(), self._to_tensors)
-        if self.device.type == "cpu":
-            return batches
-        return (_map(b, lambda t: t.to(self.device, non_blocking=True)) for b in batches)
+        maps = self._mapping()
+
+        def moved() -> Iterator[Any]:
+            for batch in batches:
+                batch = _map(batch, lambda t: t.to(self.device, non_blocking=True))
+                yield batch if maps is None else maps(batch)
+
+        return Peekable(moved(), batches.close)

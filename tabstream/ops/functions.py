@@ -35,8 +35,9 @@ current directory (``''`` or the current directory on ``sys.path``, as under
 
 In every case the modules in :data:`DENIED_MODULES` and modules reading or
 writing files, the shell or a deserializer are refused, as are the modules of
-tabstream itself and private (``_x``) or special (``__x__``) names; the result
-must be a function (a plain one, or a wrapper of one such as numpy's
+tabstream itself (but for the op contract's two pure example functions,
+``_OWN_PURE_FUNCTIONS``) and private (``_x``) or special (``__x__``) names; the
+result must be a function (a plain one, or a wrapper of one such as numpy's
 ``numpy:round``) whose ``module:qualname`` is the saved name (no aliases).
 
 Anything else raises :class:`FunctionResolutionError` naming the op, the saved
@@ -92,6 +93,11 @@ _DENIED_PARTS = frozenset({"pickle", "marshal", "subprocess", "serialization", "
 #: tabstream's own functions are never loaded by a saved name (they read and write
 #: folders); its ops are rebuilt by class, not by function
 _OWN_PACKAGE = "tabstream"
+#: the only functions of tabstream itself a saved workflow may name: the op contract's
+#: example functions (pure arithmetic on their argument, no I/O), so workflows saved by
+#: ``tabstream.testing.check_op`` and the contract examples load again
+_OWN_PURE_FUNCTIONS = frozenset({"tabstream.testing.op_contract:contract_double",
+                                 "tabstream.testing.op_contract:contract_keep_positive"})
 _NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
@@ -400,7 +406,7 @@ def _check_allowed(name: str, op: str, *real_modules: str) -> None:
     module_name, _, qualname = name.partition(":")
     for mod in dict.fromkeys([module_name, *real_modules]):
         parts = mod.split(".")
-        if parts[0] == _OWN_PACKAGE:
+        if parts[0] == _OWN_PACKAGE and name not in _OWN_PURE_FUNCTIONS:
             raise FunctionResolutionError(
                 f"{op}: refusing the function {name!r}: module {mod!r} is part of tabstream "
                 "itself, whose functions read and write folders; saved names may point to "

@@ -2,7 +2,14 @@
 
 A file is cut into equal blocks of at most 3/5 ``part_size`` (a compressed file is
 one piece); a piece starts at the first line at or after its offset. Columns without
-a declared dtype are strings. Every failure of the parser is turned into a
+a declared dtype take the type Arrow's CSV reader infers from the first parse block
+(``block_size`` bytes) of the first file with rows, as pandas and NVTabular infer
+from the data: ``int64``, ``float64`` or ``bool``, else ``string`` (dates and times
+too, and a column empty in the sample). That type is then fixed for every piece, so
+two partitions never disagree; a later value that does not fit it is a DataError
+naming the file, line, column and value, and the ``dtypes=`` that reads it. Unlike
+pandas, an integer column with missing values stays ``int64`` (with nulls) rather
+than becoming ``float64``. Every failure of the parser is turned into a
 :class:`~tabstream.core.errors.DataError` naming the file, the line and the column
 (bad values, wrong field counts, blank lines, invalid UTF-8, NUL bytes, lines longer
 than ``block_size``, truncated compressed files).
@@ -103,8 +110,9 @@ class CsvFiles:
     """The CSV/TSV files of a Dataset: planned (:meth:`plan`: names, types, pieces) and
     read piece by piece (:meth:`read`), with errors naming the file, line and column.
 
-    After :meth:`plan`: ``names``, ``types`` (the declared Arrow types; other columns
-    are strings), ``sep``, ``header``, ``block_size``, ``pieces`` and ``arrow_schema``."""
+    After :meth:`plan`: ``names``, ``types`` (every column's Arrow type: declared, or
+    inferred), ``inferred`` (the columns whose type was inferred, and from which file),
+    ``sep``, ``header``, ``block_size``, ``pieces`` and ``arrow_schema``."""
 
     def __init__(self, fs: Any, files: list[str], file_tags: dict[str, str | None],
                  read_kwargs: dict[str, Any], part_size: int) -> None:
@@ -147,9 +155,15 @@ class CsvFiles:
             raise SchemaError(f"dtypes given for columns {unknown} that are not in names={list(names)}")
         self.names = list(names)
         self.types = {n: dtype_to_arrow_type(dtypes[n]) for n in names if n in dtypes}
-        # Columns without a declared dtype are read as strings: guessing per block
-        # would let two partitions disagree on a column's type.
-        fields = [pa.field(n, self.types.get(n, pa.string())) for n in names]
+        # Columns without a declared dtype: inferred once, from a sample, then fixed;
+        # inferring per block would let two partitions disagree on a column's type.
+        self.inferred: dict[str, str] = {}
+        undeclared = [n for n in self.names if n not in self.types]
+        if undeclared:
+            inferred, source = self._infer_types(undeclared)
+            self.types.update(inferred)
+            self.inferred = {n: source for n in undeclared}
+        fields = [pa.field(n, self.types[n]) for n in names]
         pieces: list[CsvPiece] = []
         for path in self.files:
             if fsspec.utils.infer_compression(path):
@@ -168,6 +182,42 @@ class CsvFiles:
         self.pieces = pieces
         self.arrow_schema = pa.schema(fields)
         return self.arrow_schema
+
+    def _infer_types(self, names: list[str]) -> tuple[dict[str, pa.DataType], str]:
+        """The types of the undeclared columns ``names``, as Arrow's CSV reader infers
+        them from the first ``block_size`` bytes of the first file holding rows (the
+        block Arrow itself infers from), and that file. Only ``int64``, ``float64`` and
+        ``bool`` are kept; anything else is ``string``. A sample that does not parse
+        (bad lines, bad text) leaves its columns strings: reading the piece reports
+        the fault, by file and line."""
+        keep = (pa.int64(), pa.float64(), pa.bool_())
+        for path in self.files:
+            try:
+                with self.fs.open(path, "rb", compression="infer") as f:
+                    sample = f.read(self.block_size)
+            except _DECOMPRESS_ERRORS:
+                return {n: pa.string() for n in names}, path  # the read names the fault
+            if len(sample) >= self.block_size:  # whole lines only
+                sample = sample[:sample.rfind(b"\n") + 1]
+            sample = sample.removeprefix(_BOM)
+            lines = sample.strip(b"\r\n").count(b"\n") + 1 if sample.strip(b"\r\n") else 0
+            if lines <= (1 if self.header else 0):
+                continue  # no rows here: the next file's
+            declared = dict(self.types)
+            try:
+                table = self._read_csv(sample, self.header, declared)
+            except pa.ArrowInvalid:
+                try:
+                    table = self._read_csv(sample, self.header, declared,
+                                           invalid_row_handler=lambda _row: "skip")
+                except pa.ArrowInvalid:
+                    return {n: pa.string() for n in names}, path
+            types = {}
+            for n in names:
+                t = table.schema.field(n).type
+                types[n] = t if t in keep else pa.string()
+            return types, path
+        return {n: pa.string() for n in names}, self.files[0]
 
     def _header_line(self, path: str, sep: str, max_columns: int) -> bytes:
         """The first line of ``path``, read no further than the parse block: a header
@@ -341,10 +391,20 @@ class CsvFiles:
     def _parse_csv(self, data: bytes | pa.Buffer, skip_header: bool,
                    invalid_row_handler: Any = None, as_strings: bool = False,
                    check_utf8: bool = True) -> pa.Table:
+        """``data`` parsed with the columns' types (``as_strings``: all strings)."""
         types = {n: pa.string() for n in self.names} if as_strings else self.types
         names = self.names
         if len(data) == 0 or (isinstance(data, bytes) and not data.strip(b"\r\n")):
             return pa.table({n: pa.array([], type=self.arrow_schema.field(n).type) for n in names})
+        return self._read_csv(data, skip_header, {n: types.get(n, pa.string()) for n in names},
+                              invalid_row_handler, check_utf8)
+
+    def _read_csv(self, data: bytes | pa.Buffer, skip_header: bool,
+                  column_types: dict[str, pa.DataType], invalid_row_handler: Any = None,
+                  check_utf8: bool = True) -> pa.Table:
+        """Arrow's CSV reader over ``data`` with this source's options; columns not in
+        ``column_types`` are inferred by Arrow."""
+        names = self.names
         return pacsv.read_csv(
             pa.BufferReader(data),
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0,
@@ -357,7 +417,7 @@ class CsvFiles:
                                              ignore_empty_lines=False,
                                              invalid_row_handler=invalid_row_handler),
             convert_options=pacsv.ConvertOptions(
-                column_types={n: types.get(n, pa.string()) for n in names},
+                column_types=column_types,
                 null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
                 check_utf8=check_utf8,
             ),
@@ -414,10 +474,17 @@ class CsvFiles:
                 try:
                     pa.array([value]).cast(target)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    return DataError(
-                        f"{piece.path}, line {first_line + i}, column {name!r}: value {value!r} "
-                        f"is not a valid {arrow_type_to_dtype(target)[0]}"
-                    )
+                    what = arrow_type_to_dtype(target)[0]
+                    message = (f"{piece.path}, line {first_line + i}, column {name!r}: value "
+                               f"{value!r} is not a valid {what}")
+                    source = self.inferred.get(name)
+                    if source is None:
+                        return DataError(message)
+                    fix = f"pass dtypes={{{name!r}: 'string'}} (or the type the column holds)"
+                    return _data_error(
+                        f"{message}: the column's type was inferred as {what} from the first "
+                        f"block of {source} and is fixed for every block; {fix}",
+                        f"{fix} to Dataset")
             return DataError(f"{piece.path}, column {name!r}: {msg}")
         return DataError(f"{piece.path} (from line {first_line}): {msg}")
 

@@ -151,7 +151,8 @@ class Dataset:
         lacks and a file that has them.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
-        ``dtypes`` (name -> dtype), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
+        ``dtypes`` (name -> dtype; other columns are inferred from the first block,
+        see :mod:`tabstream.pipeline.csv_files`), ``sep`` (default ``","``, ``"\\t"`` for .tsv),
         ``header`` (``False`` by default when ``names`` is given), ``block_size``
         (default ``"2MB"``: the bytes the parser takes at a time; a line longer
         than it can hold is an error naming its line and the size that reads it).

@@ -3,38 +3,29 @@ available backend, gives the arrow backend's output (ids exactly, floats to 1e-6
 and the arrow backend's fitted state; a workflow fitted on the backend, saved and
 loaded, transforms on the arrow backend to the same output.
 
-The op examples are the op contract suite's (``tests/ops/test_contract.py``), so a
+The op examples are the op contract's (``tabstream.testing.CONTRACT_EXAMPLES``), so a
 new op that joins that suite joins this one. A new backend passes this file and
 ``test_kernels.py`` (see docs/backends.md).
 """
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import tabstream as ts
 from tabstream.pipeline.regroup import GroupedTransformedDataset
-from tabstream.testing import assert_tables_equal
+from tabstream.testing import (
+    CONTRACT_EXAMPLES,
+    NASTY_EXAMPLES,
+    assert_same_state,
+    assert_tables_equal,
+    contract_frame,
+    nasty_frame,
+)
+from tabstream.testing.op_contract import contract_double, contract_keep_positive
 
-
-def _load_examples():
-    path = Path(__file__).resolve().parents[1] / "ops" / "test_contract.py"
-    name = "tabstream_tests_op_examples"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-EX = _load_examples()
-CASES = {**{name: (*spec, EX.contract_frame) for name, spec in EX.EXAMPLES.items()},
-         **{name: (*spec, EX.nasty_frame) for name, spec in EX.NASTY_EXAMPLES.items()}}
-FUNCTIONS = {"contract_double": EX.contract_double, "contract_keep_positive": EX.contract_keep_positive}
+CASES = {**{name: (*spec, contract_frame) for name, spec in CONTRACT_EXAMPLES.items()},
+         **{name: (*spec, nasty_frame) for name, spec in NASTY_EXAMPLES.items()}}
+FUNCTIONS = {"contract_double": contract_double, "contract_keep_positive": contract_keep_positive}
 
 
 def _dataset(table, backend_name):
@@ -66,7 +57,8 @@ def assert_backend_output_equal(got, expected):
 def test_the_suite_covers_the_catalog():
     from tabstream.core.operators import registered_ops
 
-    assert set(registered_ops()) <= {name.split("[")[0] for name in CASES}
+    catalog = {name for name, cls in registered_ops().items() if cls.__module__.startswith("tabstream.")}
+    assert catalog <= {name.split("[")[0] for name in CASES}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -77,7 +69,7 @@ def test_op_on_backend_equals_arrow(case, backend_name, tmp_path):
     wf, got = _fit_transform(factory, columns, table, backend_name)
     assert_backend_output_equal(got, expected)
     assert wf.output_schema == expected_wf.output_schema
-    EX.assert_same_state(wf, expected_wf, rtol=1e-6)
+    assert_same_state(wf, expected_wf, rtol=1e-6)
     # fitted on this backend, saved, loaded and applied on the arrow backend: same output
     wf.save(str(tmp_path / "wf"))
     loaded = ts.Workflow.load(str(tmp_path / "wf"), functions=FUNCTIONS)

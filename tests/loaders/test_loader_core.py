@@ -59,7 +59,7 @@ def test_drop_last_gives_full_equal_batches(shared_export: Path, testdata: Any, 
                                             seed: int) -> None:
     batch_size, N = 128, testdata.N
     per_rank = [epoch_ids(Loader(shared_export, batch_size, seed=seed, global_size=w,
-                                 global_rank=r, drop_last=True)) for r in range(w)]
+                                 global_rank=r, drop_last=True, shuffle=True)) for r in range(w)]
     expected = N // (w * batch_size)
     assert [len(b) for b in per_rank] == [expected] * w
     assert all(len(b) == batch_size for rank in per_rank for b in rank)
@@ -68,19 +68,20 @@ def test_drop_last_gives_full_equal_batches(shared_export: Path, testdata: Any, 
 
 
 def test_same_seed_and_epoch_same_order_next_epoch_differs(shared_export: Path) -> None:
-    a, b = Loader(shared_export, 200, seed=3), Loader(shared_export, 200, seed=3)
+    a, b = (Loader(shared_export, 200, seed=3, shuffle=True),
+            Loader(shared_export, 200, seed=3, shuffle=True))
     first = np.concatenate(epoch_ids(a))
     assert np.array_equal(first, np.concatenate(epoch_ids(b)))
     assert a.epoch == 1
     second = np.concatenate(epoch_ids(a))
     assert not np.array_equal(first, second)
     assert np.array_equal(np.sort(first), np.sort(second))
-    other_seed = np.concatenate(epoch_ids(Loader(shared_export, 200, seed=4)))
+    other_seed = np.concatenate(epoch_ids(Loader(shared_export, 200, seed=4, shuffle=True)))
     assert not np.array_equal(first, other_seed)
 
 
 def test_set_epoch_replays_an_epoch(shared_export: Path) -> None:
-    loader = Loader(shared_export, 200, seed=1)
+    loader = Loader(shared_export, 200, seed=1, shuffle=True)
     epochs = [np.concatenate(epoch_ids(loader)) for _ in range(3)]
     loader.set_epoch(1)
     assert loader.epoch == 1
@@ -92,7 +93,7 @@ def test_set_epoch_replays_an_epoch(shared_export: Path) -> None:
 
 
 def test_shuffle_mixes_row_groups_within_batches(shared_export: Path) -> None:
-    loader = Loader(shared_export, 256, seed=0, parts_per_chunk=2)
+    loader = Loader(shared_export, 256, seed=0, parts_per_chunk=2, shuffle=True)
     features, _ = next(iter(loader))
     ids = np.sort(features["row_id"])
     assert not np.array_equal(ids, np.arange(ids[0], ids[0] + len(ids))), "not a plain slice"
@@ -131,7 +132,7 @@ def test_values_and_dtypes_match_pyarrow(shared_export: Path, testdata: Any, shu
 
 def test_padded_lists_match_pyarrow(shared_export: Path, testdata: Any) -> None:
     expected, MAX_TAGS = testdata.read_all(shared_export), testdata.MAX_TAGS
-    loader = Loader(shared_export, 300, pad=True)
+    loader = Loader(shared_export, 300, pad=True, shuffle=True)
     for features, _ in loader:
         want = expected.take(features["row_id"])
         for name in ("tags", "weights"):
@@ -145,7 +146,7 @@ def test_padded_lists_match_pyarrow(shared_export: Path, testdata: Any) -> None:
 
 def test_pad_lengths_given_truncate(shared_export: Path, testdata: Any) -> None:
     expected, MAX_TAGS = testdata.read_all(shared_export), testdata.MAX_TAGS
-    features, _ = next(iter(Loader(shared_export, 300, pad={"tags": 2})))
+    features, _ = next(iter(Loader(shared_export, 300, pad={"tags": 2}, shuffle=True)))
     want = expected.take(features["row_id"])["tags"].to_pylist()
     padded, mask = features["tags"]
     assert padded.shape == (300, 2)
@@ -160,7 +161,8 @@ def test_pad_lists_example() -> None:
 
 
 def test_columns_by_tag_and_name(shared_export: Path) -> None:
-    loader = Loader(shared_export, 50, features=[Tags.CONTINUOUS, "C1"], labels="row_id")
+    loader = Loader(shared_export, 50, features=[Tags.CONTINUOUS, "C1"], labels="row_id",
+                    shuffle=True)
     assert loader.feature_names == ["I1", "weights", "C1"]
     assert loader.label_names == ["row_id"]
     features, labels = next(iter(loader))
@@ -168,15 +170,15 @@ def test_columns_by_tag_and_name(shared_export: Path) -> None:
 
 
 def test_several_labels_and_no_labels(shared_export: Path) -> None:
-    _, labels = next(iter(Loader(shared_export, 10, labels=["label", "C1"])))
+    _, labels = next(iter(Loader(shared_export, 10, labels=["label", "C1"], shuffle=True)))
     assert set(labels) == {"label", "C1"}
-    features, labels = next(iter(Loader(shared_export, 10, labels=[])))
+    features, labels = next(iter(Loader(shared_export, 10, labels=[], shuffle=True)))
     assert labels is None and "label" in features
 
 
 def test_selector_objects(shared_export: Path) -> None:
     selector = tabstream.ColumnSelector(["C1"], tags=[Tags.CONTINUOUS])
-    loader = Loader(shared_export, 10, features=selector)
+    loader = Loader(shared_export, 10, features=selector, shuffle=True)
     assert set(loader.feature_names) == {"C1", "I1", "weights"}
 
 
@@ -190,7 +192,7 @@ def test_inputs(shared_export: Path, testdata: Any, how: str) -> None:
         "list": lambda: files,
         "file": lambda: files[2],
     }[how]()
-    loader = Loader(data, 128, seed=9)
+    loader = Loader(data, 128, seed=9, shuffle=True)
     ids = np.sort(np.concatenate(epoch_ids(loader)))
     want = pq.read_table(files[2])["row_id"].to_numpy() if how == "file" else np.arange(N)
     assert np.array_equal(ids, want)
@@ -203,9 +205,9 @@ def test_any_fsspec_filesystem(shared_export: Path, testdata: Any) -> None:
     for p in shared_export.iterdir():
         fs.pipe(f"/loader-test/{p.name}", p.read_bytes())
     try:
-        loader = Loader("memory://loader-test", 256, global_size=2, global_rank=1)
+        loader = Loader("memory://loader-test", 256, global_size=2, global_rank=1, shuffle=True)
         other = Loader(tabstream.Dataset("memory://loader-test"), 256, global_size=2,
-                       global_rank=0)
+                       global_rank=0, shuffle=True)
         ids = np.concatenate(epoch_ids(loader) + epoch_ids(other))
         assert np.array_equal(np.sort(ids), np.arange(N))
     finally:
@@ -214,7 +216,7 @@ def test_any_fsspec_filesystem(shared_export: Path, testdata: Any) -> None:
 
 def test_schema_inferred_without_schema_json(tmp_path: Path, testdata: Any) -> None:
     path = testdata.write_export(tmp_path / "bare", schema=False)
-    loader = Loader(path, 100)
+    loader = Loader(path, 100, shuffle=True)
     assert loader.label_names == [], "no tags without schema.json"
     assert loader.schema["tags"].is_list
     features, labels = next(iter(loader))
@@ -223,7 +225,7 @@ def test_schema_inferred_without_schema_json(tmp_path: Path, testdata: Any) -> N
 
 def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
     before = set(threading.enumerate())
-    loader = Loader(shared_export, 10)
+    loader = Loader(shared_export, 10, shuffle=True)
     for _ in loader:
         ours = [t for t in threading.enumerate()
                 if t not in before and t.name.startswith("tabstream")]
@@ -242,7 +244,7 @@ def test_close_returns_once_its_threads_ended(shared_export: Path) -> None:
     # process, so close() waits for the loader's threads instead of only signalling
     for _ in range(3):
         before = set(threading.enumerate())
-        batches = iter(Loader(shared_export, 10))
+        batches = iter(Loader(shared_export, 10, shuffle=True))
         next(batches)
         ours = [t for t in threading.enumerate() if t not in before and t.name.startswith("tabstream")]
         assert len(ours) == 2
@@ -251,7 +253,7 @@ def test_close_returns_once_its_threads_ended(shared_export: Path) -> None:
 
 
 def test_len_and_repr(shared_export: Path, testdata: Any) -> None:
-    loader = Loader(shared_export, 1000, global_size=2, global_rank=0)
+    loader = Loader(shared_export, 1000, global_size=2, global_rank=0, shuffle=True)
     assert len(loader) == 2 and loader.num_rows == testdata.N
     assert "2 batches" in repr(loader)
 
@@ -270,7 +272,7 @@ def test_exactly_once_for_any_layout(tmp_path_factory: pytest.TempPathFactory, t
     n = sum(rows for rows, _ in layout)
     try:
         loaders = [Loader(path, batch_size, seed=seed, global_size=w, global_rank=r,
-                          drop_last=drop_last, parts_per_chunk=parts_per_chunk)
+                          drop_last=drop_last, parts_per_chunk=parts_per_chunk, shuffle=True)
                    for r in range(w)]
     except ValueError as exc:  # the documented infeasible cases
         assert "rows" in str(exc) and (n < w or (drop_last and n < w * batch_size))
@@ -299,7 +301,7 @@ def _write_wide(path: Path, rows: int = 1200, row_group: int = 200) -> Path:
 
 def test_unit_bytes_are_the_decoded_sizes(tmp_path: Path) -> None:
     data = _write_wide(tmp_path / "wide")
-    loader = Loader(str(data), 64, labels=["label"])
+    loader = Loader(str(data), 64, labels=["label"], shuffle=True)
     # fixed-width columns: rows x item size (int64 + float32 + int32)
     row_bytes = sum(np.dtype(t).itemsize for t in (np.int64, np.float32, np.int32))
     assert loader._reader.unit_bytes() == [200.0 * row_bytes] * 6
@@ -314,7 +316,7 @@ def test_unit_bytes_of_lists_come_from_the_footer(tmp_path: Path) -> None:
                       "label": np.zeros(100, np.int64)})
     (tmp_path / "lists").mkdir()
     pq.write_table(table, tmp_path / "lists" / "part.parquet", row_group_size=50)
-    loader = Loader(str(tmp_path / "lists"), 16, labels=["label"])
+    loader = Loader(str(tmp_path / "lists"), 16, labels=["label"], shuffle=True)
     md = pq.ParquetFile(tmp_path / "lists" / "part.parquet").metadata
     decoded = table.column("tags").combine_chunks().slice(0, 50).flatten().nbytes
     assert decoded == 150 * 8
@@ -332,7 +334,8 @@ def test_chunks_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     import tabstream.loaders.batching as batching
 
     data = _write_wide(tmp_path / "wide")
-    loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=parts if chunk_bytes is None else 4)
+    loader = Loader(str(data), 64, labels=["label"],
+                    parts_per_chunk=parts if chunk_bytes is None else 4, shuffle=True)
     if chunk_bytes is not None:
         loader.chunk_bytes = chunk_bytes
     seen: list[int] = []
@@ -353,7 +356,7 @@ def test_chunk_bytes_count_the_copies_and_the_read_ahead(tmp_path: Path,
     import tabstream.loaders.batching as batching
 
     data = _write_wide(tmp_path / "wide")
-    loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=6)
+    loader = Loader(str(data), 64, labels=["label"], parts_per_chunk=6, shuffle=True)
     group = loader._reader.unit_bytes()[0]
     sizes: list[int] = []
     init = batching.Chunk.__init__
@@ -392,7 +395,7 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
     import tabstream.loaders.threads as loader_threads
 
     data = _write_multi_hot(tmp_path / "mh") if wide else _write_wide(tmp_path / "wide")
-    loader = Loader(str(data), 64, labels=["label"])
+    loader = Loader(str(data), 64, labels=["label"], shuffle=True)
     md = pq.ParquetFile(next(data.glob("*.parquet"))).metadata.row_group(0)
     sizes = {}
     for i in range(md.num_columns):  # decoded bytes per top-level column, from the footer
@@ -433,7 +436,7 @@ def test_row_groups_are_read_concurrently_only_when_one_column_dominates(
     if wide:   # every row once, as numpy reads it (the order is the shuffle's)
         ids = np.array(pq.read_table(data).column("slots").to_pylist())
         values = np.concatenate([f["slots"][0] for f, _ in Loader(str(data), 64,
-                                                                 labels=["label"])])
+                                                                 labels=["label"], shuffle=True)])
         got = values.reshape(-1, *ids.shape[1:])
         assert sorted(map(bytes, got)) == sorted(map(bytes, ids))
 
@@ -498,8 +501,10 @@ def _expected_shuffled_batches(loader: Loader, epoch: int) -> list[np.ndarray]:
     """A rank's row ids per batch, computed from the plan's generators with plain numpy
     (one row group per chunk: ``parts_per_chunk=1`` and row groups far under
     ``chunk_bytes``): a split row group keeps its sorted share of the unit's epoch
-    permutation; each batch takes the next entries of its chunk's permutation, sorted."""
+    permutation; each batch takes the next entries of its chunk's permutation, sorted,
+    then puts them in the order of its own permutation (batch_rows_rng)."""
     from tabstream.loaders import plan
+    from tabstream.loaders.batching import batch_rows_rng
 
     stream = []
     for piece in loader.pieces(epoch):
@@ -523,7 +528,8 @@ def _expected_shuffled_batches(loader: Loader, epoch: int) -> list[np.ndarray]:
             pos += take
             if take == want and len(batches) < len(sizes):
                 batches.append([])
-    return [np.concatenate(b) for b in batches]
+    return [ids[batch_rows_rng(loader.seed, epoch, loader.global_rank, i).permutation(len(ids))]
+            for i, ids in enumerate(np.concatenate(b) for b in batches)]
 
 
 @pytest.mark.parametrize("wide", [False, True])
@@ -538,7 +544,7 @@ def test_shuffled_batches_follow_the_plan(shared_export: Path, monkeypatch: pyte
         monkeypatch.setattr(batching, "_WIDE_COLUMN_BYTES", 0)
     for rank in range(w):
         loader = Loader(shared_export, 97, seed=seed, parts_per_chunk=1, global_size=w,
-                        global_rank=rank, features=["row_id"])
+                        global_rank=rank, features=["row_id"], shuffle=True)
         loader.set_epoch(1)
         expected = _expected_shuffled_batches(loader, 1)
         got = epoch_ids(loader)
@@ -619,7 +625,7 @@ def test_held_columns_of_a_block_keep_its_buffer(shared_export: Path, testdata: 
     """A block's buffer goes back to the pool only once none of its rows is held:
     keep two of its three columns of every other batch, then check them."""
     expected = testdata.read_all(shared_export)
-    loader = Loader(shared_export, 100, seed=3)
+    loader = Loader(shared_export, 100, seed=3, shuffle=True)
     loader.set_column_blocks([["row_id", "C1", "label"]])
     held = []
     for k, (features, labels) in enumerate(loader):
@@ -632,7 +638,7 @@ def test_held_columns_of_a_block_keep_its_buffer(shared_export: Path, testdata: 
 
 
 def test_column_blocks_are_checked(shared_export: Path) -> None:
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     with pytest.raises(ValueError, match="'tags' is not a selected scalar column"):
         loader.set_column_blocks([["C1", "tags"]])
     with pytest.raises(ValueError, match="'nope' is not a selected scalar column"):

@@ -67,8 +67,8 @@ def test_torch_cuda_ragged_lists_equal_cpu_for_two_epochs(shared_export: Path, t
     torch = _torch_cuda()
     from tabstream.loaders.torch import Loader
 
-    cpu = _epochs(Loader(shared_export, 256, seed=11), 2)
-    gpu = _epochs(Loader(shared_export, 256, seed=11, device="cuda"), 2)
+    cpu = _epochs(Loader(shared_export, 256, seed=11, shuffle=True), 2)
+    gpu = _epochs(Loader(shared_export, 256, seed=11, device="cuda", shuffle=True), 2)
     for cpu_epoch, gpu_epoch in zip(cpu, gpu, strict=True):
         assert len(cpu_epoch) == len(gpu_epoch)
         for c, g in zip(cpu_epoch, gpu_epoch, strict=True):
@@ -84,9 +84,10 @@ def test_torch_cuda_device_forms_ranks_and_dataloader(shared_export: Path) -> No
     from tabstream.loaders.torch import Loader
 
     for rank in range(2):
-        cpu = list(Loader(shared_export, 300, seed=2, global_size=2, global_rank=rank, pad=True))
+        cpu = list(Loader(shared_export, 300, seed=2, global_size=2, global_rank=rank, pad=True,
+                          shuffle=True))
         gpu = list(Loader(shared_export, 300, seed=2, global_size=2, global_rank=rank, pad=True,
-                          device=torch.device("cuda", 0)))
+                          device=torch.device("cuda", 0), shuffle=True))
         assert len(cpu) == len(gpu)
         for c, g in zip(cpu, gpu, strict=True):
             _torch_equal(c, g)
@@ -109,8 +110,8 @@ def test_torch_cuda_from_a_dataset_on_the_cudf_backend(shared_export: Path) -> N
         pytest.skip(f"needs the cudf backend: {backends.gpu_status()}")
     on_gpu = ts.Dataset(str(shared_export), cpu=False)
     assert on_gpu.backend_name == "cudf"
-    cpu = list(Loader(ts.Dataset(str(shared_export), cpu=True), 200, seed=9))
-    gpu = list(Loader(on_gpu, 200, seed=9, device="cuda"))
+    cpu = list(Loader(ts.Dataset(str(shared_export), cpu=True), 200, seed=9, shuffle=True))
+    gpu = list(Loader(on_gpu, 200, seed=9, device="cuda", shuffle=True))
     assert len(cpu) == len(gpu)
     for c, g in zip(cpu, gpu, strict=True):
         _torch_equal(c, g)
@@ -129,8 +130,8 @@ def test_tensorflow_gpu_batches_equal_cpu_batches_for_two_epochs(shared_export: 
     _tf_gpu()
     from tabstream.loaders.tensorflow import Loader
 
-    cpu = _epochs(Loader(shared_export, 256, seed=4, pad=pad), 2)
-    gpu = _epochs(Loader(shared_export, 256, seed=4, pad=pad, device="/GPU:0"), 2)
+    cpu = _epochs(Loader(shared_export, 256, seed=4, pad=pad, shuffle=True), 2)
+    gpu = _epochs(Loader(shared_export, 256, seed=4, pad=pad, device="/GPU:0", shuffle=True), 2)
     for cpu_epoch, gpu_epoch in zip(cpu, gpu, strict=True):
         assert len(cpu_epoch) == len(gpu_epoch) == -(-testdata.N // 256)
         for c, g in zip(cpu_epoch, gpu_epoch, strict=True):

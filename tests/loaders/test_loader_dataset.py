@@ -24,7 +24,7 @@ def all_ids(data: Any, w: int = 1, batch_size: int = 97, seed: int = 3) -> np.nd
     ranks yield equal batch counts and no row twice."""
     per_rank = []
     for r in range(w):
-        loader = Loader(data, batch_size, seed=seed, global_size=w, global_rank=r)
+        loader = Loader(data, batch_size, seed=seed, global_size=w, global_rank=r, shuffle=True)
         batches = [features["row_id"] for features, _ in loader]
         assert len(batches) == len(loader)
         per_rank.append(batches)
@@ -77,8 +77,9 @@ def test_random_split_yields_only_its_rows(shared_export: Path, seed: int, w: in
     want_valid = random_split_ids(ds, [0.8, 0.2], seed, 1)
     assert np.array_equal(all_ids(train, w=w, seed=seed), want_train)
     assert np.array_equal(all_ids(valid, w=w, seed=seed), want_valid)
-    assert len(Loader(train, 50)) * 50 >= len(want_train) > (len(Loader(train, 50)) - 1) * 50
-    assert Loader(train, 10).num_rows == train.num_rows == len(want_train)
+    batches = len(Loader(train, 50, shuffle=True))
+    assert batches * 50 >= len(want_train) > (batches - 1) * 50
+    assert Loader(train, 10, shuffle=True).num_rows == train.num_rows == len(want_train)
 
 
 @pytest.mark.parametrize("w", [1, 2])
@@ -111,7 +112,7 @@ def test_a_filter_that_keeps_nothing(shared_export: Path) -> None:
     assert ds.num_rows == 0
     with pytest.raises(DataError, match=r"the dataset is empty: its 5 file\(s\) hold no rows that "
                                         "this split or filter keeps"):
-        Loader(ds, 10)
+        Loader(ds, 10, shuffle=True)
 
 
 def test_split_of_a_filtered_dataset(shared_export: Path) -> None:
@@ -178,7 +179,7 @@ def test_loader_refuses_an_export_that_disagrees_with_its_manifest(tmp_path: Pat
     data = {"folder": lambda: export, "dataset": lambda: ts.Dataset(str(export)),
             "glob": lambda: str(export / "part_*.parquet")}[form]
     with pytest.raises(DataError, match=msg):
-        Loader(data(), 100)
+        Loader(data(), 100, shuffle=True)
 
 
 def test_loader_plans_from_footers_without_decoding(tmp_path: Path, monkeypatch: Any) -> None:

@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent('''
         from tabstream.loaders.torch import Loader
 
         for drop_last in (0, 1):
-            loader = Loader(export, batch_size=300, seed=7, drop_last=bool(drop_last))
+            loader = Loader(export, batch_size=300, seed=7, drop_last=bool(drop_last), shuffle=True)
             ids, batches = [], 0
             for features, labels in loader:
                 step = torch.ones(1)

@@ -83,7 +83,7 @@ def _nested_rows(values: np.ndarray, outer: np.ndarray, inner: np.ndarray) -> li
 def test_fixed_and_nested_lists_match_pyarrow(lists_export: tuple[Path, pa.Table], seed: int,
                                              w: int, rank: int) -> None:
     path, expected = lists_export
-    loader = Loader(path, 64, seed=seed, global_size=w, global_rank=rank)
+    loader = Loader(path, 64, seed=seed, global_size=w, global_rank=rank, shuffle=True)
     assert loader.column_layout("fx").fixed == (L,)
     assert loader.column_layout("vc").fixed == (L,)       # from value_count min == max
     assert loader.column_layout("fxn").fixed == (F, L)
@@ -143,9 +143,9 @@ def test_nested_pad_needs_a_shape(lists_export: tuple[Path, pa.Table]) -> None:
     path, _ = lists_export
     with pytest.raises(ValueError, match=r"list column 'nested' has no fixed-size list type to "
                                          r"pad to; pass pad=\{'nested': \(inner lists, values\)\}"):
-        Loader(path, 50, pad=True)
+        Loader(path, 50, pad=True, shuffle=True)
     with pytest.raises(TypeError, match=r"pad for the list-of-lists column 'nested' must be a pair"):
-        Loader(path, 50, pad={"nested": 3})
+        Loader(path, 50, pad={"nested": 3}, shuffle=True)
 
 
 def test_value_count_fixed_but_data_ragged_is_an_error(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_value_count_fixed_but_data_ragged_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"column 'vc': the schema says every list holds 3 values "
                                         r"\(value_count min == max, or shape\), but list 1 of row "
                                         r"group 0 of '.*part_0.parquet' holds 2 \(1 such\)"):
-        list(Loader(path, 2, features=["vc"]))
+        list(Loader(path, 2, features=["vc"], shuffle=True))
 
 
 def test_schema_shape_makes_plain_nested_lists_dense(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_schema_shape_makes_plain_nested_lists_dense(tmp_path: Path) -> None:
     t = pa.table({"n": pa.array(ids.tolist(), pa.list_(pa.list_(pa.int64())))})
     schema = Schema([ColumnSchema("n", "int64", is_list=True, properties={"shape": [None, F, L]})])
     path = _write(tmp_path / "s", [t], schema, row_group=16)
-    loader = Loader(path, 12, seed=1, features=["n"])
+    loader = Loader(path, 12, seed=1, features=["n"], shuffle=True)
     assert loader.column_layout("n").fixed == (F, L)
     rows = np.concatenate([f["n"][0] for f, _ in loader])
     assert rows.shape == (40, F, L)
@@ -183,7 +183,7 @@ def test_schema_shape_makes_plain_nested_lists_dense(tmp_path: Path) -> None:
     path = _write(tmp_path / "c", [t], schema)
     with pytest.raises(SchemaError, match=r"column 'n': the schema's shape \[3\] does not fit its "
                                           r"type list<.*>: expected 2 dims"):
-        Loader(path, 4)
+        Loader(path, 4, shuffle=True)
 
 
 def test_three_levels_are_refused(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_three_levels_are_refused(tmp_path: Path) -> None:
     pq.write_table(t, tmp_path / "d.parquet")
     with pytest.raises(TypeError, match=r"column 'deep' has type list<.*>; loaders deliver "
                                         r"numbers, lists of numbers and lists of lists"):
-        Loader(tmp_path / "d.parquet", 1)
+        Loader(tmp_path / "d.parquet", 1, shuffle=True)
 
 
 def test_null_lists_in_nested_columns_are_empty(tmp_path: Path) -> None:
@@ -238,7 +238,7 @@ def test_large_row_groups_read_in_slices_give_the_same_batches(
     import tabstream.loaders.reading as reading
 
     path, expected = lists_export
-    kw = {"seed": 4, "global_size": w, "global_rank": rank}
+    kw = {"seed": 4, "global_size": w, "global_rank": rank, "shuffle": True}
     whole = _batches(Loader(path, 64, **kw))
     monkeypatch.setattr(reading, "_WHOLE_READ_BYTES", 0)
     monkeypatch.setattr(reading, "_READ_BATCH_BYTES", 2000)   # a few rows per slice
@@ -277,7 +277,7 @@ def test_every_array_of_a_batch_is_64_byte_aligned(lists_export: tuple[Path, pa.
     64-byte aligned (numpy's own allocations are 16-byte aligned): offsets, masks and
     padded blocks come from arrow's pool like the batch columns."""
     path, _ = lists_export
-    loader = Loader(path, 64, seed=2, pad={"nested": (2, 3)} if pad else False)
+    loader = Loader(path, 64, seed=2, pad={"nested": (2, 3)} if pad else False, shuffle=True)
     for features, labels in loader:
         arrays = [labels]
         for col in features.values():
@@ -327,7 +327,8 @@ def test_read_buffers_are_recycled_and_held_batches_keep_their_rows(
     monkeypatch.setattr(memory.Recycler, "empty", counting)
     for rank in range(w):
         fresh.clear()
-        loader = Loader(path, 30, seed=5, parts_per_chunk=1, global_size=w, global_rank=rank)
+        loader = Loader(path, 30, seed=5, parts_per_chunk=1, global_size=w, global_rank=rank,
+                        shuffle=True)
         held = list(loader)
         got_ids = np.concatenate([f["row_id"] for f, _ in held])
         assert len(got_ids) == loader.rows_per_epoch
@@ -364,7 +365,7 @@ def test_read_buffers_fit_the_largest_row_group_whatever_comes_first(
     monkeypatch.setattr(memory, "empty", recording)
     for seed in range(4):   # several row group orders, short groups first in some
         fresh.clear()
-        loader = Loader(path, 30, seed=seed, parts_per_chunk=1)
+        loader = Loader(path, 30, seed=seed, parts_per_chunk=1, shuffle=True)
         got = {int(r): n for f, _ in loader for r, n in zip(f["row_id"], f["n"][0], strict=True)}
         assert sorted(got) == list(range(300))
         for r, block in got.items():
@@ -395,7 +396,7 @@ def test_pooled_batch_buffers_never_overwrite_a_held_batch(
         return pools[-1]
 
     monkeypatch.setattr(memory, "BatchPool", recording)
-    loader = Loader(path, 32, seed=1, parts_per_chunk=2)
+    loader = Loader(path, 32, seed=1, parts_per_chunk=2, shuffle=True)
     held, copies = [], []
     count = 0
     for features, _ in loader:

@@ -97,7 +97,7 @@ def test_options_are_normalized_and_checked_again_on_replace() -> None:
 
 def test_from_options_is_the_loader_of_its_arguments(shared_export: Path, testdata: Any) -> None:
     kw = {"seed": 3, "global_size": 2, "global_rank": 1, "features": ["row_id", "tags"],
-          "pad": {"tags": 2}}
+          "pad": {"tags": 2}, "shuffle": True}
     opts = LoaderOptions(shared_export, 64, **kw)
     built = Loader.from_options(opts)
     plain = Loader(shared_export, 64, **kw)

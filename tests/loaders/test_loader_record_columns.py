@@ -54,14 +54,14 @@ def test_record_columns_refused_at_construction(dataset, framework, column):
     typ = re.escape(str(stored))
     with pytest.raises(TypeError, match=rf"column '{column}' is a {kind} column \(type {typ}\): the loaders "
                                         rf"deliver numbers.*{fix}.*or leave it out with features=/labels="):
-        Loader(dataset, batch_size=2, features=["x", column], labels=["label"])
+        Loader(dataset, batch_size=2, features=["x", column], labels=["label"], shuffle=True)
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_left_out_record_columns_load(dataset, framework):
     # the fix the message gives works: the other columns load, values as stored
     Loader = _loader(framework)
-    batches = list(Loader(dataset, batch_size=2, features=["x"], labels=["label"]))
+    batches = list(Loader(dataset, batch_size=2, features=["x"], labels=["label"], shuffle=True))
     xs = [float(v) for features, _ in batches for v in list(features["x"].numpy().reshape(-1))]
     labels = [int(v) for _, label in batches for v in list(label.numpy().reshape(-1))]
     assert xs == [1.0, 2.0, 3.0]

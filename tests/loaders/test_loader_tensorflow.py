@@ -32,7 +32,7 @@ class Tiny(keras.Model):
 
 
 def test_element_spec_and_dtypes(shared_export: Path, testdata: Any) -> None:
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     features, labels = loader.element_spec
     assert features["C1"] == tf.TensorSpec([None], tf.int64, name="C1")
     assert features["I1"].dtype == tf.float32
@@ -40,7 +40,7 @@ def test_element_spec_and_dtypes(shared_export: Path, testdata: Any) -> None:
     assert features["weights"][0].dtype == tf.float32
     assert labels.dtype == tf.int64
     assert len(loader) == -(-testdata.N // 100) == int(loader.cardinality())
-    padded = Loader(shared_export, 100, pad=True).element_spec[0]["tags"]
+    padded = Loader(shared_export, 100, pad=True, shuffle=True).element_spec[0]["tags"]
     assert padded[0].shape.as_list() == [None, testdata.MAX_TAGS]
     assert padded[1].dtype == tf.bool
 
@@ -49,7 +49,8 @@ def test_eager_iteration_matches_pyarrow(shared_export: Path, testdata: Any) -> 
     expected = testdata.read_all(shared_export)
     ids = []
     for rank in range(2):
-        for features, labels in Loader(shared_export, 256, global_size=2, global_rank=rank):
+        for features, labels in Loader(shared_export, 256, global_size=2, global_rank=rank,
+                                       shuffle=True):
             row_ids = features["row_id"].numpy()
             want = expected.take(row_ids)
             np.testing.assert_array_equal(features["I1"].numpy(), want["I1"].to_numpy())
@@ -64,7 +65,7 @@ def test_eager_iteration_matches_pyarrow(shared_export: Path, testdata: Any) -> 
 
 
 def test_keras_fit_with_validation_data(shared_export: Path) -> None:
-    train = Loader(shared_export, 256, features=["C1", "I1"])
+    train = Loader(shared_export, 256, features=["C1", "I1"], shuffle=True)
     valid = Loader(shared_export, 512, shuffle=False, features=["C1", "I1"])
     model = Tiny()
     model.compile(optimizer="adam", loss="binary_crossentropy")
@@ -79,7 +80,7 @@ def test_keras_fit_with_validation_data(shared_export: Path) -> None:
 def test_keras_fit_with_its_defaults(shared_export: Path) -> None:
     # fit's default shuffle=True draws Keras' "ignored for tf.data" warning; the
     # loader shuffles by itself, and training runs.
-    train = Loader(shared_export, 512, features=["C1", "I1"])
+    train = Loader(shared_export, 512, features=["C1", "I1"], shuffle=True)
     model = Tiny()
     model.compile(optimizer="sgd", loss="binary_crossentropy")
     with warnings.catch_warnings():
@@ -89,7 +90,7 @@ def test_keras_fit_with_its_defaults(shared_export: Path) -> None:
 
 
 def test_custom_tf_function_loop(shared_export: Path, testdata: Any) -> None:
-    loader = Loader(shared_export, 300, features=["C1", "I1"])
+    loader = Loader(shared_export, 300, features=["C1", "I1"], shuffle=True)
     model = Tiny()
     optimizer = keras.optimizers.SGD(0.01)
     loss_fn = keras.losses.BinaryCrossentropy()
@@ -115,13 +116,13 @@ def test_custom_tf_function_loop(shared_export: Path, testdata: Any) -> None:
 
 
 def test_no_labels_yields_features_only(shared_export: Path) -> None:
-    loader = Loader(shared_export, 100, labels=[])
+    loader = Loader(shared_export, 100, labels=[], shuffle=True)
     assert isinstance(loader.element_spec, dict)
     assert set(next(iter(loader))) == {"row_id", "C1", "I1", "tags", "weights", "label"}
 
 
 def test_set_epoch_replays(shared_export: Path) -> None:
-    loader = Loader(shared_export, 500, features=["row_id"])
+    loader = Loader(shared_export, 500, features=["row_id"], shuffle=True)
     first = np.concatenate([f["row_id"].numpy() for f, _ in loader])
     loader.set_epoch(0)
     again = np.concatenate([f["row_id"].numpy() for f, _ in loader])
@@ -130,7 +131,7 @@ def test_set_epoch_replays(shared_export: Path) -> None:
 
 def test_single_worker_strategy_keeps_size_one(shared_export: Path) -> None:
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-        loader = Loader(shared_export, 100)
+        loader = Loader(shared_export, 100, shuffle=True)
     assert (loader.core.global_size, loader.core.global_rank) == (1, 0)
 
 
@@ -152,8 +153,8 @@ def test_fixed_and_nested_lists_as_tf_tensors(tmp_path: Path) -> None:
 
 
 def test_device_prefetch_keeps_batches_and_order(shared_export: Path) -> None:
-    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4)]
-    placed = Loader(shared_export, 300, seed=4, device="/cpu:0")
+    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4, shuffle=True)]
+    placed = Loader(shared_export, 300, seed=4, device="/cpu:0", shuffle=True)
     got = [b[0]["row_id"] for b in placed]
     assert all("CPU:0" in t.device for t in got)
     assert len(got) == len(plain)
@@ -164,16 +165,17 @@ def test_device_prefetch_keeps_batches_and_order(shared_export: Path) -> None:
 def test_bad_devices_are_refused(shared_export: Path) -> None:
     with pytest.raises(ValueError, match=r"device '/GPU:7': TensorFlow has no such device here; "
                                          r"available: \["):
-        Loader(shared_export, 10, device="/GPU:7")
+        Loader(shared_export, 10, device="/GPU:7", shuffle=True)
     with pytest.raises(TypeError, match=r"device must be a device name such as '/GPU:0', got int"):
-        Loader(shared_export, 10, device=0)
+        Loader(shared_export, 10, device=0, shuffle=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not tf.config.list_logical_devices("GPU"), reason="no TensorFlow GPU")
 def test_gpu_device_delivers_gpu_tensors_in_the_cpu_order(shared_export: Path) -> None:
-    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4)]
-    got = [b[0]["row_id"] for b in Loader(shared_export, 300, seed=4, device="/GPU:0")]
+    plain = [b[0]["row_id"].numpy() for b in Loader(shared_export, 300, seed=4, shuffle=True)]
+    got = [b[0]["row_id"]
+           for b in Loader(shared_export, 300, seed=4, device="/GPU:0", shuffle=True)]
     assert all("GPU:0" in t.device for t in got)
     for a, b in zip(got, plain, strict=True):
         assert np.array_equal(a.numpy(), b)
@@ -216,7 +218,7 @@ def test_held_tensors_keep_their_values(shared_export: Path, testdata: Any) -> N
     """Batches share memory with their tensors, so no buffer may be reused while a
     tensor of an earlier batch is still held: keep a whole epoch, then check it."""
     expected = testdata.read_all(shared_export)
-    held = list(Loader(shared_export, 128, seed=2))
+    held = list(Loader(shared_export, 128, seed=2, shuffle=True))
     ids = np.concatenate([f["row_id"].numpy() for f, _ in held])
     assert np.array_equal(np.sort(ids), np.arange(testdata.N))
     for features, labels in held:
@@ -239,7 +241,7 @@ def test_abandoned_iteration_stops_its_threads(shared_export: Path) -> None:
     def running() -> int:
         return sum(t.name == "tabstream-loader" and t.is_alive() for t in threading.enumerate())
 
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     before = running()
     it = iter(loader)
     next(it)
@@ -259,7 +261,7 @@ def test_an_iterator_never_iterated_opens_no_epoch(shared_export: Path) -> None:
     import gc
     import threading
 
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     before = sum(t.name == "tabstream-loader" for t in threading.enumerate())
     it = iter(loader)
     assert loader.epoch == 0 and loader._epochs == {}
@@ -276,9 +278,9 @@ def _row_ids(batches: Any) -> list[list[int]]:
 def test_repeat_runs_the_following_epochs(shared_export: Path) -> None:
     # each repetition is a new iteration of the loader, so the next epoch, as with
     # Keras's epochs; take() drops the second one after two batches
-    loader = Loader(shared_export, 500, features=["row_id"])
+    loader = Loader(shared_export, 500, features=["row_id"], shuffle=True)
     got = _row_ids(loader.repeat(2).take(len(loader) + 2))
-    reference = Loader(shared_export, 500, features=["row_id"])
+    reference = Loader(shared_export, 500, features=["row_id"], shuffle=True)
     epoch0 = _row_ids(reference)
     epoch1 = _row_ids(reference)
     assert epoch0 != epoch1  # shuffled differently
@@ -291,9 +293,9 @@ def test_the_from_generator_fallback_gives_the_same_batches(shared_export: Path,
     # its epochs with from_generator: same batches, epochs closed the same way.
     import tabstream.loaders.tensorflow as tf_loader
 
-    expected = _row_ids(Loader(shared_export, 500, features=["row_id"]))
+    expected = _row_ids(Loader(shared_export, 500, features=["row_id"], shuffle=True))
     monkeypatch.setattr(tf_loader, "_GeneratorDataset", None)
-    loader = Loader(shared_export, 500, features=["row_id"])
+    loader = Loader(shared_export, 500, features=["row_id"], shuffle=True)
     assert _row_ids(loader) == expected and loader._epochs == {}
     assert len(list(loader.take(2))) == 2 and loader.epoch == 2
     assert loader._epochs == {}
@@ -307,7 +309,7 @@ def test_held_tensors_keep_their_values_while_buffers_are_reused(
     reads."""
     expected = testdata.read_all(shared_export)
     held, copies = [], []
-    for k, (features, labels) in enumerate(Loader(shared_export, 100, seed=3)):
+    for k, (features, labels) in enumerate(Loader(shared_export, 100, seed=3, shuffle=True)):
         if k % 2:
             continue   # dropped: its buffers can be reused
         held.append((features["row_id"], features["I1"], labels))
@@ -324,7 +326,7 @@ def test_held_tensors_keep_their_values_while_buffers_are_reused(
 def test_autotuning_is_off(shared_export: Path) -> None:
     """The loader's pipeline has nothing to tune, and with tf.data's autotuning on the
     end of an epoch waited for the tuner's next tick (see the Loader's options)."""
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     assert loader.options().autotune.enabled is False
     assert loader.options().experimental_distribute.auto_shard_policy == \
         tf.data.experimental.AutoShardPolicy.OFF
@@ -373,7 +375,7 @@ def test_scalar_columns_cross_into_tensorflow_as_one_tensor_per_dtype(shared_exp
     as one (3, batch) tensor over the batch's own buffer; I1, the only float32
     scalar, and the list arrays one by one. A batch whose columns are separate
     arrays is stacked into the same tensor."""
-    loader = Loader(shared_export, 100)
+    loader = Loader(shared_export, 100, shuffle=True)
     flat_spec = tf.nest.flatten(loader.element_spec)
     assert [[flat_spec[i].name for i in g] for g in loader._block_positions] == [["C1", "row_id", "label"]]
     epoch = loader.core.iter_epoch(0)
@@ -398,7 +400,7 @@ def test_eager_iteration_equals_tf_datas_own_iterator(shared_export: Path) -> No
     tensor); tf.data's own iterator over the same epoch gives the same elements."""
     from tensorflow.python.data.ops import iterator_ops
 
-    loader = Loader(shared_export, 300, seed=6)
+    loader = Loader(shared_export, 300, seed=6, shuffle=True)
     it = iter(loader)
     assert type(it).__name__ == "_EagerIterator"
     ours = list(it)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torch
 
 def test_yields_tensor_dicts_with_preserved_dtypes(shared_export: Path, testdata: Any) -> None:
     expected = testdata.read_all(shared_export)
-    loader = Loader(shared_export, 128, seed=2)
+    loader = Loader(shared_export, 128, seed=2, shuffle=True)
     n = 0
     for features, labels in loader:
         assert features["row_id"].dtype == torch.int64
@@ -37,7 +37,8 @@ def test_yields_tensor_dicts_with_preserved_dtypes(shared_export: Path, testdata
 
 
 def test_exactly_once_across_ranks(shared_export: Path, testdata: Any) -> None:
-    loaders = [Loader(shared_export, 100, global_size=3, global_rank=r) for r in range(3)]
+    loaders = [Loader(shared_export, 100, global_size=3, global_rank=r, shuffle=True)
+               for r in range(3)]
     batches = [[f["row_id"] for f, _ in loader] for loader in loaders]
     assert len({len(b) for b in batches}) == 1 and len(batches[0]) == len(loaders[0])
     ids = torch.cat([t for b in batches for t in b]).sort().values
@@ -45,7 +46,7 @@ def test_exactly_once_across_ranks(shared_export: Path, testdata: Any) -> None:
 
 
 def test_dataloader_batch_size_none(shared_export: Path) -> None:
-    loader = Loader(shared_export, 256, seed=5)
+    loader = Loader(shared_export, 256, seed=5, shuffle=True)
     wrapped = torch.utils.data.DataLoader(loader, batch_size=None)
     assert len(wrapped) == len(loader)
     first = [f["row_id"] for f, _ in wrapped]
@@ -64,27 +65,27 @@ def test_dataloader_with_worker_processes_is_refused(shared_export: Path,
     info = torch.utils.data._utils.worker.WorkerInfo(id=0, num_workers=2, seed=0, dataset=None)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
     with pytest.raises(RuntimeError, match="num_workers=0"):
-        iter(Loader(shared_export, 256))
+        iter(Loader(shared_export, 256, shuffle=True))
 
 
 def test_padded_lists_are_tensors(shared_export: Path, testdata: Any) -> None:
-    features, _ = next(iter(Loader(shared_export, 64, pad=True)))
+    features, _ = next(iter(Loader(shared_export, 64, pad=True, shuffle=True)))
     padded, mask = features["tags"]
     assert padded.shape == (64, testdata.MAX_TAGS) and mask.dtype == torch.bool
     # An EmbeddingBag takes (values, offsets) as they come.
-    values, offsets = next(iter(Loader(shared_export, 64)))[0]["tags"]
+    values, offsets = next(iter(Loader(shared_export, 64, shuffle=True)))[0]["tags"]
     bag = torch.nn.EmbeddingBag(10_000, 4, mode="sum")
     assert bag(values, offsets[:-1]).shape == (64, 4)
 
 
 def test_device_argument(shared_export: Path) -> None:
-    loader = Loader(shared_export, 64, device="cpu")
+    loader = Loader(shared_export, 64, device="cpu", shuffle=True)
     features, labels = next(iter(loader))
     assert features["C1"].device.type == "cpu" and labels.device.type == "cpu"
 
 
 def test_tensors_share_memory_with_numpy(shared_export: Path) -> None:
-    loader = Loader(shared_export, 64)
+    loader = Loader(shared_export, 64, shuffle=True)
     batches = loader.core.iter_epoch(0, lambda b: (b, loader._to_tensors(b)))
     (arrays, _), (tensors, _) = next(batches)
     batches.close()
@@ -105,21 +106,22 @@ def test_defaults_come_from_the_process_group(shared_export: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
                             world_size=1)
     try:
-        loader = Loader(shared_export, 64)
+        loader = Loader(shared_export, 64, shuffle=True)
         assert (loader.global_size, loader.global_rank) == (1, 0)
-        assert Loader(shared_export, 64, global_size=3, global_rank=2).global_rank == 2
+        loader = Loader(shared_export, 64, global_size=3, global_rank=2, shuffle=True)
+        assert loader.global_rank == 2
     finally:
         dist.destroy_process_group()
 
 
 def test_size_without_rank_is_refused(shared_export: Path) -> None:
     with pytest.raises(ValueError, match="global_size=2 needs global_rank"):
-        Loader(shared_export, 64, global_size=2)
+        Loader(shared_export, 64, global_size=2, shuffle=True)
 
 
 def test_training_step(shared_export: Path) -> None:
     model = torch.nn.Linear(2, 1)  # plain SGD by hand: torch.optim takes seconds to import
-    for features, labels in Loader(shared_export, 512, features=["I1", "C1"]):
+    for features, labels in Loader(shared_export, 512, features=["I1", "C1"], shuffle=True):
         x = torch.stack([features["I1"], features["C1"].float() / 100], dim=1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x)[:, 0],
                                                                      labels.float())
@@ -148,7 +150,7 @@ def test_online_transforms_and_fixed_lists_as_tensors(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "raw.parquet", row_group_size=20)
     ds = ts.Dataset(str(tmp_path / "raw.parquet"), engine="parquet")
     wf = ts.Workflow((["city"] >> ops.HashBucket(5)) + ["ids", "label"]).fit(ds)
-    kw = {"seed": 1, "labels": ["label"]}
+    kw = {"seed": 1, "labels": ["label"], "shuffle": True}
     for (features, labels), (want, want_labels) in zip(
             Loader(wf.transform(ds), 16, **kw), core.Loader(ds, 16, transforms=wf, **kw),
             strict=True):
@@ -162,11 +164,11 @@ def test_online_transforms_and_fixed_lists_as_tensors(tmp_path: Path) -> None:
 def test_devices_are_checked(shared_export: Path) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"device='cuda' but torch sees no CUDA GPU"):
-            Loader(shared_export, 10, device="cuda")
+            Loader(shared_export, 10, device="cuda", shuffle=True)
     with pytest.raises(ValueError, match=r"device 'meta': the loader delivers to 'cpu' or 'cuda'"):
-        Loader(shared_export, 10, device="meta")
+        Loader(shared_export, 10, device="meta", shuffle=True)
     with pytest.raises(TypeError, match=r"device must be a str or torch.device, got int"):
-        Loader(shared_export, 10, device=0)
+        Loader(shared_export, 10, device=0, shuffle=True)
 
 
 def test_dlpack_arrays_are_taken_over_without_a_copy() -> None:
@@ -192,8 +194,8 @@ def test_dlpack_arrays_are_taken_over_without_a_copy() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_cuda_batches_equal_cpu_batches_in_order(shared_export: Path) -> None:
-    cpu = list(Loader(shared_export, 300, seed=3, pad=True))
-    gpu = list(Loader(shared_export, 300, seed=3, pad=True, device="cuda"))
+    cpu = list(Loader(shared_export, 300, seed=3, pad=True, shuffle=True))
+    gpu = list(Loader(shared_export, 300, seed=3, pad=True, device="cuda", shuffle=True))
     assert len(cpu) == len(gpu)
     for (cf, cy), (gf, gy) in zip(cpu, gpu, strict=True):
         assert gy.is_cuda and torch.equal(gy.cpu(), cy)

@@ -56,7 +56,7 @@ def test_handed_over_values_and_lengths_equal_the_rows(shared_export: Path, test
                                                        pad: bool) -> None:
     monkeypatch.setattr(tl, "_keyed_jagged_class", lambda: _Recorder)
     table = testdata.read_all(shared_export)
-    loader = Loader(shared_export, 300, seed=4, keyed_jagged=True, pad=pad)
+    loader = Loader(shared_export, 300, seed=4, keyed_jagged=True, pad=pad, shuffle=True)
     assert loader.keyed_jagged_keys == ["C1", "tags"]  # the CATEGORICAL features, schema order
     n = 0
     for features, labels in loader:
@@ -75,8 +75,8 @@ def test_named_keys_and_the_rest_unchanged(shared_export: Path, testdata: Any,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tl, "_keyed_jagged_class", lambda: _Recorder)
     table = testdata.read_all(shared_export)
-    plain = Loader(shared_export, 500, seed=1)
-    keyed = Loader(shared_export, 500, seed=1, keyed_jagged=["tags"])
+    plain = Loader(shared_export, 500, seed=1, shuffle=True)
+    keyed = Loader(shared_export, 500, seed=1, keyed_jagged=["tags"], shuffle=True)
     for (f0, l0), (f1, l1) in zip(plain, keyed, strict=True):
         assert torch.equal(f0["C1"], f1["C1"]) and torch.equal(l0, l1)
         want_values, want_lengths = expected_parts(table, f1["row_id"].numpy(), ["tags"])
@@ -98,13 +98,13 @@ def test_bad_requests(shared_export: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(tl, "_keyed_jagged_class", lambda: _Recorder)
     with pytest.raises(ValueError, match=r"keyed_jagged=\['C9'\]: \['C9'\] not among the "
                                          r"loader's features \['row_id', 'C1', 'I1'"):
-        Loader(shared_export, 10, keyed_jagged=["C9"])
+        Loader(shared_export, 10, keyed_jagged=["C9"], shuffle=True)
     with pytest.raises(TypeError, match="keyed_jagged must be a bool or a list of feature "
                                         "names, got str"):
-        Loader(shared_export, 10, keyed_jagged="C1")
+        Loader(shared_export, 10, keyed_jagged="C1", shuffle=True)
     with pytest.raises(ValueError, match=r"keyed_jagged=True but none of the features \['I1'\] "
                                          "is tagged CATEGORICAL"):
-        Loader(shared_export, 10, keyed_jagged=True, features=["I1"])
+        Loader(shared_export, 10, keyed_jagged=True, features=["I1"], shuffle=True)
     with pytest.raises(ValueError, match=r"keyed_jagged: feature 'n' is a list of lists"):
         jagged_parts({"n": (torch.tensor([1]), torch.tensor([0, 1]), torch.tensor([0, 1]))}, ["n"])
     with pytest.raises(ValueError, match=r"keyed_jagged: feature 'x' has shape \(2, 3\)"):
@@ -116,13 +116,13 @@ def test_without_torchrec_the_error_says_how_to_install(shared_export: Path,
     monkeypatch.setitem(sys.modules, "torchrec.sparse.jagged_tensor", None)
     with pytest.raises(ImportError, match=r"keyed_jagged=True needs torchrec \(not a tabstream "
                                           r"dependency\).*fbgemm-gpu-cpu==1.8.0"):
-        Loader(shared_export, 10, keyed_jagged=True)
+        Loader(shared_export, 10, keyed_jagged=True, shuffle=True)
 
 
 def test_real_keyed_jagged_tensor(shared_export: Path, testdata: Any) -> None:
     jt = pytest.importorskip("torchrec.sparse.jagged_tensor")
     table = testdata.read_all(shared_export)
-    loader = Loader(shared_export, 400, seed=7, keyed_jagged=True)
+    loader = Loader(shared_export, 400, seed=7, keyed_jagged=True, shuffle=True)
     for features, _ in loader:
         kjt = features[SPARSE_FEATURES]
         assert isinstance(kjt, jt.KeyedJaggedTensor)

@@ -78,7 +78,7 @@ def test_online_equals_offline(raw: Path, tmp_path: Path, how: str, w: int) -> N
     all_ids = []
     for rank in range(w):
         kw = {"seed": 5, "global_size": w, "global_rank": rank, "parts_per_chunk": 2,
-              "labels": ["label"]}
+              "labels": ["label"], "shuffle": True}
         online = (Loader(wf.transform(ds), 64, **kw) if how == "transform"
                   else Loader(ds, 64, transforms=wf, **kw))
         want_loader = Loader(offline, 64, **kw)
@@ -106,7 +106,8 @@ def test_online_values_match_the_workflow_on_the_whole_frame(raw: Path) -> None:
     whole = whole.sort_by("row_id")
     train, _ = ds.split([0.7, 0.3], seed=1)
     seen = []
-    for features, labels in Loader(wf.transform(train), 100, seed=2, labels=["label"]):
+    for features, labels in Loader(wf.transform(train), 100, seed=2, labels=["label"],
+                                   shuffle=True):
         want = whole.take(features["row_id"])
         for name in ("cat", "city", "x"):
             np.testing.assert_array_equal(features[name], want[name].to_numpy())
@@ -121,7 +122,7 @@ def test_unfitted_workflow_is_refused(raw: Path) -> None:
     wf = ts.Workflow(["cat"] >> ops.Categorify())
     with pytest.raises(NotFittedError, match=r"the workflow given to the loader is not fitted "
                                              r".*need workflow.fit\(train_dataset\) first"):
-        Loader(str(raw), 10, transforms=wf)
+        Loader(str(raw), 10, transforms=wf, shuffle=True)
 
 
 @pytest.mark.parametrize("op", [ops.Dropna(), ops.Filter(lambda df: df["x"] > 0)])
@@ -130,7 +131,7 @@ def test_row_changing_ops_are_refused(raw: Path, op) -> None:
     name = type(op).__name__
     with pytest.raises(ValueError, match=rf"the workflow given to the loader holds \['{name}'\], "
                                          r"which change the number of rows"):
-        Loader(str(raw), 10, transforms=wf)
+        Loader(str(raw), 10, transforms=wf, shuffle=True)
 
 
 class _EveryOtherRow(Operator):
@@ -149,23 +150,41 @@ def test_an_op_declaring_changes_row_count_is_refused_whatever_its_name(raw: Pat
     assert wf.transform(_raw(0, 10)).num_rows == 5
     with pytest.raises(ValueError, match=r"the workflow given to the loader holds \['_EveryOtherRow'\], "
                                          r"which change the number of rows"):
-        Loader(str(raw), 10, transforms=wf)
+        Loader(str(raw), 10, transforms=wf, shuffle=True)
+
+
+def test_an_inner_join_dropping_rows_is_refused_when_it_drops_them(raw: Path) -> None:
+    # JoinExternal keeps changes_row_count False: with how="left" and unique side keys
+    # (the usual case) it keeps every row, so the loader accepts it; an inner join
+    # that drops rows of a row group is refused when that row group is read, naming it
+    side = pa.table({"label": [1], "weight": [0.5]})
+    left = ts.Workflow(["label", "x"] >> ops.JoinExternal(side, on="label"))
+    left.fit(ts.Dataset(str(raw), engine="parquet"))
+    assert sum(len(b[1]) for b in Loader(str(raw), 50, transforms=left, labels=["label"])) == sum(FILE_ROWS)
+    inner = ts.Workflow(["label", "x"] >> ops.JoinExternal(side, on="label", how="inner"))
+    inner.fit(ts.Dataset(str(raw), engine="parquet"))
+    dropped = 45  # the rows of row group 0 (ids 0..89) whose label (id % 2) is 0
+    with pytest.raises(DataError, match=rf"the loader's transforms turned the 90 rows of row group 0 of "
+                                        rf"'[^']*part_0.parquet' into {90 - dropped}; online transforms must "
+                                        "keep every row"):
+        for _ in Loader(str(raw), 50, transforms=inner, labels=["label"], shuffle=False):
+            pass  # the error comes while iterating
 
 
 def test_groupby_transform_is_refused(raw: Path) -> None:
     wf = ts.Workflow(["cat", "x"] >> ops.Groupby("cat", aggs={"x": ["sum"]}))
     wf.fit(ts.Dataset(str(raw), engine="parquet"))
     with pytest.raises(ValueError, match=r"holds \['Groupby'\], which change the number of rows"):
-        Loader(wf.transform(ts.Dataset(str(raw), engine="parquet")), 10)
+        Loader(wf.transform(ts.Dataset(str(raw), engine="parquet")), 10, shuffle=True)
 
 
 def test_transforms_twice_and_wrong_type(raw: Path) -> None:
     wf = _workflow(raw)
     ds = ts.Dataset(str(raw), engine="parquet")
     with pytest.raises(ValueError, match=r"data is already workflow.transform\(dataset\)"):
-        Loader(wf.transform(ds), 10, transforms=wf)
+        Loader(wf.transform(ds), 10, transforms=wf, shuffle=True)
     with pytest.raises(TypeError, match=r"transforms must be a fitted tabstream.Workflow, got dict"):
-        Loader(ds, 10, transforms={"x": 1})
+        Loader(ds, 10, transforms={"x": 1}, shuffle=True)
 
 
 def test_a_transform_failing_on_a_chunk_names_it(raw: Path) -> None:

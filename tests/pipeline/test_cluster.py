@@ -20,7 +20,7 @@ import tabstream as ts
 from tabstream import ops
 from tabstream.datasets.synthetic import CRITEO_CATEGORICAL, write_data
 from tabstream.recipes import criteo_graph
-from tabstream.testing import assert_tables_equal
+from tabstream.testing import CONTRACT_EXAMPLES, assert_tables_equal, contract_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 CATS = CRITEO_CATEGORICAL[:6]
@@ -199,32 +199,21 @@ def test_local_cluster_processes_equals_threaded(raw_tsv, tmp_path, dask_dashboa
     assert on_cluster.equals(threaded)
 
 
-def _contract_module():
-    """The op contract suite (tests/ops/test_contract.py), imported by a name the
-    workers can import too (its Filter/LambdaOp examples use its functions)."""
-    import importlib
-
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module("tests.ops.test_contract")
-
-
-CONTRACT = _contract_module()
 
 
 @pytest.fixture(scope="module")
 def contract_parquet(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("contract")
-    table = CONTRACT.contract_frame()
+    table = contract_frame()
     for i, start in enumerate(range(0, table.num_rows, 200)):
         pq.write_table(table.slice(start, 200), folder / f"part_{i}.parquet")
     return str(folder)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CONTRACT.EXAMPLES))
+@pytest.mark.parametrize("name", sorted(CONTRACT_EXAMPLES))
 def test_every_op_fits_and_transforms_on_cluster(real_cluster, contract_parquet, tmp_path, name):
-    factory, columns = CONTRACT.EXAMPLES[name]
+    factory, columns = CONTRACT_EXAMPLES[name]
     outputs = []
     for client, out in ((real_cluster, tmp_path / "cluster"), (None, tmp_path / "threaded")):
         wf = ts.Workflow(columns >> factory(), client=client).fit(ts.Dataset(contract_parquet))
@@ -249,7 +238,7 @@ def test_partition_on_export_on_cluster_equals_threaded(real_cluster, raw_tsv, t
 
 
 def _groupby_case(contract_parquet, client):
-    factory, columns = CONTRACT.EXAMPLES["Groupby"]
+    factory, columns = CONTRACT_EXAMPLES["Groupby"]
     wf = ts.Workflow(columns >> factory(), client=client).fit(ts.Dataset(contract_parquet))
     return wf.transform(ts.Dataset(contract_parquet))
 

@@ -120,4 +120,4 @@ def test_loader_refuses_a_partitioned_export(tmp_path):
     ts.Dataset(frame).to_parquet(str(tmp_path / "out"), partition_on=["day"])
     with pytest.raises(DataError, match=r"day=\d/part_\d+\.parquet: the dataset is hive-partitioned "
                                         r"\(col=value folders for \['day'\]\); loaders read"):
-        Loader(str(tmp_path / "out"), batch_size=16, features=["x"], labels=["row"])
+        Loader(str(tmp_path / "out"), batch_size=16, features=["x"], labels=["row"], shuffle=True)

@@ -143,7 +143,7 @@ def test_dlrm_fit_on_the_loader_with_metrics_and_throughput(export, pad):
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
         metrics=binary_classification_metrics(),
     )
-    train = Loader(str(path), batch_size=500, seed=0, pad=pad)
+    train = Loader(str(path), batch_size=500, seed=0, pad=pad, shuffle=True)
     throughput = ThroughputCallback(batch_size=500, verbose=0)
     history = model.fit(train, epochs=1, shuffle=False, verbose=0, callbacks=[throughput])
     h = history.history

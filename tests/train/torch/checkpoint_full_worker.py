@@ -34,7 +34,8 @@ def main() -> None:
         model, _ = h.build("mixed", "lazyadam", "mean")
         hp = HybridParallel(model, plan=h.plan_for("mixed"))
         opt = LazyAdam(hp.parameters(), lr=0.05)
-        train = Loader(ts.Dataset(str(data / "*.parquet")), batch_size=4, labels=["click"], seed=3)
+        train = Loader(ts.Dataset(str(data / "*.parquet")), batch_size=4, labels=["click"], seed=3,
+                       shuffle=True)
         ck = out / "ck"
         fit(hp, train, opt, epochs=1, checkpoint_dir=ck, progress=False)
         dist.barrier()

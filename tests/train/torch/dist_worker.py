@@ -44,7 +44,7 @@ def _loaders(data: Path, batch_size: int = 4):
     from tabstream.loaders.torch import Loader
 
     files = str(data / "*.parquet")
-    train = Loader(ts.Dataset(files), batch_size=batch_size, labels=["click"], seed=3)
+    train = Loader(ts.Dataset(files), batch_size=batch_size, labels=["click"], seed=3, shuffle=True)
     valid = Loader(ts.Dataset(files), batch_size=batch_size, labels=["click"], shuffle=False)
     return train, valid
 

@@ -410,7 +410,7 @@ def test_data_identity_of_a_loader_is_its_file_list(tmp_path):
         (tmp_path / day).mkdir()
         pd.DataFrame({"x": np.arange(4.0), "y": np.zeros(4)}).to_parquet(tmp_path / day / "p.parquet")
     ids = [data_identity(Loader(ts.Dataset(str(tmp_path / d / "p.parquet")), batch_size=2,
-                                labels=["y"])) for d in ("a", "b", "a")]
+                                labels=["y"], shuffle=True)) for d in ("a", "b", "a")]
     assert ids[0] == ids[2] != ids[1] and ids[0].startswith("files:")
     assert data_identity([1, 2]) is None
     assert data_identity(Batches([], "day7")) == "day7"

@@ -159,8 +159,8 @@ def test_fit_on_data_encoded_with_more_ids_than_the_model_names_the_feature(tmp_
     model = DLRM(export_schema(c1=most), embedding_dim=8)  # one row short of the data's ids
     with pytest.raises(DataError, match=rf"categorical feature 'C1': id {most} is outside "
                                         rf"embedding table 'C1' of cardinality {most} "):
-        fit(model, Loader(ds, batch_size=ROWS), torch.optim.SGD(model.parameters(), lr=0.1),
-            progress=False)
+        fit(model, Loader(ds, batch_size=ROWS, shuffle=True),
+            torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
 
 
 # -- data rewritten in place under a mid-epoch checkpoint -----------------------------

@@ -46,7 +46,7 @@ def test_dlrm_trains_from_the_loader(export):
     train, valid = export
     torch.manual_seed(0)
     model = DLRM(ranking_schema(), embedding_dim=8)
-    history = fit(model, loaders.Loader(str(train), batch_size=256, seed=0),
+    history = fit(model, loaders.Loader(str(train), batch_size=256, seed=0, shuffle=True),
                   LazyAdam(model.parameters(), lr=5e-3), epochs=2,
                   valid_loader=loaders.Loader(str(valid), batch_size=1024, shuffle=False),
                   progress=False)
@@ -111,7 +111,8 @@ def test_models_train_on_padded_loader_batches(export, name):
     with torch.no_grad():
         for (f_ragged, _), (f_padded, _) in zip(ragged, padded, strict=True):
             torch.testing.assert_close(model(f_ragged), model(f_padded))
-    history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3}),
+    history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3},
+                                        shuffle=True),
                   LazyAdam(model.parameters(), lr=5e-3), progress=False)
     assert history["samples"] == [8192] and np.isfinite(history["loss"][0])
 
@@ -133,6 +134,7 @@ def test_two_tower_with_a_list_feature_on_padded_loader_batches(export):
         for (f_ragged, _), (f_padded, _) in zip(ragged, padded, strict=True):
             torch.testing.assert_close(model.query_embeddings(f_ragged),
                                        model.query_embeddings(f_padded))
-    history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3}),
+    history = fit(model, loaders.Loader(str(train), batch_size=512, seed=0, pad={"tags": 3},
+                                        shuffle=True),
                   LazyAdam(model.parameters(), lr=5e-3), progress=False)
     assert history["samples"] == [8192] and np.isfinite(history["loss"][0])

@@ -1,4 +1,4 @@
-"""Assertions for tests of pipelines and ops (NaN-aware, list-aware).
+"""Table assertions for tests of pipelines and ops (NaN-aware, list-aware).
 
 >>> import pyarrow as pa
 >>> assert_tables_equal(pa.table({"x": [1.0, float("nan")]}), pa.table({"x": [1.0, float("nan")]}))
