@@ -446,7 +446,7 @@ class Loader(Stepping, Mapped):
         start = self._start_of(epoch)
         rows = self._unit_rows()
         order = plan.unit_order(len(rows), self.seed, epoch, self.shuffle)
-        position = start
+        parts = [np.empty((0, 2), np.int64)]
         for rank in range(self.global_size):
             share, pieces = self._rank_epoch(epoch, rank, start)
             if batches > share.num_batches:
@@ -457,10 +457,10 @@ class Loader(Stepping, Mapped):
             if consumed == 0:
                 continue
             plain = [p for p, _ in pieces]
-            position = position.with_delivered(plan.delivered_rows(
+            parts.append(plan.delivered_rows(
                 pieces, self._chunk_lengths(plain, sizes[0]), rows, order, consumed,
                 seed=self.seed, epoch=epoch, rank=rank, shuffle=self.shuffle))
-        return position.to_dict()
+        return start.with_delivered(np.concatenate(parts)).to_dict()
 
     def set_position(self, position: Mapping[str, Any]) -> None:
         """Resume from :meth:`position`'s output, taken with any number of ranks and
