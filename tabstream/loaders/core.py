@@ -295,6 +295,7 @@ class Loader(Stepping, Mapped):
         # start of that iteration (what position() adds the batches taken to)
         self._pending: plan.EpochPosition | None = None
         self._active: plan.EpochPosition | None = None
+        self._claimed: tuple[int, int] | None = None  # (epoch, batch_size) of the latest iteration
         self._column_blocks: list[list[str]] = []
 
     # -- configuration -------------------------------------------------------
@@ -397,22 +398,23 @@ class Loader(Stepping, Mapped):
         return plan.EpochPosition(epoch, self.num_rows, self.seed, self.shuffle,
                                   plan.layout_digest(self._unit_rows()), np.empty((0, 2), np.int64))
 
-    def _rank_epoch(self, epoch: int, rank: int, start: plan.EpochPosition | None
+    def _rank_epoch(self, epoch: int, rank: int, start: plan.EpochPosition | None,
+                    batch_size: int | None = None
                     ) -> tuple[plan.RankShare, list[tuple[plan.Piece, np.ndarray | None]]]:
         """Rank ``rank``'s share of ``epoch`` and its pieces with their keep masks
         (see :func:`tabstream.loaders.plan.select_pieces`): of the whole epoch, or of
-        the rows ``start`` has not delivered."""
+        the rows ``start`` has not delivered; in batches of ``batch_size`` (default
+        the loader's)."""
         rows = self._unit_rows()
         order = plan.unit_order(len(rows), self.seed, epoch, self.shuffle)
+        b = self.batch_size if batch_size is None else batch_size
         if start is None or start.num_delivered == 0:
-            share = (self._share if rank == self.global_rank else
-                     plan.split_rows(self.num_rows, self.batch_size, self.global_size,
-                                     self.drop_last)[rank])
+            share = (self._share if rank == self.global_rank and b == self.batch_size else
+                     plan.split_rows(self.num_rows, b, self.global_size, self.drop_last)[rank])
             return share, [(p, None) for p in plan.rank_pieces(rows, order, share.start, share.stop)]
         left = start.num_rows - start.num_delivered
         try:
-            share = plan.resume_split(left, self.batch_size, self.global_size,
-                                      self.drop_last)[rank]
+            share = plan.resume_split(left, b, self.global_size, self.drop_last)[rank]
         except ValueError as exc:
             raise ValueError(f"resuming epoch {epoch} with {left} rows left to deliver: {exc}; "
                              "resume on fewer ranks") from exc
@@ -446,9 +448,11 @@ class Loader(Stepping, Mapped):
         start = self._start_of(epoch)
         rows = self._unit_rows()
         order = plan.unit_order(len(rows), self.seed, epoch, self.shuffle)
-        position = start
+        # the batch size the epoch's iteration runs with (a new one applies to later epochs)
+        size = self._claimed[1] if self._claimed and self._claimed[0] == epoch else None
+        parts = [np.empty((0, 2), np.int64)]
         for rank in range(self.global_size):
-            share, pieces = self._rank_epoch(epoch, rank, start)
+            share, pieces = self._rank_epoch(epoch, rank, start, size)
             if batches > share.num_batches:
                 raise ValueError(f"batches={batches} is more than the {share.num_batches} "
                                  f"batches of epoch {epoch} each rank yields")
@@ -457,10 +461,10 @@ class Loader(Stepping, Mapped):
             if consumed == 0:
                 continue
             plain = [p for p, _ in pieces]
-            position = position.with_delivered(plan.delivered_rows(
+            parts.append(plan.delivered_rows(
                 pieces, self._chunk_lengths(plain, sizes[0]), rows, order, consumed,
                 seed=self.seed, epoch=epoch, rank=rank, shuffle=self.shuffle))
-        return position.to_dict()
+        return start.with_delivered(np.concatenate(parts)).to_dict()
 
     def set_position(self, position: Mapping[str, Any]) -> None:
         """Resume from :meth:`position`'s output, taken with any number of ranks and
@@ -491,6 +495,7 @@ class Loader(Stepping, Mapped):
         start = self._pending if self._pending is not None and self._pending.epoch == epoch else None
         self._pending = None if start is not None else self._pending
         self._active = start
+        self._claimed = (epoch, self.batch_size)
         return self._rank_epoch(epoch, self.global_rank, start)
 
     # -- planning and reading -------------------------------------------------

@@ -253,7 +253,8 @@ def continue_on_workers(path: Any, state: Mapping[str, Any], world: int, loader:
             f"({world} x batch_size={batch}), which changes what a step means (the learning "
             f"rate was chosen for {before} rows). To resume, {fix}; or start over with "
             "resume=False",
-            hint=f"keep the global batch of {before} rows ({fix}), or pass resume=False",
+            hint=f"keep the global batch of {before} rows ({fix}; tabstream train: "
+            "--batch-size), or start over with resume=False (--no-resume)",
         )
     if saved_world == world:
         start = state.get("epoch_start")

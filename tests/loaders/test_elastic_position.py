@@ -292,3 +292,22 @@ def test_set_position_refuses_other_data_or_shuffle(testdata, tmp_path) -> None:
         _loaders(other, 1, 16, True)[0].set_position(state)
     with pytest.raises(ValueError, match="batches=99 is more than the 18 batches of epoch 0"):
         _loaders(export, 2, 16, True)[0].position(0, 99)
+
+
+def test_position_keeps_the_batch_size_of_the_epoch_running(testdata, tmp_path) -> None:
+    """``loader.batch_size = n`` applies to the next epochs: the position of the epoch
+    running is still counted in its own batches."""
+    export = testdata.write_export(tmp_path / "e", FILES, GROUPS)
+    loader = _loaders(export, 1, 16, True)[0]
+    seen = []
+    for i, (features, _) in enumerate(loader):
+        if i == 3:
+            break
+        seen += features["row_id"].tolist()
+    loader.batch_size = 10
+    state = loader.position(0, 3)
+    assert state["rows_delivered"] == 48
+    rest = _loaders(export, 2, 8, True)
+    for other in rest:
+        other.set_position(state)
+    assert sorted(seen + _take(rest, 0)) == list(range(561))

@@ -44,6 +44,14 @@ pass on it (from epoch 0, with the checkpointed model and optimizer); a crash
 inside a file list resumes inside it on that file list, and is refused (naming the
 files) when files were rewritten in place since.
 
+Another number of ranks: a checkpoint records the world size, the batch size and,
+mid-epoch, the tabstream loader's position in the epoch (which rows it delivered,
+whatever the world size; :meth:`tabstream.loaders.core.Loader.position`). Resumed
+on another number of ranks with the same global batch (ranks x ``batch_size``), the
+epoch continues with the rows not trained yet, split over the new ranks, and rank 0
+prints one line saying so; another global batch is refused (a ``DataError`` naming
+both and the batch size that keeps it). See :mod:`tabstream.train.loop`.
+
 Checked before the first step: the checkpoint folder (created, written, room for
 the model's state; :class:`CheckpointError` naming it and ``checkpoint_dir``).
 Checked every step: the labels are finite (a :class:`DataError` naming the label
