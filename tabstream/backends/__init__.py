@@ -33,7 +33,7 @@ from tabstream.backends.cudf import gpu_count, gpu_status
 from tabstream.core.errors import BackendUnavailableError
 
 __all__ = ["Backend", "BackendUnavailableError", "DEFAULT_BACKEND", "available", "choose", "current",
-           "execution_client", "frame_backend", "frame_to_arrow", "get", "gpu_count", "gpu_status",
+           "execution_client", "frame_backend", "frame_kinds", "frame_to_arrow", "get", "gpu_count", "gpu_status",
            "registered", "scheduler_for", "use"]
 
 # name -> (module, class); modules are imported on first use
@@ -92,6 +92,12 @@ def frame_backend(frame: Any) -> str:
         if name != "arrow" and _backend_class(name).owns_frame(frame):
             return name
     return "arrow"
+
+
+def frame_kinds() -> tuple[str, ...]:
+    """The kinds of in-memory frame a user may name (NVTabular's ``kind_ext``):
+    pandas, Arrow, each other backend's frame (by the backend's name) and dask."""
+    return ("pandas", "arrow", *(n for n in _REGISTRY if n != DEFAULT_BACKEND), "dask")
 
 
 def frame_to_arrow(frame: Any) -> Any:

@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tabstream.backends import current as backend
+from tabstream.backends import frame_kinds
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.core.errors import DataError, NotFittedError, SchemaError
 from tabstream.core.operators import StatOperator
@@ -113,9 +114,10 @@ class JoinExternal(StatOperator):
         for name, flag in (("drop_duplicates_ext", drop_duplicates_ext), ("first_match_only", first_match_only)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
-        if kind_ext not in (None, "pandas", "arrow", "cudf", "parquet", "csv", "dask"):
-            raise ValueError(f"{op}: kind_ext must be None (inferred), 'parquet', 'csv', 'pandas', "
-                             f"'arrow', 'cudf' or 'dask', got {kind_ext!r}")
+        kinds = ("parquet", "csv", *frame_kinds())
+        if kind_ext is not None and kind_ext not in kinds:
+            raise ValueError(f"{op}: kind_ext must be None (inferred) or one of {list(kinds)}, "
+                             f"got {kind_ext!r}")
         if cache not in ("host", "device"):
             raise ValueError(f"{op}: cache must be 'host' or 'device', got {cache!r}")
         self._table: pa.Table | None = None

@@ -71,7 +71,7 @@ CASES = [
     ("JoinExternal CSV side table unreadable", _side_csv_garbage, DataError,
      r"JoinExternal: cannot read side table '.*side.csv' as CSV .*kind_ext='csv'"),
     ("JoinExternal kind_ext unknown", lambda tmp: ops.JoinExternal(FRAME, on="c", kind_ext="excel"), ValueError,
-     r"kind_ext must be None \(inferred\), 'parquet', 'csv'.*got 'excel'"),
+     r"kind_ext must be None \(inferred\) or one of \['parquet', 'csv', 'pandas', 'arrow', .*'dask'\], got 'excel'"),
     ("JoinExternal a list as side table", lambda tmp: ops.JoinExternal([1, 2], on="c"), TypeError,
      r"df_ext must be a pandas or dask DataFrame, a pyarrow Table, a Dataset or a parquet/CSV path, got list"),
     ("ColumnSchema shape of three dims", lambda tmp: nvt.ColumnSchema("v", dtype=np.int64).with_shape((None, 2, 2)),
