@@ -18,7 +18,7 @@ Bytes read are what DCP's reader read from the files (the serialized chunks), pe
 rank for the online cases.
 
     python benchmarks/reshard.py                       # --max-rows 200000
-    python benchmarks/reshard.py --max-rows 20000
+    python benchmarks/reshard.py --max-rows 20000 --plan column_wise
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _batch(rows: int, max_rows: int, seed: int):
     return features, torch.as_tensor(rng.integers(0, 2, rows), dtype=torch.float32)
 
 
-def rank_main(task: str, ck: str, max_rows: int) -> None:
+def rank_main(task: str, ck: str, max_rows: int, plan: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -73,7 +73,7 @@ def rank_main(task: str, ck: str, max_rows: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     try:
-        hp = HybridParallel(_model(max_rows))
+        hp = HybridParallel(_model(max_rows), plan=plan)
         opt = LazyAdam(hp.parameters(), lr=1e-3)
         if task == "train":
             fit(hp, [_batch(256, max_rows, rank + 10 * s) for s in range(2)], opt,
@@ -89,14 +89,14 @@ def rank_main(task: str, ck: str, max_rows: int) -> None:
         dist.destroy_process_group()
 
 
-def _launch(world: int, task: str, ck: Path, max_rows: int) -> list[dict]:
+def _launch(world: int, task: str, ck: Path, max_rows: int, plan: str) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     argv = [sys.executable, __file__, "--rank-task", task, "--ck", str(ck),
-            "--max-rows", str(max_rows)]
+            "--max-rows", str(max_rows), "--plan", plan]
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     out = []
@@ -115,33 +115,37 @@ def _size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-rows", type=int, default=200_000)
+    parser.add_argument("--plan", default="auto",
+                        help="the plan of both runs: auto, table_wise, row_wise, column_wise")
     parser.add_argument("--rank-task", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ck", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_task:
-        rank_main(args.rank_task, args.ck, args.max_rows)
+        rank_main(args.rank_task, args.ck, args.max_rows, args.plan)
         return
     from tabstream.train.torch.distributed import reshard
 
     work = Path(tempfile.mkdtemp(prefix="reshard-bench-"))
     try:
         ck = work / "ck2"
-        _launch(2, "train", ck, args.max_rows)
+        _launch(2, "train", ck, args.max_rows, args.plan)
         stored = _size(ck)
         rows = []
         start = time.perf_counter()
-        reshard(ck, work / "ck3", 3)
+        reshard(ck, work / "ck3", 3, plan=args.plan)
         rows.append(("offline 2 -> 3", time.perf_counter() - start, f"{stored:,} (all)"))
         start = time.perf_counter()
         reshard(ck, work / "ck1", 1)
         rows.append(("offline 2 -> 1", time.perf_counter() - start, f"{stored:,} (all)"))
         for name, source in (("online 2 -> 3", ck), ("online 3 -> 3", work / "ck3")):
-            ranks = sorted(_launch(3, "restore", source, args.max_rows), key=lambda r: r["rank"])
+            ranks = sorted(_launch(3, "restore", source, args.max_rows, args.plan),
+                           key=lambda r: r["rank"])
             rows.append((name, max(r["seconds"] for r in ranks),
                          ", ".join(f"{r['bytes']:,}" for r in ranks)))
-        print(f"26-table DLRM, tables capped at {args.max_rows:,} rows, dim 16, LazyAdam; "
-              f"checkpoint of 2 ranks: {stored:,} bytes on disk")
-        print("| case | seconds (slowest rank) | bytes read (per rank) |")
+        print(f"26-table DLRM, tables capped at {args.max_rows:,} rows, dim 16, LazyAdam, plan "
+              f"{args.plan!r}; checkpoint of 2 ranks: {stored:,} bytes on disk")
+        print("| case | seconds (slowest rank) | bytes read per rank (offline: the whole "
+              "checkpoint on disk) |")
         print("|---|---:|---|")
         for name, seconds, nbytes in rows:
             print(f"| {name} | {seconds:.2f} | {nbytes} |")

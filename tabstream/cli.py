@@ -548,8 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="the checkpoint_dir holding checkpoint.dcp.json")
     p.add_argument("output", help="a new or empty folder for the converted checkpoint")
     p.add_argument("--world-size", type=int, required=True,
-                   help="ranks of the run that will resume from it (1: a plain checkpoint.pt "
-                        "that single-process fit(resume=True) of the unwrapped model loads)")
+                   help="ranks of the run that will resume from it; 1 writes a plain "
+                        "checkpoint.pt that single-process fit(resume=True) of the unwrapped "
+                        "model loads (default: none, it must be given)")
     p.add_argument("--plan", default=None,
                    help="the new run's plan: auto, table_wise, row_wise, column_wise, "
                         "data_parallel, or TABLE=TYPE,... overriding auto (default: auto)")

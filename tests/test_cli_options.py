@@ -24,7 +24,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def test_every_option_of_every_command_has_help_and_shows_its_default():
     parser = build_parser()
     commands = _subparsers(parser)
-    assert set(commands) == {"synth", "fit", "transform", "inspect", "train", "demo"}
+    assert set(commands) == {"synth", "fit", "transform", "inspect", "train", "reshard", "demo"}
     for name, sub in [("tabstream", parser), *commands.items()]:
         formatter = sub._get_formatter()
         for action in sub._actions:

@@ -317,7 +317,11 @@ def fit(
         checkpoint_dir: where ``checkpoint.pt`` is written after each epoch (and
             every ``checkpoint_every`` steps).
         resume: continue from ``checkpoint_dir``'s checkpoint when there is one
-            (start afresh when there is none).
+            (start afresh when there is none). A checkpoint of another number of
+            ranks resumes too (a :class:`HybridParallel` model's tables and optimizer
+            state are resharded to this run's plan; one line on rank 0 says so); a
+            resume inside an epoch needs the checkpoint's global batch size
+            (per-rank batch x ranks) and is refused otherwise.
         progress: a tqdm bar per epoch with the running loss and samples/s, and a
             summary line per epoch.
         device: move the model and each batch there (default: the model's device).

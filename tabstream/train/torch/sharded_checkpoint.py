@@ -70,8 +70,8 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
 
-__all__ = ["FORMAT", "POINTER_FILE", "Chunk", "Piece", "Stored", "load_part", "load_pieces", "load_sharded",
-           "read_parts", "read_plain_values", "save_sharded", "sharded_exists", "write_parts"]
+__all__ = ["Chunk", "FORMAT", "POINTER_FILE", "Piece", "Stored", "load_part", "load_pieces",
+           "load_sharded", "read_parts", "read_plain_values", "save_sharded", "sharded_exists", "write_parts"]
 
 POINTER_FILE = "checkpoint.dcp.json"
 #: the pointer's format: /1 per-rank names only, /2 with whole-tensor chunks

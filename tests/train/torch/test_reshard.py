@@ -17,6 +17,7 @@ import torch.distributed as dist
 from dist_helpers import MIXED, free_port
 from reshard_worker import STOP, global_batches, make_model, make_optimizer
 
+from tabstream.core.errors import DataError
 from tabstream.train.torch import MultiOptimizer, fit
 from tabstream.train.torch.distributed import HybridParallel, plan_sharding, reshard
 from tabstream.train.torch.sharded_checkpoint import load_part
@@ -166,3 +167,41 @@ def test_cli_reshard_prints_the_new_plan(sources, tmp_path):
     assert pointer["world_size"] == 3
     part = json.loads((tmp_path / "w3" / pointer["folder"] / "rank0.json").read_text())
     assert "column_wise" in json.dumps(part) and "C1" in json.dumps(part)
+
+
+def test_a_checkpoint_of_the_older_per_rank_layout_still_resumes_on_its_world_size(tmp_path):
+    """What fit wrote before the whole-table layout (every tensor under rank{r}/n, the
+    wrapped model's own state_dict, pointer format /1) resumes as before."""
+    from tabstream.train.torch.fit import _FORMAT
+    from tabstream.train.torch.sharded_checkpoint import POINTER_FILE, save_sharded
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        batches = global_batches()
+        hp = HybridParallel(make_model(), plan=MIXED)
+        opt = make_optimizer("lazyadam", hp)
+        fit(hp, batches[:STOP], opt, progress=False)
+        save_sharded(tmp_path, {"format": _FORMAT, "model_class": "HybridParallel",
+                                "model": hp.state_dict(), "optimizer": opt.state_dict(),
+                                "rng": torch.random.get_rng_state(), "epoch": 1, "step": 0,
+                                "global_step": STOP, "loss_sum": 0.0, "samples": 0,
+                                "history": {}, "data_id": "", "data_pass": 0,
+                                "data_files": {}}, tag="checkpoint-000000003")
+        pointer = tmp_path / POINTER_FILE
+        pointer.write_text(pointer.read_text().replace("tabstream.sharded/2",
+                                                       "tabstream.sharded/1"))
+        with pytest.raises(DataError, match="written by an older tabstream, whose sharded "
+                           "checkpoints do not record the plan; resume it once on its 1 ranks"):
+            reshard(tmp_path, tmp_path / "out", 2)
+        fit(hp, batches[STOP:], opt, progress=False)
+        expected = hp.full_state_dict()
+        other = HybridParallel(make_model(seed=3), plan=MIXED)
+        fit(other, batches[STOP:], make_optimizer("lazyadam", other), epochs=2,
+            checkpoint_dir=tmp_path, resume=True, progress=False)
+        for key, value in expected.items():
+            torch.testing.assert_close(other.full_state_dict()[key], value, rtol=0, atol=1e-6)
+        # its next checkpoint is in the whole-table layout: that one reshards
+        assert reshard(tmp_path, tmp_path / "one", 1).name == "checkpoint.pt"
+    finally:
+        dist.destroy_process_group()
