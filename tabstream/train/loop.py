@@ -316,6 +316,10 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
         if start_epoch < epochs:
             skip, line = continue_on_workers(path, state, trainer.world, train_loader,
                                              start_epoch, skip)
+            # one line for the change of workers: the data's part (above) and what the
+            # trainer did to the model's state (resharded tables), when it did anything
+            tables = getattr(trainer, "resume_note", None)
+            line = f"{line}; {tables}" if line and tables else line or tables
             if line and trainer.rank == 0:
                 tqdm.write(line)
         if start_epoch >= epochs:

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sized
 from pathlib import Path
 from typing import Any
@@ -368,6 +367,8 @@ class _TorchTrainer:
         self.global_batch = 0
         #: (global batch, batches done in the epoch, folder) of the checkpoint resumed
         self._resumed_inside: tuple[int, int, Path] | None = None
+        #: what loading did to the model's state, for the loop's resume line (resharding)
+        self.resume_note: str | None = None
 
     def check_writable(self) -> None:
         assert self.checkpoint_path is not None
@@ -385,12 +386,6 @@ class _TorchTrainer:
             ckpt = self._load_as_written(path, model)
         if "rng" in ckpt:  # dropout and other torch randomness continue as if never stopped
             torch.random.set_rng_state(ckpt["rng"].cpu())
-        written_by = ckpt.get("world_size")
-        if written_by is not None and written_by != self.world and not _is_sharded(model) \
-                and self.rank == 0:
-            print(f"fit: checkpoint {path} was written by {written_by} rank(s); resuming on "
-                  f"{self.world} (its tensors are whole: nothing to reshard)",
-                  file=sys.stderr, flush=True)
         self.global_batch = int(ckpt.get("global_batch") or 0)
         self._resumed_inside = (self.global_batch, int(ckpt.get("step", 0)), path.parent)
         return ckpt
@@ -405,12 +400,11 @@ class _TorchTrainer:
         if restored is None:
             return None
         ckpt = restored.values
-        note = restored.note(self.checkpoint_path.parent, self.world, self.rank)
         if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
             raise DataError(f"fit: {self.checkpoint_path.parent} does not point at a tabstream "
                             f"checkpoint (expected format {_FORMAT!r})")
-        if note and self.rank == 0:
-            print(note, file=sys.stderr, flush=True)
+        # printed by the loop in its one line on the change of workers (or of plan)
+        self.resume_note = restored.note(self.checkpoint_path.parent, self.world, self.rank)
         return ckpt
 
     def _load_as_written(self, path: Path, model: nn.Module) -> dict[str, Any]:

@@ -231,14 +231,16 @@ class Restored:
     bytes_read: int
 
     def note(self, directory: Any, world_size: int, rank: int) -> str | None:
-        """One line for the user when the checkpoint was resharded, else None."""
+        """One line for the user when the checkpoint was resharded, else None: on
+        another world size, what to append to the loop's line on the change of workers
+        (which names both sizes); with another plan on the same size, a whole line."""
         if not self.resharded:
             return None
-        how = (f"by {self.written_by} rank(s); resuming on {world_size}"
-               if self.written_by != world_size
-               else f"with another plan; resuming on {world_size} rank(s) with this one")
-        return (f"fit: checkpoint {directory} was written {how}: tables and optimizer state "
-                f"resharded ({self.bytes_read:,} bytes read on rank {rank})")
+        what = f"tables and optimizer state resharded ({self.bytes_read:,} bytes read on rank {rank})"
+        if self.written_by != world_size:
+            return what
+        return (f"fit: checkpoint {directory} was written with another plan; resuming on "
+                f"{world_size} rank(s) with this one: {what}")
 
 
 def restore(model: Any, optimizer: Any, directory: str | os.PathLike[str],
