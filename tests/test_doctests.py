@@ -33,6 +33,7 @@ RUNNABLE = [
     "tabstream.ops.bucketize",
     "tabstream.ops.categorify",
     "tabstream.ops.continuous",
+    "tabstream.ops.embedding_sizes",
     "tabstream.ops.groupby",
     "tabstream.ops.hashing",
     "tabstream.ops.joins",

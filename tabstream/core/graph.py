@@ -294,6 +294,10 @@ def as_node(obj: Any) -> Node:
         return Node("select", selector=obj)
     if isinstance(obj, str):
         return Node("select", selector=ColumnSelector([obj]))
+    if not isinstance(obj, (list, tuple)) and callable(getattr(obj, "tolist", None)):
+        obj = obj.tolist()  # a pandas Index or numpy array of names (`df.columns >> op`)
+        if not isinstance(obj, list):
+            raise TypeError("cannot build a workflow node from a single value; use column names")
     if isinstance(obj, (list, tuple)):
         if all(isinstance(x, (str, list, tuple)) and not isinstance(x, Node) for x in obj) and \
                 all(isinstance(n, str) for x in obj for n in ([x] if isinstance(x, str) else x)):

@@ -506,7 +506,7 @@ class Categorify(StatOperator):
         for group in groups:
             vocab = self._vocab_name(group)
             for col in (input_schema[n] for n in group):
-                if col.dtype not in ("string", "bool") and not col.dtype.startswith(("int", "uint", "float")):
+                if col.dtype not in ("string", "bool", "unknown") and not col.dtype.startswith(("int", "uint", "float")):
                     raise TypeError(f"Categorify cannot encode column {col.name!r} of dtype {col.dtype}")
             if self.encode_type == "combo" and len(group) > 1:
                 first = input_schema[group[0]]

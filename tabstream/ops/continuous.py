@@ -35,6 +35,8 @@ def _is_float(t: pa.DataType) -> bool:
 
 
 def _check_numeric(op: Operator, col: ColumnSchema, allow_list: bool = False) -> None:
+    if col.dtype == "unknown" and (allow_list or not col.is_list):
+        return  # a schema without dtypes (NVTabular's Schema(["a", "b"])): the data decides at fit
     if (col.is_list and not allow_list) or not (col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"):
         raise TypeError(
             f"{type(op).__name__} needs numeric columns, but column {col.name!r} is "

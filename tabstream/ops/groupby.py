@@ -211,7 +211,7 @@ class Groupby(Operator):
 
     def _agg_column(self, col: ColumnSchema, agg: str) -> ColumnSchema:
         name = f"{col.name}{self.name_sep}{agg}"
-        numeric = col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"
+        numeric = col.dtype.startswith(("int", "uint", "float")) or col.dtype in ("bool", "unknown")
         if agg in _NUMERIC and (col.is_list or not numeric):
             kind = f"{'a list of ' if col.is_list else ''}{col.dtype}"
             raise TypeError(f"Groupby: aggregation {agg!r} needs a numeric column, but {col.name!r} is {kind}; "

@@ -20,6 +20,8 @@ __all__ = ["check_numeric", "plain", "to_float64"]
 
 # -- helpers shared with tabstream.ops.joins ----------------------------------
 def check_numeric(op: Operator, col: ColumnSchema, allow_list: bool = False) -> None:
+    if col.dtype == "unknown" and (allow_list or not col.is_list):
+        return  # a schema without dtypes (NVTabular's Schema(["a", "b"])): the data decides at fit
     if (col.is_list and not allow_list) or not (
             col.dtype.startswith(("int", "uint", "float")) or col.dtype == "bool"):
         raise TypeError(

@@ -138,9 +138,9 @@ def test_difference_lag_and_groupby_pull_in_their_keys(df):
                          df)
     g = df.groupby("Author")["Cost"]
     assert out["Author"].tolist() == sorted(df["Author"].unique())
-    np.testing.assert_allclose(out["Cost-sum"], g.sum().to_numpy())
-    np.testing.assert_allclose(out["Cost-median"], g.median().to_numpy())
-    assert out["Cost-nunique"].tolist() == g.nunique().tolist()
+    np.testing.assert_allclose(out["Cost_sum"], g.sum().to_numpy())
+    np.testing.assert_allclose(out["Cost_median"], g.median().to_numpy())
+    assert out["Cost_nunique"].tolist() == g.nunique().tolist()
 
 
 def test_dependency_already_selected_is_read_once(df):
@@ -308,6 +308,28 @@ def test_saved_workflow_keeps_dependencies_and_picks(df, tmp_path):
     assert ((before["TE_Author_Post"] >= lo) & (before["TE_Author_Post"] <= hi)).all()
 
 
+def test_groupby_names_outputs_the_nvtabular_way(df):
+    _, out = fit_compute(["Author", "Cost"] >> ops.Groupby("Author", aggs=["list", "count"]), df)
+    assert out.columns.tolist() == ["Author", "Cost_list", "Cost_count"]
+    assert out["Cost_count"].tolist() == df.groupby("Author")["Cost"].count().tolist()
+
+
+def test_schema_without_dtypes_builds_the_graph():
+    """NVTabular code builds graphs on ``Schema(["a", "b"])``; dtypes come with the data."""
+    schema = nvt.Schema(["name", "ts", "x", "cost"])
+    graph = ((["name"] >> ops.Categorify()) + (["x"] >> ops.Normalize())
+             + (["name"] >> ops.TargetEncoding("cost")))
+    wf = nvt.Workflow(graph).fit_schema(schema)
+    out = wf.output_schema
+    assert out.column_names == ["name", "x", "TE_name_cost"]
+    assert out["name"].dtype == "int64" and nvt.Tags.CATEGORICAL in out["name"].tags
+    assert out["x"].dtype == "float32" and out["TE_name_cost"].dtype == "float32"
+    grouped = nvt.Workflow(["ts", "x"] >> ops.Groupby("name", aggs={"x": ["sum"]})).fit_schema(schema)
+    assert grouped.output_schema.column_names == ["name", "x_sum"]
+    with pytest.raises(TypeError, match="Normalize needs numeric columns, but column 'name' is string"):
+        nvt.Workflow(["name"] >> ops.Normalize()).fit_schema(nvt.Schema([nvt.ColumnSchema("name", "string")]))
+
+
 # -- item 6: the module itself ----------------------------------------------------------------------
 def test_top_level_names_are_tabstreams_own():
     import tabstream as ts
@@ -327,6 +349,6 @@ def test_top_level_names_are_tabstreams_own():
                            "FillMissing", "FillMedian", "Clip", "LogOp", "Bucketize", "LambdaOp", "Rename",
                            "Filter", "Dropna", "ListSlice", "TargetEncoding", "JoinGroupby", "JoinExternal",
                            "DifferenceLag", "ValueCount", "DropLowCardinality", "ReduceDtypeSize", "AddTags",
-                           "AddMetadata", "Groupby", "DataStats", "get_embedding_sizes")
+                           "AddMetadata", "DataStats", "get_embedding_sizes")
                if getattr(ops, n, None) is not getattr(native, n)]
     assert missing == []

@@ -149,8 +149,18 @@ def test_lambda_dtype_tags_properties_and_frame_argument(frame):
     np.testing.assert_allclose(out["price"].to_numpy(), expected)
 
 
-def test_lambda_dtype_lie_is_caught(frame):
+def halve_rows(s):
+    return s / 2 if len(s) else s  # the same dtype on no rows, float64 on rows
+
+
+def test_lambda_dtype_inferred_and_lie_is_caught(frame):
+    # dtype=None: the dtype f returns on no rows is the declared one (NVTabular infers it)
     wf = ts.Workflow(["count"] >> LambdaOp(halve)).fit(ts.Dataset(frame))
+    assert wf.output_schema["count"].dtype == "float64"
+    out = wf.transform(frame)
+    np.testing.assert_allclose(out["count"].to_numpy(dtype=float, na_value=np.nan),
+                               frame["count"].to_numpy(dtype=float, na_value=np.nan) / 2)
+    wf = ts.Workflow(["count"] >> LambdaOp(halve_rows)).fit(ts.Dataset(frame))
     with pytest.raises(SchemaError, match="returned float64 for column 'count'.*declared int64.*dtype='float64'"):
         wf.transform(frame)
     wf = ts.Workflow(["price"] >> LambdaOp(halve, dtype="int64")).fit(ts.Dataset(frame))

@@ -24,7 +24,6 @@ from tabstream.ops import (
     FillMedian,
     FillMissing,
     Filter,
-    Groupby,
     HashBucket,
     HashedCross,
     JoinExternal,
@@ -46,6 +45,7 @@ from tabstream.ops import (
     ValueCount,
     get_embedding_sizes,
 )
+from tabstream.ops import Groupby as _Groupby
 
 __all__ = ["AddMetadata", "AddProperties", "AddTags", "Bucketize", "Categorify", "Clip",
            "ColumnSelector", "DataStats", "DifferenceLag", "DropLowCardinality", "Dropna",
@@ -54,6 +54,14 @@ __all__ = ["AddMetadata", "AddProperties", "AddTags", "Bucketize", "Categorify",
            "NormalizeMinMax", "Operator", "ReduceDtypeSize", "Rename", "StatOperator",
            "TagAsItemFeatures", "TagAsItemID", "TagAsUserFeatures", "TagAsUserID",
            "TargetEncoding", "ValueCount", "get_embedding_sizes"]
+
+
+def Groupby(groupby_cols: Any = None, sort_cols: Any = None, aggs: Any = "list",  # noqa: N802
+            name_sep: str = "_", ascending: bool = True) -> _Groupby:
+    """NVTabular's ``Groupby``: tabstream's, with NVTabular's default ``name_sep="_"``
+    (``item_id_list``; tabstream's own default is ``"-"``)."""
+    return _Groupby(groupby_cols=groupby_cols, sort_cols=sort_cols, aggs=aggs, name_sep=name_sep,
+                    ascending=ascending)
 
 
 def AddProperties(properties: dict[str, Any]) -> AddMetadata:  # noqa: N802 - NVTabular's name
