@@ -20,7 +20,15 @@ steps in each of these setups, each in a fresh child process:
 
 Each child reports steps/s (after 5 warm-up steps), the cache hit rate, its peak
 RSS (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
-(``st_blocks``) against their apparent size. The ids of every step are drawn
+(``st_blocks``) against their apparent size.
+
+``--framework tensorflow`` runs the cached setups with the Keras DLRM over
+``tabstream.train.tensorflow.CachedEmbeddings`` (the same server), trained by
+``tabstream.train.tensorflow.fit`` (5 warm-up batches, which compile the step,
+then the timed batches in chunks of ``--flush-every``, the server committed
+after each); its ``in memory`` reference is the Keras DLRM's EmbeddingTables
+with LazyAdam on the tables (Keras' Adagrad would update every row of the table
+each step) and Adam on the MLPs. The ids of every step are drawn
 fresh: ``zipf(a) - 1`` scattered over the table by a multiplicative hash, so hot
 rows are not neighbours on disk.
 
@@ -29,6 +37,7 @@ Usage::
     python benchmarks/cache.py                          # 50M x 16, batch 4096, 200 steps
     python benchmarks/cache.py --rows 5000000 --steps 100 --skip-memory
     python benchmarks/cache.py --setups continuous --rows 40000000 --lists 5 --steps 50
+    python benchmarks/cache.py --framework tensorflow --rows 50000000 --steps 100 --skip-memory
 """
 
 from __future__ import annotations
@@ -56,17 +65,84 @@ def _schema(rows: int):
     return Schema([cat("item_id", rows), cat("category", 1000), *conts, label])
 
 
-def _batch(rng, rows: int, batch: int, zipf_a: float):
+def _numpy_batch(rng, rows: int, batch: int, zipf_a: float):
     import numpy as np
-    import torch
 
     z = rng.zipf(zipf_a, batch).astype(np.uint64) - np.uint64(1)
     ids = (z * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(11)) % np.uint64(rows)
-    features = {"item_id": torch.as_tensor(ids.astype(np.int64)),
-                "category": torch.as_tensor(rng.integers(0, 1000, batch))}
+    features = {"item_id": ids.astype(np.int64), "category": rng.integers(0, 1000, batch)}
     for i in range(4):
-        features[f"x{i}"] = torch.as_tensor(rng.normal(size=batch), dtype=torch.float32)
-    return features, torch.as_tensor(rng.integers(0, 2, batch), dtype=torch.float32)
+        features[f"x{i}"] = rng.normal(size=batch).astype(np.float32)
+    return features, rng.integers(0, 2, batch).astype(np.float32)
+
+
+def _batch(rng, rows: int, batch: int, zipf_a: float):
+    import torch
+
+    features, labels = _numpy_batch(rng, rows, batch, zipf_a)
+    return {k: torch.as_tensor(v) for k, v in features.items()}, torch.as_tensor(labels)
+
+
+def keras_child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
+    """One setup with Keras: the bundled DLRM trained by tabstream's Keras fit."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tabstream.train import table_configs_from_schema
+    from tabstream.train.tensorflow import (
+        DLRM,
+        CachedEmbeddings,
+        LazyAdam,
+        MultiOptimizer,
+        ParameterServer,
+        fit,
+    )
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    schema = _schema(args.rows)
+    rng = np.random.default_rng(0)
+
+    def batches(n: int) -> list:
+        out = []
+        for _ in range(n):
+            features, labels = _numpy_batch(rng, args.rows, args.batch, args.zipf)
+            out.append(({k: tf.constant(v) for k, v in features.items()}, tf.constant(labels)))
+        return out
+
+    out: dict = {"setup": setup, "framework": "tensorflow"}
+    emb = None
+    if setup == "in memory":
+        model = DLRM(schema, embedding_dim=16, seed=0)
+        optimizer = MultiOptimizer(keras.optimizers.Adam(), [(LazyAdam(0.05), model.embeddings)])
+    else:
+        storage = "disk" if setup.startswith("disk") else "memory"
+        configs = table_configs_from_schema(schema.without(["click"]), dim=16)
+        ps = ParameterServer(os.path.join(workdir, "ps"), configs, storage=storage,
+                             optimizer="adagrad", lr=0.05)
+        emb = CachedEmbeddings(ps, cache_rows=args.cache_rows)
+        model = DLRM(schema, embedding_dim=16, embeddings=emb, seed=0)
+        optimizer = keras.optimizers.Adam()
+    fit(model, batches(5), optimizer, progress=False)  # warm-up: traces and compiles the step
+    elapsed, done = 0.0, 0
+    while done < args.steps:
+        chunk = batches(min(args.flush_every, args.steps - done))  # drawn outside the timing
+        start = time.perf_counter()
+        fit(model, chunk, optimizer, progress=False)
+        if emb is not None:
+            emb.ps.flush()
+        elapsed += time.perf_counter() - start
+        done += len(chunk)
+    out["steps_per_s"] = args.steps / elapsed
+    out["hit_rate"] = emb.hit_rate if emb is not None else None
+    if setup.startswith("disk"):
+        files = [os.path.join(workdir, "ps", f) for f in os.listdir(os.path.join(workdir, "ps"))
+                 if f.startswith("item_id.")]
+        out["disk_apparent_gb"] = sum(os.stat(f).st_size for f in files) / 1e9
+        out["disk_used_gb"] = sum(os.stat(f).st_blocks * 512 for f in files) / 1e9
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return out
 
 
 class _List:
@@ -133,6 +209,11 @@ def continuous(args: argparse.Namespace, workdir: str) -> dict:
 
 
 def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
+    if args.framework == "tensorflow":
+        if setup == "continuous":
+            raise SystemExit("--setups continuous is torch's; for Keras run "
+                             "examples/continuous_training.py --framework tensorflow")
+        return keras_child(setup, args, workdir)
     if setup == "continuous":
         return continuous(args, workdir)
     import numpy as np
@@ -191,6 +272,7 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch")
     parser.add_argument("--rows", type=int, default=50_000_000)
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=200)
@@ -210,15 +292,16 @@ def main() -> None:
     setups = [s.strip() for s in args.setups.split(",")]
     if args.skip_memory:
         setups = [s for s in setups if s != "in memory"]
-    print(f"table {args.rows:,} x 16 (weights {args.rows * 64 / 1e9:.2f} GB), batch {args.batch}, "
+    print(f"{args.framework}: table {args.rows:,} x 16 (weights {args.rows * 64 / 1e9:.2f} GB), "
+          f"batch {args.batch}, "
           f"{args.steps} steps, zipf a={args.zipf}, cache_rows {args.cache_rows:,}", flush=True)
     results = []
     for setup in setups:
         workdir = tempfile.mkdtemp(prefix="tabstream-cache-bench-")
         try:
             argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
-            for k in ("rows", "batch", "steps", "cache_rows", "zipf", "flush_every", "lists",
-                      "data_limit_gb"):
+            for k in ("framework", "rows", "batch", "steps", "cache_rows", "zipf", "flush_every",
+                      "lists", "data_limit_gb"):
                 argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             proc = subprocess.run(argv, capture_output=True, text=True)
             if proc.returncode != 0:

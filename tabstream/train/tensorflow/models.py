@@ -680,9 +680,9 @@ def _tower_views(embeddings: Any, user: Schema, item: Schema) -> tuple[Any, Any]
         )
     names = {key: [f for t in feature_spec(part).tables for f in t.feature_names]
              for key, part in (("user", user), ("item", item))}
-    tables = getattr(embeddings, "feature_to_table", {})
-    shared = sorted({tables.get(f) for f in names["user"]} & {tables.get(f) for f in names["item"]}
-                    - {None})
+    tables: dict[str, str] = getattr(embeddings, "feature_to_table", {})
+    shared = sorted({tables[f] for f in names["user"] if f in tables}
+                    & {tables[f] for f in names["item"] if f in tables})
     if shared:
         # two towers updating one table would apply two sparse steps where
         # in-memory training applies one
