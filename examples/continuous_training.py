@@ -3,6 +3,8 @@ incremental exports and a resume after a crash.
 
     python examples/continuous_training.py                       # 6 x 50,000 rows
     python examples/continuous_training.py --rows 6000 --lists 3 --passes 1
+    python examples/continuous_training.py --living-vocabulary   # fixed vs living vocabulary,
+                                                                 # drifting ids (living_vocabulary.py)
 
 Steps:
 
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-rows", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="default: a temporary folder")
+    parser.add_argument("--living-vocabulary", action="store_true",
+                        help="compare a fixed and a living vocabulary over --lists drifting days "
+                             "(see examples/living_vocabulary.py)")
     args = parser.parse_args(argv)
 
     import torch
@@ -153,6 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
+        if args.living_vocabulary:
+            from living_vocabulary import compare  # beside this script
+
+            compare(workdir, rows=args.rows, days=args.lists, seed=args.seed,
+                    batch_size=args.batch_size, cache_rows=args.cache_rows)
+            return
         list_dirs, valid_dir = build_exports(workdir, args.rows, args.lists, args.seed)
         if args.passes > 1:
             crash_at = (1, args.lists // 2)
