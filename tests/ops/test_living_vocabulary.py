@@ -376,3 +376,26 @@ def test_spilled_counts_update_like_in_memory_ones(tmp_path) -> None:
     assert ca.sort_by("values").equals(cb.sort_by("values"))
     for a, b in zip(da, db):
         assert a["C1"].admitted.equals(b["C1"].admitted) and a["C1"].evicted.equals(b["C1"].evicted)
+
+
+@pytest.mark.slow
+def test_update_on_a_dask_cluster_equals_the_threaded_run(tmp_path, dask_dashboard_port_taken) -> None:
+    """Workflow.update with a distributed Client (two worker processes): the same
+    deltas and ids as the threaded scheduler."""
+    from distributed import Client, LocalCluster
+
+    days = _drifting_days(tmp_path, 6, days=4, rows=200)
+    results = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        for c in (None, client):
+            wf = ts.Workflow((["C1"] >> ops.Categorify(freq_threshold=2, max_size=13)) + ["label"], client=c)
+            wf.fit(ts.Dataset(days[0]))
+            deltas = [wf.update(ts.Dataset(files)) for files in days[1:]]
+            probe = pd.concat([pd.read_parquet(f) for files in days for f in files])
+            results.append(([(d["C1"].admitted, d["C1"].evicted) for d in deltas], wf.transform(probe)))
+    (da, ta), (db, tb) = results
+    for (a1, e1), (a2, e2) in zip(da, db):
+        assert a1.equals(a2) and e1.equals(e2)
+    pd.testing.assert_frame_equal(ta, tb)
