@@ -88,9 +88,11 @@ class Workflow:
 
     def __getstate__(self) -> dict[str, Any]:
         """What dask ships to a worker with a task: everything but the client (a
-        client holds sockets and event-loop tasks; workers never need it)."""
+        client holds sockets and event-loop tasks; workers never need it) and the
+        vocabulary deltas (they grow with every update; workers never read them)."""
         state = self.__dict__.copy()
         state["client"] = None
+        state["vocabulary_deltas"] = []  # the chain of updates: only save() reads it
         return state
 
     # -- schema -------------------------------------------------------------
