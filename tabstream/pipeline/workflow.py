@@ -220,7 +220,7 @@ class Workflow:
 
     # -- update (a living vocabulary) ------------------------------------------
     def update(self, dataset: Dataset | Any, progress: bool | None = None,
-               others: str = "refuse") -> VocabularyDelta:
+               others: str = "refuse", delta_dir: str | None = None) -> VocabularyDelta:
         """Fold a new file list into the fitted statistics without renumbering: every
         Categorify folds the new counts into its vocabularies (kept values keep their
         ids; values reaching ``freq_threshold`` are admitted; under ``max_size`` values
@@ -233,6 +233,11 @@ class Workflow:
         ``vocabulary/`` and :meth:`load` reads back. Apply it to the embedding tables
         (``ParameterServer.apply_vocabulary_delta``, ``EmbeddingTables.reset_rows``)
         before training on the new data.
+
+        ``delta_dir``: also write the delta there at once, as
+        ``delta_dir/update_<n>/`` (see :meth:`VocabularyDelta.write
+        <tabstream.pipeline.vocabulary_delta.VocabularyDelta.write>`: complete or
+        absent), for a training job that applies it before the workflow is saved.
 
         Statistics ops that cannot update (Normalize, FillMedian, ...) are refused,
         named, unless ``others="keep"``: then their fitted statistics stay as they are.
@@ -284,6 +289,13 @@ class Workflow:
         pa.default_memory_pool().release_unused()
         previous = self.vocabulary_deltas[-1].name if self.vocabulary_deltas else None
         delta = VocabularyDelta(len(self.vocabulary_deltas) + 1, changes, previous)
+        if delta_dir is not None:
+            try:
+                delta.write(delta_dir)
+            except BaseException:
+                for op, (values, tables) in zip(ops, before, strict=True):
+                    op.set_state(values, tables)  # the update did not happen
+                raise
         self.vocabulary_deltas.append(delta)
         return delta
 

@@ -399,3 +399,20 @@ def test_update_on_a_dask_cluster_equals_the_threaded_run(tmp_path, dask_dashboa
     for (a1, e1), (a2, e2) in zip(da, db):
         assert a1.equals(a2) and e1.equals(e2)
     pd.testing.assert_frame_equal(ta, tb)
+
+
+def test_update_writes_its_delta_at_once_or_changes_nothing(tmp_path) -> None:
+    from tabstream.pipeline.vocabulary_delta import VocabularyDelta
+
+    wf, days = _fitted(tmp_path)
+    probe = pd.concat([pd.read_parquet(f) for files in days for f in files])
+    delta = wf.update(ts.Dataset(days[1]), delta_dir=str(tmp_path / "deltas"))
+    back = VocabularyDelta.read(str(tmp_path / "deltas" / "update_00001"))
+    assert back["C1"].admitted.equals(delta["C1"].admitted) and back.previous is None
+    before = wf.transform(probe)
+    (tmp_path / "deltas" / "update_00002").mkdir()
+    (tmp_path / "deltas" / "update_00002" / "_delta.json").write_text("{}")  # taken already
+    with pytest.raises(DataError, match=r"update_00002 already exists; each update is written once"):
+        wf.update(ts.Dataset(days[2]), delta_dir=str(tmp_path / "deltas"))
+    pd.testing.assert_frame_equal(wf.transform(probe), before)  # nothing changed
+    assert len(wf.vocabulary_deltas) == 1
