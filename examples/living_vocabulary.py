@@ -22,15 +22,18 @@ Steps:
 4. Each model trains one pass over day ``d`` and is validated on day ``d + 1``
    (transformed by its workflow as it stands: the vocabulary serving would use).
 
-Prints one line per day, for example::
+Prints one line per day; at the defaults (measured)::
 
-    day 1: oov fixed 0.044 living 0.044  val_auc fixed 0.7011 living 0.7011  admitted 0 recycled 0
-    day 2: oov fixed 0.093 living 0.046  val_auc fixed 0.7102 living 0.7160  admitted 8,012 recycled 5,230
+    day 1: oov fixed 0.254 living 0.254  val_auc fixed 0.6189 living 0.6189  admitted 0 recycled 0
+    day 2: oov fixed 0.391 living 0.252  val_auc fixed 0.7152 living 0.7094  admitted 15,040 recycled 9,441
     ...
+    day 6: oov fixed 0.485 living 0.256  val_auc fixed 0.7545 living 0.7542  admitted 14,604 recycled 14,604
 
 ``oov``: the share of the day's (non-missing) categorical values that are out of
 vocabulary; it climbs day by day for the fixed vocabulary and stays level for the
-living one.
+living one. The AUCs stay close on this synthetic data: a value's hidden effect
+shrinks with its place in the vocabulary, so the values the drift brings in carry
+little signal.
 """
 
 from __future__ import annotations
