@@ -220,7 +220,8 @@ class Workflow:
 
     # -- update (a living vocabulary) ------------------------------------------
     def update(self, dataset: Dataset | Any, progress: bool | None = None,
-               others: str = "refuse", delta_dir: str | None = None) -> VocabularyDelta:
+               others: str = "refuse", delta_dir: str | None = None,
+               storage_options: dict | None = None) -> VocabularyDelta:
         """Fold a new file list into the fitted statistics without renumbering: every
         Categorify folds the new counts into its vocabularies (kept values keep their
         ids; values reaching ``freq_threshold`` are admitted; under ``max_size`` values
@@ -237,7 +238,8 @@ class Workflow:
         ``delta_dir``: also write the delta there at once, as
         ``delta_dir/update_<n>/`` (see :meth:`VocabularyDelta.write
         <tabstream.pipeline.vocabulary_delta.VocabularyDelta.write>`: complete or
-        absent), for a training job that applies it before the workflow is saved.
+        absent), for a training job that applies it before the workflow is saved;
+        ``storage_options`` for an fsspec URL there.
 
         Statistics ops that cannot update (Normalize, FillMedian, ...) are refused,
         named, unless ``others="keep"``: then their fitted statistics stay as they are.
@@ -291,7 +293,7 @@ class Workflow:
         delta = VocabularyDelta(len(self.vocabulary_deltas) + 1, changes, previous)
         if delta_dir is not None:
             try:
-                delta.write(delta_dir)
+                delta.write(delta_dir, storage_options)
             except BaseException:
                 for op, (values, tables) in zip(ops, before, strict=True):
                     op.set_state(values, tables)  # the update did not happen
