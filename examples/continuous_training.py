@@ -4,6 +4,8 @@ incremental exports and a resume after a crash.
     python examples/continuous_training.py                       # 6 x 50,000 rows
     python examples/continuous_training.py --rows 6000 --lists 3 --passes 1
     python examples/continuous_training.py --framework tensorflow   # the same flow in Keras
+    python examples/continuous_training.py --living-vocabulary   # fixed vs living vocabulary,
+                                                                 # drifting ids (living_vocabulary.py)
 
 Steps:
 
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default=None, help="default: a temporary folder")
     # the first start of the Keras job, in a child process killed with SIGKILL
     parser.add_argument("--crashing-job", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--living-vocabulary", action="store_true",
+                        help="compare a fixed and a living vocabulary over --lists drifting days "
+                             "(see examples/living_vocabulary.py)")
     args = parser.parse_args(argv)
 
     if args.framework == "tensorflow":
@@ -201,6 +206,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
+        if args.living_vocabulary:
+            from living_vocabulary import compare  # beside this script
+
+            compare(workdir, rows=args.rows, days=args.lists, seed=args.seed,
+                    batch_size=args.batch_size, cache_rows=args.cache_rows)
+            return
         list_dirs, valid_dir = build_exports(workdir, args.rows, args.lists, args.seed)
         if args.passes > 1 and args.framework == "tensorflow":
             child = subprocess.run([sys.executable, os.path.abspath(__file__), "--crashing-job",

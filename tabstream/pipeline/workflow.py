@@ -88,9 +88,11 @@ class Workflow:
 
     def __getstate__(self) -> dict[str, Any]:
         """What dask ships to a worker with a task: everything but the client (a
-        client holds sockets and event-loop tasks; workers never need it)."""
+        client holds sockets and event-loop tasks; workers never need it) and the
+        vocabulary deltas (they grow with every update; workers never read them)."""
         state = self.__dict__.copy()
         state["client"] = None
+        state["vocabulary_deltas"] = []  # the chain of updates: only save() reads it
         return state
 
     # -- schema -------------------------------------------------------------
@@ -219,7 +221,8 @@ class Workflow:
 
     # -- update (a living vocabulary) ------------------------------------------
     def update(self, dataset: Dataset | Any, progress: bool | None = None,
-               others: str = "refuse") -> VocabularyDelta:
+               others: str = "refuse", delta_dir: str | None = None,
+               storage_options: dict | None = None) -> VocabularyDelta:
         """Fold a new file list into the fitted statistics without renumbering: every
         Categorify folds the new counts into its vocabularies (kept values keep their
         ids; values reaching ``freq_threshold`` are admitted; under ``max_size`` values
@@ -232,6 +235,12 @@ class Workflow:
         ``vocabulary/`` and :meth:`load` reads back. Apply it to the embedding tables
         (``ParameterServer.apply_vocabulary_delta``, ``EmbeddingTables.reset_rows``)
         before training on the new data.
+
+        ``delta_dir``: also write the delta there at once, as
+        ``delta_dir/update_<n>/`` (see :meth:`VocabularyDelta.write
+        <tabstream.pipeline.vocabulary_delta.VocabularyDelta.write>`: complete or
+        absent), for a training job that applies it before the workflow is saved;
+        ``storage_options`` for an fsspec URL there.
 
         Statistics ops that cannot update (Normalize, FillMedian, ...) are refused,
         named, unless ``others="keep"``: then their fitted statistics stay as they are.
@@ -283,6 +292,13 @@ class Workflow:
         pa.default_memory_pool().release_unused()
         previous = self.vocabulary_deltas[-1].name if self.vocabulary_deltas else None
         delta = VocabularyDelta(len(self.vocabulary_deltas) + 1, changes, previous)
+        if delta_dir is not None:
+            try:
+                delta.write(delta_dir, storage_options)
+            except BaseException:
+                for op, (values, tables) in zip(ops, before, strict=True):
+                    op.set_state(values, tables)  # the update did not happen
+                raise
         self.vocabulary_deltas.append(delta)
         return delta
 

@@ -358,3 +358,61 @@ def test_delta_write_is_whole_and_written_once(tmp_path) -> None:
     assert back.summary() == delta.summary() and back["C1"].admitted.equals(delta["C1"].admitted)
     with pytest.raises(DataError, match=r"update_00001 already exists; each update is written once"):
         delta.write(str(tmp_path / "deltas"))
+
+
+def test_spilled_counts_update_like_in_memory_ones(tmp_path) -> None:
+    """With spill_rows small, the fit and every update merge spilled buckets: the
+    ids, candidates and deltas equal those of the in-memory path."""
+    days = _drifting_days(tmp_path, 5, days=4, rows=400)
+    results = []
+    for spill in ({}, {"spill_rows": 4, "spill_buckets": 3, "spill_dir": str(tmp_path / "spill")}):
+        wf = ts.Workflow((["C1"] >> ops.Categorify(freq_threshold=2, max_size=14, **spill)) + ["label"])
+        wf.fit(ts.Dataset(days[0], part_size="2KB"))
+        deltas = [wf.update(ts.Dataset(files, part_size="2KB")) for files in days[1:]]
+        op = next(n.op for n in wf.output_node.walk() if n.kind == "op")
+        results.append((op.tables["C1"], op.candidates["C1"], deltas))
+    (va, ca, da), (vb, cb, db) = results
+    assert va.equals(vb)  # kept values in id order; candidates in no order
+    assert ca.sort_by("values").equals(cb.sort_by("values"))
+    for a, b in zip(da, db):
+        assert a["C1"].admitted.equals(b["C1"].admitted) and a["C1"].evicted.equals(b["C1"].evicted)
+
+
+@pytest.mark.slow
+def test_update_on_a_dask_cluster_equals_the_threaded_run(tmp_path, dask_dashboard_port_taken) -> None:
+    """Workflow.update with a distributed Client (two worker processes): the same
+    deltas and ids as the threaded scheduler."""
+    from distributed import Client, LocalCluster
+
+    days = _drifting_days(tmp_path, 6, days=4, rows=200)
+    results = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        for c in (None, client):
+            wf = ts.Workflow((["C1"] >> ops.Categorify(freq_threshold=2, max_size=13)) + ["label"], client=c)
+            wf.fit(ts.Dataset(days[0]))
+            deltas = [wf.update(ts.Dataset(files)) for files in days[1:]]
+            probe = pd.concat([pd.read_parquet(f) for files in days for f in files])
+            results.append(([(d["C1"].admitted, d["C1"].evicted) for d in deltas], wf.transform(probe)))
+    (da, ta), (db, tb) = results
+    for (a1, e1), (a2, e2) in zip(da, db):
+        assert a1.equals(a2) and e1.equals(e2)
+    pd.testing.assert_frame_equal(ta, tb)
+
+
+def test_update_writes_its_delta_at_once_or_changes_nothing(tmp_path) -> None:
+    from tabstream.pipeline.vocabulary_delta import VocabularyDelta
+
+    wf, days = _fitted(tmp_path)
+    probe = pd.concat([pd.read_parquet(f) for files in days for f in files])
+    delta = wf.update(ts.Dataset(days[1]), delta_dir=str(tmp_path / "deltas"))
+    back = VocabularyDelta.read(str(tmp_path / "deltas" / "update_00001"))
+    assert back["C1"].admitted.equals(delta["C1"].admitted) and back.previous is None
+    before = wf.transform(probe)
+    (tmp_path / "deltas" / "update_00002").mkdir()
+    (tmp_path / "deltas" / "update_00002" / "_delta.json").write_text("{}")  # taken already
+    with pytest.raises(DataError, match=r"update_00002 already exists; each update is written once"):
+        wf.update(ts.Dataset(days[2]), delta_dir=str(tmp_path / "deltas"))
+    pd.testing.assert_frame_equal(wf.transform(probe), before)  # nothing changed
+    assert len(wf.vocabulary_deltas) == 1
