@@ -330,7 +330,12 @@ def export(module: RawFeatures, example: dict[str, torch.Tensor], model: nn.Modu
         else:
             shapes[spec.name] = {0: batch}
     target = module if model is None else _Bundle(module, model)
-    return torch_export(target.eval(), (example,), dynamic_shapes=(shapes,))
+    # size-oblivious: a batch of one row (or a string column of empty strings, no
+    # bytes) must not be specialized away when the example batch is larger
+    from torch.fx.experimental import _config
+
+    with _config.patch(backed_size_oblivious=True):
+        return torch_export(target.eval(), (example,), dynamic_shapes=(shapes,))
 
 
 class _Bundle(nn.Module):
