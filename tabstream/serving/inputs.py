@@ -63,4 +63,5 @@ def raw_arrays(data: Any, inputs: Sequence[InputSpec], framework: str) -> dict[s
         else:
             out[spec.name] = np.asarray(col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
                                         dtype=np.int64)
-    return out
+    # writable copies where Arrow lent its buffers: torch.from_numpy warns on read-only arrays
+    return {k: v if v.flags.writeable else v.copy() for k, v in out.items()}

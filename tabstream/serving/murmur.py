@@ -5,7 +5,8 @@ The same algorithm and byte encoding as :mod:`tabstream.core.hashing` (integers 
 ``0.0``, strings as their UTF-8 bytes), so an artifact's ids equal
 ``Workflow.transform``'s. Values are int64 tensors holding unsigned 32-bit numbers;
 every product is split in 16-bit halves, so nothing overflows int64 in either
-framework. A framework passes a small kernel object ``K`` (see
+framework (or, where a framework's int64 product wraps, ``K.mul32``). A framework
+passes a small kernel object ``K`` (see
 :class:`tabstream.serving.torch._K` and :class:`tabstream.serving.keras._K`):
 ``band, bor, bxor, shl, shr`` (arithmetic shift), ``gather``, ``where``,
 ``full_like`` and ``loop(count, body, state)``.
@@ -29,7 +30,10 @@ MISSING_PART = 0x9E3779B9
 
 
 def mul32(K: Any, a: Any, c: int) -> Any:
-    """``a * c mod 2**32`` for ``0 <= a < 2**32`` without int64 overflow."""
+    """``a * c mod 2**32`` for ``0 <= a < 2**32``: ``K.mul32`` when the framework's int64
+    product wraps (torch), else in 16-bit halves, without int64 overflow."""
+    if hasattr(K, "mul32"):
+        return K.mul32(a, c)
     lo = K.band(a, 0xFFFF)
     hi = K.shr(a, 16)
     return K.band(lo * c + K.shl(K.band(hi * c, 0xFFFF), 16), MASK)

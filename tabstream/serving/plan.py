@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -409,12 +409,6 @@ def _prune(steps: list[dict[str, Any]], wanted: Iterable[int]) -> tuple[list[dic
         if slot in by_out:
             todo.extend(by_out[slot]["in"])
     return [s for s in steps if s["out"] in needed], needed
-
-
-def input_names(plan: ServingPlan) -> Mapping[str, str]:
-    """Raw column name -> kind."""
-    return {i.name: i.kind for i in plan.inputs}
-
 
 
 def without_inputs(workflow: Any, names: Iterable[str]) -> Node | None:
