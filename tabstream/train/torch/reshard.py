@@ -392,10 +392,9 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
     other size writes a sharded checkpoint whose ranks each read their own regions
     only. Optimizer state (a torch optimizer or a :class:`MultiOptimizer` over the
     model's parameters) moves with its rows. One process reads every tensor of
-    ``src`` once and holds them in memory while it writes.
-
-    >>> reshard("ck/", "ck3/", world_size=3)                    # doctest: +SKIP
-    PosixPath('ck3/checkpoint-000000120.dcp')
+    ``src`` once and holds them in memory while it writes. For example,
+    ``reshard("ck/", "ck3/", world_size=3)`` returns the folder written, such as
+    ``PosixPath('ck3/checkpoint-000000120.dcp')``.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"reshard: world_size must be an int, got {world_size!r}")
