@@ -292,9 +292,9 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     from tabstream.pipeline.inspect import inspect_dataset, write_plots
 
     if args.plots:
-        from tabstream.pipeline.inspect import _pyplot
+        from tabstream.pipeline.inspect import import_pyplot
 
-        _pyplot()  # a missing matplotlib fails now, not after the pass over the data
+        import_pyplot()  # a missing matplotlib fails now, not after the pass over the data
     ds = _dataset(args.path, args.engine, args.part_size, _read_kwargs(args, args.path))
     report = inspect_dataset(ds, progress=False if args.quiet else None, top=args.top,
                              histograms=bool(args.plots))

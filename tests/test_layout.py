@@ -134,3 +134,23 @@ def test_every_all_is_sorted():
                 if names != sorted(names) or len(set(names)) != len(names):
                     unsorted.append(str(path.relative_to(ROOT)))
     assert unsorted == []
+
+
+def _is_module(package: str, name: str) -> bool:
+    base = ROOT.joinpath(*package.split("."))
+    return (base / f"{name}.py").exists() or (base / name).is_dir()
+
+
+def test_no_private_name_is_imported_across_modules():
+    # a private name (_x) is its module's own: another module that needs it gets a
+    # public name (issue 29 item 5); private modules (tabstream.train.tensorflow._autograph)
+    # and dunders (__version__) are not names of this kind
+    found = []
+    for path in sorted((ROOT / "tabstream").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tabstream"):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
+                          for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")
+                          and not _is_module(node.module, a.name)]
+    assert found == []

@@ -214,7 +214,7 @@ class Node:
             assert self.selector is not None
             out = input_schema.select_by_name(self.selector.resolve(input_schema))
         elif self.kind == "op":
-            inp = _concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
+            inp = concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
             try:
                 out = self.op.compute_output_schema(inp)
             except SchemaError:
@@ -222,7 +222,7 @@ class Node:
             except KeyError as exc:
                 raise SchemaError(f"{self.op!r}: {exc}") from exc
         elif self.kind == "concat":
-            out = _concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
+            out = concat_schemas([p.schema_for(input_schema, cache) for p in self.parents])
         elif self.kind == "drop":
             inp = self.parents[0].schema_for(input_schema, cache)
             missing = [n for n in self.names if n not in inp]
@@ -258,13 +258,13 @@ class Node:
         if self.kind == "select":
             out = table.select(expected.column_names)
         elif self.kind == "op":
-            inp = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+            inp = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
             out = self.op.transform(inp)
-            _check_produced(self.op, expected, out)
+            check_produced(self.op, expected, out)
         elif self.kind == "concat":
-            out = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+            out = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
         elif self.kind == "union":
-            out = _concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+            out = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
         elif self.kind == "pick":
             out = self.parents[0].transform(table, input_schema, cache, schema_cache).select(self.names)
         else:
@@ -317,7 +317,7 @@ def _flatten_concat(nodes: list[Node]) -> list[Node]:
     return out
 
 
-def _concat_schemas(schemas: list[Schema]) -> Schema:
+def concat_schemas(schemas: list[Schema]) -> Schema:
     cols: dict[str, Any] = {}
     for s in schemas:
         for c in s:
@@ -330,7 +330,7 @@ def _concat_schemas(schemas: list[Schema]) -> Schema:
     return Schema(cols.values())
 
 
-def _concat_tables(tables: list[pa.Table]) -> pa.Table:
+def concat_tables(tables: list[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0]
     if len({t.num_rows for t in tables}) > 1:
@@ -350,7 +350,7 @@ def _concat_tables(tables: list[pa.Table]) -> pa.Table:
     return pa.table(arrays, names=names)
 
 
-def _check_produced(op: Any, expected: Schema, table: pa.Table) -> None:
+def check_produced(op: Any, expected: Schema, table: pa.Table) -> None:
     """The executor holds every op to the schema it declared."""
     if table.column_names != expected.column_names:
         raise SchemaError(

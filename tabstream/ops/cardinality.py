@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from tabstream.backends import current as backend
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
-from tabstream.ops.numeric import _valid_values
+from tabstream.ops.numeric import valid_values
 
 __all__ = ["DropLowCardinality"]
 
@@ -123,7 +123,7 @@ class DropLowCardinality(StatOperator):
         return uniq.take(pc.sort_indices(uniq)[: self.min_cardinality])
 
     def fit_partition(self, table: pa.Table) -> dict[str, pa.Array]:
-        return {name: self._smallest(_valid_values(table.column(name)))
+        return {name: self._smallest(valid_values(table.column(name)))
                 for name in self._to_count(table.column_names)}
 
     def combine(self, partials: Sequence[dict[str, pa.Array]]) -> dict[str, pa.Array]:

@@ -16,7 +16,7 @@ from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, is_list_type
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import Schema
-from tabstream.ops.numeric import _hi, _lo, _valid_values, plain
+from tabstream.ops.numeric import max_or_none, min_or_none, plain, valid_values
 
 __all__ = ["DataStats"]
 
@@ -91,7 +91,7 @@ class DataStats(StatOperator):
         if p["is_list"]:
             mm = pc.min_max(pc.list_value_length(column))
             p["len"] = (_py(mm["min"]), _py(mm["max"]))
-        values = _valid_values(column)
+        values = valid_values(column)
         if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype) \
                 or pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
             mm = pc.min_max(values)
@@ -112,7 +112,7 @@ class DataStats(StatOperator):
             if key in parts[0]:
                 lo, hi = None, None
                 for p in parts:
-                    lo, hi = _lo(lo, p[key][0]), _hi(hi, p[key][1])
+                    lo, hi = min_or_none(lo, p[key][0]), max_or_none(hi, p[key][1])
                 out[key] = (lo, hi)
         if "moments" in parts[0]:
             n, mean, m2 = 0, 0.0, 0.0

@@ -12,8 +12,8 @@ from tabstream.core.errors import SchemaError
 from tabstream.core.operators import Operator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
-    _names,
-    _require,
+    column_names_of,
+    require_selected,
 )
 from tabstream.ops.numeric import check_numeric, plain
 
@@ -36,7 +36,7 @@ class DifferenceLag(Operator):
     """
 
     def __init__(self, partition_cols: str | list[str], shift: int | list[int] = 1) -> None:
-        keys = _names(partition_cols, "partition_cols", "DifferenceLag")
+        keys = column_names_of(partition_cols, "partition_cols", "DifferenceLag")
         shifts = [shift] if not isinstance(shift, (list, tuple)) else list(shift)
         if not shifts or any(isinstance(s, bool) or not isinstance(s, int) or s == 0 for s in shifts):
             raise ValueError(f"DifferenceLag: shift must be a non-zero integer or a list of them, got {shift!r}")
@@ -51,7 +51,7 @@ class DifferenceLag(Operator):
         return [self.shift] if isinstance(self.shift, int) else list(self.shift)
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
-        _require(self.partition_cols, input_schema.column_names, "DifferenceLag", "partition_cols")
+        require_selected(self.partition_cols, input_schema.column_names, "DifferenceLag", "partition_cols")
         values = [c for c in input_schema if c.name not in self.partition_cols]
         if not values:
             raise SchemaError("DifferenceLag: select the value columns besides partition_cols, "

@@ -190,7 +190,7 @@ def function_name(f: Callable[..., Any], op: str = "op") -> str:
     name = _importable_name(f)
     if name is None:
         raise FunctionResolutionError(
-            f"{op}: cannot save the function {_describe(f)} by name: it is a lambda, a nested "
+            f"{op}: cannot save the function {describe_function(f)} by name: it is a lambda, a nested "
             "function or not a plain Python function. Define it with `def` at the top level of "
             "a module, or register it with tabstream.ops.structural.register_function(f, "
             "name='...') before saving and before loading"
@@ -429,11 +429,11 @@ def _check_allowed(name: str, op: str, *real_modules: str) -> None:
         raise FunctionResolutionError(f"{op}: refusing the function {name!r}: private or special names are not allowed")
 
 
-def _describe(f: Any) -> str:
+def describe_function(f: Any) -> str:
     return getattr(f, "__qualname__", None) or repr(f)
 
 
-class _FunctionOp(Operator):
+class FunctionOperator(Operator):
     """An op with a user function ``f``: saved by name, loaded by :func:`resolve_function`."""
 
     f: Any
@@ -458,5 +458,5 @@ class _FunctionOp(Operator):
     def __repr__(self) -> str:
         params = {**super().get_params()}
         if params.get("f") is not None:
-            params["f"] = _describe(params["f"])
+            params["f"] = describe_function(params["f"])
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in params.items())})"

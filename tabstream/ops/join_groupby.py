@@ -21,16 +21,16 @@ from tabstream.core.dtypes import sort_indices
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
-    _check_scalar_categories,
-    _groups,
-    _require,
-    _resolve_groups,
-    _with_columns,
+    check_groups,
+    check_scalar_categories,
     dependencies_of,
     group_codes,
     key_column,
     lookup,
     names_and_nodes,
+    require_selected,
+    resolve_groups,
+    with_columns,
 )
 from tabstream.ops.numeric import check_numeric, plain
 from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
@@ -87,7 +87,7 @@ class JoinGroupby(StatOperator):
             raise ValueError(f"{op}: out_dtype must be 'float32' or 'float64', got {out_dtype!r}")
         self.cont_cols = cont
         self.stats = stats_list
-        self.cat_groups = _groups(cat_groups, op)
+        self.cat_groups = check_groups(cat_groups, op)
         self.name_sep = name_sep
         self.out_dtype = out_dtype
         self.out_path = out_path
@@ -103,7 +103,7 @@ class JoinGroupby(StatOperator):
         ``["a", "b", ["a", "b"]] >> JoinGroupby(...)``): they are the groups to encode,
         unless ``cat_groups`` was given."""
         if self.cat_groups is None and any(isinstance(g, list) for g in groups):
-            self.cat_groups = _groups(groups, "JoinGroupby")
+            self.cat_groups = check_groups(groups, "JoinGroupby")
 
     def dependencies(self) -> list[Any]:
         return dependencies_of(self.cont_cols, self._cont_nodes)
@@ -118,15 +118,15 @@ class JoinGroupby(StatOperator):
         return out
 
     def _groups_of(self, names: Sequence[str]) -> list[list[str]]:
-        return _resolve_groups(self, names, self.cont_cols)
+        return resolve_groups(self, names, self.cont_cols)
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         names = input_schema.column_names
-        _require(self.cont_cols, names, "JoinGroupby", "cont_cols")
+        require_selected(self.cont_cols, names, "JoinGroupby", "cont_cols")
         for c in self.cont_cols:
             check_numeric(self, input_schema[c])
         groups = self._groups_of(names)
-        _check_scalar_categories(self, input_schema, groups)
+        check_scalar_categories(self, input_schema, groups)
         return Schema(ColumnSchema(name, "int64" if stat == "count" else self.out_dtype,
                                    frozenset({Tags.CONTINUOUS}))
                       for g in groups for name, _, stat in self._outputs(self.name_sep.join(g)))
@@ -185,7 +185,7 @@ class JoinGroupby(StatOperator):
             np.fmax.at(hi, codes, col(f"__max__{c}"))
             cols.update({f"__n__{c}": n.astype(np.int64), f"__sum__{c}": s, f"__m2__{c}": m2,
                          f"__min__{c}": lo, f"__max__{c}": hi})
-        return _with_columns(uniq, cols)
+        return with_columns(uniq, cols)
 
     def finalize(self, partial: dict[str, pa.Table]) -> None:
         tables = {}
@@ -209,7 +209,7 @@ class JoinGroupby(StatOperator):
                         "max": (t.column(f"__max__{c}").to_numpy(), n > 0),
                     }[stat]
                 cols[out] = pa.array(np.where(valid, values, 0.0), mask=~valid)
-            tables[name] = _with_columns(t.select(keys), cols)
+            tables[name] = with_columns(t.select(keys), cols)
         self.tables = tables
         drop_lookup_indexes(self)  # those of the statistics replaced
         self.fitted = True

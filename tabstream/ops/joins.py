@@ -38,12 +38,12 @@ from tabstream.core.schema import ColumnSchema, Schema
 from tabstream.ops.difference_lag import DifferenceLag
 from tabstream.ops.join_groupby import JoinGroupby
 from tabstream.ops.keys import (
-    _key_type,
-    _names,
-    _require,
+    column_names_of,
+    common_key_type,
     group_codes,
     lookup,
     missing_key,
+    require_selected,
 )
 from tabstream.ops.numeric import plain
 from tabstream.ops.target_encoding import TargetEncoding
@@ -103,14 +103,14 @@ class JoinExternal(StatOperator):
                  kind_ext: str | None = None, cache: str = "host") -> None:
         super().__init__()
         op = "JoinExternal"
-        keys = _names(on, "on", op)
-        keys_ext = keys if on_ext is None else _names(on_ext, "on_ext", op)
+        keys = column_names_of(on, "on", op)
+        keys_ext = keys if on_ext is None else column_names_of(on_ext, "on_ext", op)
         if len(keys_ext) != len(keys):
             raise ValueError(f"{op}: on {keys} and on_ext {keys_ext} must have the same length")
         if how not in ("left", "inner"):
             raise ValueError(f"{op}: how must be 'left' or 'inner', got {how!r}")
         if columns_ext is not None:
-            _names(columns_ext, "columns_ext", op)
+            column_names_of(columns_ext, "columns_ext", op)
         for name, flag in (("drop_duplicates_ext", drop_duplicates_ext), ("first_match_only", first_match_only)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
@@ -209,13 +209,13 @@ class JoinExternal(StatOperator):
         return self._side_cache
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
-        _require(self.keys, input_schema.column_names, "JoinExternal", "key columns")
+        require_selected(self.keys, input_schema.column_names, "JoinExternal", "key columns")
         payload = self._side()[0]
         assert self._table is not None
         for key, key_ext in zip(self.keys, self.keys_ext):
             col, side_type = input_schema[key], plain(self._table.column(key_ext)).type
             if col.dtype != "unknown" and not col.is_list and \
-                    _key_type(dtype_to_arrow_type(col.dtype), side_type) is None:
+                    common_key_type(dtype_to_arrow_type(col.dtype), side_type) is None:
                 raise TypeError(f"JoinExternal: key column {key!r} is {col.dtype}, but the side table's "
                                 f"key {key_ext!r} is {side_type}; make both numbers or both strings "
                                 "(e.g. with LambdaOp before the op)")

@@ -60,7 +60,7 @@ def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return pa.table(cols).take(first), codes
 
 
-def _key_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+def common_key_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """Type both key columns are compared in: numbers as numbers, strings as strings."""
     if a == b:
         return a
@@ -90,7 +90,7 @@ def lookup(table_keys: pa.Table, keys: pa.Table, op: str,
     stored, given = {}, {}
     for field, name in zip(table_keys.schema, keys.column_names):
         mine, theirs = plain(table_keys.column(field.name)), plain(keys.column(name))
-        common = _key_type(mine.type, theirs.type)
+        common = common_key_type(mine.type, theirs.type)
         try:
             if common is None:
                 raise pa.ArrowInvalid("not comparable")
@@ -112,7 +112,7 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     the caller codes the keys instead (and reports types that do not meet)."""
     field, given = table_keys.schema.field(0), keys.column(0)
     given_type = given.type.value_type if pa.types.is_dictionary(given.type) else given.type
-    common = _key_type(field.type, given_type)
+    common = common_key_type(field.type, given_type)
     if common is None:
         return None
     kernels = backend()
@@ -190,22 +190,22 @@ def dependencies_of(names: Sequence[str], nodes: Sequence[Any]) -> list[Any]:
     return [*nodes, *(n for n in names if n not in produced)]
 
 
-def _names(value: Any, what: str, op: str) -> list[str]:
+def column_names_of(value: Any, what: str, op: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
     if not names or not all(isinstance(n, str) for n in names):
         raise TypeError(f"{op}: {what} must be a column name or a non-empty list of names, got {value!r}")
     return names
 
 
-def _groups(cat_groups: Any, op: str) -> list[str | list[str]] | None:
+def check_groups(cat_groups: Any, op: str) -> list[str | list[str]] | None:
     if cat_groups is None:
         return None
     if not isinstance(cat_groups, (list, tuple)) or not cat_groups:
         raise TypeError(f"{op}: cat_groups must be a non-empty list of names or lists of names, got {cat_groups!r}")
-    return [g if isinstance(g, str) else _names(g, "each entry of cat_groups", op) for g in cat_groups]
+    return [g if isinstance(g, str) else column_names_of(g, "each entry of cat_groups", op) for g in cat_groups]
 
 
-def _resolve_groups(op: Any, available: Sequence[str], exclude: Sequence[str]) -> list[list[str]]:
+def resolve_groups(op: Any, available: Sequence[str], exclude: Sequence[str]) -> list[list[str]]:
     """Category groups of ``op``: ``cat_groups`` or each selected column not in ``exclude``."""
     name = type(op).__name__
     if op.cat_groups is None:
@@ -225,26 +225,26 @@ def _resolve_groups(op: Any, available: Sequence[str], exclude: Sequence[str]) -
     return groups
 
 
-def _check_scalar_categories(op: Any, input_schema: Schema, groups: list[list[str]]) -> None:
+def check_scalar_categories(op: Any, input_schema: Schema, groups: list[list[str]]) -> None:
     lists = [c for g in groups for c in g if input_schema[c].is_list]
     if lists:
         raise TypeError(f"{type(op).__name__} needs scalar category columns, but {lists} hold lists")
 
 
-def _require(names: Sequence[str], schema_names: Sequence[str], op: str, role: str) -> None:
+def require_selected(names: Sequence[str], schema_names: Sequence[str], op: str, role: str) -> None:
     missing = [n for n in names if n not in schema_names]
     if missing:
         raise SchemaError(f"{op}: {role} {missing} must be part of the op's selection; it "
                           f"selects {list(schema_names)}: select {list(schema_names) + missing} >> {op}(...)")
 
 
-def _with_columns(keys: pa.Table, cols: dict[str, np.ndarray]) -> pa.Table:
+def with_columns(keys: pa.Table, cols: dict[str, np.ndarray]) -> pa.Table:
     for name, values in cols.items():
         keys = keys.append_column(name, pa.array(values))
     return keys
 
 
-def _sum_by_keys(tables: Sequence[pa.Table], keys: list[str]) -> pa.Table:
+def sum_by_keys(tables: Sequence[pa.Table], keys: list[str]) -> pa.Table:
     """Sum every non-key column per distinct key (the backend's group-by); keys are
     normalized first, so null and NaN are one key and ``-0.0`` is ``0.0``."""
     kernels = backend()

@@ -45,20 +45,20 @@ def to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
                       dtype=np.float64)
 
 
-def _finite(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+def finite_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     x = to_float64(column)
     return x[np.isfinite(x)]
 
 
-def _lo(a: Any, b: Any) -> Any:
+def min_or_none(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else min(a, b)
 
 
-def _hi(a: Any, b: Any) -> Any:
+def max_or_none(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _valid_values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+def valid_values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """Non-missing values (list columns flattened); -0.0 folded into 0.0."""
     values = plain(column)
     if is_list_type(values.type):

@@ -16,7 +16,7 @@ from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, is_l
 from tabstream.core.errors import DataError
 from tabstream.core.operators import StatOperator
 from tabstream.core.schema import ColumnSchema
-from tabstream.ops.numeric import _hi, _lo, plain
+from tabstream.ops.numeric import max_or_none, min_or_none, plain
 
 __all__ = ["ReduceDtypeSize"]
 
@@ -78,7 +78,7 @@ class ReduceDtypeSize(StatOperator):
         for part in partials:
             for name, (lo, hi) in part.items():
                 plo, phi = out.get(name, [None, None])
-                out[name] = [_lo(plo, lo), _hi(phi, hi)]
+                out[name] = [min_or_none(plo, lo), max_or_none(phi, hi)]
         return out
 
     def finalize(self, partial: dict[str, list[int | None]]) -> None:

@@ -32,7 +32,7 @@ from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.bucketize import Bucketize
 from tabstream.ops.cardinality import DropLowCardinality
 from tabstream.ops.datastats import DataStats
-from tabstream.ops.numeric import _finite, check_numeric, plain, to_float64
+from tabstream.ops.numeric import check_numeric, finite_values, plain, to_float64
 from tabstream.ops.reduce_dtype import ReduceDtypeSize
 
 __all__ = ["Bucketize", "DataStats", "DropLowCardinality", "FillMedian", "NormalizeMinMax",
@@ -62,7 +62,7 @@ class NormalizeMinMax(StatOperator):
     def fit_partition(self, table: pa.Table) -> dict[str, tuple[float, float] | None]:
         out: dict[str, tuple[float, float] | None] = {}
         for name in table.column_names:
-            x = _finite(table.column(name))
+            x = finite_values(table.column(name))
             out[name] = (float(x.min()), float(x.max())) if len(x) else None
         return out
 
@@ -155,7 +155,7 @@ class FillMedian(StatOperator):
         out = {}
         for name in table.column_names:
             # + 0.0 folds -0.0 into 0.0: one value, counted once, never a -0.0 median
-            values, counts = np.unique(_finite(table.column(name)) + 0.0, return_counts=True)
+            values, counts = np.unique(finite_values(table.column(name)) + 0.0, return_counts=True)
             out[name] = (values, counts.astype(np.int64))
         return out
 

@@ -40,9 +40,9 @@ from tabstream.core.operators import Operator
 from tabstream.core.schema import ColumnSchema, Schema, Tags, normalize_tags
 from tabstream.ops.functions import (
     DENIED_MODULES,
+    FunctionOperator,
     FunctionResolutionError,
-    _describe,
-    _FunctionOp,
+    describe_function,
     function_name,
     provided_functions,
     register_function,
@@ -69,7 +69,7 @@ __all__ = [
 
 # -- ops ------------------------------------------------------------------
 
-class Rename(_FunctionOp):
+class Rename(FunctionOperator):
     """Rename the selected columns (NVTabular's Rename); data is unchanged.
 
     Exactly one of: ``f`` (a function of the old name returning the new one),
@@ -110,7 +110,7 @@ class Rename(_FunctionOp):
         out = [self.f(n) for n in names]
         bad = {n: o for n, o in zip(names, out) if not isinstance(o, str) or not o}
         if bad:
-            raise TypeError(f"Rename: f={_describe(self.f)} must return non-empty strings; it returned {bad}")
+            raise TypeError(f"Rename: f={describe_function(self.f)} must return non-empty strings; it returned {bad}")
         return out
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
@@ -125,7 +125,7 @@ class Rename(_FunctionOp):
         return table.rename_columns(self._new_names(table.column_names))
 
 
-class Filter(_FunctionOp):
+class Filter(FunctionOperator):
     """Keep the rows where ``f(df)`` is true (NVTabular's Filter).
 
     ``f`` gets the selected columns as a pandas DataFrame (nullable dtypes: ints stay
@@ -158,18 +158,18 @@ class Filter(_FunctionOp):
             return backend().take(table, self._kept_rows(frame, mask))
         if _ndim(mask) != 1 or len(mask) != table.num_rows:
             raise TypeError(
-                f"Filter: f={_describe(self.f)} must return one boolean per row ({table.num_rows}), "
+                f"Filter: f={describe_function(self.f)} must return one boolean per row ({table.num_rows}), "
                 f"got {type(mask).__name__} of shape {_shape(mask)}")
         arr = backend().from_user_column(mask)
         if not pa.types.is_boolean(arr.type):
-            raise TypeError(f"Filter: f={_describe(self.f)} must return booleans, got {arr.type}")
+            raise TypeError(f"Filter: f={describe_function(self.f)} must return booleans, got {arr.type}")
         return backend().filter(table, arr)
 
 
     def _kept_rows(self, frame: Any, result: Any) -> np.ndarray:
         """The rows a function that returns the filtered frame (``df[df.x > 0]``,
         NVTabular allows it) kept: its index labels, positions in ``frame``."""
-        fname = _describe(self.f)
+        fname = describe_function(self.f)
         if list(result.columns) != list(frame.columns):
             raise TypeError(f"Filter: f={fname} returned a frame with columns {list(result.columns)}; "
                             f"a filtered frame keeps the columns it was given {list(frame.columns)} "
@@ -220,7 +220,7 @@ class Dropna(Operator):
         return table if drop is None else kernels.filter(table, pc.invert(drop))
 
 
-class LambdaOp(_FunctionOp):
+class LambdaOp(FunctionOperator):
     """Apply ``f`` to each selected column as a pandas Series (NVTabular's LambdaOp).
 
     ``f(series) -> series`` (or ``f(series, df)``, with ``df`` the selected columns)
@@ -320,7 +320,7 @@ class LambdaOp(_FunctionOp):
         return pa.table(out)
 
     def _to_arrow(self, name: str, result: Any, in_type: pa.DataType) -> pa.Array:
-        fname = _describe(self.f)
+        fname = describe_function(self.f)
         if _ndim(result) != 1:
             raise TypeError(f"LambdaOp: f={fname} must return a Series for column {name!r}, "
                             f"got {type(result).__name__}")

@@ -20,16 +20,16 @@ from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_i
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     FOLD,
-    _check_scalar_categories,
-    _groups,
-    _require,
-    _resolve_groups,
-    _sum_by_keys,
+    check_groups,
+    check_scalar_categories,
     dependencies_of,
     group_codes,
     key_column,
     lookup,
     names_and_nodes,
+    require_selected,
+    resolve_groups,
+    sum_by_keys,
 )
 from tabstream.ops.numeric import check_numeric, to_float64
 from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
@@ -120,7 +120,7 @@ class TargetEncoding(StatOperator):
         self.p_smooth = p_smooth
         self.out_dtype = out_dtype
         self.drop_folds = bool(drop_folds)
-        self.cat_groups = _groups(cat_groups, op)
+        self.cat_groups = check_groups(cat_groups, op)
         self.fold_col = fold_col
         self.stats: dict[str, pa.Table] = {}
         self.global_sums: dict[str, float] = {}
@@ -132,7 +132,7 @@ class TargetEncoding(StatOperator):
         ``["a", "b", ["a", "b"]] >> TargetEncoding(...)``): they are the groups to encode,
         unless ``cat_groups`` was given."""
         if self.cat_groups is None and any(isinstance(g, list) for g in groups):
-            self.cat_groups = _groups(groups, "TargetEncoding")
+            self.cat_groups = check_groups(groups, "TargetEncoding")
 
     def dependencies(self) -> list[Any]:
         return dependencies_of(self._value_cols(), self._target_nodes)
@@ -145,15 +145,15 @@ class TargetEncoding(StatOperator):
         return self.targets + ([self.fold_col] if self.fold_col else [])
 
     def _groups_of(self, names: Sequence[str]) -> list[list[str]]:
-        return _resolve_groups(self, names, self._value_cols())
+        return resolve_groups(self, names, self._value_cols())
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         names = input_schema.column_names
-        _require(self._value_cols(), names, "TargetEncoding", "target/fold columns")
+        require_selected(self._value_cols(), names, "TargetEncoding", "target/fold columns")
         for t in self.targets:
             check_numeric(self, input_schema[t])
         groups = self._groups_of(names)
-        _check_scalar_categories(self, input_schema, groups)
+        check_scalar_categories(self, input_schema, groups)
         cols = [ColumnSchema(f"TE_{'_'.join(g)}_{t}", self.out_dtype, frozenset({Tags.CONTINUOUS}))
                 for g in groups for t in self.targets]
         if self.kfold > 1 and not self.drop_folds:
@@ -191,7 +191,7 @@ class TargetEncoding(StatOperator):
         groups = {}
         for name, first in partials[0]["groups"].items():
             keys = [c for c in first.column_names if not c.startswith(("__sum__", "__count__"))]
-            groups[name] = _sum_by_keys([p["groups"][name] for p in partials], keys)
+            groups[name] = sum_by_keys([p["groups"][name] for p in partials], keys)
         return {"groups": groups,
                 "sums": {t: sum(p["sums"][t] for p in partials) for t in self.targets},
                 "counts": {t: sum(p["counts"][t] for p in partials) for t in self.targets}}

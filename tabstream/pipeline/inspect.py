@@ -317,7 +317,7 @@ def inspect_dataset(ds: Dataset, progress: bool | None = None, top: int = 10,
 
 
 # -- pictures -------------------------------------------------------------------
-def _pyplot() -> Any:
+def import_pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
@@ -375,7 +375,7 @@ def write_plots(report: dict[str, Any], folder: str) -> list[str]:
     column, then every column's small picture). Returns the paths written."""
     import os
 
-    plt = _pyplot()
+    plt = import_pyplot()
     os.makedirs(folder, exist_ok=True)
     written = []
     columns = report["columns"]

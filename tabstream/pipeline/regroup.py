@@ -44,7 +44,7 @@ from dask import delayed
 
 from tabstream import backends
 from tabstream.core.dtypes import arrow_to_pandas
-from tabstream.core.graph import Node, _check_produced, _concat_tables
+from tabstream.core.graph import Node, check_produced, concat_tables
 from tabstream.pipeline import execution
 from tabstream.pipeline.dataset import Dataset
 from tabstream.pipeline.execution import compute
@@ -141,7 +141,7 @@ class _AfterScatter:
         schemas: dict[int, Any] = {}
         with backends.use(backend):
             grouped = self.node.op.transform(table)
-            _check_produced(self.node.op, self.node.schema_for(wf.input_schema, schemas), grouped)
+            check_produced(self.node.op, self.node.schema_for(wf.input_schema, schemas), grouped)
             # Nodes after the Groupby read it from the cache; any branch that bypasses it
             # sees no raw rows, and concatenating it with the groups fails loudly.
             return wf.output_node.transform(self.raw_schema.empty_table(), wf.input_schema,
@@ -164,7 +164,7 @@ def _scatter_piece(workflow: Any, dataset: Dataset, node: Node, index: int, buck
     cache: dict[int, pa.Table] = {}
     schemas: dict[int, Any] = {}
     with backends.use(dataset.backend_name):
-        rows = _concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
+        rows = concat_tables([p.transform(table, schema, cache, schemas) for p in node.parents])
         bucket = key_buckets(rows, node.op.groupby_cols, buckets)
     # rows keep their input order inside a bucket
     sent = scatter_write(fs, rows, bucket, buckets, lambda b: _spill_file(root, b, index), keep_empty=False)

@@ -46,7 +46,7 @@ from dask import delayed
 import tabstream
 from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
-from tabstream.core.graph import ColumnSelector, Node, _concat_tables, as_node
+from tabstream.core.graph import ColumnSelector, Node, as_node, concat_tables
 from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
@@ -706,7 +706,7 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     with backends.use(ds.backend_name):
         for node in nodes:
             parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
-            out.append(node.op.fit_partition(_concat_tables(parents)))
+            out.append(node.op.fit_partition(concat_tables(parents)))
     out.append({_INPUT_ROWS: table.num_rows, **{nid: t.num_rows for nid, t in cache.items()}})
     return out
 
@@ -950,19 +950,19 @@ def _dry_run(built: dict[int, Node], input_schema: Schema, doc_path: str) -> Non
     hold it to its declared output: state that type-checks but does not fit the graph
     (a mean for another column, a stats table without a column the op reads) fails
     here, at load, naming the node, instead of at the first transform."""
-    from tabstream.core.graph import _check_produced, _concat_schemas
+    from tabstream.core.graph import check_produced, concat_schemas
 
     cache: dict[int, Schema] = {}
     for saved_id, node in built.items():
         if node.kind != "op" or not node.op.is_stat:
             continue
         name = type(node.op).__name__
-        inp = _concat_schemas([p.schema_for(input_schema, cache) for p in node.parents])
+        inp = concat_schemas([p.schema_for(input_schema, cache) for p in node.parents])
         empty = _empty_table(inp)
         if empty is None:
             continue
         try:
-            _check_produced(node.op, node.schema_for(input_schema, cache), node.op.transform(empty))
+            check_produced(node.op, node.schema_for(input_schema, cache), node.op.transform(empty))
         except (KeyError, IndexError, TypeError, ValueError, pa.ArrowException) as exc:
             raise DataError(f"{doc_path}: node {saved_id}: {name}: the saved state does not fit the columns "
                             f"{inp.column_names} it is applied to ({type(exc).__name__}: {exc})") from exc

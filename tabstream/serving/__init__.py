@@ -10,4 +10,4 @@ See ``docs/serving.md``.
 from tabstream.serving.inputs import raw_arrays
 from tabstream.serving.plan import REFUSED, InputSpec, OutputSpec, ServingPlan, build_plan
 
-__all__ = ["REFUSED", "InputSpec", "OutputSpec", "ServingPlan", "build_plan", "raw_arrays"]
+__all__ = ["InputSpec", "OutputSpec", "REFUSED", "ServingPlan", "build_plan", "raw_arrays"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["hash_bytes", "hash_combine", "hash_int64", "MASK", "MISSING_PART"]
+__all__ = ["MASK", "MISSING_PART", "hash_bytes", "hash_combine", "hash_int64"]
 
 MASK = 0xFFFFFFFF
 _C1, _C2, _N = 0xCC9E2D51, 0x1B873593, 0xE6546B64

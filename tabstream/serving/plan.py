@@ -69,7 +69,7 @@ from tabstream.ops import (
 )
 from tabstream.ops.structural import TagAsItemFeatures, TagAsItemID, TagAsUserFeatures, TagAsUserID
 
-__all__ = ["REFUSED", "InputSpec", "OutputSpec", "ServingPlan", "build_plan", "string_keys"]
+__all__ = ["InputSpec", "OutputSpec", "REFUSED", "ServingPlan", "build_plan", "string_keys"]
 
 #: the second seed of the 64-bit string key (seed 0 is the project hash itself)
 KEY_SEED = 0x2545F491

@@ -409,7 +409,7 @@ def replica_step(model: Any, optimizer: Any, loss_sum: Any, features: Any,
     """``fit``'s replica step for a model with :class:`CachedEmbeddings` (the bundled
     models' ``fit_replica_step``): :func:`default_replica_step` for the dense part,
     plus the cache variables' gradients sent to their servers."""
-    from tabstream.train.tensorflow.fit import _rows, default_replica_step
+    from tabstream.train.tensorflow.fit import batch_rows, default_replica_step
 
     layers = cached_layers(model)
     if not layers:
@@ -417,7 +417,7 @@ def replica_step(model: Any, optimizer: Any, loss_sum: Any, features: Any,
     _refuse_replicas(tf.distribute.get_strategy(), f"fit: {type(model).__name__}")
     for layer in layers:
         layer.begin_step()
-    local = tf.cast(_rows(features, labels), tf.float32)
+    local = tf.cast(batch_rows(features, labels), tf.float32)
     caches = [(layer, name, var) for layer in layers for name, var in layer.cache_variables.items()]
     with tf.GradientTape() as tape:
         for _, _, var in caches:

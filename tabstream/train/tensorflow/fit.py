@@ -234,7 +234,7 @@ def _unpack(batch: Any, where: str) -> tuple[Any, Any]:
     )
 
 
-def _rows(features: Any, labels: Any) -> tf.Tensor:
+def batch_rows(features: Any, labels: Any) -> tf.Tensor:
     if labels is not None:
         return tf.shape(tf.reshape(labels, [-1]))[0]
     first = next(iter(features.values()))
@@ -643,7 +643,7 @@ def default_replica_step(model: Any, optimizer: Any, loss_sum: Callable[[Any, An
     A model may replace it with a method ``fit_replica_step(features, labels,
     loss_sum, optimizer)`` returning the same pair (for example to scale or route
     gradients of sharded or cached tables), calling this function for the rest."""
-    local = tf.cast(_rows(features, labels), tf.float32)
+    local = tf.cast(batch_rows(features, labels), tf.float32)
     total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
     with tf.GradientTape() as tape:
         summed = loss_sum(features, labels)
@@ -758,7 +758,7 @@ class _KerasTrainer:
         def loss_sum(f: Any, y: Any) -> tf.Tensor:
             model = model_ref()
             if own_loss:
-                rows = tf.cast(_rows(f, y), tf.float32)
+                rows = tf.cast(batch_rows(f, y), tf.float32)
                 return model.compute_loss(x=f, y=y, training=True) * rows
             return tf.reduce_sum(per_row_loss(model(f, training=True), y))
 

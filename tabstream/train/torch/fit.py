@@ -119,7 +119,7 @@ def move_to_device(batch: Any, device: torch.device | str) -> Any:
     return batch
 
 
-def _unpack(batch: Any, where: str) -> tuple[Mapping[str, Any], Any]:
+def unpack_batch(batch: Any, where: str) -> tuple[Mapping[str, Any], Any]:
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)):
         raise TypeError(
             f"{where}: the loader must yield (features dict, labels) pairs, got "
@@ -190,7 +190,7 @@ def evaluate(
     name = None
     try:
         for batch in loader:
-            features, labels = _unpack(batch, "evaluate")
+            features, labels = unpack_batch(batch, "evaluate")
             name = name or label_name(loader, batch[1])
             features, labels = move_to_device(features, device), move_to_device(labels, device)
             size = _batch_size(features, labels)
@@ -440,7 +440,7 @@ class _TorchTrainer:
         self.model.train()
 
     def step(self, batch: Any, where: str) -> Step:
-        features, labels = _unpack(batch, "fit")
+        features, labels = unpack_batch(batch, "fit")
         features, labels = move_to_device(features, self.device), move_to_device(labels, self.device)
         labels_bad = _nonfinite_labels(labels)
         loss, _ = _loss(self.model, features, labels, self.loss_fn)

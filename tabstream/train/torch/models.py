@@ -423,7 +423,7 @@ def recall_at_k(model: TwoTower, loader: Iterable[Any], k: int = 10, device: Any
     ``loader`` yields ``(features, labels)`` (rows with ``label > 0.5`` are the
     positives; ``labels=None`` means all rows are).
     """
-    from tabstream.train.torch.fit import _unpack, move_to_device
+    from tabstream.train.torch.fit import move_to_device, unpack_batch
 
     if k < 1:
         raise ValueError(f"recall_at_k: k must be >= 1, got {k}")
@@ -433,7 +433,7 @@ def recall_at_k(model: TwoTower, loader: Iterable[Any], k: int = 10, device: Any
     queries, items, ids = [], [], []
     try:
         for batch in loader:
-            features, labels = _unpack(batch, "recall_at_k")
+            features, labels = unpack_batch(batch, "recall_at_k")
             features = move_to_device(features, device)
             q, i = model.query_embeddings(features), model.item_embeddings(features)
             row_ids = model.item_ids(features)
