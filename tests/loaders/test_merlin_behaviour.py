@@ -186,6 +186,9 @@ def test_next_peek_and_iter_share_the_epoch_under_way() -> None:
     with pytest.raises(StopIteration):
         next(loader)
     assert next(loader)[0]["a"].tolist() == [0, 1, 2] and loader.epoch == 4
+    loader.stop()  # the epoch under way ends (its reading thread with it)
+    assert loader.peek()[0]["a"].tolist() == [0, 1, 2]  # a stopped loader starts afresh
+    loader.stop()
 
 
 def test_stop_ends_the_epochs_under_way_and_the_next_iteration_is_whole() -> None:
