@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tabstream.backends import current as backend
-from tabstream.backends import frame_kinds
+from tabstream.backends import frame_kinds, frame_to_arrow
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 from tabstream.core.errors import DataError, NotFittedError, SchemaError
 from tabstream.core.operators import StatOperator
@@ -266,15 +266,15 @@ class JoinExternal(StatOperator):
 
 
 def _computed_frame(frame: Any, op: str) -> pa.Table:
-    """A dask DataFrame's or Dataset's rows as one Arrow table (``compute()``, then
-    pandas or cudf to Arrow)."""
+    """A dask DataFrame's or Dataset's rows as one Arrow table: ``compute()``, then
+    the backend that owns the resulting frame converts it
+    (:func:`tabstream.backends.frame_to_arrow`)."""
     result = frame.compute()
-    if isinstance(result, pd.DataFrame):
-        return pa.Table.from_pandas(result, preserve_index=False)
-    to_arrow = getattr(result, "to_arrow", None)  # a cudf DataFrame
-    if callable(to_arrow):
-        return to_arrow().replace_schema_metadata(None)
-    raise TypeError(f"{op}: df_ext.compute() gave {type(result).__name__}, not a DataFrame")
+    if isinstance(result, pa.Table):
+        return result
+    if not hasattr(result, "columns"):
+        raise TypeError(f"{op}: df_ext.compute() gave {type(result).__name__}, not a DataFrame")
+    return frame_to_arrow(result).replace_schema_metadata(None)
 
 
 def _read_csv(fs: Any, path: str) -> pa.Table:
