@@ -97,12 +97,17 @@ class TaskGroup(Executor):
             self._futures.append(future)
         return future
 
-    def close(self) -> None:
+    def settle(self) -> None:
+        """Drop the group's tasks not started and wait for those running; the group
+        stays open (an export that retries waits here before it clears its folder)."""
         with self._lock:
             futures, self._futures = self._futures, []
         for f in futures:
             f.cancel()
         concurrent.futures.wait(futures)
+
+    def close(self) -> None:
+        self.settle()
         if self._own:
             self._pool.shutdown(wait=True, cancel_futures=True)
 

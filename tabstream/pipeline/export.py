@@ -221,7 +221,11 @@ def export(
                             f"{changed.planned} the pass before; a Filter or LambdaOp that is not "
                             "a pure function of the rows?") from None
                     # the workflow changes the row count (a Filter): count its output,
-                    # then write again, split by those counts
+                    # then write again, split by those counts; the first pass's running
+                    # tasks end before its files go (a writer still at work would put a
+                    # file into the cleared folder, under a name the second pass writes)
+                    if pool is not None:
+                        pool.settle()
                     _clear_written(fs, tmp, store)
                     tasks = [delayed(_output_rows, pure=False)(plan, p) for p in range(len(pieces))]
                     counts = [int(n) for n in _run(tasks, client, pool, "export: count rows", progress)]

@@ -107,6 +107,18 @@ def test_a_task_group_drops_queued_tasks_and_waits_for_running_ones():
     assert local_compute([delayed(_where, pure=False)()])[0].startswith("tabstream_")
 
 
+def test_a_settled_task_group_takes_new_tasks():
+    group = TaskGroup(None, workers=1)
+    release = threading.Event()
+    running = group.submit(release.wait, 10)
+    queued = group.submit(lambda: "queued")
+    threading.Timer(0.2, release.set).start()
+    group.settle()
+    assert running.done() and queued.cancelled()
+    assert group.submit(lambda: 7).result() == 7
+    group.close()
+
+
 def test_a_task_group_of_its_own_threads_shuts_them_down():
     group = TaskGroup(None, workers=2)
     assert group._max_workers == 2

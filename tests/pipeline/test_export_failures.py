@@ -140,6 +140,54 @@ def test_failure_waits_for_running_siblings_before_cleaning_up(tmp_path, monkeyp
     assert os.listdir(exports) == []
 
 
+def test_a_filter_retry_waits_for_the_first_pass_before_clearing(tmp_path, monkeypatch):
+    """A Filter changes the row count: the first pass stops at the first piece whose
+    rows differ from the plan, and the export counts again and writes again into a
+    cleared folder. A sibling of that first pass still writing its file must end
+    before the folder is cleared (else its file lands in the second pass's folder,
+    or the clearing fails on it: "Directory not empty")."""
+    import dask
+
+    import tabstream.pipeline.export as export_mod
+
+    events: list[str] = []
+    original_read, original_close = export_mod._Plan.read, export_mod._FileWriter.close
+    original_clear = export_mod._clear_written
+    slowed: set[int] = set()
+
+    def read(self, piece_index):
+        if piece_index == 2 and piece_index not in slowed:  # group 1, first pass
+            slowed.add(piece_index)
+            time.sleep(0.5)
+        return original_read(self, piece_index)
+
+    def close(self):
+        events.append(f"close {self.name}")
+        return original_close(self)
+
+    def clear(*args):
+        events.append("clear")
+        return original_clear(*args)
+
+    monkeypatch.setattr(export_mod._Plan, "read", read)
+    monkeypatch.setattr(export_mod._FileWriter, "close", close)
+    monkeypatch.setattr(export_mod, "_clear_written", clear)
+    df = _frame(4000)
+    ds = ts.Dataset(df, part_size=df.memory_usage().sum() // 4 + 1)
+    assert ds.npartitions == 4
+    keep = df["row_id"] >= 100  # drops rows of piece 0 only
+    wf = ts.Workflow(["row_id", "y"] >> ops.Filter(lambda f: f["row_id"] >= 100))
+    with dask.config.set(num_workers=2):
+        wf.fit(ds)
+        wf.transform(ds).to_parquet(str(tmp_path / "out"), num_files=2)
+    assert "clear" in events
+    first_pass = events[:events.index("clear")]
+    assert "close part_00001.parquet" in first_pass, events
+    got = pd.read_parquet(tmp_path / "out").sort_values("row_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, df.loc[keep, ["row_id", "y"]].reset_index(drop=True), check_dtype=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 # -- killed exports -------------------------------------------------------------
 BLOCKED = """
     import sys, time
