@@ -112,6 +112,7 @@ class _SchemaModel(keras.Model):
                 f"{who}: embeddings= must serve the schema's categorical features {wanted}; "
                 f"{type(embeddings).__name__} serves {sorted(served)}"
             )
+        self._embeddings_given = embeddings  # saved in get_config: a clone rebuilds the same kind
         return embeddings
 
     def fit_replica_step(self, features: Any, labels: Any, loss_sum: Any, optimizer: Any) -> Any:
@@ -144,7 +145,17 @@ class _SchemaModel(keras.Model):
         return batch
 
     def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "schema": self.schema.to_dict(), "seed": self.seed}
+        config = {"name": self.name, "schema": self.schema.to_dict(), "seed": self.seed}
+        given = getattr(self, "_embeddings_given", None)
+        if given is not None:
+            if type(given).get_config is keras.layers.Layer.get_config or not hasattr(given, "get_config"):
+                raise TypeError(
+                    f"{type(self).__name__}.get_config: the embeddings= given, a "
+                    f"{type(given).__name__}, cannot be saved with the model (it has no config of "
+                    "its own, e.g. tables backed by a ParameterServer); save its weights with "
+                    "the store's own checkpoint and rebuild the model with the same embeddings=")
+            config["embeddings"] = keras.saving.serialize_keras_object(given)
+        return config
 
     # Keras rebuilds a loaded model from this (its default needs one input shape).
     def get_build_config(self) -> dict[str, Any]:
@@ -155,6 +166,9 @@ class _SchemaModel(keras.Model):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> _SchemaModel:
+        config = dict(config)
+        if isinstance(config.get("embeddings"), dict):
+            config["embeddings"] = keras.saving.deserialize_keras_object(config["embeddings"])
         return cls(**config)
 
     def fit(self, x: Any = None, *args: Any, **kwargs: Any) -> Any:

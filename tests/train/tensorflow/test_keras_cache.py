@@ -308,6 +308,10 @@ def test_refusals(tmp_path):
                                            r"tables served by CachedEmbeddings.*"
                                            r"tabstream.train.tensorflow.fit"):
         model.fit(tf.data.Dataset.from_tensors((features, labels)), verbose=0)
+    with pytest.raises(TypeError, match=r"DLRM.get_config: the embeddings= given, a CachedEmbeddings, "
+                                        r"cannot be saved with the model .*ParameterServer.*same "
+                                        r"embeddings="):
+        model.get_config()
     one_table = Schema([categorical("C1", 200, [Tags.USER_ID]), categorical("item", 200, [Tags.ITEM_ID]),
                         ColumnSchema("click", "float32", tags=[Tags.TARGET])])
     shared = ParameterServer(tmp_path / "shared", [TableConfig("t", 200, 8, ("C1", "item"))],

@@ -218,3 +218,34 @@ def test_two_tower_learns_to_retrieve():
     popularity = np.isin(features["item_id"][valid], popular).mean()
     assert recall >= 3 * 10 / 100
     assert recall >= popularity + 0.1, (recall, popularity)
+
+
+@pytest.mark.parametrize("model_cls", [DLRM, DCN])  # WideAndDeep takes CachedEmbeddings only
+def test_given_embeddings_travel_in_the_config_and_the_model_file(model_cls, tmp_path):
+    """A model built with ``embeddings=`` (here 4-wide tables with a mean combiner,
+    not what the model builds by itself) is rebuilt with the same tables from its
+    config and from a saved ``.keras`` file."""
+    from tabstream.train.tensorflow import embedding_tables_from_schema
+
+    schema, features, _, _ = ranking_data(seed=1, rows=32)
+    batch = {k: tf.constant(v) for k, v in features.items()}
+    cats = schema.select_by_tag(Tags.CATEGORICAL).without(
+        [c.name for c in schema.select_by_tag(Tags.TARGET)])
+    width = 8 if model_cls is DLRM else 4  # DLRM's dot interaction needs embedding_dim
+    tables = embedding_tables_from_schema(cats, dim=width, combiner="mean", seed=3)
+    kwargs = {**SMALL[model_cls], "embeddings": tables}
+    model = model_cls(schema, seed=0, **kwargs)
+    expected = model(batch).numpy()
+    shapes = sorted(tuple(w.shape) for w in tables.weights)
+
+    clone = model_cls.from_config(model.get_config())
+    clone(batch)
+    assert sorted(tuple(w.shape) for w in clone.embeddings.weights) == shapes
+    assert {c.combiner for c in clone.embeddings.configs} == {"mean"}
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(clone(batch).numpy(), expected, rtol=1e-6)
+
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded(batch).numpy(), expected, rtol=1e-6)
