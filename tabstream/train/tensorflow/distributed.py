@@ -74,7 +74,7 @@ from tabstream.train.sharding import (
     resolve_plan,
 )
 from tabstream.train.tables import TableConfig
-from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids
+from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids, sum_duplicate_rows
 from tabstream.train.tensorflow.optimizers import MultiOptimizer
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
@@ -541,7 +541,9 @@ class HybridParallel:
 
         summed, rows, shard_grads = self.strategy.run(replica, args=(features, labels))
         if shards:
-            shard_opt.apply([self.strategy.experimental_local_results(g)[0]
+            # one row per id: Keras' own optimizers take an IndexedSlices' rows as
+            # distinct ids (a repeated id would get the squares of its parts)
+            shard_opt.apply([_one_row_per_id(self.strategy.experimental_local_results(g)[0])
                              for g in shard_grads], shards)
         return summed, rows
 
@@ -831,3 +833,7 @@ class _HybridCheckpoints:
 
 #: saves each worker keeps (the newest and the one before it)
 _KEPT = 2
+
+
+def _one_row_per_id(grad: Any) -> Any:
+    return sum_duplicate_rows(grad) if isinstance(grad, tf.IndexedSlices) else grad

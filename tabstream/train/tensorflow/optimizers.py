@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
+from tabstream.train.tensorflow.embeddings import sum_duplicate_rows
 
 __all__ = ["LazyAdam", "MultiOptimizer"]
 
@@ -77,7 +78,7 @@ class LazyAdam(keras.optimizers.Optimizer):
         if not (self.clipnorm or self.clipvalue or self.global_clipnorm):
             return grads
         # Clip what the dense gradient would hold: one summed row per id.
-        grads = [_sum_duplicates(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        grads = [sum_duplicate_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if self.clipvalue:
             return [_map_values(g, lambda x: tf.clip_by_value(x, -self.clipvalue, self.clipvalue))
                     for g in grads]
@@ -108,7 +109,7 @@ class LazyAdam(keras.optimizers.Optimizer):
             return
 
         # Sum the gradient rows of repeated ids so each row gets one Adam step.
-        summed = _sum_duplicates(gradient)
+        summed = sum_duplicate_rows(gradient)
         rows = summed.indices
         g = tf.cast(summed.values, dtype)
         m_var = _tf_variable(m)
@@ -125,13 +126,6 @@ class LazyAdam(keras.optimizers.Optimizer):
         config = super().get_config()
         config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
         return config
-
-
-def _sum_duplicates(grad: tf.IndexedSlices) -> tf.IndexedSlices:
-    """One row per distinct index, holding the sum of that index's rows."""
-    rows, position = tf.unique(grad.indices)
-    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
-    return tf.IndexedSlices(values, rows, grad.dense_shape)
 
 
 def _values(grad: Any) -> tf.Tensor:
@@ -347,6 +341,10 @@ class MultiOptimizer(keras.optimizers.Optimizer):
             groups[self._state.routing[key]][1].append(var)
         for opt, (g, v) in zip(self._optimizers, groups, strict=True):
             if any(x is not None for x in g):
+                if not isinstance(opt, LazyAdam):  # LazyAdam sums repeated ids itself
+                    # Keras' own optimizers take an IndexedSlices' rows as distinct
+                    # ids: a repeated id would get the squares of its parts
+                    g = [sum_duplicate_rows(x) if isinstance(x, tf.IndexedSlices) else x for x in g]
                 opt.apply(g, v)
         self._iterations.assign_add(1)
 
