@@ -484,9 +484,9 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
         if overwrite:
             return "new"  # one export and nothing else: replaced whole (publish)
         raise FileExistsError(
-            f"{output_path!r} already exists and holds a tabstream export ({MANIFEST_FILE}); pass "
-            "overwrite=True to replace it (an export is never added to another: the files of "
-            "both would be read as one data set)")
+            f"{output_path!r} already exists; pass overwrite=True to replace it: it holds a "
+            f"tabstream export ({MANIFEST_FILE}), and an export is never added to another (the "
+            "files of both would be read as one data set)")
     return "into"
 
 
@@ -634,9 +634,9 @@ class PublishInto:
             if manifest is not None:
                 if not self.overwrite:
                     raise FileExistsError(
-                        f"{self.output_path!r} already holds a tabstream export ({MANIFEST_FILE}) beside "
-                        "other files; pass overwrite=True to replace it (the other files stay; an "
-                        "export is never added to another: the files of both would be read as one "
+                        f"{self.output_path!r} already exists; pass overwrite=True to replace it: it "
+                        f"holds a tabstream export ({MANIFEST_FILE}) beside other files (they stay), and "
+                        "an export is never added to another (the files of both would be read as one "
                         "data set)")
                 self.previous = _export_entries(manifest) & set(os.listdir(self.root))
                 self.previous_id = manifest.get("export_id")
