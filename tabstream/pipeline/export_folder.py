@@ -240,7 +240,7 @@ def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
         found = _read_manifest(fs, folder)
         if found is not None and _under(first, found[1]):
             return None  # a user's file beside an export: the export's schema is not its
-    
+
     with fs.open(candidate, "r") as f:
         try:
             return Schema.from_dict(loads_json(f.read(), candidate, "schema file"))
@@ -445,6 +445,17 @@ def _export_entries(manifest: dict) -> set[str]:
     return owned
 
 
+def _export_manifest(fs: Any, folder: str) -> dict | None:
+    """``folder/_manifest.json`` when it is an export's (it lists ``files``); ``None``
+    without one, or for another tool's file of that name (refused at publish as a
+    file in the way)."""
+    try:
+        manifest = _manifest_json(fs, folder)
+    except DataError:
+        return None
+    return manifest if manifest is not None and isinstance(manifest.get("files"), list) else None
+
+
 def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
     """How an export goes to ``root``: ``"new"`` (absent, or an empty folder, which is
     removed; or replaced whole with ``overwrite``: a file, or a folder holding one
@@ -476,10 +487,7 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
                     "other keys, as there is no rename to do it safely: give it a prefix of its own)")
         raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it{note}")
     names = set(os.listdir(root))
-    try:
-        manifest = _manifest_json(fs, root) if MANIFEST_FILE in names else None
-    except DataError:
-        manifest = None  # not one of ours: refused at publish, as a file in the way
+    manifest = _export_manifest(fs, root) if MANIFEST_FILE in names else None
     if manifest is not None and names <= _export_entries(manifest):
         if overwrite:
             return "new"  # one export and nothing else: replaced whole (publish)
@@ -630,7 +638,7 @@ class PublishInto:
         try:
             self.recover()
             remove_leftovers(self.fs, self.root, _SCRATCH)
-            manifest = _manifest_json(self.fs, self.root)
+            manifest = _export_manifest(self.fs, self.root)
             if manifest is not None:
                 if not self.overwrite:
                     raise FileExistsError(
@@ -669,7 +677,9 @@ class PublishInto:
 
     def finish(self) -> None:
         """Move the export's files from the temporary folder into place, manifest last."""
-        names = sorted(n for n in os.listdir(self.tmp) if n != MANIFEST_FILE)
+        # the data files first, then the other sidecars, the manifest last
+        names = sorted((n for n in os.listdir(self.tmp) if n != MANIFEST_FILE),
+                       key=lambda n: (n.startswith("_"), n))
         self._in_the_way(set(names))
         aside = posixpath.join(self.root, f".tabstream-old-{self.owner}")
         _write_json(self.journal, {"format": "tabstream.publish", "owner": self.owner,

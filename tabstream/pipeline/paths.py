@@ -25,7 +25,12 @@ from fsspec.utils import glob_translate
 
 from tabstream.core.errors import DataError, DatasetWarning
 from tabstream.pipeline import stores
-from tabstream.pipeline.export_folder import MANIFEST_FILE, drop_other_files
+from tabstream.pipeline.export_folder import (
+    JOURNAL_FILE,
+    MANIFEST_FILE,
+    drop_other_files,
+    refuse_interrupted,
+)
 from tabstream.pipeline.stores import is_local
 
 __all__ = ["expand_paths", "first_path", "hive_partitions", "infer_engine"]
@@ -76,6 +81,8 @@ def expand_paths(path: Any, storage_options: dict,
         elif fs.isdir(stripped):
             root = stripped.rstrip("/") or "/"
             every = fs.find(stripped)
+            if posixpath.join(root, JOURNAL_FILE) in every:
+                refuse_interrupted(fs, root)  # before anything is read or warned about
             every = drop_other_files(fs, every, [f for f in every if posixpath.basename(f) == MANIFEST_FILE])
             # Exports nested in the folder (root/train, root/valid) are checked too.
             found, nested, skipped = _folder_data(root, every, engine)

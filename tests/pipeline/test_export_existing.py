@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 import tabstream as ts
@@ -109,7 +108,7 @@ def test_loader_reads_the_export_alone(tmp_path):
     df = _frame(300)
     ts.Dataset(df).to_parquet(str(out), num_files=2)
     seen = []
-    for features, labels in Loader(str(out), 64, labels=["y"], shuffle=False):
+    for features, _labels in Loader(str(out), 64, labels=["y"], shuffle=False):
         seen.extend(np.asarray(features["row_id"]).tolist())
     assert sorted(seen) == df["row_id"].tolist()
 
@@ -234,9 +233,12 @@ def _kill_when_ready(proc: subprocess.Popen) -> None:
         proc.stderr.close()
 
 
-@pytest.mark.parametrize("stage", ["between-moves", "manifest-in"])
-@pytest.mark.parametrize("previous", [False, True])
+@pytest.mark.parametrize(("previous", "stage"), [(True, "between-moves"), (True, "manifest-in"),
+                                               (False, "manifest-in")])
 def test_killed_between_the_moves(tmp_path, stage, previous):
+    """Killed after one file moved in (an overwrite: the previous export put back), or
+    after the manifest moved in (complete: kept). A first export killed between the
+    moves: :func:`test_a_killed_first_export_is_removed_by_the_next`."""
     out = tmp_path / "data"
     before = _user_folder(out)
     old = _frame(400, seed=4)
@@ -249,15 +251,14 @@ def test_killed_between_the_moves(tmp_path, stage, previous):
     for path in (out, out / "*.parquet", out / "part_00000.parquet"):
         with pytest.raises(DataError, match=interrupted):
             ts.Dataset(str(path))
-    if stage == "between-moves":
-        assert not (out / "_manifest.json").exists() or previous is False
+    assert (out / "_manifest.json").exists() is (stage == "manifest-in")
     # the next export into the folder undoes the killed one (its owner is dead)
-    if previous and stage == "between-moves":
+    if stage == "between-moves":
         # the previous export is put back whole: a plain export is refused as before
         with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
             ts.Dataset(_frame(10)).to_parquet(str(out))
         _same(_read(ts.Dataset(str(out))), old)
-    elif stage == "manifest-in":
+    else:
         # the killed export had put its manifest in place: complete, kept
         with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
             ts.Dataset(_frame(10)).to_parquet(str(out))
