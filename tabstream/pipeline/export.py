@@ -19,7 +19,10 @@ format, its publishing and its checks are :mod:`tabstream.pipeline.export_folder
 
 Everything is written into a hidden sibling folder
 ``.train.tmp-<host>-<pid>-<id>`` and renamed to ``train`` only when complete, so
-a failed or killed export never leaves a folder that looks finished. A failed
+a failed or killed export never leaves a folder that looks finished. Into an existing
+folder of other files it is written in a hidden folder inside, then moved in file by
+file under a lock and a journal, ``_manifest.json`` last
+(:class:`~tabstream.pipeline.export_folder.PublishInto`). A failed
 export closes every file it opened and removes its folder; the folder of a killed
 one is removed by the next export to the same place (when its process is gone, or,
 for one started on another host, when it is older than a day). An export of zero
@@ -151,9 +154,13 @@ def export(
 
     ``partition_on=[columns]`` writes hive folders ``col=value/`` (values
     percent-encoded; a column name holding ``/``, ``..``, ``=`` or starting with ``.`` or
-    ``_`` is refused). ``overwrite=False`` refuses an existing ``output_path`` with
-    :class:`FileExistsError`, also when another export puts its folder there first;
-    with ``overwrite=True`` the last export to finish is the one in place, whole.
+    ``_`` is refused). ``overwrite=False`` refuses an ``output_path`` that holds an
+    export with :class:`FileExistsError`, also when another export puts its folder
+    there first; with ``overwrite=True`` the last export to finish is the one in
+    place, whole. A local folder of other files is exported into, without
+    ``overwrite``: they stay, and readers read the export's files alone (see
+    :class:`~tabstream.pipeline.export_folder.PublishInto`); a file of theirs with a
+    name the export writes is refused, naming it.
     A full or read-only folder is an :class:`~tabstream.core.errors.ExportError`
     naming it; nothing is left behind.
     """

@@ -6,12 +6,14 @@ with ``_`` (so other readers take the folder as it is)::
     _schema.json      the output Schema (``schema.json`` in older exports, still read)
     _metadata         the parquet footers of every data file
     _manifest.json    {"num_rows": N, "files": [{"path", "num_rows"}], ...}: written
-                      last, the mark that the export is complete
+                      last, the mark that the export is complete; for an export
+                      published into a folder of other files, also "others" (their
+                      names: never read as the export's data) and "export_id"
 
 Every data file also carries the Schema in its key-value metadata (:data:`SCHEMA_KEY`).
 This module writes those files (:func:`write_sidecars`), puts a finished folder in
-place (:func:`publish` on a local disk, :class:`ObjectStorePublish` where there is no
-rename) and checks a folder read back against them (:func:`check_manifests`,
+place (:func:`publish` on a local disk, :class:`PublishInto` into a local folder of
+other files, :class:`ObjectStorePublish` where there is no rename) and checks a folder read back against them (:func:`check_manifests`,
 :func:`refuse_unpublished`, :func:`read_schema_json`, :func:`check_schema_file`).
 The writer is :mod:`tabstream.pipeline.export`, the reader
 :class:`~tabstream.pipeline.dataset.Dataset`.
