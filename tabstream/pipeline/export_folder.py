@@ -169,8 +169,11 @@ def check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], r
         if path not in manifest:
             raise DataError(
                 f"{url}: not listed in {where} (found {rows[url]} rows, expected no such file); "
-                "remove the extra file or export again", hint=_MANIFEST_HINT
-            )
+                "remove the extra file or export again" + (
+                    " (the export was published into a folder of other files: a file of yours added "
+                    "after it is read as neither; move it out, or export again with overwrite=True, "
+                    "which lists it among the folder's others)" if others else ""),
+                hint=_MANIFEST_HINT)
         if manifest[path] != rows[url]:
             raise DataError(
                 f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "

@@ -94,6 +94,13 @@ def _under_a_journal(tmp, how: str):
         Loader(str(out), 16)
 
 
+def _user_file_added_after(tmp):
+    out = _folder(tmp)
+    ts.Dataset(_frame()).to_parquet(str(out))
+    pd.DataFrame({"row_id": [5], "y": [0.5]}).to_parquet(out / "later.parquet")
+    ts.Dataset(str(out))
+
+
 def _bad_journal(tmp):
     out = _folder(tmp)
     (out / ".tabstream-publish.json").write_text('{"moving": 3}')
@@ -142,6 +149,10 @@ CASES = [
      DataError, _INTERRUPTED),
     ("a folder under a publish journal, given to a Loader", lambda tmp: _under_a_journal(tmp, "loader"),
      DataError, _INTERRUPTED),
+    ("a user's parquet added after the export", _user_file_added_after, DataError,
+     r"data/later\.parquet: not listed in .*data/_manifest\.json \(found 1 rows, expected no such file\); "
+     r"remove the extra file or export again \(the export was published into a folder of other files: "
+     r"a file of yours added after it is read as neither; move it out, or export again with overwrite=True"),
     ("a publish journal that is not one", _bad_journal, ExportError,
      r"data/\.tabstream-publish\.json: not a valid export journal .*an export into .*data was interrupted "
      r"and its files cannot be told from others"),
