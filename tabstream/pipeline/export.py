@@ -19,7 +19,10 @@ format, its publishing and its checks are :mod:`tabstream.pipeline.export_folder
 
 Everything is written into a hidden sibling folder
 ``.train.tmp-<host>-<pid>-<id>`` and renamed to ``train`` only when complete, so
-a failed or killed export never leaves a folder that looks finished. A failed
+a failed or killed export never leaves a folder that looks finished. Into an existing
+folder of other files it is written in a hidden folder inside, then moved in file by
+file under a lock and a journal, ``_manifest.json`` last
+(:class:`~tabstream.pipeline.export_folder.PublishInto`). A failed
 export closes every file it opened and removes its folder; the folder of a killed
 one is removed by the next export to the same place (when its process is gone, or,
 for one started on another host, when it is older than a day). An export of zero
@@ -72,7 +75,12 @@ from tabstream.core.schema import Schema, Tags
 from tabstream.core.scratch import owner_tag, write_failure
 from tabstream.pipeline import export_folder
 from tabstream.pipeline.execution import TaskGroup, compute, local_compute, num_workers, shared_pool
-from tabstream.pipeline.export_folder import SCHEMA_KEY, ObjectStorePublish, check_target
+from tabstream.pipeline.export_folder import (
+    SCHEMA_KEY,
+    ObjectStorePublish,
+    PublishInto,
+    check_target,
+)
 from tabstream.pipeline.stores import is_local
 
 __all__ = ["ExportResult", "export"]
@@ -146,9 +154,13 @@ def export(
 
     ``partition_on=[columns]`` writes hive folders ``col=value/`` (values
     percent-encoded; a column name holding ``/``, ``..``, ``=`` or starting with ``.`` or
-    ``_`` is refused). ``overwrite=False`` refuses an existing ``output_path`` with
-    :class:`FileExistsError`, also when another export puts its folder there first;
-    with ``overwrite=True`` the last export to finish is the one in place, whole.
+    ``_`` is refused). ``overwrite=False`` refuses an ``output_path`` that holds an
+    export with :class:`FileExistsError`, also when another export puts its folder
+    there first; with ``overwrite=True`` the last export to finish is the one in
+    place, whole. A local folder of other files is exported into, without
+    ``overwrite``: they stay, and readers read the export's files alone (see
+    :class:`~tabstream.pipeline.export_folder.PublishInto`); a file of theirs with a
+    name the export writes is refused, naming it.
     A full or read-only folder is an :class:`~tabstream.core.errors.ExportError`
     naming it; nothing is left behind.
     """
@@ -174,16 +186,26 @@ def export(
                                  partition_on)
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
-    check_target(fs, root, output_path, overwrite)
+    mode = check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
     store = None if is_local(fs) else ObjectStorePublish(fs, root)
+    into = None
     if store is None:
         export_folder.remove_export_leftovers(fs, parent, name)
-        tmp = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
-        try:
-            fs.makedirs(tmp, exist_ok=True)
-        except OSError as exc:
-            raise _write_error(output_path, parent, exc) from exc
+        if mode == "into":  # a folder of other files: published into it, beside them
+            into = PublishInto(fs, root, output_path, overwrite)
+            try:
+                tmp = into.begin()
+            except OSError as exc:
+                if isinstance(exc, FileExistsError) or write_failure(exc, root, "output_path") is None:
+                    raise
+                raise _write_error(output_path, root, exc) from exc
+        else:
+            tmp = posixpath.join(parent, f".{name}.tmp-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+            try:
+                fs.makedirs(tmp, exist_ok=True)
+            except OSError as exc:
+                raise _write_error(output_path, parent, exc) from exc
     else:
         tmp = root  # no rename on an object store: written in place, manifest last
         store.begin()
@@ -207,6 +229,9 @@ def export(
                  schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [])
 
     try:
+        if into is not None:  # names known now: refused before anything is written
+            into.check_names({export_folder.SCHEMA_FILE, "_metadata", *(
+                [] if partition_on else [f"part_{i:05d}.parquet" for i in range(total_files)])})
         with _task_pool(client) as pool, small_pages():
             counts = _input_rows(plan, client, pool, progress)
             for attempt in (0, 1):
@@ -243,13 +268,21 @@ def export(
                 "would look finished while every reader refuses it; nothing was written",
                 hint="check the input path (an empty file?) and the filters of the workflow",
             )
-        export_folder.write_sidecars(fs, tmp, schema, files, rows)
-        if store is None:
+        extra = None
+        if into is not None:
+            extra = into.manifest_fields({f.split("/")[0] for f in files} | {
+                export_folder.SCHEMA_FILE, "_metadata", *(["_keysets"] if write_keysets else [])})
+        export_folder.write_sidecars(fs, tmp, schema, files, rows, extra)
+        if into is not None:
+            into.finish()
+        elif store is None:
             export_folder.publish(fs, tmp, root, overwrite, output_path)
         else:
             store.finish()
     except BaseException as exc:
-        if store is None:
+        if into is not None:
+            into.abort()
+        elif store is None:
             try:
                 fs.rm(tmp, recursive=True)
             except FileNotFoundError:
@@ -264,11 +297,14 @@ def export(
             raise out_of_memory(f"export to {output_path!r} (nothing was written)", exc,
                                 "the Dataset's part_size (each task holds a partition), the number "
                                 "of workers (tasks at once), or row_group_size") from exc
-        if store is None and write_failure(exc, parent, "output_path") is not None:
-            raise _write_error(output_path, parent, exc) from exc
+        where = root if into is not None else parent
+        if store is None and write_failure(exc, where, "output_path") is not None:
+            raise _write_error(output_path, where, exc) from exc
         if isinstance(exc, TabstreamError):
             raise
         raise ExportError(f"export to {output_path!r} failed, nothing was written: {exc}") from exc
+    if into is not None:
+        into.release()
     return ExportResult(output_path, files, rows)
 
 

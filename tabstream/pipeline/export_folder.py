@@ -6,12 +6,14 @@ with ``_`` (so other readers take the folder as it is)::
     _schema.json      the output Schema (``schema.json`` in older exports, still read)
     _metadata         the parquet footers of every data file
     _manifest.json    {"num_rows": N, "files": [{"path", "num_rows"}], ...}: written
-                      last, the mark that the export is complete
+                      last, the mark that the export is complete; for an export
+                      published into a folder of other files, also "others" (their
+                      names: never read as the export's data) and "export_id"
 
 Every data file also carries the Schema in its key-value metadata (:data:`SCHEMA_KEY`).
 This module writes those files (:func:`write_sidecars`), puts a finished folder in
-place (:func:`publish` on a local disk, :class:`ObjectStorePublish` where there is no
-rename) and checks a folder read back against them (:func:`check_manifests`,
+place (:func:`publish` on a local disk, :class:`PublishInto` into a local folder of
+other files, :class:`ObjectStorePublish` where there is no rename) and checks a folder read back against them (:func:`check_manifests`,
 :func:`refuse_unpublished`, :func:`read_schema_json`, :func:`check_schema_file`).
 The writer is :mod:`tabstream.pipeline.export`, the reader
 :class:`~tabstream.pipeline.dataset.Dataset`.
@@ -24,6 +26,8 @@ import json
 import os
 import posixpath
 import re
+import shutil
+import time
 import uuid
 import warnings
 from typing import Any
@@ -35,11 +39,18 @@ import tabstream
 from tabstream.core.errors import DataError, ExportError
 from tabstream.core.jsonfile import loads_json, read_json_file
 from tabstream.core.schema import Schema
-from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers
+from tabstream.core.scratch import (
+    STALE_SECONDS,
+    owner_alive,
+    owner_pattern,
+    owner_tag,
+    remove_leftovers,
+)
 from tabstream.pipeline.stores import is_local
 
 __all__ = ["MANIFEST_FILE", "ObjectStorePublish", "SCHEMA_FILE", "SCHEMA_KEY", "SIDECARS",
-           "check_manifests", "check_schema_file", "check_target", "publish", "read_schema_json",
+           "JOURNAL_FILE", "LOCK_FILE", "PublishInto", "check_manifests", "check_schema_file",
+           "check_target", "drop_other_files", "publish", "read_schema_json", "refuse_interrupted",
            "refuse_unpublished", "remove_export_leftovers", "write_sidecars"]
 
 SCHEMA_FILE = "_schema.json"
@@ -49,23 +60,76 @@ SCHEMA_KEY = b"tabstream.schema"
 
 
 MANIFEST_FILE = "_manifest.json"
+# In a folder an export is published into (:class:`PublishInto`): the lock held for
+# the export's duration, and the journal of the moves, there while files move.
+LOCK_FILE = ".tabstream-export.lock"
+JOURNAL_FILE = ".tabstream-publish.json"
 _MANIFEST_HINT = ("the export folder was changed after it was written: write it again "
                   "(tabstream fit/transform, or to_parquet) rather than editing its files")
 
 
-def _read_manifest(fs: Any, folder: str) -> dict[str, int] | None:
-    """``{file path: rows}`` from ``folder/_manifest.json``; ``None`` without one."""
+def _manifest_json(fs: Any, folder: str) -> dict | None:
+    """``folder/_manifest.json`` as read; ``None`` without one."""
     path = posixpath.join(folder, MANIFEST_FILE)
     if not fs.exists(path):
         return None
+    manifest = read_json_file(path, "export manifest", fs)
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: not a valid export manifest (a JSON {type(manifest).__name__}); expected "
+                        '{"files": [{"path": ..., "num_rows": ...}, ...]}')
+    return manifest
+
+
+def _read_manifest(fs: Any, folder: str) -> tuple[dict[str, int], set[str]] | None:
+    """``({file path: rows}, {paths of the folder's other files})`` from
+    ``folder/_manifest.json``; ``None`` without one. The other files are those the
+    folder held when an export was published into it (see :class:`PublishInto`):
+    the user's, never read as the export's data."""
+    path = posixpath.join(folder, MANIFEST_FILE)
+    refuse_interrupted(fs, folder)
+    manifest = _manifest_json(fs, folder)
+    if manifest is None:
+        return None
     try:
-        entries = read_json_file(path, "export manifest", fs)["files"]
-        return {posixpath.join(folder, e["path"]): int(e["num_rows"]) for e in entries}
-    except DataError:
-        raise
+        entries = manifest["files"]
+        files = {posixpath.join(folder, e["path"]): int(e["num_rows"]) for e in entries}
+        others = {posixpath.join(folder, str(name)) for name in manifest.get("others", [])}
+        return files, others
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: not a valid export manifest ({exc!r}); expected "
                         '{"files": [{"path": ..., "num_rows": ...}, ...]}') from exc
+
+
+def _under(path: str, prefixes: set[str]) -> bool:
+    return path in prefixes or any(path.startswith(p + "/") for p in prefixes)
+
+
+def drop_other_files(fs: Any, paths: list[str], manifests: list[str]) -> list[str]:
+    """``paths`` without the files that the ``manifests`` list as the folder's other
+    files (a user's files beside an export published into their folder): a folder or
+    a glob read as an export reads the export alone, never the user's files with it."""
+    others: set[str] = set()
+    for manifest in manifests:
+        found = _read_manifest(fs, posixpath.dirname(manifest))
+        if found is not None:
+            others |= found[1]
+    if not others:
+        return paths
+    return [p for p in paths if not _under(p, others)]
+
+
+def refuse_interrupted(fs: Any, folder: str) -> None:
+    """A folder holding the journal of an export published into it (see
+    :class:`PublishInto`) is being changed, or was left half-changed by an export
+    that was killed: refused, rather than read with files of two exports or none."""
+    journal = posixpath.join(folder, JOURNAL_FILE)
+    if fs.exists(journal):
+        raise DataError(
+            f"{folder}: an export into this folder was interrupted, or is being published now "
+            f"({JOURNAL_FILE} is there): its files are not read as data; wait for the export to "
+            "finish, or run the export into this folder again (it removes the interrupted one's "
+            "files and puts back the export that one was replacing)",
+            hint="export into the folder again, or read another folder")
 
 
 def check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], rows: dict[str, int]) -> None:
@@ -75,13 +139,14 @@ def check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], r
     in it (nested exports included); a glob must find every manifest entry it matches;
     each file is checked against the manifest of its nearest folder."""
     stripped = {fs._strip_protocol(f): f for f in files}
-    manifests: dict[str, dict[str, int] | None] = {}
+    manifests: dict[str, tuple[dict[str, int], set[str]] | None] = {}
     for folder, pattern in folders:
         if folder not in manifests:
             manifests[folder] = _read_manifest(fs, folder)
-        manifest = manifests[folder]
-        if manifest is None:
+        found = manifests[folder]
+        if found is None:
             continue
+        manifest = found[0]
         for path, expected in manifest.items():
             if path not in stripped and (pattern is None or pattern.match(path)):
                 raise DataError(
@@ -94,15 +159,21 @@ def check_manifests(fs: Any, files: list[str], folders: list[tuple[str, Any]], r
         folder = next((f for f in searched if path.startswith(f + "/")), posixpath.dirname(path))
         if folder not in manifests:
             manifests[folder] = _read_manifest(fs, folder)
-        manifest = manifests[folder]
-        if manifest is None:
+        found = manifests[folder]
+        if found is None:
             continue
+        manifest, others = found
         where = posixpath.join(folder, MANIFEST_FILE)
+        if path not in manifest and _under(path, others):
+            continue  # a file of the user's, beside the export: read when picked by its path
         if path not in manifest:
             raise DataError(
                 f"{url}: not listed in {where} (found {rows[url]} rows, expected no such file); "
-                "remove the extra file or export again", hint=_MANIFEST_HINT
-            )
+                "remove the extra file or export again" + (
+                    " (the export was published into a folder of other files: a file of yours added "
+                    "after it is read as neither; move it out, or export again with overwrite=True, "
+                    "which lists it among the folder's others)" if others else ""),
+                hint=_MANIFEST_HINT)
         if manifest[path] != rows[url]:
             raise DataError(
                 f"{url}: {where} lists {manifest[path]} rows, found {rows[url]} rows; the file "
@@ -162,13 +233,19 @@ def check_schema_file(fs: Any, files: list[str], stored: Schema | None, arrow_sc
 def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
     """tabstream exports keep tags and properties in ``_schema.json`` beside the
     files (``schema.json`` in exports of older versions, still read)."""
-    folder = posixpath.dirname(fs._strip_protocol(files[0]))
+    first = fs._strip_protocol(files[0])
+    folder = posixpath.dirname(first)
     for filename in ("_schema.json", "schema.json"):
         candidate = posixpath.join(folder, filename)
         if fs.exists(candidate):
             break
     else:
         return None
+    if filename == SCHEMA_FILE and fs.exists(posixpath.join(folder, MANIFEST_FILE)):
+        found = _read_manifest(fs, folder)
+        if found is not None and _under(first, found[1]):
+            return None  # a user's file beside an export: the export's schema is not its
+
     with fs.open(candidate, "r") as f:
         try:
             return Schema.from_dict(loads_json(f.read(), candidate, "schema file"))
@@ -179,7 +256,10 @@ def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
 
 
 # -- writing and publishing ----------------------------------------------------
-def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int]) -> None:
+def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int],
+                   extra: dict[str, Any] | None = None) -> None:
+    """``_schema.json``, ``_metadata`` and, last, ``_manifest.json`` (with the fields of
+    ``extra`` too: see :meth:`PublishInto.manifest_fields`) into ``tmp``."""
     with fs.open(posixpath.join(tmp, SCHEMA_FILE), "w") as f:
         f.write(schema.to_json())
     collected = []
@@ -199,6 +279,7 @@ def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: li
         "tabstream_version": tabstream.__version__,
         "num_rows": int(sum(rows)),
         "files": [{"path": f, "num_rows": int(n)} for f, n in zip(files, rows)],
+        **(extra or {}),
     }
     # The manifest is written last: its presence inside the folder marks it complete.
     with fs.open(posixpath.join(tmp, MANIFEST_FILE), "w") as f:
@@ -360,21 +441,321 @@ def publish(fs: Any, tmp: str, root: str, overwrite: bool, output_path: str) -> 
                 pass  # the next export here removes it (its owner gone)
 
 
-def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (an empty folder is removed)."""
-    if fs.exists(root) and not overwrite:
-        if fs.isdir(root) and not fs.ls(root):
-            if not is_local(fs):
-                fs.rm(root, recursive=True)
-                return
-            try:
-                os.rmdir(root)  # not rm -r: another export may have renamed its folder in since
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                pass  # not empty now: another export got there first; refused below
+def _export_entries(manifest: dict) -> set[str]:
+    """The names in its folder that an export (its ``_manifest.json`` read) owns."""
+    owned = {SCHEMA_FILE, "_metadata", MANIFEST_FILE, "_keysets"}
+    for entry in manifest.get("files", []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            owned.add(entry["path"].split("/")[0])
+    return owned
+
+
+def _export_manifest(fs: Any, folder: str) -> dict | None:
+    """``folder/_manifest.json`` when it is an export's (it lists ``files``); ``None``
+    without one, or for another tool's file of that name (refused at publish as a
+    file in the way)."""
+    try:
+        manifest = _manifest_json(fs, folder)
+    except DataError:
+        return None
+    return manifest if manifest is not None and isinstance(manifest.get("files"), list) else None
+
+
+def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
+    """How an export goes to ``root``: ``"new"`` (absent, or an empty folder, which is
+    removed; or replaced whole with ``overwrite``: a file, or a folder holding one
+    export and nothing else) or ``"into"`` (a local folder that holds other files: the
+    export is published into it, see :class:`PublishInto`). A folder holding an export
+    needs ``overwrite``; so does any existing ``root`` on an object store."""
+    if not fs.exists(root):
+        return "new"
+    if fs.isdir(root) and not fs.ls(root):
+        if overwrite:
+            return "new"
+        if not is_local(fs):
+            fs.rm(root, recursive=True)
+            return "new"
+        try:
+            os.rmdir(root)  # not rm -r: another export may have renamed its folder in since
+            return "new"
+        except FileNotFoundError:
+            return "new"
+        except OSError:
+            pass  # not empty now: another export got there first; refused below
         raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it")
+    if not is_local(fs) or not fs.isdir(root):
+        if overwrite:
+            return "new"
+        note = ""
+        if not is_local(fs) and not fs.exists(posixpath.join(root, MANIFEST_FILE)):
+            note = (" (on an object store an export is not published into a prefix that holds "
+                    "other keys, as there is no rename to do it safely: give it a prefix of its own)")
+        raise FileExistsError(f"{output_path!r} already exists; pass overwrite=True to replace it{note}")
+    names = set(os.listdir(root))
+    manifest = _export_manifest(fs, root) if MANIFEST_FILE in names else None
+    if manifest is not None and names <= _export_entries(manifest):
+        if overwrite:
+            return "new"  # one export and nothing else: replaced whole (publish)
+        raise FileExistsError(
+            f"{output_path!r} already exists; pass overwrite=True to replace it: it holds a "
+            f"tabstream export ({MANIFEST_FILE}), and an export is never added to another (the "
+            "files of both would be read as one data set)")
+    return "into"
+
+
+def _write_json(path: str, value: Any) -> None:
+    """``value`` into ``path``, whole or not at all (written beside, then renamed)."""
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+_OWNER_TEXT = owner_pattern("", r"[0-9a-f]{12}")  # the text of a lock
+
+# names of this module's own scratch entries inside a folder published into: removed
+# once their owner is gone (a killed export's temporary folder, its lock's draft)
+_SCRATCH = owner_pattern(r"\.tabstream-(?:tmp|old|lock)-", r"[0-9a-f]{12}")
+
+
+class PublishInto:
+    """Publishing an export into an existing local folder that holds other files.
+
+    The user's files stay; the export's own files are written into a hidden folder
+    inside (``.tabstream-tmp-<owner>-<id>``, on the folder's filesystem), then moved
+    in one rename each, ``_manifest.json`` last. ``_manifest.json`` lists the other
+    entries as ``others``: readers of the folder read the manifest's files only
+    (:func:`drop_other_files`). Steps and their safety:
+
+    * :meth:`begin`: the lock ``.tabstream-export.lock`` is made with a link (fails
+      when it exists; its text names the owner). A lock whose owner is gone (see
+      :mod:`tabstream.core.scratch`) is broken; a live one makes this export fail at
+      once, leaving nothing of its own: one export into a folder at a time. Under the
+      lock an interrupted publish is undone (:meth:`recover`); a previous export in the
+      folder needs ``overwrite``.
+    * :meth:`finish`: a name of the export that the folder holds, not of a previous
+      export, is refused (nothing moved). The journal ``.tabstream-publish.json``
+      (the names to move in, the previous export's names, the folder they go aside
+      to) is written before anything moves; while it is there readers refuse the
+      folder (:func:`refuse_interrupted`). Then the previous export's manifest and
+      files go aside (``.tabstream-old-...``), the new files move in, the new
+      manifest last, and the journal is removed.
+    * a failure part-way puts everything back (:meth:`recover`); after a kill -9 the
+      next export into the folder does it.
+    """
+
+    def __init__(self, fs: Any, root: str, output_path: str, overwrite: bool) -> None:
+        self.fs = fs
+        self.root = root
+        self.output_path = output_path
+        self.overwrite = overwrite
+        self.lock = posixpath.join(root, LOCK_FILE)
+        self.journal = posixpath.join(root, JOURNAL_FILE)
+        self.owner = f"{owner_tag()}-{uuid.uuid4().hex[:12]}"
+        self.export_id = uuid.uuid4().hex
+        self.held = False
+        self.previous: set[str] = set()
+        self.previous_id: str | None = None
+        self.tmp = posixpath.join(root, f".tabstream-tmp-{self.owner}")
+
+    # -- the lock -------------------------------------------------------------
+    def _take_lock(self) -> None:
+        draft = posixpath.join(self.root, f".tabstream-lock-{self.owner}")
+        with open(draft, "w") as f:
+            f.write(self.owner)
+        try:
+            for _ in range(8):
+                try:
+                    os.link(draft, self.lock)  # whole, or not at all: fails when it exists
+                    self.held = True
+                    return
+                except FileExistsError:
+                    holder = self._break_stale_lock()
+                    if holder is not None:
+                        raise FileExistsError(
+                            f"{self.output_path!r}: another export into this folder is under way "
+                            f"(its lock {self.lock} is held by {holder}); exports into a folder "
+                            "that holds other files run one at a time: wait for it, or export "
+                            "into another folder") from None
+            raise ExportError(f"export to {self.output_path!r}: could not take the lock {self.lock} "
+                              "(other exports kept taking it); nothing was written")
+        finally:
+            os.unlink(draft)
+
+    def _break_stale_lock(self) -> str | None:
+        """Remove the lock when its owner is gone: ``None`` (try again); else who holds it."""
+        try:
+            with open(self.lock) as f:
+                text = f.read().strip()
+            age = time.time() - os.stat(self.lock).st_mtime
+        except FileNotFoundError:
+            return None
+        m = _OWNER_TEXT.fullmatch(text)
+        alive = owner_alive(m["host"], m["pid"], m["start"]) if m else None
+        who = f"process {m['pid']}" + ("" if alive is not None else " of another host") if m and m["pid"] \
+            else "an unknown owner"
+        if alive or (alive is None and age < STALE_SECONDS):
+            return who
+        aside = posixpath.join(self.root, f".tabstream-lock-{owner_tag()}-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(self.lock, aside)
+        except FileNotFoundError:
+            return None
+        with open(aside) as f:
+            taken = f.read().strip()
+        if taken != text:  # a live export took the lock between the read and the rename
+            try:
+                os.link(aside, self.lock)  # put it back
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            return "another export"
+        os.unlink(aside)
+        return None
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            with open(self.lock) as f:
+                mine = f.read().strip() == self.owner
+            if mine:
+                os.unlink(self.lock)
+        except FileNotFoundError:
+            pass
+
+    # -- the steps ------------------------------------------------------------
+    def begin(self) -> str:
+        """Take the lock, undo an interrupted publish, check for a previous export;
+        the temporary folder to write in."""
+        self._take_lock()
+        try:
+            self.recover()
+            remove_leftovers(self.fs, self.root, _SCRATCH)
+            manifest = _export_manifest(self.fs, self.root)
+            if manifest is not None:
+                if not self.overwrite:
+                    raise FileExistsError(
+                        f"{self.output_path!r} already exists; pass overwrite=True to replace it: it "
+                        f"holds a tabstream export ({MANIFEST_FILE}) beside other files (they stay), and "
+                        "an export is never added to another (the files of both would be read as one "
+                        "data set)")
+                self.previous = _export_entries(manifest) & set(os.listdir(self.root))
+                self.previous_id = manifest.get("export_id")
+            os.mkdir(self.tmp)
+        except BaseException:
+            self.release()
+            raise
+        return self.tmp
+
+    def _in_the_way(self, names: set[str]) -> None:
+        theirs = set(os.listdir(self.root)) - self.previous
+        clash = sorted(n for n in names | {MANIFEST_FILE} if n in theirs)
+        if clash:
+            raise FileExistsError(
+                f"export into {self.output_path!r}: {posixpath.join(self.root, clash[0])} is in the way: "
+                f"the export writes a file of that name, and this one is not part of a tabstream "
+                f"export (it would be replaced); move or rename it, or export into another folder")
+
+    def check_names(self, names: set[str]) -> None:
+        """Refuse, before anything is written, names already known to be in the way."""
+        self._in_the_way(names)
+
+    def manifest_fields(self, names: set[str]) -> dict[str, Any]:
+        """``export_id`` and ``others`` (the folder's entries that are not this export's)."""
+        self._in_the_way(names)
+        skip = names | self.previous | {MANIFEST_FILE}
+        others = sorted(n for n in os.listdir(self.root)
+                        if n not in skip and not n.startswith(".tabstream-"))
+        return {"export_id": self.export_id, "others": others}
+
+    def finish(self) -> None:
+        """Move the export's files from the temporary folder into place, manifest last."""
+        # the data files first, then the other sidecars, the manifest last
+        names = sorted((n for n in os.listdir(self.tmp) if n != MANIFEST_FILE),
+                       key=lambda n: (n.startswith("_"), n))
+        self._in_the_way(set(names))
+        aside = posixpath.join(self.root, f".tabstream-old-{self.owner}")
+        _write_json(self.journal, {"format": "tabstream.publish", "owner": self.owner,
+                                   "export_id": self.export_id, "replaces": self.previous_id,
+                                   "moving": names, "previous": sorted(self.previous),
+                                   "aside": posixpath.basename(aside), "tmp": posixpath.basename(self.tmp)})
+        try:
+            if self.previous:
+                os.mkdir(aside)
+                ordered = [MANIFEST_FILE] + sorted(self.previous - {MANIFEST_FILE})
+                for name in ordered:  # the manifest first: from here readers refuse it
+                    if os.path.lexists(posixpath.join(self.root, name)):
+                        os.rename(posixpath.join(self.root, name), posixpath.join(aside, name))
+            for name in names:
+                os.rename(posixpath.join(self.tmp, name), posixpath.join(self.root, name))
+            os.rename(posixpath.join(self.tmp, MANIFEST_FILE), posixpath.join(self.root, MANIFEST_FILE))
+        except BaseException:
+            self.recover()
+            raise
+        os.unlink(self.journal)
+        for leftover in (aside, self.tmp):
+            if os.path.lexists(leftover):
+                _remove(leftover)
+
+    def abort(self) -> None:
+        """After a failure: the temporary folder goes, the lock is released."""
+        try:
+            if os.path.lexists(self.tmp):
+                _remove(self.tmp)
+        finally:
+            self.release()
+
+    def recover(self) -> list[str]:
+        """Undo the publish a journal describes (this export's after a failure, or a
+        killed one's, found under the lock): a publish whose manifest is in place is
+        complete (only its leftovers go); otherwise the names it moved in are removed
+        and the previous export's put back, manifest last. Returns the names removed."""
+        try:
+            with open(self.journal) as f:
+                journal = loads_json(f.read(), self.journal, "export journal")
+            moving = [str(n) for n in journal["moving"]]
+            previous = [str(n) for n in journal["previous"]]
+            aside = posixpath.join(self.root, str(journal["aside"]))
+            tmp = posixpath.join(self.root, str(journal["tmp"]))
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ExportError(f"{self.journal}: not a valid export journal ({exc!r}); an export into "
+                              f"{self.root} was interrupted and its files cannot be told from others: "
+                              "look at the folder, remove the export's files and the journal") from exc
+        removed = []
+        manifest = _manifest_json(self.fs, self.root) if os.path.exists(
+            posixpath.join(self.root, MANIFEST_FILE)) else None
+        done = manifest is not None and manifest.get("export_id") == journal.get("export_id")
+        if not done:
+            for name in moving + [MANIFEST_FILE]:
+                if name in previous and not os.path.lexists(posixpath.join(aside, name)):
+                    continue  # the previous export's, not moved aside yet: it stays
+                path = posixpath.join(self.root, name)
+                if os.path.lexists(path):
+                    _remove(path)
+                    removed.append(name)
+            back = [n for n in previous if n != MANIFEST_FILE] + [MANIFEST_FILE]
+            for name in back:  # the manifest last
+                if os.path.lexists(posixpath.join(aside, name)):
+                    os.rename(posixpath.join(aside, name), posixpath.join(self.root, name))
+        os.unlink(self.journal)
+        for leftover in (aside, tmp):
+            if leftover != self.tmp and os.path.lexists(leftover):
+                _remove(leftover)
+        return removed
 
 
 def remove_export_leftovers(fs: Any, parent: str, name: str) -> list[str]:

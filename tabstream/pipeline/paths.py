@@ -4,7 +4,9 @@ A path is a file, a folder, a glob or a list of them, local or any fsspec URL
 (:func:`expand_paths`). A folder's data are its own files, its hive partition folders
 (``col=value``, whose values become columns: :func:`hive_partitions`) and the exports
 nested in it (subfolders with a ``_manifest.json``); other subfolders are left out
-with a :class:`~tabstream.core.errors.DatasetWarning`. The format is given or told
+with a :class:`~tabstream.core.errors.DatasetWarning`. The files an export's
+manifest lists as ``others`` (a user's files beside an export published into their
+folder) are never read as its data, by a folder or a glob. The format is given or told
 from the extension (:func:`infer_engine`).
 """
 
@@ -23,7 +25,12 @@ from fsspec.utils import glob_translate
 
 from tabstream.core.errors import DataError, DatasetWarning
 from tabstream.pipeline import stores
-from tabstream.pipeline.export_folder import MANIFEST_FILE
+from tabstream.pipeline.export_folder import (
+    JOURNAL_FILE,
+    MANIFEST_FILE,
+    drop_other_files,
+    refuse_interrupted,
+)
 from tabstream.pipeline.stores import is_local
 
 __all__ = ["expand_paths", "first_path", "hive_partitions", "infer_engine"]
@@ -67,11 +74,16 @@ def expand_paths(path: Any, storage_options: dict,
             reached = sorted(fs.glob(posixpath.join(posixpath.dirname(stripped), MANIFEST_FILE)))
             if not matched and not reached:
                 raise FileNotFoundError(f"no files match {p!r}")
+            # a user's files beside an export published into their folder are not its data
+            matched = drop_other_files(fs, matched, reached)
             files.extend(m for m in matched if fs.isfile(m))
             folders.extend((posixpath.dirname(m), pattern) for m in reached)
         elif fs.isdir(stripped):
             root = stripped.rstrip("/") or "/"
             every = fs.find(stripped)
+            if posixpath.join(root, JOURNAL_FILE) in every:
+                refuse_interrupted(fs, root)  # before anything is read or warned about
+            every = drop_other_files(fs, every, [f for f in every if posixpath.basename(f) == MANIFEST_FILE])
             # Exports nested in the folder (root/train, root/valid) are checked too.
             found, nested, skipped = _folder_data(root, every, engine)
             if skipped and (found or nested):
