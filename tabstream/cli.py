@@ -173,13 +173,20 @@ def _dataset(path: str, engine: str | None, part_size: str | None, read_kwargs: 
 
 
 def _refuse_existing(path: str | None, overwrite: bool, what: str) -> None:
+    """Before any work: refuse an output the export would refuse at its end, by the
+    export's own rule (a folder of other files takes an export; one holding an
+    export needs --overwrite)."""
     import fsspec
+
+    from tabstream.pipeline.export_folder import check_target
 
     if path is None or overwrite:
         return
     fs, _, (root,) = fsspec.get_fs_token_paths(path)
-    if fs.exists(root):
-        raise FileExistsError(f"{what} {path!r} already exists; nothing was fitted or written")
+    try:
+        check_target(fs, root.rstrip("/"), path, overwrite)
+    except FileExistsError as exc:
+        raise FileExistsError(f"{what} {exc}; nothing was fitted or written") from None
 
 
 @contextmanager

@@ -51,13 +51,19 @@ def _dtype_of_unknown_column(tmp):
     cli("inspect", _csv(tmp), "--names", "a,b", "--dtypes", "z=int64", "--quiet")
 
 
+def _an_export_in(folder):
+    import tabstream as ts
+
+    ts.Dataset(pd.DataFrame({"a": [1, 2]})).to_parquet(str(folder))
+
+
 def _fit_into_existing_output(tmp):
-    (tmp / "out").mkdir()
+    _an_export_in(tmp / "out")
     cli("fit", _csv(tmp), "--names", "label,C1", "--output", tmp / "out", "--quiet")
 
 
 def _transform_into_existing_output(tmp):
-    (tmp / "out").mkdir()
+    _an_export_in(tmp / "out")
     cli("transform", tmp / "wf", _csv(tmp), tmp / "out", "--names", "a,b", "--quiet")
 
 
@@ -146,7 +152,8 @@ CASES = [
     ("--dtypes for a column not in --names", _dtype_of_unknown_column, CliFailed,
      r"SchemaError: dtypes given for columns \['z'\] that are not in names"),
     ("fit into an existing output", _fit_into_existing_output, CliFailed,
-     r"FileExistsError: output folder '.*out' already exists; nothing was fitted or written"
+     r"FileExistsError: output folder '.*out' already exists; pass overwrite=True to replace it: "
+     r"it holds a tabstream export .*; nothing was fitted or written"
      r"(.|\n)*hint: pass --overwrite"),
     ("transform into an existing output", _transform_into_existing_output, CliFailed,
      r"FileExistsError: output folder '.*out' already exists"),
