@@ -194,16 +194,25 @@ def test_keras_tables_reset_rows_and_optimizer_slots() -> None:
     import tensorflow as tf
 
     from tabstream.train.tensorflow.embeddings import EmbeddingTables
+    from tabstream.train.tensorflow.optimizers import MultiOptimizer
 
-    for opt in (keras.optimizers.Adam(0.1), keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25)):
+    def multi(tables):  # C1 under an Adagrad entry of a MultiOptimizer
+        return MultiOptimizer(keras.optimizers.Adam(0.1), [
+            (keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25), [tables.tables["C1"]])])
+
+    for make in (lambda t: keras.optimizers.Adam(0.1),
+                 lambda t: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25), multi):
         tables = EmbeddingTables([TableConfig("C1", 10, 4, ("C1",)), TableConfig("C2", 10, 4, ("C2",))], seed=1)
+        opt = make(tables)
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tables.lookup("C1", {"C1": tf.constant([3, 5])})) + \
                 tf.reduce_sum(tables.lookup("C2", {"C2": tf.constant([3])}))
         variables = tables.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        opt.apply(tape.gradient(loss, variables), variables)
         var = tables.tables["C1"].embeddings
         slots = {v.name: v.numpy().copy() for v in opt.variables if tuple(v.shape) == (10, 4)}
+        if make is multi:  # C1's Adagrad accumulator is among the MultiOptimizer's slots
+            assert any(n.startswith("C1_") and "accumulator" in n for n in slots), sorted(slots)
         before = var.numpy().copy()
         assert tables.apply_vocabulary_delta({"C1": [3]}, optimizer=opt) == {"C1": 1}
         after = var.numpy()

@@ -461,13 +461,16 @@ class EmbeddingTables(keras.layers.Layer):
             return
         # Keras names a slot "<variable path with _>_<slot>" (add_variable_from_reference)
         slot_names = {f"{var.path.replace('/', '_')}_{kind}" for kind in _ROW_SLOTS}
-        for slot in optimizer.variables:
-            if tuple(slot.shape) != tuple(var.shape) or slot.name not in slot_names:
-                continue
-            value = optimizer.initial_accumulator_value if "accumulator" in slot.name \
-                and isinstance(optimizer, keras.optimizers.Adagrad) else 0.0
-            slot.value.scatter_nd_update(index, tf.fill((len(arr), int(var.shape[1])),
-                                                        tf.cast(value, slot.dtype)))
+        # a MultiOptimizer's slots belong to its entries: each resets to its own
+        # initial value (Adagrad's initial_accumulator_value, not 0)
+        for owner in getattr(optimizer, "optimizers", None) or [optimizer]:
+            for slot in owner.variables:
+                if tuple(slot.shape) != tuple(var.shape) or slot.name not in slot_names:
+                    continue
+                value = owner.initial_accumulator_value if "accumulator" in slot.name \
+                    and isinstance(owner, keras.optimizers.Adagrad) else 0.0
+                slot.value.scatter_nd_update(index, tf.fill((len(arr), int(var.shape[1])),
+                                                            tf.cast(value, slot.dtype)))
 
     def apply_vocabulary_delta(self, delta: Any, optimizer: Any = None) -> dict[str, int]:
         """:meth:`reset_rows` for every id a vocabulary delta recycled (``delta``: a
