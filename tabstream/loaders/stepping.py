@@ -16,13 +16,16 @@ gives that code what it expects, on top of the epochs:
 * ``stop()`` (and leaving a ``with`` block) ends the epochs under way, including
   iterators ``iter(loader)`` handed out, and stops their threads: the next
   iteration runs the next epoch, whole;
-* ``map(fn)`` (core and torch loaders) applies ``fn(features, labels)`` to every
-  batch, in the background thread, and returns the loader; the next ``map`` gets
-  what the previous returned, unpacked (``fn(*batch)``).
+* ``map(fn)`` applies ``fn(features, labels)`` to every batch from the next epoch
+  on and returns the loader; the next ``map`` gets what the previous returned,
+  unpacked (``fn(*batch)``). The core and torch loaders call it in the background
+  thread; the TensorFlow loader traces it into its tf.data pipeline (see
+  :meth:`tabstream.loaders.tensorflow.Loader.map`);
+* ``loader.batch_size = n`` applies from the next epoch on.
 
-The TensorFlow loader is a ``tf.data.Dataset``: its ``iter()`` and ``map`` are
-tf.data's (each ``iter`` a new epoch; ``map`` traces its function), and its batch
-size is fixed when it is made; ``next``, ``peek``, ``stop`` and ``with`` are as above.
+The TensorFlow loader, a ``tf.data.Dataset``, follows these rules in eager code;
+its stepping iterator is a tf.data iterator, so Keras and ``tf.function`` loops
+take it too (one holding a peeked batch is refused there: it would skip the batch).
 
 For example::
 
@@ -97,7 +100,11 @@ class Stepping:
 
     def _open_tracked(self) -> Peekable:
         batches = self._open_iteration()
-        stepper = batches if isinstance(batches, Peekable) else Peekable(batches)
+        # a Peekable, or an iterator with peek() and close() of its own (the
+        # TensorFlow loader's, which must stay a tf.data iterator for Keras)
+        stepper = (batches if isinstance(batches, Peekable)
+                   or (hasattr(batches, "peek") and hasattr(batches, "close"))
+                   else Peekable(batches))
         self._handed_out().add(stepper)
         return stepper
 
