@@ -44,6 +44,7 @@ import itertools
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -60,11 +61,16 @@ try:  # the dataset op behind from_generator (TensorFlow's own module, private)
 except ImportError:  # pragma: no cover - moved in some later TensorFlow: see _batches
     _GeneratorDataset = getattr(dataset_ops, "_GeneratorDataset", None)
 
-from tabstream.loaders import batching, core
+from tabstream.loaders import batching, core, plan
 from tabstream.loaders.options import LoaderOptions
 from tabstream.loaders.stepping import Stepping
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "ResumedEpochWarning"]
+
+
+class ResumedEpochWarning(UserWarning):
+    """The next epoch was resumed (``set_position``) and has fewer batches than the
+    epochs after it, which a Keras ``fit`` of several epochs would take for all."""
 
 
 def _strategy_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:
@@ -470,6 +476,28 @@ class Loader(dataset_ops.DatasetV2, Stepping):
             if quiet and not _foreign_python_running():
                 return
             time.sleep(_QUIET_S)  # lets a call waiting for the lock in; it ends at once
+
+    def cardinality(self) -> tf.Tensor:
+        """tf.data's cardinality: the next iteration's batches (``len(loader)``).
+
+        Keras's ``fit`` reads it once per call and takes it for every epoch of the
+        call; when the next epoch is a resumed one (``set_position``), shorter than
+        the epochs after it, this warns (:class:`ResumedEpochWarning`): one call of
+        several epochs would stop each later epoch early, leaving rows out."""
+        count = super().cardinality()
+        core = self.core
+        whole = plan.split_rows(core.num_rows, core.batch_size, core.global_size,
+                                core.drop_last)[core.global_rank].num_batches
+        if context.executing_eagerly() and int(count) != whole:
+            warnings.warn(
+                f"tensorflow.Loader: the next epoch ({core.epoch}, resumed by set_position) "
+                f"has {int(count)} batches, the epochs after it {whole}. Keras's fit takes "
+                f"the first epoch's length for every epoch of one call and would stop the "
+                f"later ones after {int(count)} batches: fit the resumed epoch in a call of "
+                f"its own, model.fit(loader, epochs=1), then model.fit(loader, "
+                f"initial_epoch=..., epochs=...) for the whole epochs",
+                ResumedEpochWarning, stacklevel=2)
+        return count
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""

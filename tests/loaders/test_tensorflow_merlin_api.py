@@ -5,6 +5,7 @@ ranks (issue 32): rows checked by id against plain numpy."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import tabstream as ts
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from tabstream.loaders.tensorflow import Loader  # noqa: E402
+from tabstream.loaders.tensorflow import Loader, ResumedEpochWarning  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -195,7 +196,7 @@ def _epoch(loaders: list[Loader], steps: int | None = None) -> list[int]:
     rows, counts = [], set()
     for loader in loaders:
         expected = len(loader)
-        assert int(loader.cardinality()) == expected
+        assert int(tf.data.experimental.cardinality(loader)) == expected
         n = 0
         for features, labels in loader:
             np.testing.assert_array_equal(labels.numpy(), features["row_id"].numpy() % 2)
@@ -227,6 +228,10 @@ def test_an_epoch_resumed_on_another_world_size_then_a_whole_one(testdata: Any, 
         loader.set_position(state)
     left = 561 - len(seen)
     assert {len(loader) for loader in after} == {-(-left // 24)}
+    with pytest.warns(ResumedEpochWarning, match=rf"the next epoch \(0, resumed by "
+                      rf"set_position\) has {-(-left // 24)} batches, the epochs after it "
+                      rf"{-(-561 // 24)}\. Keras's fit takes"):
+        assert int(after[0].cardinality()) == -(-left // 24)
     rest = _epoch(after)           # ends without TensorFlow's cardinality error
     assert len(rest) == left and sorted(seen + rest) == list(range(561))
     # the next epoch is whole, the usual one on w2 ranks
@@ -258,10 +263,15 @@ def test_a_resumed_epoch_in_keras_fit_and_a_tf_function(testdata: Any, tmp_path:
     loader.map(lambda x, y: (tf.cast(tf.expand_dims(x["row_id"], -1), tf.float32),
                              tf.cast(y, tf.float32)))
     # Keras's progress bar length and its steps: the resumed epoch's, then a whole one's
-    for want in (-(-left // 16), -(-561 // 16)):
-        steps = Steps()
+    steps = Steps()
+    with pytest.warns(ResumedEpochWarning, match="fit the resumed epoch in a call of its own"):
         model.fit(loader, epochs=1, verbose=0, shuffle=False, callbacks=[steps])
-        assert steps.expected == steps.batches == want
+    assert steps.expected == steps.batches == -(-left // 16)
+    steps = Steps()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumedEpochWarning)   # a whole epoch: no warning
+        model.fit(loader, epochs=1, verbose=0, shuffle=False, callbacks=[steps])
+    assert steps.expected == steps.batches == -(-561 // 16)
 
     @tf.function
     def rows(dataset: tf.data.Dataset) -> Any:
