@@ -298,6 +298,9 @@ class Loader(dataset_ops.DatasetV2, Stepping):
         else:  # must be the last transformation
             ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
         if keep:
+            # the datasets built before stay referenced: an iterator made from one
+            # may still be running (their py_functions must stay registered)
+            self.__dict__.setdefault("_builds", []).append(ds)
             self._dataset = ds
             self._built = (count, len(maps))
             if "_variant_tensor_attr" in self.__dict__:  # a rebuild (the first is __init__'s)
@@ -476,6 +479,14 @@ class Loader(dataset_ops.DatasetV2, Stepping):
             if quiet and not _foreign_python_running():
                 return
             time.sleep(_QUIET_S)  # lets a call waiting for the lock in; it ends at once
+
+    def stop(self) -> None:
+        """End the epochs under way (``next``, ``peek``, the iterators handed out,
+        and those of datasets made from the loader): their reading threads stop now,
+        and the next iteration runs the next epoch, whole."""
+        super().stop()
+        for epoch in list(self._epochs.values()):
+            epoch.close()
 
     def cardinality(self) -> tf.Tensor:
         """tf.data's cardinality: the next iteration's batches (``len(loader)``).

@@ -72,6 +72,30 @@ def test_stop_and_with_end_the_iterators_handed_out() -> None:
         next(started)
 
 
+def test_stop_ends_the_reading_threads_of_iterators_still_held() -> None:
+    import threading
+    import time
+
+    def running() -> int:
+        return sum(t.name == "tabstream-loader" and t.is_alive() for t in threading.enumerate())
+
+    before = running()
+    loader = Loader(ts.Dataset(frame(200)), 10, labels=["label"])
+    held = iter(loader)
+    next(held)
+    derived = iter(tf.data.Dataset.map(loader, lambda x, y: x["a"]))
+    next(derived)
+    assert running() == before + 2
+    loader.stop()
+    deadline = time.monotonic() + 5
+    while running() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() == before
+    with pytest.raises(StopIteration):
+        next(held)
+    assert sum(ids(loader), []) == list(range(200))
+
+
 def test_a_peeked_batch_is_not_skipped_by_a_tf_function() -> None:
     loader = Loader(ts.Dataset(frame(12)), 4, labels=["label"])
 
@@ -300,3 +324,25 @@ def test_the_from_generator_fallback_resumes_too(testdata: Any, tmp_path: Path,
         loader.set_position(state)
     assert sorted(seen + _epoch(after)) == list(range(561))
     assert sorted(_epoch(after)) == list(range(561))
+
+
+def test_a_rebuild_leaves_the_running_iterator_alone() -> None:
+    import gc
+
+    df = frame(100)
+    first = Loader(ts.Dataset(df), 10, labels=["label"])
+    taken = sum(ids(next(first) for _ in range(3)), [])
+    state = first.position(0, 3)
+    first.stop()
+    loader = Loader(ts.Dataset(df), 10, labels=["label"])
+    loader.set_position(state)
+    it = iter(loader)
+    got = next(it)[0]["a"].numpy().tolist()
+    # the epoch under way was claimed: the next one is whole, then batches of 7
+    assert int(loader.cardinality()) == 10
+    loader.batch_size = 7
+    assert int(loader.cardinality()) == 15 == len(loader)
+    gc.collect()
+    got += sum(ids(it), [])
+    assert sorted(taken + got) == df["a"].tolist()
+    assert [len(b) for b in ids(loader)] == [7] * 14 + [2]
