@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Peekable", "Stepping"]
+__all__ = ["Peekable", "Stepper", "Stepping"]
 
 
 class Peekable:
@@ -82,12 +82,27 @@ class Peekable:
             closer()
 
 
+@runtime_checkable
+class Stepper(Protocol):
+    """An epoch's batches that ``next``/``peek`` step through and ``stop`` closes:
+    a :class:`Peekable`, or an iterator with these of its own (the TensorFlow
+    loader's, which must stay a tf.data iterator for Keras and ``tf.function``)."""
+
+    def __iter__(self) -> Any: ...
+
+    def __next__(self) -> Any: ...
+
+    def peek(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
 class Stepping:
     """merlin-dataloader's stepping methods (see the module docstring). A class
     mixing it in provides :meth:`_open_iteration`, one new epoch's batches as
     delivered; its ``__iter__`` may return :meth:`_continue_or_open`."""
 
-    _stepping: Peekable | None = None
+    _stepping: Stepper | None = None
 
     def _open_iteration(self) -> Iterator[Any]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -98,22 +113,18 @@ class Stepping:
             handed = self.__dict__["_handed"] = weakref.WeakSet()
         return handed
 
-    def _open_tracked(self) -> Peekable:
+    def _open_tracked(self) -> Stepper:
         batches = self._open_iteration()
-        # a Peekable, or an iterator with peek() and close() of its own (the
-        # TensorFlow loader's, which must stay a tf.data iterator for Keras)
-        stepper = (batches if isinstance(batches, Peekable)
-                   or (hasattr(batches, "peek") and hasattr(batches, "close"))
-                   else Peekable(batches))
+        stepper = batches if isinstance(batches, Stepper) else Peekable(batches)
         self._handed_out().add(stepper)
         return stepper
 
-    def _continue_or_open(self) -> Peekable:
+    def _continue_or_open(self) -> Stepper:
         """The epoch ``next``/``peek`` started, else a new one."""
         stepper, self._stepping = self._stepping, None
         return stepper if stepper is not None else self._open_tracked()
 
-    def _stepper(self) -> Peekable:
+    def _stepper(self) -> Stepper:
         if self._stepping is None:
             self._stepping = self._open_tracked()
         return self._stepping
