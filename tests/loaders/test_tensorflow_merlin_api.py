@@ -346,3 +346,12 @@ def test_a_rebuild_leaves_the_running_iterator_alone() -> None:
     got += sum(ids(it), [])
     assert sorted(taken + got) == df["a"].tolist()
     assert [len(b) for b in ids(loader)] == [7] * 14 + [2]
+
+
+def test_exported_names() -> None:
+    import tabstream.loaders.stepping
+    import tabstream.loaders.tensorflow
+
+    assert tabstream.loaders.tensorflow.__all__ == ["Loader", "ResumedEpochWarning"]
+    assert tabstream.loaders.stepping.__all__ == ["Peekable", "Stepper", "Stepping"]
+    assert issubclass(ResumedEpochWarning, UserWarning)
