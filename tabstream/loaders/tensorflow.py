@@ -18,9 +18,12 @@ perhaps on another number of ranks) the next iteration has ``len(loader)`` batch
 fewer than a whole epoch, and the dataset's cardinality says so; Keras reads it
 once per ``fit`` call, so give the resumed epoch a ``fit`` call of its own
 (``model.fit(loader, epochs=1)``, then ``model.fit(loader, initial_epoch=1,
-epochs=E)``): in one call Keras would cut every later epoch to the first's length. Keras warns that ``shuffle=True`` (its
-default) is ignored for a ``tf.data.Dataset``: the loader shuffles by itself, so
-pass ``shuffle=False`` to ``fit`` to silence that.
+epochs=E)``): in one call Keras would cut every later epoch to the first's length
+(reading that cardinality warns, :class:`ResumedEpochWarning`).
+
+Keras warns that ``shuffle=True`` (its default) is ignored for a
+``tf.data.Dataset``: the loader shuffles by itself, so pass ``shuffle=False`` to
+``fit`` to silence that.
 
 Elements are ``(features, labels)`` (just ``features`` when there are no label
 columns); each leaf is a tensor whose first dimension is the batch:
