@@ -16,13 +16,16 @@ gives that code what it expects, on top of the epochs:
 * ``stop()`` (and leaving a ``with`` block) ends the epochs under way, including
   iterators ``iter(loader)`` handed out, and stops their threads: the next
   iteration runs the next epoch, whole;
-* ``map(fn)`` (core and torch loaders) applies ``fn(features, labels)`` to every
-  batch, in the background thread, and returns the loader; the next ``map`` gets
-  what the previous returned, unpacked (``fn(*batch)``).
+* ``map(fn)`` applies ``fn(features, labels)`` to every batch from the next epoch
+  on and returns the loader; the next ``map`` gets what the previous returned,
+  unpacked (``fn(*batch)``). The core and torch loaders call it in the background
+  thread; the TensorFlow loader traces it into its tf.data pipeline (see
+  :meth:`tabstream.loaders.tensorflow.Loader.map`);
+* ``loader.batch_size = n`` applies from the next epoch on.
 
-The TensorFlow loader is a ``tf.data.Dataset``: its ``iter()`` and ``map`` are
-tf.data's (each ``iter`` a new epoch; ``map`` traces its function), and its batch
-size is fixed when it is made; ``next``, ``peek``, ``stop`` and ``with`` are as above.
+The TensorFlow loader, a ``tf.data.Dataset``, follows these rules in eager code;
+its stepping iterator is a tf.data iterator, so Keras and ``tf.function`` loops
+take it too (one holding a peeked batch is refused there: it would skip the batch).
 
 For example::
 
@@ -36,9 +39,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Peekable", "Stepping"]
+__all__ = ["Peekable", "Stepper", "Stepping"]
 
 
 class Peekable:
@@ -79,12 +82,27 @@ class Peekable:
             closer()
 
 
+@runtime_checkable
+class Stepper(Protocol):
+    """An epoch's batches that ``next``/``peek`` step through and ``stop`` closes:
+    a :class:`Peekable`, or an iterator with these of its own (the TensorFlow
+    loader's, which must stay a tf.data iterator for Keras and ``tf.function``)."""
+
+    def __iter__(self) -> Any: ...
+
+    def __next__(self) -> Any: ...
+
+    def peek(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
 class Stepping:
     """merlin-dataloader's stepping methods (see the module docstring). A class
     mixing it in provides :meth:`_open_iteration`, one new epoch's batches as
     delivered; its ``__iter__`` may return :meth:`_continue_or_open`."""
 
-    _stepping: Peekable | None = None
+    _stepping: Stepper | None = None
 
     def _open_iteration(self) -> Iterator[Any]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -95,18 +113,18 @@ class Stepping:
             handed = self.__dict__["_handed"] = weakref.WeakSet()
         return handed
 
-    def _open_tracked(self) -> Peekable:
+    def _open_tracked(self) -> Stepper:
         batches = self._open_iteration()
-        stepper = batches if isinstance(batches, Peekable) else Peekable(batches)
+        stepper = batches if isinstance(batches, Stepper) else Peekable(batches)
         self._handed_out().add(stepper)
         return stepper
 
-    def _continue_or_open(self) -> Peekable:
+    def _continue_or_open(self) -> Stepper:
         """The epoch ``next``/``peek`` started, else a new one."""
         stepper, self._stepping = self._stepping, None
         return stepper if stepper is not None else self._open_tracked()
 
-    def _stepper(self) -> Peekable:
+    def _stepper(self) -> Stepper:
         if self._stepping is None:
             self._stepping = self._open_tracked()
         return self._stepping

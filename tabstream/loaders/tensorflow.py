@@ -13,9 +13,17 @@ cardinality), so it goes straight into Keras and into ``tf.function`` loops::
     train_epoch(train)
 
 Each new iteration (each Keras epoch) runs the next loader epoch, as with the
-other loaders; ``set_epoch`` works too. Keras warns that ``shuffle=True`` (its
-default) is ignored for a ``tf.data.Dataset``: the loader shuffles by itself, so
-pass ``shuffle=False`` to ``fit`` to silence that.
+other loaders; ``set_epoch`` works too. After ``set_position`` (an epoch resumed,
+perhaps on another number of ranks) the next iteration has ``len(loader)`` batches,
+fewer than a whole epoch, and the dataset's cardinality says so; Keras reads it
+once per ``fit`` call, so give the resumed epoch a ``fit`` call of its own
+(``model.fit(loader, epochs=1)``, then ``model.fit(loader, initial_epoch=1,
+epochs=E)``): in one call Keras would cut every later epoch to the first's length
+(reading that cardinality warns, :class:`ResumedEpochWarning`).
+
+Keras warns that ``shuffle=True`` (its default) is ignored for a
+``tf.data.Dataset``: the loader shuffles by itself, so pass ``shuffle=False`` to
+``fit`` to silence that.
 
 Elements are ``(features, labels)`` (just ``features`` when there are no label
 columns); each leaf is a tensor whose first dimension is the batch:
@@ -39,6 +47,7 @@ import itertools
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -55,11 +64,16 @@ try:  # the dataset op behind from_generator (TensorFlow's own module, private)
 except ImportError:  # pragma: no cover - moved in some later TensorFlow: see _batches
     _GeneratorDataset = getattr(dataset_ops, "_GeneratorDataset", None)
 
-from tabstream.loaders import batching, core
+from tabstream.loaders import batching, core, plan
 from tabstream.loaders.options import LoaderOptions
-from tabstream.loaders.stepping import Peekable, Stepping
+from tabstream.loaders.stepping import Stepping
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "ResumedEpochWarning"]
+
+
+class ResumedEpochWarning(UserWarning):
+    """The next epoch was resumed (``set_position``) and has fewer batches than the
+    epochs after it, which a Keras ``fit`` of several epochs would take for all."""
 
 
 def _strategy_defaults(global_size: int | None, global_rank: int | None) -> tuple[int | None, int | None]:
@@ -194,10 +208,19 @@ class Loader(dataset_ops.DatasetV2, Stepping):
     so host-to-GPU copies overlap the training step; batches and their order do not
     depend on it.
 
-    merlin-dataloader's ``next(loader)``, ``peek()``, ``stop()`` and ``with`` work
-    (:mod:`tabstream.loaders.stepping`); ``map`` is ``tf.data.Dataset.map`` (its
-    function gets ``(features, labels)`` as graph tensors), and the batch size is
-    fixed when the loader is made.
+    merlin-dataloader's ``next(loader)``, ``peek()``, ``stop()``, ``with``,
+    ``loader.batch_size = n`` (from the next epoch on) and ``iter(loader)``
+    continuing the epoch ``next``/``peek`` started work as for the torch loader
+    (:mod:`tabstream.loaders.stepping`). ``map(fn)`` is merlin's: it changes the
+    loader and returns it, ``fn`` traced into the pipeline as tf.data's ``map``
+    traces it (see :meth:`map`).
+
+    ``position(epoch, batches)`` and ``set_position(position)`` are the core's
+    (:meth:`tabstream.loaders.Loader.position`): an epoch resumed on another number
+    of ranks has fewer batches, and the dataset's cardinality (what Keras takes for
+    the epoch's length) follows: it is always the next iteration's ``len(loader)``.
+    Datasets made from the loader (``loader.repeat()``, ``loader.take(n)``) keep the
+    length of the moment they were made.
     """
 
     def __init__(
@@ -241,8 +264,27 @@ class Loader(dataset_ops.DatasetV2, Stepping):
         grouped = {i for g in self._block_positions for i in g}
         self._single_positions = [i for i in range(len(flat)) if i not in grouped]
         self.core.set_column_blocks([[flat[i].name for i in g] for g in self._block_positions])
-        ds = self._batches(self._spec)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(len(self.core)))
+        self._maps: list[tuple[Any, dict[str, Any]]] = []  # map()'s functions, in order
+        self._built: tuple[int, int] | None = None  # (cardinality, maps) the dataset was built for
+        ds = self._build()
+        super().__init__(ds._variant_tensor)
+
+    def _build(self, maps: list[tuple[Any, dict[str, Any]]] | None = None) -> tf.data.Dataset:
+        """The dataset the loader stands for: its batches, with the cardinality of the
+        next iteration's epoch (``len(self.core)``), the ``map`` functions, prefetching.
+
+        Kept as ``self._dataset`` (and its variant as the loader's own) unless
+        ``maps`` is given: then only returned, for ``map`` to check its function
+        before keeping it."""
+        keep = maps is None
+        maps = self._maps if maps is None else maps
+        count = len(self.core)
+        ds = self._batches(self._spec, count)
+        # tf.data's cardinality, which Keras takes for the epoch's length (its
+        # progress bar); checked at the epoch's end, so it must be this epoch's:
+        # a resumed epoch (set_position) has fewer batches than the next one. The
+        # loader rebuilds the dataset when the length changes (_variant_tensor).
+        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         # Nothing here is autotuned (one generator, prefetch 1), and with
@@ -252,16 +294,36 @@ class Loader(dataset_ops.DatasetV2, Stepping):
         # Criteo runs and the 0.098 M rows/s multi-hot epochs of benchmarks/RESULTS.md.
         options.autotune.enabled = False
         ds = ds.with_options(options)
+        for fn, kwargs in maps:
+            ds = dataset_ops.DatasetV2.map(ds, fn, **kwargs)
         if self.device is None:
             ds = ds.prefetch(1)
         else:  # must be the last transformation
             ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device, buffer_size=1))
-        self._dataset = ds
-        super().__init__(ds._variant_tensor)
+        if keep:
+            # the datasets built before stay referenced: an iterator made from one
+            # may still be running (their py_functions must stay registered)
+            self.__dict__.setdefault("_builds", []).append(ds)
+            self._dataset = ds
+            self._built = (count, len(maps))
+            if "_variant_tensor_attr" in self.__dict__:  # a rebuild (the first is __init__'s)
+                self._variant_tensor_attr = ds._variant_tensor
+        return ds
 
-    def _open_iteration(self) -> Peekable:
+    @property
+    def _variant_tensor(self) -> tf.Tensor:
+        # Every use of the dataset (an iterator, Keras, a tf.function argument,
+        # cardinality()) goes through here: rebuilt when the next epoch's length is
+        # not the one built (set_position, the epoch after a resumed one, a new
+        # batch_size). Only eagerly: a graph being traced keeps what it was given.
+        if context.executing_eagerly() and self._built != (len(self.core), len(self._maps)):
+            self._build()
+        return self._variant_tensor_attr
+
+    def _open_iteration(self) -> _EagerIterator:
         # an eager iterator: dropping it ends its epoch (tf.data calls _close_epoch)
-        return Peekable(iter(self), closer=lambda: None)
+        with ops.colocate_with(self._variant_tensor):  # as tf.data.Dataset.__iter__
+            return _EagerIterator(self)
 
     # tf.data.Dataset's abstract interface
     def _inputs(self) -> list[tf.data.Dataset]:
@@ -269,16 +331,16 @@ class Loader(dataset_ops.DatasetV2, Stepping):
 
     def __iter__(self) -> iterator_ops.OwnedIterator:
         if context.executing_eagerly():
-            with ops.colocate_with(self._variant_tensor):  # as tf.data.Dataset.__iter__
-                return _EagerIterator(self)
+            # the epoch next()/peek() started, else a new one
+            return self._continue_or_open()
         return super().__iter__()
 
     @property
     def element_spec(self) -> Any:
         # the specs with their column names (the mapped batches carry none)
-        return self._spec
+        return self._dataset.element_spec if self._maps else self._spec
 
-    def _batches(self, spec: Any) -> tf.data.Dataset:
+    def _batches(self, spec: Any, count: int) -> tf.data.Dataset:
         """One epoch per new iterator, its batches as tensors of ``spec``.
 
         tf.data's generator dataset (the op behind ``from_generator``) with three
@@ -317,8 +379,6 @@ class Loader(dataset_ops.DatasetV2, Stepping):
             return tf.nest.pack_sequence_as(spec, tensors)
 
         if _GeneratorDataset is None:
-            count = len(self.core)
-
             def epoch_keys() -> Iterator[int]:
                 key = self._open_epoch()
                 try:
@@ -423,6 +483,36 @@ class Loader(dataset_ops.DatasetV2, Stepping):
                 return
             time.sleep(_QUIET_S)  # lets a call waiting for the lock in; it ends at once
 
+    def stop(self) -> None:
+        """End the epochs under way (``next``, ``peek``, the iterators handed out,
+        and those of datasets made from the loader): their reading threads stop now,
+        and the next iteration runs the next epoch, whole."""
+        super().stop()
+        for epoch in list(self._epochs.values()):
+            epoch.close()
+
+    def cardinality(self) -> tf.Tensor:
+        """tf.data's cardinality: the next iteration's batches (``len(loader)``).
+
+        Keras's ``fit`` reads it once per call and takes it for every epoch of the
+        call; when the next epoch is a resumed one (``set_position``), shorter than
+        the epochs after it, this warns (:class:`ResumedEpochWarning`): one call of
+        several epochs would stop each later epoch early, leaving rows out."""
+        count = super().cardinality()
+        core = self.core
+        whole = plan.split_rows(core.num_rows, core.batch_size, core.global_size,
+                                core.drop_last)[core.global_rank].num_batches
+        if context.executing_eagerly() and int(count) != whole:
+            warnings.warn(
+                f"tensorflow.Loader: the next epoch ({core.epoch}, resumed by set_position) "
+                f"has {int(count)} batches, the epochs after it {whole}. Keras's fit takes "
+                f"the first epoch's length for every epoch of one call and would stop the "
+                f"later ones after {int(count)} batches: fit the resumed epoch in a call of "
+                f"its own, model.fit(loader, epochs=1), then model.fit(loader, "
+                f"initial_epoch=..., epochs=...) for the whole epochs",
+                ResumedEpochWarning, stacklevel=2)
+        return count
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""
         self.core.set_epoch(epoch)
@@ -431,6 +521,58 @@ class Loader(dataset_ops.DatasetV2, Stepping):
     def epoch(self) -> int:
         """The epoch the next iteration will run."""
         return self.core.epoch
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch; setting it applies from the next epoch on (an epoch under
+        way keeps its own), ``len(loader)`` and the cardinality with it."""
+        return self.core.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.core.batch_size = value
+
+    def position(self, epoch: int, batches: int) -> dict[str, Any]:
+        """Where ``epoch`` stands once every rank has taken ``batches`` batches: plain
+        values, free of the number of ranks (:meth:`tabstream.loaders.Loader.position`)."""
+        return self.core.position(epoch, batches)
+
+    def set_position(self, position: Mapping[str, Any]) -> None:
+        """Resume from :meth:`position`'s output, taken on any number of ranks: the
+        next iteration delivers the rows of its epoch not delivered yet
+        (:meth:`tabstream.loaders.Loader.set_position`); ``len(loader)`` and the
+        dataset's cardinality are that epoch's, then whole epochs' again."""
+        self.core.set_position(position)
+
+    def map(self, map_func: Any, num_parallel_calls: Any = None, deterministic: Any = None,
+            name: str | None = None) -> Loader:
+        """Apply ``map_func`` to every batch from the next epoch on, as
+        merlin-dataloader's ``map``: returns the loader itself, changed, so calls
+        chain (``Loader(...).map(f).map(g)``) and ``next``, ``peek``, ``iter``, Keras
+        and ``tf.function`` loops all get the mapped batches.
+
+        The function runs as tf.data's ``map`` runs it (its arguments too:
+        ``num_parallel_calls``, ``deterministic``, ``name``): traced once into the
+        input pipeline, called with the element unpacked, ``map_func(features,
+        labels)`` (``map_func(features)`` without labels), on graph tensors. So
+        ``loader.map(f)`` used the tf.data way gives the mapped dataset too; what
+        differs is that the loader is changed. For a mapped dataset that leaves the
+        loader as it is, call tf.data's own: ``tf.data.Dataset.map(loader, f)``.
+
+            weighted = Loader(data, 1024).map(lambda x, y: (x, y, x.pop("weight")))
+            model.fit(weighted)          # (features, labels, sample_weight) batches
+        """
+        if not callable(map_func):
+            raise TypeError(f"map takes a function of (features, labels), got "
+                            f"{type(map_func).__name__} {map_func!r}")
+        kwargs = {k: v for k, v in (("num_parallel_calls", num_parallel_calls),
+                                    ("deterministic", deterministic), ("name", name))
+                  if v is not None}
+        maps = [*self._maps, (map_func, kwargs)]
+        self._build(maps)  # traces the function: a bad one raises here, nothing kept
+        self._maps = maps
+        self._build()
+        return self
 
     def __len__(self) -> int:
         return len(self.core)
@@ -457,14 +599,48 @@ class _EagerIterator(iterator_ops.OwnedIterator):
     shapes and types, so this one only packs them. Inside a ``tf.function`` (which
     rebuilds the iterator from its spec) and on any other path it is tf.data's."""
 
+    _ahead: tuple[Any, ...] = ()   # the batch peek() took, not yet delivered
+    _closed = False                # stop() ended it: no more batches
+
     def _next_internal(self) -> Any:
         if not context.executing_eagerly():
             return super()._next_internal()
+        if self._ahead:
+            (batch,), self._ahead = self._ahead, ()
+            return batch
+        if self._closed:
+            raise tf.errors.OutOfRangeError(None, None, "the loader was stopped")
         with context.execution_mode(context.SYNC):
             tensors = gen_dataset_ops.iterator_get_next(
                 self._iterator_resource, output_types=self._flat_output_types,
                 output_shapes=self._flat_output_shapes)
         return tf.nest.pack_sequence_as(self._element_spec, tensors)
+
+    # merlin-dataloader's stepping (tabstream.loaders.stepping): the loader's
+    # next()/peek() and iter() after them share this iterator
+    def peek(self) -> Any:
+        """The next batch, left in place (StopIteration at the end of the epoch)."""
+        if not self._ahead:
+            self._ahead = (next(self),)
+        return self._ahead[0]
+
+    def close(self) -> None:
+        """End the epoch for this iterator: later calls get no batch. Its reading
+        threads stop when tf.data drops the iterator (when it is collected)."""
+        self._closed = True
+        self._ahead = ()
+
+    @property
+    def _type_spec(self) -> Any:
+        # How a tf.function (Keras's train step) receives the iterator: the iterator
+        # op alone, which would skip a batch peek() holds here. Refused instead.
+        if self._ahead:
+            raise ValueError(
+                "this iterator holds the batch loader.peek() returned, which a "
+                "tf.function (Keras fit, a custom tf.function loop) would skip: take it "
+                "with next(loader) first, or call loader.stop() to start the next epoch "
+                "whole")
+        return super()._type_spec
 
 
 def _foreign_python_running() -> bool:

@@ -186,6 +186,8 @@ class Loader(Stepping, Mapped, torch.utils.data.IterableDataset):
     merlin-dataloader's stepping works too (:mod:`tabstream.loaders.stepping`):
     ``next(loader)``, ``peek()``, ``stop()``, ``with``, ``map(fn)`` (``fn`` gets the
     tensors on ``device``) and ``loader.batch_size = n`` (from the next epoch on).
+    ``position(epoch, batches)`` / ``set_position(position)`` resume an epoch on any
+    number of ranks (the core's, :meth:`tabstream.loaders.Loader.position`).
     """
 
     def __init__(
@@ -272,6 +274,17 @@ class Loader(Stepping, Mapped, torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` (see :class:`tabstream.loaders.Loader`)."""
         self.core.set_epoch(epoch)
+
+    def position(self, epoch: int, batches: int) -> dict[str, Any]:
+        """Where ``epoch`` stands once every rank has taken ``batches`` batches: plain
+        values, free of the number of ranks (:meth:`tabstream.loaders.Loader.position`)."""
+        return self.core.position(epoch, batches)
+
+    def set_position(self, position: Mapping[str, Any]) -> None:
+        """Resume from :meth:`position`'s output, taken on any number of ranks: the
+        next iteration delivers the rows of its epoch not delivered yet, ``len(loader)``
+        batches (:meth:`tabstream.loaders.Loader.set_position`)."""
+        self.core.set_position(position)
 
     def __len__(self) -> int:
         return len(self.core)

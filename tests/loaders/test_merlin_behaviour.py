@@ -274,7 +274,14 @@ def test_tensorflow_loader_steps_as_merlins() -> None:
         first = loader.peek()
         assert next(loader)[0]["a"].numpy().tolist() == first[0]["a"].numpy().tolist() == [0, 1, 2]
         assert next(loader)[0]["a"].numpy().tolist() == [3, 4, 5]
+        # iter() continues the epoch next() started, as the torch loader's
+        assert [f["a"].numpy().tolist() for f, _ in loader] == [[6, 7, 8]]
         assert [f["a"].numpy().tolist() for f, _ in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+        loader.batch_size = 5
+        assert len(loader) == 2 == int(loader.cardinality())
+        mapped = loader.map(lambda x, y: (x, y, x["a"] * 10))
+        assert mapped is loader
+        assert [w.numpy().tolist() for _, _, w in loader] == [[0, 10, 20, 30, 40], [50, 60, 70, 80]]
 
 
 # -- list columns in merlin's name__values / name__offsets layout -----------------------
