@@ -119,7 +119,9 @@ class Node:
         from tabstream.core.operators import Operator
 
         if isinstance(op, type) and issubclass(op, Operator):
-            raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")
+            from tabstream.core.operators import instance_of
+
+            op = instance_of(op)  # NVTabular's `cols >> LogOp`: LogOp()
         if callable(op) and not isinstance(op, (Operator, type)):
             # NVTabular's `cols >> (lambda col: ...)`: a LambdaOp, found in the op
             # registry (core does not import the ops layer above it)
@@ -136,7 +138,11 @@ class Node:
             op.set_column_groups(self.selector.groups)
         # the columns the op reads besides its selection (NVTabular's dependencies):
         # added to its input, never selected twice
-        dependencies = [as_node(d) for d in op.dependencies()]
+        # a method in tabstream, a property in NVTabular (custom ops override either)
+        dependencies = op.dependencies() if callable(op.dependencies) else op.dependencies
+        if isinstance(dependencies, (str, Node, ColumnSelector)):
+            dependencies = [dependencies]
+        dependencies = [as_node(d) for d in dependencies or ()]
         parent = Node("union", [self, *dependencies]) if dependencies else self
         return Node("op", [parent], op=op)
 

@@ -1,0 +1,153 @@
+"""Behaviours NVTabular code relies on beyond the ops' parameters (issue 31, the
+measurement against NVTabular 23.08's own unit tests): an op's methods called in
+NVTabular's forms, custom ops written NVTabular's way, ``cols >> OpClass``.
+Each is checked against plain pandas/numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tabstream.compat.nvtabular as nvt
+from tabstream.compat.nvtabular import ColumnSchema, ColumnSelector, Schema, Tags, ops
+
+
+@pytest.fixture
+def df():
+    rng = np.random.default_rng(3)
+    n = 60
+    return pd.DataFrame({
+        "a": rng.integers(0, 9, n),
+        "b": rng.random(n) * 10,
+        "c": rng.choice(["x", "y", "z"], n),
+        "label": rng.integers(0, 2, n),
+    })
+
+
+def run(node, data):
+    workflow = nvt.Workflow(node)
+    return workflow, workflow.fit_transform(nvt.Dataset(data)).to_ddf().compute()
+
+
+# -- an op's methods in NVTabular's forms -----------------------------------------------------
+SCHEMA = Schema([ColumnSchema("a", np.int64, tags=[Tags.CATEGORICAL]), ColumnSchema("b", np.float64),
+                 ColumnSchema("c", "string"), ColumnSchema("label", np.int64)])
+
+
+@pytest.mark.parametrize(("op", "selection", "names", "dtype"), [
+    (ops.Categorify(), ["a", "c"], ["a", "c"], "int64"),
+    (ops.LogOp(), ["b"], ["b"], "float32"),
+    (ops.Rename(postfix="_r"), ["a", "b"], ["a_r", "b_r"], None),
+    (ops.TargetEncoding("label", kfold=1), ["c"], ["TE_c_label"], "float32"),
+    (ops.JoinGroupby(cont_cols=["b"], stats=["sum"]), ["c"], ["c_b_sum"], "float32"),
+])
+def test_compute_output_schema_with_a_selector(op, selection, names, dtype):
+    out = op.compute_output_schema(SCHEMA, ColumnSelector(selection))
+    assert out.column_names == names                    # only the selection's outputs
+    for name, source in zip(names, selection if len(names) == len(selection) else selection * len(names)):
+        assert out[name].dtype == (dtype or SCHEMA[source].dtype)
+    assert op.output_column_names(ColumnSelector(selection)).names == names
+    # the one-argument form on the narrowed schema agrees
+    narrowed = SCHEMA.select_by_name([*selection, *(["label"] if "label" in repr(op) else []),
+                                      *(["b"] if "JoinGroupby" in repr(op) else [])])
+    assert op.compute_output_schema(narrowed).column_names == names
+
+
+def test_transform_with_a_selector_and_a_pandas_frame(df):
+    frame = df.set_index(pd.RangeIndex(100, 100 + len(df)))
+    out = ops.LogOp().transform(ColumnSelector(["b"]), frame)
+    assert list(out.columns) == ["b"] and out.index.equals(frame.index)
+    np.testing.assert_allclose(out["b"], np.log1p(frame["b"]).astype(np.float32), rtol=1e-6)
+    clipped = ops.Clip(min_value=3).transform(ColumnSelector(["a"]), frame)
+    assert clipped["a"].tolist() == frame["a"].clip(lower=3).tolist()
+
+
+def test_op_class_applied_builds_its_default_instance(df):
+    _, out = run(["b"] >> ops.FillMissing >> ops.LogOp, df)
+    np.testing.assert_allclose(out["b"], np.log1p(df["b"]).astype(np.float32), rtol=1e-6)
+    with pytest.raises(TypeError, match=r"Bucketize is a class and it needs \['boundaries'\]; apply an instance"):
+        ["b"] >> ops.Bucketize
+
+
+def test_submodule_imports():
+    from tabstream.compat.nvtabular.ops.categorify import get_embedding_sizes
+    from tabstream.compat.nvtabular.ops.operator import Operator
+
+    assert get_embedding_sizes is ops.get_embedding_sizes and Operator is ops.Operator
+
+
+# -- custom ops written NVTabular's way ------------------------------------------------------
+class Doubled(ops.Operator):
+    """Renames through column_mapping; keeps the dtype."""
+
+    def transform(self, col_selector, df):
+        return pd.DataFrame({f"{n}_x2": df[n] * 2 for n in col_selector.names}, index=df.index)
+
+    def column_mapping(self, col_selector):
+        return {f"{n}_x2": [n] for n in col_selector.names}
+
+
+class AsFloat(ops.Operator):
+    """Changes the dtype without declaring it (learned on zero rows)."""
+
+    def transform(self, col_selector, df):
+        return df[col_selector.names].astype("float32") / 2
+
+
+class Centered(ops.Operator):
+    """Reads a dependency column; declares tags and a dtype."""
+
+    def __init__(self, by):
+        super().__init__()
+        self.by = by
+
+    @property
+    def dependencies(self):
+        return [self.by]
+
+    output_dtype = np.float64
+    output_tags = [Tags.CONTINUOUS]
+
+    def transform(self, col_selector, df):
+        for name in col_selector.names:
+            df[name] = df[name] - df[self.by]
+        return df[col_selector.names]
+
+
+class Suffixed(ops.Operator):
+    """Older NVTabular style: overrides output_column_names only."""
+
+    def transform(self, col_selector, df):
+        return df[col_selector.names].rename(columns=lambda n: n + "_s")
+
+    def output_column_names(self, col_selector):
+        return ColumnSelector([n + "_s" for n in col_selector.names])
+
+
+def test_custom_ops_run_in_a_workflow(df):
+    node = (["a", "b"] >> Doubled()) + (["a"] >> AsFloat()) + (["b"] >> Centered("a")) + (["c"] >> Suffixed())
+    workflow, out = run(node, df)
+    assert list(out.columns) == ["a_x2", "b_x2", "a", "b", "c_s"]
+    assert out["a_x2"].tolist() == (df["a"] * 2).tolist()
+    np.testing.assert_allclose(out["b_x2"], df["b"] * 2)
+    assert out["a"].dtype == np.float32 and out["a"].tolist() == (df["a"] / 2).astype("float32").tolist()
+    np.testing.assert_allclose(out["b"], df["b"] - df["a"])
+    assert out["c_s"].tolist() == df["c"].tolist()
+    schema = workflow.output_schema
+    assert schema["a_x2"].dtype == "int64" and schema["a"].dtype == "float32"
+    assert schema["b"].dtype == "float64" and Tags.CONTINUOUS in schema["b"].tags
+    assert "a" not in (["b"] >> Centered("a")).output_schema(nvt.Dataset(df).schema).column_names[1:]
+
+
+def test_custom_op_methods_called_directly(df):
+    op = Doubled()
+    assert op.output_column_names(ColumnSelector(["a"])).names == ["a_x2"]
+    out = op.compute_output_schema(SCHEMA, ColumnSelector(["a", "b"]))
+    assert out.column_names == ["a_x2", "b_x2"] and out["a_x2"].tags == SCHEMA["a"].tags
+    frame = op.transform(ColumnSelector(["a"]), df)
+    assert frame["a_x2"].tolist() == (df["a"] * 2).tolist()
+    identity = ops.Operator()
+    assert identity.transform(ColumnSelector(["a"]), df) is df
+    _, same = run(["a", "c"] >> identity, df)
+    assert same["a"].tolist() == df["a"].tolist() and same["c"].tolist() == df["c"].tolist()
