@@ -15,7 +15,7 @@ class defines them, so both forms reach every op, built-in or custom:
 =====================================  ======================================  ======================================
 the class defines                      tabstream calls ``(table)``/``(schema)``  NVTabular calls ``(selector, df)``/``(schema, selector)``
 =====================================  ======================================  ======================================
-``transform(self, table)``             as written                              the selected columns, Arrow round trip
+``transform(self, table)``             as written                              the selected columns, Arrow round trip (a frame, a table or a dict of arrays)
 ``transform(self, selector, df)``      pandas round trip, all columns          as written
 ``compute_output_schema(self, s)``     as written                              on the selected columns (+ dependencies)
 ``compute_output_schema(self, s, sel)``  with a selector of all columns        as written
@@ -119,8 +119,14 @@ def wrap_transform(fn: Any) -> Any:
                 raise TypeError(f"{type(self).__name__}.transform takes (table) or NVTabular's "
                                 f"(col_selector, df), got {len(args)} arguments")
             col_selector, df = args
-            names = as_selector(col_selector).names or list(df.columns)
-            names += [n for n in dependency_names(self) if n in df.columns and n not in names]
+            if isinstance(df, dict):  # NVTabular's dict of arrays: a dict of numpy arrays back
+                names = as_selector(col_selector).names or list(df)
+                names += [n for n in dependency_names(self) if n in df and n not in names]
+                out = fn(self, pa.table({n: df[n] for n in names}))
+                return {n: out.column(n).to_numpy() for n in out.column_names}
+            columns = list(df.columns) if _is_frame(df) else df.column_names
+            names = as_selector(col_selector).names or columns
+            names += [n for n in dependency_names(self) if n in columns and n not in names]
             if not _is_frame(df):
                 return fn(self, df.select(names))
             from tabstream.core.dtypes import arrow_to_pandas

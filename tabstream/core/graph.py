@@ -176,6 +176,17 @@ class Node:
         return Node("concat", _flatten_concat([as_node(other), self]))
 
     def __sub__(self, other: Any) -> Node:
+        if isinstance(other, (Node, ColumnSelector)):
+            # NVTabular's `node - other_node`: drop the columns the other node outputs
+            # (worked out from the names it selects); those this node does not output
+            # are ignored, as in NVTabular
+            names = as_node(other).output_names_from_selection()
+            try:
+                mine = self.output_names_from_selection()
+            except TypeError:  # selects by tag: every name must then exist at fit
+                mine = names
+            names = [n for n in names if n in mine]
+            return Node("drop", [self], names=names) if names else self
         names = [other] if isinstance(other, str) else list(other)
         return Node("drop", [self], names=names)
 

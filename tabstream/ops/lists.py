@@ -248,6 +248,11 @@ class ValueCount(StatOperator):
         super().__init__()
         self.value_counts: dict[str, dict[str, int]] = {}
 
+    @property
+    def stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """NVTabular's layout of the fitted counts: ``{column: {"value_count": {"min": a, "max": b}}}``."""
+        return {name: {"value_count": dict(vc)} for name, vc in self.value_counts.items()}
+
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         _require_list(self, col)
         if col.name in self.value_counts:

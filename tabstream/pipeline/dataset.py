@@ -580,6 +580,17 @@ class Dataset:
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
         return backend.dask_frame(_ReadArrow(self, cols), self._pieces, target)
 
+    def to_cpu(self) -> None:
+        """NVTabular's ``to_cpu()``: run this Dataset's ops with the CPU (arrow) backend."""
+        self.backend_name = backends.choose(True)
+        self.cpu = True
+
+    def to_gpu(self) -> None:
+        """NVTabular's ``to_gpu()``: the GPU backend (an error naming what is missing
+        when cudf or a GPU is not there)."""
+        self.backend_name = backends.choose(False)
+        self.cpu = False
+
     def compute(self, columns: Sequence[str] | None = None) -> Any:
         """The whole dataset in memory as one DataFrame (small data only), as
         NVTabular's ``Dataset.compute()``: ``to_ddf().compute()`` with a fresh

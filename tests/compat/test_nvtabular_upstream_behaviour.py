@@ -11,6 +11,7 @@ import pytest
 
 import tabstream.compat.nvtabular as nvt
 from tabstream.compat.nvtabular import ColumnSchema, ColumnSelector, Schema, Tags, ops
+from tabstream.core.errors import NotFittedError
 
 
 @pytest.fixture
@@ -151,3 +152,63 @@ def test_custom_op_methods_called_directly(df):
     assert identity.transform(ColumnSelector(["a"]), df) is df
     _, same = run(["a", "c"] >> identity, df)
     assert same["a"].tolist() == df["a"].tolist() and same["c"].tolist() == df["c"].tolist()
+
+
+# -- graph, schema, dataset and workflow names NVTabular code uses ----------------------------
+def test_subtracting_a_node_drops_its_output_columns(df):
+    feats = ["a", "b"] >> ops.FillMissing() >> ops.Rename(postfix="_r")
+    minus = ["b", "not_there"] >> ops.Rename(postfix="_r")        # names feats lacks are ignored
+    workflow, out = run(feats - minus, df)
+    assert list(out.columns) == ["a_r"] and out["a_r"].tolist() == df["a"].tolist()
+    _, kept = run((["a", "b", "c"] >> ops.Operator()) - nvt.ColumnSelector(["c"]), df)
+    assert list(kept.columns) == ["a", "b"]
+    assert (feats - (["c"] >> ops.Operator())) is feats              # nothing to drop: the node itself
+
+
+def test_a_ragged_column_schema_is_a_list():
+    col = ColumnSchema("feature", dtype=np.int64, is_ragged=True, properties={"value_count": {"min": 1, "max": 2}})
+    assert col.is_list and col.shape == (None, None)
+    assert ColumnSchema("f", "int64").is_list is False
+
+
+def test_transform_takes_a_dict_of_arrays(df):
+    arrays = {"b": df["b"].to_numpy(), "a": df["a"].to_numpy()}
+    out = ops.LogOp().transform(ColumnSelector(["b"]), arrays)
+    assert list(out) == ["b"] and isinstance(out["b"], np.ndarray)
+    np.testing.assert_allclose(out["b"], np.log1p(df["b"]).astype(np.float32), rtol=1e-6)
+
+
+def test_dataset_to_cpu(df):
+    ds = nvt.Dataset(df)
+    assert ds.to_cpu() is None and ds.cpu is True
+    out = nvt.Workflow(["a"] >> ops.Clip(max_value=4)).fit_transform(ds).to_ddf().compute()
+    assert out["a"].tolist() == df["a"].clip(upper=4).tolist()
+
+
+def test_categorify_categories_lists_the_files_written(df, tmp_path):
+    op = ops.Categorify(out_path=str(tmp_path), encode_type="combo")
+    run(["c", ["a", "c"]] >> op, df)
+    assert set(op.categories) == {"c", "a_c"}
+    written = pd.read_parquet(op.categories["c"])
+    counts = df["c"].value_counts()
+    assert written["c"].tolist() == sorted(counts.index, key=lambda v: (-counts[v], v))
+    with pytest.raises(ValueError, match=r"this op has none: pass Categorify\(out_path=folder\)"):
+        _ = ops.Categorify().categories
+
+
+def test_value_count_stats(df):
+    lists = pd.DataFrame({"l": [[1, 2], [3], [4, 5, 6]], "m": [[1], [2], [3]]})
+    op = ops.ValueCount()
+    run(["l", "m"] >> op, lists)
+    lengths = lists.map(len)
+    assert op.stats == {c: {"value_count": {"min": int(lengths[c].min()), "max": int(lengths[c].max())}}
+                        for c in ["l", "m"]}
+
+
+def test_workflow_input_and_output_dtypes(df):
+    workflow = nvt.Workflow([["c", "a"], "c"] >> ops.Categorify(encode_type="combo"))
+    with pytest.raises(NotFittedError, match="no input schema yet"):
+        _ = workflow.input_dtypes
+    workflow.fit(nvt.Dataset(df))
+    assert workflow.input_dtypes == {"c": "string", "a": str(df["a"].dtype)}
+    assert workflow.output_dtypes == {"c_a": "int64", "c": "int64"}
