@@ -34,7 +34,8 @@ __all__ = ["ListSlice", "SplitList", "ValueCount"]
 
 
 def _require_list(op: Operator, col: ColumnSchema) -> None:
-    if not col.is_list:
+    # a schema without dtypes (Schema(["a"])) builds a graph; the data is checked at fit
+    if not col.is_list and col.dtype != "unknown":
         raise TypeError(
             f"{type(op).__name__} needs list columns, but column {col.name!r} is a scalar "
             f"{col.dtype}; split raw strings into lists first with SplitList(separator=...)"

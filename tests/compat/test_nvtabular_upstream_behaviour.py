@@ -212,3 +212,18 @@ def test_workflow_input_and_output_dtypes(df):
     workflow.fit(nvt.Dataset(df))
     assert workflow.input_dtypes == {"c": "string", "a": str(df["a"].dtype)}
     assert workflow.output_dtypes == {"c_a": "int64", "c": "int64"}
+
+
+def test_difference_lag_takes_a_node_as_partition_cols():
+    frame = pd.DataFrame({"user": [1, 1, 1, 2, 2], "ts": [10, 15, 30, 5, 9]})
+    users = ["user"] >> ops.Operator()
+    _, out = run(["ts"] >> ops.DifferenceLag(partition_cols=[users], shift=1), frame)
+    expected = frame["ts"] - frame.groupby("user")["ts"].shift(1)
+    assert out["ts_difference_lag_1"].astype("float64").tolist()[1:3] == expected.tolist()[1:3]
+    assert out["ts_difference_lag_1"].isna().tolist() == expected.isna().tolist()
+
+
+def test_list_ops_build_a_graph_from_a_schema_without_dtypes():
+    workflow = nvt.Workflow(ColumnSelector(tags=["c"]) >> ops.ListSlice(0, 2))
+    workflow.fit_schema(Schema([ColumnSchema("col1", tags=["c"]), ColumnSchema("col2", tags=["d"])]))
+    assert workflow.output_schema.column_names == ["col1"] and workflow.output_schema["col1"].is_list
