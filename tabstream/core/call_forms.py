@@ -154,6 +154,9 @@ def wrap_transform(fn: Any) -> Any:
             out = fn(self, selector, arrow_to_pandas(table))
             if isinstance(out, pa.Table):
                 return out
+            if not _is_frame(out):
+                raise TypeError(f"{type(self).__name__}.transform(col_selector, df) must return a pandas "
+                                f"DataFrame of its output columns, got {type(out).__name__}")
             try:
                 return pa.Table.from_pandas(out, preserve_index=False)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
