@@ -167,8 +167,8 @@ def _found(value: Any) -> str:
 def instance_of(op_cls: type) -> Any:
     """``cols >> LogOp`` (the class): its instance with default parameters, as
     NVTabular builds it; a class with required parameters is a ``TypeError``."""
-    sig = inspect.signature(op_cls.__init__)
-    required = [n for n, p in list(sig.parameters.items())[1:]
+    sig = inspect.signature(op_cls)  # the constructor's parameters, without self
+    required = [n for n, p in sig.parameters.items()
                 if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if required or inspect.isabstract(op_cls):
         needs = f"it needs {required}" if required else "it is abstract"
@@ -289,7 +289,8 @@ class Operator(metaclass=_OpMeta):
         selector = as_selector(col_selector)
         names = list(selector.names) + [n for n in dependency_names(self) if n not in selector.names]
         schema = Schema(ColumnSchema(n) for n in names)
-        return ColumnSelector(self.compute_output_schema(schema, selector).column_names)
+        out = self.compute_output_schema(schema, selector)  # type: ignore[call-arg]  # both forms, see call_forms
+        return ColumnSelector(out.column_names)
 
     # -- graph building -----------------------------------------------------
     def __rrshift__(self, other: Any):

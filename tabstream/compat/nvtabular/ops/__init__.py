@@ -103,7 +103,7 @@ class _NVTabularOperator(_Operator):
     output_tags: Any = ()
     output_properties: Any = {}
 
-    def transform(self, col_selector: ColumnSelector, df: Any) -> Any:
+    def transform(self, col_selector: ColumnSelector, df: Any) -> Any:  # type: ignore[override]
         return df
 
     def column_mapping(self, col_selector: ColumnSelector) -> dict[str, list[str]]:
@@ -118,7 +118,7 @@ class _NVTabularOperator(_Operator):
     def output_column_names(self, col_selector: ColumnSelector) -> ColumnSelector:
         return ColumnSelector(list(self.column_mapping(col_selector)))
 
-    def compute_output_schema(self, input_schema: Schema, col_selector: ColumnSelector,
+    def compute_output_schema(self, input_schema: Schema, col_selector: ColumnSelector,  # type: ignore[override]
                               prev_output_schema: Schema | None = None) -> Schema:
         selector = ColumnSelector(col_selector.resolve(input_schema))
         produced = self._dtypes_on_zero_rows(input_schema, selector) if self.output_dtype is None else {}
