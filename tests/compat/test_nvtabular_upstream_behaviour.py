@@ -227,3 +227,19 @@ def test_list_ops_build_a_graph_from_a_schema_without_dtypes():
     workflow = nvt.Workflow(ColumnSelector(tags=["c"]) >> ops.ListSlice(0, 2))
     workflow.fit_schema(Schema([ColumnSchema("col1", tags=["c"]), ColumnSchema("col2", tags=["d"])]))
     assert workflow.output_schema.column_names == ["col1"] and workflow.output_schema["col1"].is_list
+
+
+def test_dask_frame_with_object_list_columns_gets_their_list_type():
+    import dask
+    import dask.dataframe as dd
+
+    frame = pd.DataFrame({"u": [1, 2, 1, 3, 2], "v": [[1, 2], [3], [4], [5, 6], []]})
+    with dask.config.set({"dataframe.convert-string": False}):  # lists stay objects in the dask frame
+        ddf = dd.from_pandas(frame, npartitions=2)
+    ds = nvt.Dataset(ddf)
+    assert ds.schema["v"].is_list and ds.schema["v"].dtype == "int64"
+    out = nvt.Workflow(["u", "v"] >> ops.Groupby(groupby_cols="u", aggs={"v": ["first", "last"]})) \
+        .fit_transform(ds).compute().sort_values("u")
+    groups = frame.groupby("u")["v"]
+    assert [list(x) for x in out["v_first"]] == [list(x) for x in groups.first()]
+    assert [list(x) for x in out["v_last"]] == [list(x) for x in groups.last()]
