@@ -119,7 +119,9 @@ class Node:
         from tabstream.core.operators import Operator
 
         if isinstance(op, type) and issubclass(op, Operator):
-            raise TypeError(f"{op.__name__} is a class; apply an instance: >> {op.__name__}(...)")
+            from tabstream.core.operators import instance_of
+
+            op = instance_of(op)  # NVTabular's `cols >> LogOp`: LogOp()
         if callable(op) and not isinstance(op, (Operator, type)):
             # NVTabular's `cols >> (lambda col: ...)`: a LambdaOp, found in the op
             # registry (core does not import the ops layer above it)
@@ -136,7 +138,11 @@ class Node:
             op.set_column_groups(self.selector.groups)
         # the columns the op reads besides its selection (NVTabular's dependencies):
         # added to its input, never selected twice
-        dependencies = [as_node(d) for d in op.dependencies()]
+        # a method in tabstream, a property in NVTabular (custom ops override either)
+        dependencies = op.dependencies() if callable(op.dependencies) else op.dependencies
+        if isinstance(dependencies, (str, Node, ColumnSelector)):
+            dependencies = [dependencies]
+        dependencies = [as_node(d) for d in dependencies or ()]
         parent = Node("union", [self, *dependencies]) if dependencies else self
         return Node("op", [parent], op=op)
 
@@ -170,6 +176,17 @@ class Node:
         return Node("concat", _flatten_concat([as_node(other), self]))
 
     def __sub__(self, other: Any) -> Node:
+        if isinstance(other, (Node, ColumnSelector)):
+            # NVTabular's `node - other_node`: drop the columns the other node outputs
+            # (worked out from the names it selects); those this node does not output
+            # are ignored, as in NVTabular
+            names = as_node(other).output_names_from_selection()
+            try:
+                mine = self.output_names_from_selection()
+            except TypeError:  # selects by tag: every name must then exist at fit
+                mine = names
+            names = [n for n in names if n in mine]
+            return Node("drop", [self], names=names) if names else self
         names = [other] if isinstance(other, str) else list(other)
         return Node("drop", [self], names=names)
 

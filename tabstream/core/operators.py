@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Union
 
 import pyarrow as pa
 
+from tabstream.core.call_forms import wrap_schema, wrap_transform
 from tabstream.core.errors import NotFittedError
 from tabstream.core.schema import ColumnSchema, Schema
 
@@ -163,10 +164,23 @@ def _found(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
+def instance_of(op_cls: type) -> Any:
+    """``cols >> LogOp`` (the class): its instance with default parameters, as
+    NVTabular builds it; a class with required parameters is a ``TypeError``."""
+    sig = inspect.signature(op_cls)  # the constructor's parameters, without self
+    required = [n for n, p in sig.parameters.items()
+                if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if required or inspect.isabstract(op_cls):
+        needs = f"it needs {required}" if required else "it is abstract"
+        raise TypeError(f"{op_cls.__name__} is a class and {needs}; apply an instance: "
+                        f">> {op_cls.__name__}(...)")
+    return op_cls()
+
+
 class _OpMeta(abc.ABCMeta):
     def __rrshift__(cls, other: Any) -> Any:
-        # `cols >> Categorify` (the class, not an instance) is a common slip
-        raise TypeError(f"{cls.__name__} is a class; apply an instance: >> {cls.__name__}(...)")
+        # `cols >> LogOp` (the class): NVTabular applies LogOp()
+        return instance_of(cls).__rrshift__(other)
 
 
 #: lookup indexes ops keep over their fitted keys (see
@@ -205,6 +219,17 @@ class Operator(metaclass=_OpMeta):
     #: parquet as a dictionary, without decoding its strings (see
     #: ``Workflow.dictionary_columns``).
     accepts_dictionary: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # NVTabular's call forms (``transform(col_selector, df)``,
+        # ``compute_output_schema(schema, col_selector)``) reach every op, and a
+        # custom op written in NVTabular's forms runs in tabstream's executor: see
+        # tabstream.core.call_forms
+        super().__init_subclass__(**kwargs)
+        for name, wrap in (("transform", wrap_transform), ("compute_output_schema", wrap_schema)):
+            fn = cls.__dict__.get(name)
+            if inspect.isfunction(fn) and not getattr(fn, "__isabstractmethod__", False):
+                setattr(cls, name, wrap(fn))
 
     # -- parameters ---------------------------------------------------------
     def get_params(self) -> dict[str, Any]:
@@ -255,11 +280,26 @@ class Operator(metaclass=_OpMeta):
     def transform(self, table: pa.Table) -> pa.Table:
         """The op applied to one partition; a pure function of ``table``."""
 
+    def output_column_names(self, col_selector: Any) -> Any:
+        """The names of the columns the op makes from ``col_selector``'s columns, as a
+        ``ColumnSelector`` (NVTabular's method; worked out from the names alone)."""
+        from tabstream.core.call_forms import as_selector, dependency_names
+        from tabstream.core.graph import ColumnSelector
+
+        selector = as_selector(col_selector)
+        names = list(selector.names) + [n for n in dependency_names(self) if n not in selector.names]
+        schema = Schema(ColumnSchema(n) for n in names)
+        out = self.compute_output_schema(schema, selector)  # type: ignore[call-arg]  # both forms, see call_forms
+        return ColumnSelector(out.column_names)
+
     # -- graph building -----------------------------------------------------
     def __rrshift__(self, other: Any):
         from tabstream.core.graph import as_node
 
         return as_node(other) >> self
+
+
+Operator.compute_output_schema = wrap_schema(Operator.compute_output_schema)  # type: ignore[method-assign]
 
 
 class ColumnOperator(Operator):

@@ -120,6 +120,8 @@ class ColumnSchema:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", normalize_tags(self.tags))
         object.__setattr__(self, "properties", dict(self.properties))
+        if self.is_ragged and not self.is_list:  # a ragged column is a list (as in merlin.schema)
+            object.__setattr__(self, "is_list", True)
         if not isinstance(self.dtype, str):  # np.int64, np.dtype("float32"), pa.int32(), str
             from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type
 

@@ -420,6 +420,17 @@ class Categorify(StatOperator):
         # vocabulary names in selection order, as the output schema last saw them
         self._order: list[str] = []
 
+    @property
+    def categories(self) -> dict[str, str]:
+        """NVTabular's ``op.categories``: vocabulary name (a column, or a joint/combo
+        group's ``A_B``) -> its file under ``out_path``, written at fit (see
+        :attr:`stats_files`). Only an op given ``out_path`` writes files."""
+        if self.out_path is None:
+            raise ValueError("Categorify.categories lists the vocabulary files written under "
+                             "out_path, and this op has none: pass Categorify(out_path=folder) "
+                             "(the vocabularies themselves are in op.tables)")
+        return {name.removeprefix("unique."): path for name, path in self.stats_files.items()}
+
     # -- groups -------------------------------------------------------------
     @property
     def start_index(self) -> int:

@@ -4,6 +4,8 @@ partition key, NVTabular's op. The partition key must be part of the selection.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,7 +14,8 @@ from tabstream.core.errors import SchemaError
 from tabstream.core.operators import Operator
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
-    column_names_of,
+    dependencies_of,
+    names_and_nodes,
     require_selected,
 )
 from tabstream.ops.numeric import check_numeric, plain
@@ -36,15 +39,17 @@ class DifferenceLag(Operator):
     """
 
     def __init__(self, partition_cols: str | list[str], shift: int | list[int] = 1) -> None:
-        keys = column_names_of(partition_cols, "partition_cols", "DifferenceLag")
+        # names, or nodes whose output names follow from their selection (NVTabular's
+        # dependencies); the nodes join the op's input, the names are the parameter
+        keys, self._key_nodes = names_and_nodes(partition_cols, "partition_cols", "DifferenceLag")
         shifts = [shift] if not isinstance(shift, (list, tuple)) else list(shift)
         if not shifts or any(isinstance(s, bool) or not isinstance(s, int) or s == 0 for s in shifts):
             raise ValueError(f"DifferenceLag: shift must be a non-zero integer or a list of them, got {shift!r}")
         self.partition_cols = keys
         self.shift = shift if isinstance(shift, int) else shifts
 
-    def dependencies(self) -> list[str]:
-        return list(self.partition_cols)
+    def dependencies(self) -> list[Any]:
+        return dependencies_of(self.partition_cols, self._key_nodes)
 
     @property
     def shifts(self) -> list[int]:

@@ -34,7 +34,8 @@ __all__ = ["ListSlice", "SplitList", "ValueCount"]
 
 
 def _require_list(op: Operator, col: ColumnSchema) -> None:
-    if not col.is_list:
+    # a schema without dtypes (Schema(["a"])) builds a graph; the data is checked at fit
+    if not col.is_list and col.dtype != "unknown":
         raise TypeError(
             f"{type(op).__name__} needs list columns, but column {col.name!r} is a scalar "
             f"{col.dtype}; split raw strings into lists first with SplitList(separator=...)"
@@ -247,6 +248,11 @@ class ValueCount(StatOperator):
     def __init__(self) -> None:
         super().__init__()
         self.value_counts: dict[str, dict[str, int]] = {}
+
+    @property
+    def stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """NVTabular's layout of the fitted counts: ``{column: {"value_count": {"min": a, "max": b}}}``."""
+        return {name: {"value_count": dict(vc)} for name, vc in self.value_counts.items()}
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         _require_list(self, col)

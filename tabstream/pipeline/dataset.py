@@ -279,8 +279,14 @@ class Dataset:
             return self._table.schema
         if self.engine == "dask":
             self._pieces = list(range(self._ddf.npartitions))
-            meta = self._ddf._meta
-            return frame_to_arrow(meta).schema
+            schema = frame_to_arrow(self._ddf._meta).schema
+            untyped = [f.name for f in schema if pa.types.is_null(f.type)]
+            if untyped:
+                # object columns (lists, with dask's convert-string off) show their type
+                # only in data: the first partition's rows give it
+                sample = frame_to_arrow(self._ddf[untyped].get_partition(0).compute()).schema
+                schema = pa.schema([sample.field(f.name) if f.name in untyped else f for f in schema])
+            return schema
         if self.engine == "parquet":
             self._parquet = ParquetFiles(self.fs, self.files, self._folders, self._file_tags, self.strict_schema)
             return self._parquet.plan()
@@ -579,6 +585,17 @@ class Dataset:
         cols = list(columns) if columns is not None else None
         target = self._arrow_schema if cols is None else pa.schema([self._arrow_schema.field(c) for c in cols])
         return backend.dask_frame(_ReadArrow(self, cols), self._pieces, target)
+
+    def to_cpu(self) -> None:
+        """NVTabular's ``to_cpu()``: run this Dataset's ops with the CPU (arrow) backend."""
+        self.backend_name = backends.choose(True)
+        self.cpu = True
+
+    def to_gpu(self) -> None:
+        """NVTabular's ``to_gpu()``: the GPU backend (an error naming what is missing
+        when cudf or a GPU is not there)."""
+        self.backend_name = backends.choose(False)
+        self.cpu = False
 
     def compute(self, columns: Sequence[str] | None = None) -> Any:
         """The whole dataset in memory as one DataFrame (small data only), as

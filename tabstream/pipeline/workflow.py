@@ -120,6 +120,21 @@ class Workflow:
                 cols += [c for c in node.selector.resolve(self.input_schema) if c not in cols]
         return cols
 
+    @property
+    def input_dtypes(self) -> dict[str, str]:
+        """NVTabular's ``input_dtypes``: ``{raw column the graph reads: dtype}``."""
+        self._check_fitted_schema()
+        return {c: self.input_schema[c].dtype for c in self.input_columns}  # type: ignore[index]
+
+    @property
+    def output_dtypes(self) -> dict[str, str]:
+        """NVTabular's ``output_dtypes``: ``{output column: dtype}``."""
+        return {c.name: c.dtype for c in self.output_schema}
+
+    def _check_fitted_schema(self) -> None:
+        if self.input_schema is None:
+            raise NotFittedError("the workflow has no input schema yet; call fit(dataset) or fit_schema(schema)")
+
     def dictionary_columns(self, dataset: Dataset) -> list[str]:
         """Input string columns that only ops accepting dictionary arrays read (every
         node selecting the column feeds only such ops, e.g. Categorify, and the raw

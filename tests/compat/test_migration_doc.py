@@ -44,3 +44,18 @@ def test_notebook_cells_run_unchanged_but_for_the_import(tmp_path):
 
     result = pd.read_parquet(tmp_path / "output")
     assert sorted(result["rating"].tolist()) == sorted((df["rating"] > 3).astype("int8").tolist())
+
+
+def test_custom_op_cell_runs_and_prints_what_the_page_says():
+    text = PAGE.read_text()
+    body = text.split("## Custom ops", 1)[1].split("\n## ", 1)[0]
+    (cell,) = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+    (claimed,) = re.findall(r"prints `(\[.*?\])`", body)
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own cell
+    assert out.getvalue().strip() == claimed
+    df = namespace["df"]                                    # the same shares a second way
+    expected = (df["clicks"] / df.groupby("user")["clicks"].transform("sum")).tolist()
+    assert claimed == str(expected)

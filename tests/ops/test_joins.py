@@ -404,7 +404,7 @@ def test_difference_lag_only_within_a_partition():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"shift": 0}, ValueError, "shift must be a non-zero integer"),
     ({"shift": [1, 1.5]}, ValueError, "shift must be a non-zero integer"),
-    ({"partition_cols": []}, TypeError, "partition_cols must be a column name or a non-empty list"),
+    ({"partition_cols": []}, TypeError, "partition_cols must be a column name, a non-empty list of names or a workflow node"),
 ])
 def test_difference_lag_bad_params(kwargs, error, match):
     with pytest.raises(error, match=match):

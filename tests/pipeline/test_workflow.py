@@ -52,8 +52,11 @@ def test_duplicate_output_column_is_an_error(small_raw):
 
 
 def test_op_class_instead_of_instance():
-    with pytest.raises(TypeError, match=r"Categorify is a class; apply an instance"):
-        ["a"] >> ops.Categorify
+    # NVTabular's `cols >> Op`: the class with default parameters; one needing parameters is refused
+    node = ["a"] >> ops.Categorify
+    assert isinstance(node.op, ops.Categorify) and node.op.get_params() == ops.Categorify().get_params()
+    with pytest.raises(TypeError, match=r"Bucketize is a class and it needs \['boundaries'\]; apply an instance"):
+        ["a"] >> ops.Bucketize
 
 
 @pytest.mark.parametrize("part_size", [None, 1500, 20_000])
