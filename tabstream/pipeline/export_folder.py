@@ -48,8 +48,8 @@ from tabstream.core.scratch import (
 )
 from tabstream.pipeline.stores import is_local
 
-__all__ = ["MANIFEST_FILE", "ObjectStorePublish", "SCHEMA_FILE", "SCHEMA_KEY", "SIDECARS",
-           "JOURNAL_FILE", "LOCK_FILE", "PublishInto", "check_manifests", "check_schema_file",
+__all__ = ["JOURNAL_FILE", "LOCK_FILE", "MANIFEST_FILE", "ObjectStorePublish", "PublishInto",
+           "SCHEMA_FILE", "SCHEMA_KEY", "SIDECARS", "check_manifests", "check_schema_file",
            "check_target", "drop_other_files", "publish", "read_schema_json", "refuse_interrupted",
            "refuse_unpublished", "remove_export_leftovers", "write_sidecars"]
 
