@@ -346,9 +346,10 @@ def main() -> None:
             if args.framework == "torch":
                 cpu = median([max(r["cpu_s_per_step"] for r in res) for res in reps])
                 base_cpu = base_cpu or cpu
-                sent = median([max(r.get("comm_per_step", {}).get("sent", 0) for r in res)
-                               for res in reps])
-                row += [f"{cpu * 1000:.0f}", f"{cpu / base_cpu:.2f}x", f"{sent / 1024:,.0f}"]
+                counted = [res for res in reps if all("comm_per_step" in r for r in res)]
+                sent = (f"{median([max(r['comm_per_step']['sent'] for r in res) for res in counted]) / 1024:,.0f}"
+                        if counted else "-")  # data-parallel, or a checkout without comm_stats
+                row += [f"{cpu * 1000:.0f}", f"{cpu / base_cpu:.2f}x", sent]
             rows.append(row + [
                 f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
                 f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
