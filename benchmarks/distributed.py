@@ -14,7 +14,16 @@ its own peak RSS (``ru_maxrss``); the table shows the slowest rank's steps/s and
 the largest peak, medians of ``--repeats`` runs in which the two modes alternate. Table sizes are the Criteo Kaggle (1 TB day) cardinalities, capped
 at ``--max-rows`` so that the run fits a small machine.
 
-Then it prints, from the same table sizes, the bytes each rank sends per step in
+Each rank also reports its CPU seconds per timed step (``time.process_time``: on a
+loaded machine, a steadier figure than wall time) and, for hybrid, the bytes its
+embedding exchange sent per step (``HybridParallel.comm_stats()``). Then short hybrid
+runs at ``--bytes-world-sizes`` (default 2 3 4) print the bytes per step of every
+rank, by exchange (sizes, ids, vectors, gradients), beside what the all-gather of
+every id to every rank (the exchange before issue 34) sent. ``--compare-with
+CHECKOUT`` times a third mode, ``hybrid-before``: the same script run against
+another tabstream checkout, alternating with the other two.
+
+Last, it prints, from the same table sizes, the bytes each rank sends per step in
 either mode at 8 and 64 ranks (the paper estimate in docs/distributed-training.md).
 
 ``--framework tensorflow``: the Keras DLRM (the same tables, LazyAdam) under
@@ -30,6 +39,8 @@ batches (tracing); the byte estimate is not printed again.
 
     python benchmarks/distributed.py                          # W = 1, 2
     python benchmarks/distributed.py --max-rows 20000 --steps 10 --batch 512
+    git worktree add /tmp/before <commit>; python benchmarks/distributed.py \
+        --world-sizes 2 --compare-with /tmp/before
     python benchmarks/distributed.py --framework tensorflow --steps 20
 """
 
@@ -112,15 +123,28 @@ def rank_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
     for i in range(3):
         step(i)
     dist.barrier()
-    start = time.perf_counter()
+    counted = mode == "hybrid" and hasattr(model, "comm_stats")  # not in --compare-with's
+    before = model.comm_stats()["total"] if counted else {}
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(i)
+    cpu = time.process_time() - cpu
     dist.barrier()
     elapsed = time.perf_counter() - start
     held = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(json.dumps({"rank": rank, "steps_per_s": steps / elapsed, "param_bytes": held,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "plan_rank_bytes": plan.rank_bytes()[rank] + plan.replicated_bytes()}))
+    result = {"rank": rank, "steps_per_s": steps / elapsed, "cpu_s_per_step": cpu / steps,
+              "param_bytes": held,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "plan_rank_bytes": plan.rank_bytes()[rank] + plan.replicated_bytes()}
+    if counted:
+        # bytes this rank's embedding exchange moved per timed step (HybridParallel's
+        # own count), and what the all-gather of every id to every rank (the exchange
+        # before issue 34) would have sent for the same batches
+        after = model.comm_stats()["total"]
+        result["comm_per_step"] = {k: (after[k] - before[k]) / steps for k in after}
+        sharded = [f"C{i + 1}" for i, c in enumerate(cards) if plan[f"C{i + 1}"] != "data_parallel"]
+        result["all_gather_ids_per_step"] = (world - 1) * batch * len(sharded) * 16
+    print(json.dumps(result))
     dist.destroy_process_group()
 
 
@@ -202,11 +226,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(world: int, mode: str, args: argparse.Namespace) -> list[dict]:
+def run(world: int, mode: str, args: argparse.Namespace, steps: int | None = None) -> list[dict]:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    if mode == "hybrid-before":  # the same script on another tabstream checkout
+        mode = "hybrid"
+        env["PYTHONPATH"] = os.pathsep.join([args.compare_with, env.get("PYTHONPATH", "")])
     argv = [sys.executable, __file__, "--rank-main", mode, "--max-rows", str(args.max_rows),
-            "--batch", str(args.batch), "--steps", str(args.steps)]
+            "--batch", str(args.batch), "--steps", str(steps or args.steps)]
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     results = []
@@ -252,16 +279,27 @@ def bytes_per_step(world: int, batch: int, cards: list[int], mode: str,
         overrides.update({n: split for n in plan if plan[n] in ("row_wise", "column_wise")})
         plan = plan_sharding(configs, world, overrides=overrides)
     sharded = [name for name in plan if plan[name] != "data_parallel"]
-    ids = (world - 1) * batch * len(sharded) * 16          # ids + list lengths, all-gathered
-    # forward: this rank's pooled pieces for the other ranks' rows; backward: the same
-    # volume of gradients back. A row-wise table sends a partial sum to every other
-    # rank; a whole table is on another rank for (W-1)/W of the tables.
-    pieces = sum((world - 1) if plan[s] == "row_wise" else (world - 1) / world for s in sharded)
-    vectors = 2 * batch * pieces * DIM * 4
+    # single-hot ids, uniform over the rows: each id goes to the ranks owning it
+    # (issue 34; before, every id went to all W - 1 others with its list length:
+    # (W - 1) x B x 16 bytes per sharded feature). Forward vectors and backward
+    # gradients: the same volume each way. A rank's own share is a local copy.
+    ids = vectors = sizes = 0.0
+    for s in sharded:
+        place = plan.placements[s]
+        owners = len(place.pieces())
+        if place.kind == "column_wise":  # all ids to every other column owner
+            ids += (owners - owners / world) * batch * 8
+            vectors += batch * DIM * 4 * (world - 1) / world
+        else:  # table-wise: one owner; row-wise: each id to the owner of its row
+            ids += (world - 1) / world * batch * 8
+            vectors += batch * DIM * 4 * (world - 1) / world
+        sizes += 16 * (owners - owners / world)  # (ids, lengths) per piece and rank
+    sizes += (world - 1) * 8  # the batch size
+    vectors *= 2
     small = sum(replicated_cost(plan.configs[n].cardinality) for n in plan
                 if plan[n] == "data_parallel")
-    return {"ids": float(ids), "vectors": float(vectors), "replicated_grads": float(small),
-            "total": float(ids + vectors + small),
+    return {"ids": ids, "vectors": vectors, "sizes": sizes, "replicated_grads": float(small),
+            "total": float(ids + vectors + sizes + small),
             "max_rank_table_bytes": float(max(plan.rank_bytes()) + plan.replicated_bytes())}
 
 
@@ -272,6 +310,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
+    parser.add_argument("--bytes-world-sizes", type=int, nargs="*", default=[2, 3, 4],
+                        help="torch: world sizes of the short hybrid runs that measure the "
+                             "bytes each rank's embedding exchange sends per step")
+    parser.add_argument("--compare-with", metavar="CHECKOUT",
+                        help="torch: also time mode 'hybrid-before', HybridParallel of the "
+                             "tabstream checkout at this path (e.g. a `git worktree` of an "
+                             "older commit), alternating with the others")
     parser.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     parser.add_argument("--rank-main", choices=["hybrid", "data-parallel"])
     args = parser.parse_args()
@@ -283,24 +328,53 @@ def main() -> None:
     print(f"# {machine_note()}")
     print(f"# {args.framework}: 26 tables capped at {args.max_rows:,} rows x {DIM}, batch "
           f"{args.batch}/rank, {args.steps} timed steps")
+    print(f"# load average before: {os.getloadavg()[0]:.1f}")
     launch = run_tf if args.framework == "tensorflow" else run
     rows = []
     for world in args.world_sizes:
         runs: dict[str, list[list[dict]]] = {"data-parallel": [], "hybrid": []}
+        if args.compare_with and args.framework == "torch":
+            runs["hybrid-before"] = []
         for _ in range(args.repeats):  # the modes alternate, so load changes hit both
             for mode in runs:
                 runs[mode].append(launch(world, mode, args))
-        base = None
+        base = base_cpu = None
         for mode, reps in runs.items():
             sps = median([min(r["steps_per_s"] for r in res) for res in reps])
             base = base or sps
-            rows.append([world, mode, f"{sps:.1f}", f"{sps / base:.2f}x",
-                         f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
-                         f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
-    print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel",
+            row = [world, mode, f"{sps:.1f}", f"{sps / base:.2f}x"]
+            if args.framework == "torch":
+                cpu = median([max(r["cpu_s_per_step"] for r in res) for res in reps])
+                base_cpu = base_cpu or cpu
+                counted = [res for res in reps if all("comm_per_step" in r for r in res)]
+                sent = (f"{median([max(r['comm_per_step']['sent'] for r in res) for res in counted]) / 1024:,.0f}"
+                        if counted else "-")  # data-parallel, or a checkout without comm_stats
+                row += [f"{cpu * 1000:.0f}", f"{cpu / base_cpu:.2f}x", sent]
+            rows.append(row + [
+                f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
+                f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
+    cpu_heads = (["CPU ms/step (max rank)", "CPU vs data-parallel",
+                  "exchange KiB sent/step (max rank)"] if args.framework == "torch" else [])
+    print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel", *cpu_heads,
                         "peak RSS MB (max rank)", "param MB (max rank)"], rows, markdown=True))
+    print(f"# load average after: {os.getloadavg()[0]:.1f}")
     if args.framework == "tensorflow":
         return
+    if args.bytes_world_sizes:
+        print(f"\n# bytes each rank's embedding exchange moved per step (HybridParallel."
+              f"comm_stats()), {args.max_rows:,}-row cap, batch {args.batch}/rank, "
+              "auto plan; 'all-gather ids' = what the previous all-gather of ids sent")
+        measured = []
+        for world in args.bytes_world_sizes:
+            for r in sorted(run(world, "hybrid", args, steps=3), key=lambda r: r["rank"]):
+                c = r["comm_per_step"]
+                measured.append([world, r["rank"], *(f"{c[f'{k}_sent'] / 1024:,.1f}" for k in
+                                                     ("sizes", "ids", "vectors", "gradients")),
+                                 f"{c['sent'] / 1024:,.1f}", f"{c['received'] / 1024:,.1f}",
+                                 f"{r['all_gather_ids_per_step'] / 1024:,.1f}"])
+        print(format_table(["W", "rank", "sizes KiB", "ids KiB", "vectors KiB",
+                            "gradients KiB", "sent KiB", "received KiB",
+                            "all-gather ids KiB (before)"], measured, markdown=True))
     print("\n# bytes sent per rank per step, full Criteo cardinalities, batch 2048/rank")
     est = []
     for world in (8, 64):

@@ -25,17 +25,27 @@ Then, in each process that ``torchrun`` starts (it sets RANK and WORLD_SIZE)::
     model.full_state_dict()                       # collective: the unwrapped state
 
 How a step flows, for the sharded tables (``W`` ranks, rank ``r`` holding a
-batch of ``B_r`` rows):
+batch of ``B_r`` rows); every exchange is one ``all_to_all_single`` on a process
+group of the embedding's own (:mod:`tabstream.train.torch.exchange`):
 
-1. every rank turns its ids into ``(values, offsets)`` and all-gathers them (one
-   collective for the sizes, one for the ids of every sharded feature);
-2. each rank pools, for every rank's rows, the part it owns: the whole table
-   (``table_wise``), the ids falling in its row range (``row_wise``; partial sums)
-   or its column slice (``column_wise``);
-3. one autograd all-to-all sends each pooled piece to the rank whose rows it
-   belongs to, which sums the row-wise partials (dividing by the list lengths for
-   ``combiner="mean"``) and concatenates the column slices. Gradients travel back
-   the same way, so each shard receives exactly the gradient of its rows.
+1. every rank turns its ids into ``(values, offsets)`` and routes them: all of a
+   feature's ids to the owner of a ``table_wise`` table and to every owner of a
+   ``column_wise`` slice; for ``row_wise``, each id to the owner of its row range
+   only (with the rows they came from kept aside);
+2. ``sizes``: each rank tells each other rank its batch size and how many ids and
+   list lengths it is about to send (lengths are left out where every bag holds one
+   id);
+3. ``ids``: the ids travel to their owners only;
+4. each owner pools, per requesting rank, what it received: the whole table, its
+   column slice, or partial sums over its row range (only for the rows that had ids
+   there);
+5. ``vectors``: one differentiable all-to-all sends the pooled pieces back; the
+   requesting rank concatenates the column slices and adds the row-wise partial sums
+   into their rows (dividing by the list lengths for ``combiner="mean"``). Backward
+   runs the reverse all-to-all, so each shard receives exactly the gradient of its
+   rows.
+
+``HybridParallel.comm_stats()`` reports the bytes each exchange moved.
 
 ``data_parallel`` tables stay inside the DDP-wrapped module like any dense weight.
 """
@@ -46,7 +56,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -64,6 +74,7 @@ from tabstream.train.sharding import (
 )
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
+from tabstream.train.torch.exchange import AllToAll, CommStats, all_to_all
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
            "StatePiece", "TablePlacement", "comm_device", "plan_sharding", "reshard"]
@@ -85,35 +96,12 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _all_to_all(x: torch.Tensor, out_sizes: list[int], in_sizes: list[int],
-                group: Any) -> torch.Tensor:
-    """Autograd-aware ``all_to_all_single`` of a flat tensor with uneven splits."""
-    # torch's functional collective: differentiable, its backward is the reverse
-    # all-to-all (torch.distributed.nn.functional's version is deprecated in 2.13)
-    from torch.distributed._functional_collectives import (
-        all_to_all_single_autograd,
-        wait_tensor,
-    )
-
-    return wait_tensor(all_to_all_single_autograd(x, out_sizes, in_sizes, group))
-
-
 def comm_device(group: Any = None) -> torch.device:
     """Where tensors handed to a collective of ``group`` must live: the current CUDA
     device under NCCL, the CPU otherwise (gloo)."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _gather_uneven(x: torch.Tensor, sizes: list[int], group: Any = None) -> list[torch.Tensor]:
-    """All-gather 1-D tensors whose lengths (``sizes``, known everywhere) differ."""
-    longest = max(sizes) if sizes else 0
-    padded = torch.zeros(longest, dtype=x.dtype, device=x.device)
-    padded[: x.numel()] = x
-    out = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(out, padded, group=group)
-    return [t[:n] for t, n in zip(out, sizes)]
 
 
 # ------------------------------------------------------------------ sharded tables
@@ -168,6 +156,10 @@ class ShardedEmbeddingTables(nn.Module):
                 self.shards[self._table_keys[name]] = bag
         self.sharded_features = [f for f, t in self.feature_to_table.items()
                                  if t in self.sharded_tables]
+        # the pieces each rank holds, in the order every message lists them
+        self._by_rank = [[t for t in self._all_pieces() if t[2][0] == k]
+                         for k in range(self.world_size)]
+        self.comm = CommStats()
         self.loss_scale_world = 1.0 / self.world_size
         self.batch_sizes: list[int] = []
 
@@ -196,60 +188,102 @@ class ShardedEmbeddingTables(nn.Module):
         return {f: (local[f] if f in local else sharded[f]) for f in self.feature_to_table}
 
     def _sharded_forward(self, features: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        self.comm.begin_step()
         ragged = {f: _to_ragged(f, self._config_by_name[self.feature_to_table[f]], features)
                   for f in self.sharded_features}
         batch = _batch_rows(ragged, features)
         device = _device(features, self.shards)
-        w, nf = self.world_size, len(self.sharded_features)
-        # 1. sizes: [B, nnz per sharded feature] of every rank
+        w, rank = self.world_size, self.rank
         where = comm_device(self.group)
-        meta = torch.tensor([batch] + [int(ragged[f][0].numel()) for f in self.sharded_features],
-                            dtype=torch.long, device=where)
-        metas = [torch.empty_like(meta) for _ in range(w)]
-        dist.all_gather(metas, meta, group=self.group)
-        sizes = torch.stack(metas).tolist()
+        # 1. route: what this rank sends each owner (ids, list lengths, requesting rows)
+        routed = self._route(ragged, batch)
+        # 2. sizes: to each rank d, [B, then (ids, lengths) per piece d owns]
+        header = [[batch] + [n for f, _, p in self._by_rank[d]
+                             for n in _counts(routed[f][p[0]])] for d in range(w)]
+        mine_len = len(header[rank])
+        got = all_to_all(torch.tensor([n for h in header for n in h], dtype=torch.long,
+                                      device=where),
+                         [mine_len] * w, [len(h) for h in header], self.group, rank,
+                         self.comm, "sizes")
+        sizes = got.view(w, mine_len).tolist()
         self.batch_sizes = [int(s[0]) for s in sizes]
-        if not nf:
+        if not self.sharded_features:
             return {}
-        # 2. ids: every sharded feature's values, then its lengths, of every rank
-        mine = torch.cat([torch.cat([v, torch.diff(o)]) for v, o in
-                          (ragged[f] for f in self.sharded_features)]).to(where, torch.long)
-        lengths = [sum(s[1:]) + nf * s[0] for s in sizes]
-        gathered = _gather_uneven(mine, lengths, group=self.group)
-        # 3. pool what this rank owns, for every rank's rows
+        # 3. ids: each id only to the ranks that own its table, rows or columns
+        messages = [torch.cat([t for f, _, p in self._by_rank[d]
+                               for t in _payload(routed[f][p[0]])]
+                              or [torch.zeros(0, dtype=torch.long, device=device)])
+                    for d in range(w)]
+        ids = all_to_all(torch.cat(messages).to(where, torch.long), [sum(s[1:]) for s in sizes],
+                         [m.numel() for m in messages], self.group, rank, self.comm, "ids")
+        ids = ids.to(device)
+        # 4. pool what this rank owns for every requesting rank's rows
         pieces: list[torch.Tensor] = []
         send_sizes = []
-        for src in range(w):
-            b = self.batch_sizes[src]
-            flat = gathered[src]
-            pos = 0
-            per_feature = {}
-            for j, f in enumerate(self.sharded_features):
-                nnz = int(sizes[src][1 + j])
-                values = flat[pos:pos + nnz]
-                counts = flat[pos + nnz:pos + nnz + b]
-                pos += nnz + b
-                per_feature[f] = (values.to(device), counts.to(device))
+        for src, flat in enumerate(ids.split([sum(s[1:]) for s in sizes])):
+            counts = sizes[src][1:]
+            parts = flat.split(counts)
             total = 0
-            for f, name, piece in self._owned_pieces():
-                values, counts = per_feature[f]
-                pooled = self._pool_piece(name, piece, values, counts)
+            for j, (_, name, piece) in enumerate(self._by_rank[rank]):
+                values, lengths = parts[2 * j], parts[2 * j + 1]
+                pooled = self._pool_piece(name, piece, values,
+                                          lengths if lengths.numel() else None)
                 pieces.append(pooled.reshape(-1))
                 total += pooled.numel()
             send_sizes.append(total)
-        recv_sizes = [self._received_width(src) * self.batch_sizes[self.rank] for src in range(w)]
+        # 5. vectors back to the rank whose rows they are (gradients the reverse way)
+        recv_sizes = [sum(_bags(routed[f][p[0]], batch) * self._piece_width(n, p)
+                          for f, n, p in self._by_rank[d]) for d in range(w)]
         send = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
-        received = _all_to_all(send, recv_sizes, send_sizes, self.group)
+        received = AllToAll.apply(send.to(where), recv_sizes, send_sizes, self.group, rank,
+                                  self.comm).to(device)
         received = _ScaleGrad.apply(received, self.loss_scale_world)
-        # 4. assemble this rank's rows
-        return self._assemble(received, ragged, batch, device)
+        return self._assemble(received, routed, ragged, batch, recv_sizes)
 
-    def _owned_pieces(self) -> list[tuple[str, str, tuple[int, int, int]]]:
-        """``(feature, table, (rank, start, stop))`` this rank computes, in the order
-        it sends them (the same order every rank expects them)."""
-        return [t for t in self._all_pieces() if t[2][0] == self.rank]
+    def _route(self, ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+               batch: int) -> dict[str, dict[int, _Routed]]:
+        """``{feature: {owner rank: what goes there}}`` for this rank's rows."""
+        out: dict[str, dict[int, _Routed]] = {}
+        for f in self.sharded_features:
+            name = self.feature_to_table[f]
+            place = self.plan.placements[name]
+            values, offsets = ragged[f]
+            if int(offsets[0]) != 0 or int(offsets[-1]) != values.numel():
+                values = values[int(offsets[0]):int(offsets[-1])]
+            counts = torch.diff(offsets)
+            single = values.numel() == batch and bool((counts == 1).all())
+            pieces = place.pieces()
+            if place.kind != "row_wise":
+                # the whole table, or every column slice: all of this rank's ids
+                entry = _Routed(values, None if single else counts, None)
+                out[f] = {p[0]: entry for p in pieces}
+                continue
+            # row_wise: each id to the owner of its row range, in row order
+            starts = torch.tensor([a for _, a, _ in pieces], dtype=values.dtype,
+                                  device=values.device)
+            owner = torch.searchsorted(starts, values, right=True) - 1
+            order = torch.argsort(owner, stable=True)
+            nnz = torch.bincount(owner, minlength=len(pieces)).tolist()
+            parts = values[order].split(nnz)
+            if single:  # row i holds value i: the rows of the sorted ids are `order`
+                rows = order.split(nnz)
+                lengths: list[torch.Tensor | None] = [None] * len(pieces)
+            else:
+                row = torch.repeat_interleave(torch.arange(batch, device=values.device), counts)
+                per = torch.bincount(owner * batch + row,
+                                     minlength=len(pieces) * batch).view(len(pieces), batch)
+                rows, lengths = [], []
+                for j in range(len(pieces)):
+                    hit = per[j].nonzero().squeeze(1)
+                    rows.append(hit)
+                    n = per[j][hit]
+                    lengths.append(None if bool((n == 1).all()) else n)
+            out[f] = {p[0]: _Routed(parts[j], lengths[j], rows[j])
+                      for j, p in enumerate(pieces)}
+        return out
 
     def _all_pieces(self) -> list[tuple[str, str, tuple[int, int, int]]]:
+        """``(feature, table, (rank, start, stop))`` of every sharded feature's pieces."""
         out = []
         for f in self.sharded_features:
             name = self.feature_to_table[f]
@@ -263,56 +297,77 @@ class ShardedEmbeddingTables(nn.Module):
             return piece[2] - piece[1]
         return cfg.dim
 
-    def _received_width(self, src: int) -> int:
-        return sum(self._piece_width(n, p) for _, n, p in self._all_pieces() if p[0] == src)
-
     def _pool_piece(self, name: str, piece: tuple[int, int, int], values: torch.Tensor,
-                    counts: torch.Tensor) -> torch.Tensor:
+                    lengths: torch.Tensor | None) -> torch.Tensor:
+        """One requesting rank's bags of this rank's shard of ``name``: one id per bag
+        when ``lengths`` is None, else ``lengths[i]`` ids in bag ``i``."""
         bag = cast(nn.EmbeddingBag, self.shards[self._table_keys[name]])
         kind = self.plan[name]
-        if kind != "row_wise" and values.numel() == counts.numel() and bool((counts == 1).all()):
-            # single-hot: a plain gather is ~4x faster than bags of one (as in EmbeddingTables)
-            return F.embedding(values, bag.weight, sparse=bag.sparse)
-        offsets = F.pad(counts.cumsum(0), (1, 0))
-        mode: str = bag.mode
         if kind == "row_wise":
-            start, stop = piece[1], piece[2]
-            keep = (values >= start) & (values < stop)
-            row = torch.repeat_interleave(torch.arange(counts.numel(), device=values.device),
-                                          counts)
-            offsets = F.pad(torch.bincount(row[keep], minlength=counts.numel()).cumsum(0), (1, 0))
-            values = values[keep] - start
-            mode = "sum"  # partial sums; the requesting rank divides for "mean"
+            values = values - piece[1]
+        if lengths is None:
+            # single ids: a plain gather is ~4x faster than bags of one (as in EmbeddingTables)
+            return F.embedding(values, bag.weight, sparse=bag.sparse)
+        offsets = F.pad(lengths.cumsum(0), (1, 0))
+        # row-wise: partial sums; the requesting rank divides for "mean"
+        mode: str = "sum" if kind == "row_wise" else bag.mode
         return F.embedding_bag(values, bag.weight, offsets, mode=mode, sparse=bag.sparse,
                                include_last_offset=True)
 
-    def _assemble(self, received: torch.Tensor, ragged: dict[str, tuple[torch.Tensor,
-                  torch.Tensor]], batch: int, device: torch.device) -> dict[str, torch.Tensor]:
-        # received = for src in ranks: for each of src's pieces: (B, width) row-major
-        order = [(f, src, self._piece_width(name, piece))
-                 for src in range(self.world_size)
-                 for f, name, piece in self._all_pieces() if piece[0] == src]
+    def _assemble(self, received: torch.Tensor, routed: dict[str, dict[int, _Routed]],
+                  ragged: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: int,
+                  recv_sizes: list[int]) -> dict[str, torch.Tensor]:
+        # received = for each owner d: for each piece d holds: (bags, width) row-major
+        order = [(f, d, self._piece_width(name, p), _bags(routed[f][d], batch))
+                 for d in range(self.world_size) for f, name, p in self._by_rank[d]]
         # one split (its backward is one cat), not a slice per piece (each slice's
         # backward would fill a zero tensor the size of the whole message)
-        parts_flat = received.split([batch * width for _, _, width in order])
-        chunks = {(f, src): part.view(batch, width)
-                  for (f, src, width), part in zip(order, parts_flat)}
+        parts_flat = received.split([bags * width for _, _, width, bags in order])
+        chunks = {(f, d): part.view(bags, width)
+                  for (f, d, width, bags), part in zip(order, parts_flat)}
         out = {}
         for f in self.sharded_features:
             name = self.feature_to_table[f]
             kind, cfg = self.plan[name], self._config_by_name[name]
-            parts = [chunks[(f, p[0])] for p in self.plan.placements[name].pieces()]
+            owners = [p[0] for p in self.plan.placements[name].pieces()]
             if kind == "table_wise":
-                out[f] = parts[0]
+                out[f] = chunks[(f, owners[0])]
             elif kind == "column_wise":
-                out[f] = torch.cat(parts, dim=1)
+                out[f] = torch.cat([chunks[(f, d)] for d in owners], dim=1)
             else:
-                total = torch.stack(parts).sum(dim=0)
+                # each owner sent the partial sums of the rows that had ids in its range
+                rows = torch.cat([cast(torch.Tensor, routed[f][d].rows) for d in owners])
+                vectors = torch.cat([chunks[(f, d)] for d in owners])
+                total = vectors.new_zeros(batch, cfg.dim).index_add(
+                    0, rows.to(vectors.device), vectors)
                 if cfg.combiner == "mean":
                     counts = torch.diff(ragged[f][1]).clamp(min=1).to(total.dtype)
-                    total = total / counts[:, None]
+                    total = total / counts[:, None].to(total.device)
                 out[f] = total
         return out
+
+
+class _Routed(NamedTuple):
+    """What one rank sends one owner for one feature: the ids, the list lengths
+    (None: one id per bag) and, for a row-wise table, the requesting rows the bags
+    belong to (None: every row of the batch, in order)."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor | None
+    rows: torch.Tensor | None
+
+
+def _counts(r: _Routed) -> tuple[int, int]:
+    return int(r.values.numel()), 0 if r.lengths is None else int(r.lengths.numel())
+
+
+def _payload(r: _Routed) -> list[torch.Tensor]:
+    return [r.values] if r.lengths is None else [r.values, r.lengths]
+
+
+def _bags(r: _Routed, batch: int) -> int:
+    """How many pooled vectors the owner sends back for ``r``."""
+    return batch if r.rows is None else int(r.rows.numel())
 
 
 def _device(features: Mapping[str, Any], shards: nn.ModuleDict) -> torch.device:
@@ -450,6 +505,30 @@ class HybridParallel(nn.Module):
         for s in self._sharded.values():
             return s.batch_sizes
         return []
+
+    def comm_stats(self) -> dict[str, Any]:
+        """Bytes this rank's embedding exchange sent to and received from the other
+        ranks (its messages to itself are not counted): ``{"steps": n, "last": {...},
+        "total": {...}}``, ``"last"`` the last step (forward and, once it ran, its
+        backward), ``"total"`` every step so far. Each holds ``<kind>_sent`` and
+        ``<kind>_received`` for the kinds ``sizes`` (the split sizes and batch size,
+        int64), ``ids`` (ids and list lengths, int64, each id only to the ranks owning
+        its table, rows or columns), ``vectors`` (pooled float32 vectors back to the
+        rows' rank) and ``gradients`` (their gradients, backward), and the sums
+        ``sent`` / ``received``. DDP's all-reduce of the dense and replicated
+        weights' gradients is not included::
+
+            stats = model.comm_stats()
+            stats["last"]["ids_sent"], stats["total"]["sent"] / stats["steps"]
+        """
+        stats = [s.comm.as_dict() for s in self._sharded.values()]
+        if not stats:
+            return CommStats().as_dict()
+        out = {"steps": max(s["steps"] for s in stats), "last": {}, "total": {}}
+        for when in ("last", "total"):
+            for key in stats[0][when]:
+                out[when][key] = sum(s[when][key] for s in stats)
+        return out
 
     @property
     def loss_scale(self) -> float:
