@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["KINDS", "AllToAll", "CommStats", "all_to_all"]
+__all__ = ["AllToAll", "CommStats", "KINDS", "all_to_all"]
 
 #: the exchanges of one step, in the order they run
 KINDS = ("sizes", "ids", "vectors", "gradients")
