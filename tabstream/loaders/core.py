@@ -534,7 +534,13 @@ class Loader(Stepping, Mapped):
         blocks = {n: (k, row, len(group)) for k, group in enumerate(self._column_blocks)
                   for row, n in enumerate(group)}
         made = 0  # batches started: the next one's index in the epoch
-        builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
+        def new_builder(size: int, index: int) -> batching.BatchBuilder:
+            # shuffled: built in its own row order from the start (see shuffle_within)
+            order = (batching.within_order(self.seed, epoch, self.global_rank, index, size)
+                     if self.shuffle else None)
+            return batching.BatchBuilder(dtypes, lists, size, pool, blocks, index, order)
+
+        builder = new_builder(size, made)
         filled = 0
         recycler = memory.Recycler(keep=budget.recycler_keep)
         threads = read_threads(self._reader.unit_sizes())
@@ -569,7 +575,7 @@ class Loader(Stepping, Mapped):
                         size, filled = next(sizes, 0), 0
                         if size:
                             made += 1
-                            builder = batching.BatchBuilder(dtypes, lists, size, pool, blocks, made)
+                            builder = new_builder(size, made)
                 handed: set[int] = set()
                 for finished in chunk.fill(segments, done, recycler):
                     handed.add(id(finished))
