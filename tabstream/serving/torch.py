@@ -6,7 +6,11 @@ tabstream nor Python code of ours to run. Inputs, per raw column ``NAME`` (see
 :mod:`tabstream.serving.inputs`): numbers ``NAME`` float64/int64 ``[B]`` plus
 ``NAME__mask`` bool ``[B]`` (True where present); strings ``NAME`` uint8 (the
 UTF-8 bytes of the batch, end to end), ``NAME__offsets`` int64 ``[B+1]`` and
-``NAME__mask``. Output: ``{column: tensor [B]}`` of the output schema's dtypes.
+``NAME__mask``; lists ``NAME`` (their elements, ``[N]``), ``NAME__mask`` ``[N]``,
+``NAME__offsets`` int64 ``[B+1]`` (a list of strings: the bytes in ``NAME``, the
+elements' byte offsets in ``NAME__value_offsets`` ``[N+1]``). Output: ``{column:
+tensor [B]}`` of the output schema's dtypes; list columns ``(values, offsets)``, or
+``(dense, mask)`` ``[B, L]`` when the schema fixes their length, as the loader gives them.
 
 >>> import pandas as pd, tabstream as ts
 >>> from tabstream import ops
@@ -117,11 +121,14 @@ def _bits(x: Any) -> Any:
 
 
 class _Column:
-    """A slot's values: numbers ``values`` + ``present``; strings their bytes too."""
+    """A slot's values: numbers ``values`` + ``present``; strings their bytes too
+    (``values`` the bytes, each string ``starts``/``lengths`` into them, in order);
+    a list column its elements so, and its row ``offsets``."""
 
-    def __init__(self, values: Any, present: Any, kind: str, starts: Any = None, lengths: Any = None) -> None:
+    def __init__(self, values: Any, present: Any, kind: str, starts: Any = None, lengths: Any = None,
+                 offsets: Any = None) -> None:
         self.values, self.present, self.kind = values, present, kind
-        self.starts, self.lengths = starts, lengths
+        self.starts, self.lengths, self.offsets = starts, lengths, offsets
         self._hashes: dict[int, Any] = {}
 
     def missing(self) -> Any:
@@ -184,17 +191,24 @@ class RawFeatures(nn.Module):
         for slot, spec in enumerate(self.plan.inputs):
             present = inputs[f"{spec.name}__mask"]
             if spec.kind == "string":
-                offsets = inputs[f"{spec.name}__offsets"]
+                offsets = inputs[f"{spec.name}__value_offsets" if spec.is_list else f"{spec.name}__offsets"]
                 data = torch.cat([inputs[spec.name].to(torch.int64), offsets.new_zeros(4)])
                 starts = offsets[:-1]
-                env[slot] = _Column(data, present, "string", starts, offsets[1:] - starts)
+                col = _Column(data, present, "string", starts, offsets[1:] - starts)
             elif spec.kind == "float":
-                env[slot] = _Column(inputs[spec.name].to(torch.float64), present, "float")
+                col = _Column(inputs[spec.name].to(torch.float64), present, "float")
             else:
-                env[slot] = _Column(inputs[spec.name].to(torch.int64), present, spec.kind)
+                col = _Column(inputs[spec.name].to(torch.int64), present, spec.kind)
+            if spec.is_list:
+                col.offsets = inputs[f"{spec.name}__offsets"].to(torch.int64)
+            env[slot] = col
         for step in self.plan.steps:
-            env[step["out"]] = getattr(self, "_" + step["op"])(step, *[env[i] for i in step["in"]])
-        out = {}
+            cols = [env[i] for i in step["in"]]
+            got = getattr(self, "_" + step["op"])(step, *cols)
+            if got.offsets is None:  # an element-wise step keeps the rows
+                got.offsets = cols[0].offsets
+            env[step["out"]] = got
+        out: dict[str, Any] = {}
         for spec in self.plan.outputs:
             col = env[spec.slot]
             dtype = _DTYPES[spec.dtype]
@@ -204,7 +218,13 @@ class RawFeatures(nn.Module):
                 values = col.values
             else:
                 values = torch.where(col.missing(), -1, col.values)
-            out[spec.name] = values.to(dtype)
+            values = values.to(dtype)
+            if spec.layout == "ragged":
+                out[spec.name] = (values, col.offsets)
+            elif spec.layout == "fixed":
+                out[spec.name] = _dense(values, col.offsets, spec.length)
+            else:
+                out[spec.name] = values
         return out
 
     # -- steps (one per plan op) ---------------------------------------------
@@ -283,6 +303,38 @@ class RawFeatures(nn.Module):
         ids = torch.where(all_missing, n, torch.remainder(h, n))
         return _Column(ids, torch.ones_like(all_missing), "int")
 
+    def _list_slice(self, step, col):
+        """Python's ``row[start:end]`` per row; with ``length``, every row padded to it."""
+        o = col.offsets
+        n = o[1:] - o[:-1]
+        start, end = step["start"], step["end"]
+        s = torch.minimum(torch.clamp(n + start if start < 0 else torch.full_like(n, start), min=0), n)
+        e = n if end is None else torch.minimum(torch.clamp(n + end if end < 0 else torch.full_like(n, end),
+                                                            min=0), n)
+        e = torch.maximum(e, s)
+        if step["length"] is not None:
+            length = step["length"]
+            k = torch.arange(length, dtype=torch.int64)
+            idx = ((o[:-1] + s).unsqueeze(1) + k).reshape(-1)
+            valid = (k < (e - s).unsqueeze(1)).reshape(-1)
+            values = torch.cat([col.values, col.values.new_zeros(1)])  # never empty
+            present = torch.cat([col.present, col.present.new_ones(1)])
+            pad = step["pad_value"] if col.kind == "float" else int(step["pad_value"])
+            values = torch.where(valid, _K.gather(values, idx), pad)
+            present = torch.where(valid, _K.gather(present, idx), True)
+            rows = torch.arange(n.shape[0] + 1, dtype=torch.int64) * length
+            return _Column(values, present, col.kind, offsets=rows)
+        p = torch.arange(col.present.shape[0], dtype=torch.int64)
+        row = torch.clamp(torch.searchsorted(o[1:].contiguous(), p, right=True), max=n.shape[0] - 1)
+        within = p - _take(o, row)
+        keep = torch.nonzero((within >= _take(s, row)) & (within < _take(e, row))).squeeze(1)
+        offsets = torch.cat([o.new_zeros(1), torch.cumsum(e - s, 0)])
+        present = _take(col.present, keep)
+        if col.kind == "string":
+            return _Column(col.values, present, "string", _take(col.starts, keep), _take(col.lengths, keep),
+                           offsets)
+        return _Column(_take(col.values, keep), present, col.kind, offsets=offsets)
+
     def _categorify(self, step, col):
         t = {name: getattr(self, f"t{step['out']}_{name}")
              for name in ("keys", "ids", "starts", "lengths", "valid", "bytes")}
@@ -307,35 +359,55 @@ class RawFeatures(nn.Module):
 
     @staticmethod
     def _same_bytes(col: _Column, t: dict[str, Any], pos: Any) -> Any:
-        """Per row: every byte equals the candidate vocabulary entry's byte there."""
+        """Per string: every byte equals the candidate vocabulary entry's byte there.
+        Each byte belongs to the last string starting at or before it, when inside it
+        (strings are in order and do not overlap; a list slice leaves bytes of none)."""
         n_bytes = col.values.shape[0] - 4
         p = torch.arange(n_bytes, dtype=torch.int64)
-        ends = col.starts + col.lengths
-        row = torch.searchsorted(ends.contiguous(), p, right=True)
-        row = torch.clamp(row, max=max(0, col.starts.shape[0] - 1)) if col.starts.shape[0] else row
-        within = p - _take(col.starts, row)
-        cand = _take(pos, row)
+        # a sentinel string after every byte: the tables are never empty
+        starts = torch.cat([col.starts, col.starts.new_full((1,), n_bytes)])
+        lengths = torch.cat([col.lengths, col.lengths.new_zeros(1)])
+        row = torch.clamp(torch.searchsorted(starts.contiguous(), p, right=True) - 1, min=0)
+        within = p - _take(starts, row)
+        inside = (within >= 0) & (within < _take(lengths, row))
+        cand = _take(torch.cat([pos, pos.new_zeros(1)]), row)
         vocab_at = _K.gather(t["bytes"], _take(t["starts"], cand) + within)
-        differs = (vocab_at != col.values[:n_bytes]) | (within >= _take(t["lengths"], cand))
-        bad = torch.zeros_like(col.lengths).index_add(0, row, differs.to(torch.int64))
-        return bad == 0
+        differs = inside & ((vocab_at != col.values[:n_bytes]) | (within >= _take(t["lengths"], cand)))
+        bad = torch.zeros_like(lengths).index_add(0, row, differs.to(torch.int64))
+        return bad[:-1] == 0
+
+
+def _dense(values: Any, offsets: Any, length: int) -> tuple[Any, Any]:
+    """Ragged rows as ``(dense [B, length], mask)``: cut or zero-padded, as the loader does."""
+    n = offsets[1:] - offsets[:-1]
+    k = torch.arange(length, dtype=torch.int64)
+    idx = offsets[:-1].unsqueeze(1) + k
+    mask = k < n.unsqueeze(1)
+    padded = torch.cat([values, values.new_zeros(1)])  # never empty
+    dense = torch.where(mask, _K.gather(padded, idx.reshape(-1)).reshape(idx.shape), 0)
+    return dense.to(values.dtype), mask
 
 
 def export(module: RawFeatures, example: dict[str, torch.Tensor], model: nn.Module | None = None) -> Any:
     """``torch.export`` of ``module`` (followed by ``model``, when given) with a dynamic
-    batch: one dimension name for the rows, one per string column's bytes."""
+    batch: one dimension name for the rows, one per string column's bytes, one per
+    list column's elements."""
     from torch.export import Dim
     from torch.export import export as torch_export
 
     batch = Dim("batch", min=1)
     shapes: dict[str, Any] = {}
     for spec in module.plan.inputs:
-        shapes[f"{spec.name}__mask"] = {0: batch}
+        rows = batch
+        if spec.is_list:
+            rows = Dim(f"{spec.name}_values", min=0)
+            shapes[f"{spec.name}__offsets"] = {0: batch + 1}
+        shapes[f"{spec.name}__mask"] = {0: rows}
         if spec.kind == "string":
             shapes[spec.name] = {0: Dim(f"{spec.name}_bytes", min=0)}
-            shapes[f"{spec.name}__offsets"] = {0: batch + 1}
+            shapes[f"{spec.name}__value_offsets" if spec.is_list else f"{spec.name}__offsets"] = {0: rows + 1}
         else:
-            shapes[spec.name] = {0: batch}
+            shapes[spec.name] = {0: rows}
     target = module if model is None else _Bundle(module, model)
     # size-oblivious: a batch of one row (or a string column of empty strings, no
     # bytes) must not be specialized away when the example batch is larger
