@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-
 from typing import Any
 
 import numpy as np
