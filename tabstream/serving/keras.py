@@ -36,7 +36,7 @@ import tensorflow as tf
 from tabstream.serving import murmur
 from tabstream.serving.plan import ServingPlan
 
-__all__ = ["RawFeatures", "export", "input_signature"]
+__all__ = ["RawFeatures", "export", "input_signature", "signature_outputs"]
 
 _DTYPES = {"float32": tf.float32, "float64": tf.float64, "float16": tf.float16,
            "int64": tf.int64, "int32": tf.int32, "int16": tf.int16, "int8": tf.int8,
@@ -356,17 +356,40 @@ class _Bundle(keras.Model):
         return self.model(self.features(inputs))
 
 
+def signature_outputs(features: dict[str, Any]) -> dict[str, Any]:
+    """The layer's outputs as a SavedModel signature returns them (one tensor per
+    name): a ragged list ``NAME`` as ``NAME__values`` and ``NAME__offsets`` (the
+    loaders' ``list_layout="flat"``), a fixed-length one as ``NAME`` ``[B, L]`` and
+    ``NAME__mask``; the bundled models take both forms."""
+    out = {}
+    for name, value in features.items():
+        if isinstance(value, tuple):
+            first, second = value
+            if first.shape.rank == 1:
+                out[f"{name}__values"], out[f"{name}__offsets"] = first, second
+            else:
+                out[name], out[f"{name}__mask"] = first, second
+        else:
+            out[name] = value
+    return out
+
+
 def export(layer: RawFeatures, path: str, model: Any = None) -> None:
     """Write a SavedModel at ``path`` whose ``serve`` endpoint takes the raw inputs
     (:func:`input_signature`) and returns ``model``'s outputs (the features
-    themselves without a model); a ``features`` endpoint returns the features."""
+    themselves without a model, flat: :func:`signature_outputs`); a ``features``
+    endpoint returns the features."""
     archive = keras.export.ExportArchive()
     target = layer if model is None else _Bundle(layer, model)
     archive.track(target)
     for table in layer.lookup_tables():  # resources inside a nested layer are not found alone
         archive.track(table)
     signature = [input_signature(layer.plan)]
-    archive.add_endpoint("serve", target.call, input_signature=signature)
+
+    def features(inputs):
+        return signature_outputs(layer.call(inputs))
+
+    archive.add_endpoint("serve", target.call if model is not None else features, input_signature=signature)
     if model is not None:
-        archive.add_endpoint("features", layer.call, input_signature=signature)
+        archive.add_endpoint("features", features, input_signature=signature)
     archive.write_out(path, verbose=False)

@@ -110,6 +110,34 @@ class _K:
         return list(out[1:])
 
 
+#: the MurmurHash3 seeds a step reads of a string column (Categorify's key is two)
+_HASH_SEEDS: dict[str, tuple[int, ...]] = {"categorify": (0, KEY_SEED), "hash_bucket": (0,), "hashed_cross": (0,)}
+
+
+def _concat_strings(cols: list[Any]) -> Any:
+    """Several string columns as one: their bytes end to end, in order."""
+    data, starts, base = [], [], 0
+    for col in cols:
+        n = col.values.shape[0] - 4
+        data.append(col.values[:n])
+        starts.append(col.starts + base)
+        base = base + n
+    return _Column(torch.cat([*data, cols[0].values.new_zeros(4)]), torch.cat([c.present for c in cols]),
+                   "string", torch.cat(starts), torch.cat([c.lengths for c in cols]))
+
+
+def _hash_together(cols: list[Any], seeds: tuple[int, ...]) -> None:
+    """Hash the strings of several columns in one pass over their bytes, end to end
+    (one loop, one op per step for all columns: a request's cost is its op count),
+    and leave each column its share (``_Column.hashes`` then finds them)."""
+    both = _concat_strings(cols)
+    hs = murmur.hash_bytes(_K, both.values, both.starts, both.lengths, seeds)
+    sizes = [c.lengths.shape[0] for c in cols]
+    for seed, h in zip(seeds, hs):
+        for col, piece in zip(cols, torch.split(h, sizes)):
+            col._hashes[seed] = piece
+
+
 def _take(values: Any, idx: Any) -> Any:
     """``values[idx]`` (in-range ``idx``) through index_select, see :meth:`_K.gather`."""
     return torch.index_select(values, 0, idx)
@@ -154,11 +182,83 @@ class RawFeatures(nn.Module):
     def __init__(self, plan: ServingPlan) -> None:
         super().__init__()
         self.plan = plan
+        # Categorify of raw string columns (one row each): one lookup for them all, in
+        # one table of every vocabulary (row c: step c's keys, padded with sentinels)
+        together = [s for s in plan.steps if s["op"] == "categorify" and s["in"][0] < len(plan.inputs)
+                    and plan.inputs[s["in"][0]].kind == "string" and not plan.inputs[s["in"][0]].is_list]
+        self._lookup_together = together if len(together) > 1 else []
+        tables = {}
         for step in plan.steps:
             if step["op"] == "categorify":
-                self._add_table(step)
+                tables[step["out"]] = self._table(step)
+                if step["out"] not in {s["out"] for s in self._lookup_together}:
+                    for name, arr in tables[step["out"]].items():
+                        self.register_buffer(f"t{step['out']}_{name}", torch.as_tensor(arr), persistent=True)
+        if self._lookup_together:
+            self._merge_tables([tables[s["out"]] for s in self._lookup_together])
+        # the raw string columns hashed in one pass, and the seeds they need
+        needs: dict[int, set[int]] = {}
+        for step in plan.steps:
+            seeds = _HASH_SEEDS.get(step["op"], ())
+            for slot in step["in"]:
+                if slot < len(plan.inputs) and plan.inputs[slot].kind == "string" and seeds:
+                    needs.setdefault(slot, set()).update(seeds)
+        self._hashed_together = sorted(needs) if len(needs) > 1 else []
+        self._together_seeds = tuple(sorted(set().union(*needs.values()))) if needs else ()
 
-    def _add_table(self, step: dict[str, Any]) -> None:
+    def _merge_tables(self, tables: list[dict[str, np.ndarray]]) -> None:
+        width = max(len(t["keys"]) for t in tables)
+        sentinel = np.iinfo(np.int64).max
+        keys = np.full((len(tables), width), sentinel, np.int64)
+        merged = {name: np.zeros((len(tables), width), np.int64) for name in ("ids", "starts", "lengths")}
+        valid = np.zeros((len(tables), width), bool)
+        base = 0
+        for c, t in enumerate(tables):
+            n = len(t["keys"])
+            keys[c, :n] = t["keys"]
+            valid[c, :n] = t["valid"]
+            merged["ids"][c, :n] = t["ids"]
+            merged["lengths"][c, :n] = t["lengths"]
+            merged["starts"][c, :n] = t["starts"] + base
+            base += len(t["bytes"])
+        flat = {"g_keys": keys, "g_flat_keys": keys.reshape(-1), "g_valid": valid.reshape(-1),
+                "g_bytes": np.concatenate([t["bytes"] for t in tables]),
+                "g_row": (np.arange(len(tables), dtype=np.int64) * width)[:, None],
+                **{f"g_{k}": v.reshape(-1) for k, v in merged.items()}}
+        for name, arr in flat.items():
+            self.register_buffer(name, torch.as_tensor(arr), persistent=True)
+
+    def _categorify_together(self, env: dict[int, _Column]) -> dict[int, _Column]:
+        """:meth:`_categorify` of every step in ``_lookup_together`` at once."""
+        steps = self._lookup_together
+        cols = [env[s["in"][0]] for s in steps]
+        keys = torch.stack([torch.bitwise_or(torch.bitwise_left_shift(h0, 32), h1)
+                            for h0, h1 in (c.hashes((0, KEY_SEED)) for c in cols)])
+        pos = torch.clamp(torch.searchsorted(self.g_keys, keys), max=self.g_keys.shape[1] - 1)
+        flat = (pos + self.g_row).reshape(-1)
+        both = _concat_strings(cols)
+        found = (_take(self.g_flat_keys, flat) == keys.reshape(-1)) & _take(self.g_valid, flat) \
+            & (_take(self.g_lengths, flat) == both.lengths)
+        found = found & self._same_bytes(both, {"bytes": self.g_bytes, "starts": self.g_starts,
+                                                "lengths": self.g_lengths}, flat)
+        found = found.reshape(len(steps), -1)
+        ids = _take(self.g_ids, flat).reshape(len(steps), -1)
+        out = {}
+        for c, (step, col) in enumerate(zip(steps, cols)):
+            out[step["out"]] = self._finish_ids(step, col, found[c], ids[c])
+        return out
+
+    def _finish_ids(self, step: dict[str, Any], col: _Column, found: Any, ids: Any) -> _Column:
+        """Out-of-vocabulary and missing rows' ids (Categorify's encoding)."""
+        if step["num_buckets"]:
+            oov = torch.remainder(col.hashes()[0], step["num_buckets"]) + 2
+        else:
+            oov = torch.full_like(ids, 2)
+        ids = torch.where(found, ids, oov)
+        ids = torch.where(col.missing(), 1, ids)
+        return _Column(ids, torch.ones_like(col.present), "int")
+
+    def _table(self, step: dict[str, Any]) -> dict[str, np.ndarray]:
         kind = self.plan.kinds[step["in"][0]]
         ids = np.asarray(step["ids"], dtype=np.int64)
         out = step["out"]
@@ -181,9 +281,7 @@ class RawFeatures(nn.Module):
         valid = np.concatenate([np.ones(len(keys), bool), [False]])
         keys = np.concatenate([keys, [np.iinfo(np.int64).max]])
         ids, starts, lengths = (np.concatenate([a, [0]]) for a in (ids, starts, lengths))
-        for name, arr in (("keys", keys), ("ids", ids), ("starts", starts), ("lengths", lengths),
-                          ("valid", valid), ("bytes", data)):
-            self.register_buffer(f"t{out}_{name}", torch.as_tensor(arr), persistent=True)
+        return {"keys": keys, "ids": ids, "starts": starts, "lengths": lengths, "valid": valid, "bytes": data}
 
     # -- forward --------------------------------------------------------------
     def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -202,7 +300,13 @@ class RawFeatures(nn.Module):
             if spec.is_list:
                 col.offsets = inputs[f"{spec.name}__offsets"].to(torch.int64)
             env[slot] = col
+        if self._hashed_together:
+            _hash_together([env[i] for i in self._hashed_together], self._together_seeds)
+        done = self._categorify_together(env) if self._lookup_together else {}
         for step in self.plan.steps:
+            if step["out"] in done:
+                env[step["out"]] = done[step["out"]]
+                continue
             cols = [env[i] for i in step["in"]]
             got = getattr(self, "_" + step["op"])(step, *cols)
             if got.offsets is None:  # an element-wise step keeps the rows
@@ -349,13 +453,7 @@ class RawFeatures(nn.Module):
         found = (_take(t["keys"], pos) == key) & _take(t["valid"], pos)
         if col.kind == "string":
             found = found & (_take(t["lengths"], pos) == col.lengths) & self._same_bytes(col, t, pos)
-        if step["num_buckets"]:
-            oov = torch.remainder(col.hashes()[0], step["num_buckets"]) + 2
-        else:
-            oov = torch.full_like(key, 2)
-        ids = torch.where(found, _take(t["ids"], pos), oov)
-        ids = torch.where(col.missing(), 1, ids)
-        return _Column(ids, torch.ones_like(col.present), "int")
+        return self._finish_ids(step, col, found, _take(t["ids"], pos))
 
     @staticmethod
     def _same_bytes(col: _Column, t: dict[str, Any], pos: Any) -> Any:

@@ -197,6 +197,21 @@ def nested_outputs(flat: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
+def signature_pairs(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A SavedModel's flat outputs (``NAME__values``/``NAME__offsets``, ``NAME``/``NAME__mask``)
+    as the layer's pairs."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key.endswith("__values"):
+            name = key[:-len("__values")]
+            out[name] = (value, flat[f"{name}__offsets"])
+        elif f"{key}__mask" in flat:
+            out[key] = (value, flat[f"{key}__mask"])
+        elif not key.endswith(("__offsets", "__mask")):
+            out[key] = value
+    return out
+
+
 def run_fresh(script: str, cwd: str) -> str:
     """Run ``script`` in a new interpreter whose path holds neither this checkout nor
     PYTHONPATH; it must not import tabstream (asserted at its end)."""

@@ -22,6 +22,7 @@ from artifact_cases import (  # noqa: E402
     frame,
     nested_outputs,
     run_fresh,
+    signature_pairs,
 )
 
 from tabstream.core.errors import ExportError  # noqa: E402
@@ -84,7 +85,7 @@ def test_saved_model_features_equal_workflow_transform_in_a_fresh_process(wf, tm
     rows = arrow_rows(frame(1, 10_000, 600), 2)
     np.savez(tmp_path / "inputs.npz", **raw_arrays(rows, layer.plan.inputs, "torch"))
     run_fresh(RUN, str(tmp_path))
-    got = nested_outputs(dict(np.load(tmp_path / "outputs.npz")))
+    got = signature_pairs(dict(np.load(tmp_path / "outputs.npz")))
     assert_same(got, expected_features(wf, rows, [o.name for o in layer.plan.outputs]))
 
 
