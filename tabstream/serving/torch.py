@@ -138,6 +138,12 @@ def _hash_together(cols: list[Any], seeds: tuple[int, ...]) -> None:
             col._hashes[seed] = piece
 
 
+def _as(x: Any, dtype: Any) -> Any:
+    """``x.to(dtype)`` only where it changes something: an exported program runs every
+    node from Python, a no-op cast too (two nodes with its metadata check)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _take(values: Any, idx: Any) -> Any:
     """``values[idx]`` (in-range ``idx``) through index_select, see :meth:`_K.gather`."""
     return torch.index_select(values, 0, idx)
@@ -294,11 +300,11 @@ class RawFeatures(nn.Module):
                 starts = offsets[:-1]
                 col = _Column(data, present, "string", starts, offsets[1:] - starts)
             elif spec.kind == "float":
-                col = _Column(inputs[spec.name].to(torch.float64), present, "float")
+                col = _Column(_as(inputs[spec.name], torch.float64), present, "float")
             else:
-                col = _Column(inputs[spec.name].to(torch.int64), present, spec.kind)
+                col = _Column(_as(inputs[spec.name], torch.int64), present, spec.kind)
             if spec.is_list:
-                col.offsets = inputs[f"{spec.name}__offsets"].to(torch.int64)
+                col.offsets = _as(inputs[f"{spec.name}__offsets"], torch.int64)
             env[slot] = col
         if self._hashed_together:
             _hash_together([env[i] for i in self._hashed_together], self._together_seeds)
@@ -317,12 +323,12 @@ class RawFeatures(nn.Module):
             col = env[spec.slot]
             dtype = _DTYPES[spec.dtype]
             if dtype.is_floating_point:
-                values = torch.where(col.missing(), torch.nan, col.values.to(torch.float64))
+                values = torch.where(col.missing(), torch.nan, _as(col.values, torch.float64))
             elif dtype == torch.bool:
                 values = col.values
             else:
                 values = torch.where(col.missing(), -1, col.values)
-            values = values.to(dtype)
+            values = _as(values, dtype)
             if spec.layout == "ragged":
                 out[spec.name] = (values, col.offsets)
             elif spec.layout == "fixed":
@@ -339,7 +345,7 @@ class RawFeatures(nn.Module):
     def _fill(self, step, col):
         missing = col.missing()
         if step["dtype"].startswith("float"):
-            values = torch.where(missing, step["value"], col.values.to(torch.float64))
+            values = torch.where(missing, step["value"], _as(col.values, torch.float64))
             values = self._round(values, step["dtype"])
             return _Column(values, torch.ones_like(col.present), "float")
         values = torch.where(missing, int(step["value"]), col.values)
@@ -354,7 +360,7 @@ class RawFeatures(nn.Module):
     def _clip(self, step, col):
         lo, hi = step["min"], step["max"]
         if step["dtype"].startswith("float"):
-            values = col.values.to(torch.float64)
+            values = _as(col.values, torch.float64)
             if step["dtype"] == "float32":
                 lo = None if lo is None else float(np.float32(lo))
                 hi = None if hi is None else float(np.float32(hi))
@@ -371,17 +377,18 @@ class RawFeatures(nn.Module):
         return _Column(values, col.present, "int")
 
     def _log1p(self, step, col):
-        return _Column(self._round(torch.log1p(col.values.to(torch.float64)), step["dtype"]), col.present, "float")
+        values = self._round(torch.log1p(_as(col.values, torch.float64)), step["dtype"])
+        return _Column(values, col.present, "float")
 
     def _standardize(self, step, col):
-        values = col.values.to(torch.float64) - step["shift"]
+        values = _as(col.values, torch.float64) - step["shift"]
         if step["scale"] > 0:
             values = values / step["scale"]
         return _Column(self._round(values, step["dtype"]), col.present, "float")
 
     def _bucketize(self, step, col):
         bounds = torch.tensor(step["boundaries"], dtype=torch.float64)
-        values = col.values.to(torch.float64)
+        values = _as(col.values, torch.float64)
         ids = torch.searchsorted(bounds, values.contiguous(), right=True)
         return _Column(ids, ~col.missing(), "int")
 
@@ -483,7 +490,7 @@ def _dense(values: Any, offsets: Any, length: int) -> tuple[Any, Any]:
     mask = k < n.unsqueeze(1)
     padded = torch.cat([values, values.new_zeros(1)])  # never empty
     dense = torch.where(mask, _K.gather(padded, idx.reshape(-1)).reshape(idx.shape), 0)
-    return dense.to(values.dtype), mask
+    return _as(dense, values.dtype), mask
 
 
 def export(module: RawFeatures, example: dict[str, torch.Tensor], model: nn.Module | None = None) -> Any:
