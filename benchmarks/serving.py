@@ -5,6 +5,7 @@ Python followed by the exported model alone, for torch and Keras.
     python benchmarks/serving.py                         # both frameworks
     python benchmarks/serving.py --framework torch --requests 300
     python benchmarks/serving.py --clock cpu     # this process's CPU time per request
+    python benchmarks/serving.py --framework torch --aoti   # the artifact compiled by AOTInductor
 
 A Criteo-like workflow (``--cats`` string columns through Categorify(freq_threshold=2),
 one HashBucket column, ``--conts`` float columns through FillMissing >> Clip >> LogOp
@@ -98,6 +99,14 @@ def bench_torch(args, wf: ts.Workflow, folder: str) -> list[list[object]]:
     plain = torch.export.export(model, (features,), dynamic_shapes=({k: {0: batch} for k in features},))
     torch.export.save(plain, os.path.join(folder, "model.pt2"))
     artifact = torch.export.load(os.path.join(folder, "artifact.pt2")).module()
+    label = "torch"
+    if args.aoti:  # the same program compiled ahead of time (C++), loaded by torch alone
+        t0 = time.perf_counter()
+        path = torch._inductor.aoti_compile_and_package(torch.export.load(os.path.join(folder, "artifact.pt2")),
+                                                        package_path=os.path.join(folder, "artifact_aoti.pt2"))
+        print(f"AOTInductor compile: {time.perf_counter() - t0:.0f} s wall", flush=True)
+        artifact = torch._inductor.aoti_load_package(path)
+        label = "torch-aoti"
     served_model = torch.export.load(os.path.join(folder, "model.pt2")).module()
 
     def via_artifact(frame):
@@ -109,7 +118,7 @@ def bench_torch(args, wf: ts.Workflow, folder: str) -> list[list[object]]:
         with torch.no_grad():
             return served_model(_model_inputs_torch(wf, frame, schema))
 
-    return _measure(args, "torch", via_artifact, via_python, lambda s: s.numpy())
+    return _measure(args, label, via_artifact, via_python, lambda s: s.numpy())
 
 
 def _model_inputs_torch(wf, frame, schema):
@@ -196,6 +205,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads of torch and TensorFlow (a server runs a request per thread; "
                              "on a loaded machine OpenMP's spinning threads cost tens of ms per op)")
+    parser.add_argument("--aoti", action="store_true",
+                        help="torch: time the artifact compiled by AOTInductor "
+                             "(torch._inductor.aoti_compile_and_package; needs a C++ compiler, minutes)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time)")
     args = parser.parse_args()
