@@ -4,8 +4,10 @@
 operations (the TensorFlow backend), so ``model.export`` writes it into the
 SavedModel: serving needs TensorFlow only. Inputs, per raw column ``NAME``: numbers
 ``NAME`` float64/int64 ``[B]``, strings ``NAME`` ``tf.string [B]``, and
-``NAME__mask`` bool ``[B]`` (True where present). Output: ``{column: tensor [B]}``
-of the output schema's dtypes, as the TF loader delivers them.
+``NAME__mask`` bool ``[B]`` (True where present); lists ``NAME`` (their elements,
+``[N]``), ``NAME__mask`` ``[N]`` and ``NAME__offsets`` int64 ``[B+1]`` (row splits).
+Output: ``{column: tensor [B]}`` of the output schema's dtypes, list columns ``(values,
+offsets)`` or ``(dense, mask)`` ``[B, L]`` when fixed, as the TF loader delivers them.
 
 >>> import pandas as pd, tabstream as ts
 >>> from tabstream import ops
@@ -34,7 +36,7 @@ import tensorflow as tf
 from tabstream.serving import murmur
 from tabstream.serving.plan import ServingPlan
 
-__all__ = ["RawFeatures", "export", "input_signature"]
+__all__ = ["RawFeatures", "export", "input_signature", "signature_outputs"]
 
 _DTYPES = {"float32": tf.float32, "float64": tf.float64, "float16": tf.float16,
            "int64": tf.int64, "int32": tf.int32, "int16": tf.int16, "int8": tf.int8,
@@ -96,10 +98,20 @@ def _bits(x: Any) -> Any:
 
 class _Column:
     def __init__(self, values: Any, present: Any, kind: str, starts: Any = None, lengths: Any = None,
-                 strings: Any = None) -> None:
+                 strings: Any = None, offsets: Any = None) -> None:
         self.values, self.present, self.kind = values, present, kind
         self.starts, self.lengths, self.strings = starts, lengths, strings
+        self.offsets = offsets  # row offsets of a list column's elements
         self._hash: Any = None
+
+    @classmethod
+    def of_strings(cls, strings: Any, present: Any, offsets: Any = None) -> _Column:
+        """A string column (or list column's elements) with their bytes end to end."""
+        lengths = tf.cast(tf.strings.length(strings, unit="BYTE"), tf.int64)
+        ends = tf.cumsum(lengths)
+        data = tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(strings), tf.uint8), [-1])
+        data = tf.concat([tf.cast(data, tf.int64), tf.zeros([4], tf.int64)], 0)
+        return cls(data, present, "string", ends - lengths, lengths, strings=strings, offsets=offsets)
 
     def missing(self) -> Any:
         if self.kind == "float":
@@ -123,6 +135,8 @@ def input_signature(plan: ServingPlan) -> dict[str, tf.TensorSpec]:
         dtype = {"string": tf.string, "float": tf.float64}.get(spec.kind, tf.int64)
         sig[spec.name] = tf.TensorSpec([None], dtype, name=spec.name)
         sig[f"{spec.name}__mask"] = tf.TensorSpec([None], tf.bool, name=f"{spec.name}__mask")
+        if spec.is_list:
+            sig[f"{spec.name}__offsets"] = tf.TensorSpec([None], tf.int64, name=f"{spec.name}__offsets")
     return sig
 
 
@@ -155,18 +169,21 @@ class RawFeatures(keras.layers.Layer):
             present = tf.cast(inputs[f"{spec.name}__mask"], tf.bool)
             values = inputs[spec.name]
             if spec.kind == "string":
-                lengths = tf.cast(tf.strings.length(values, unit="BYTE"), tf.int64)
-                ends = tf.cumsum(lengths)
-                data = tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(values), tf.uint8), [-1])
-                data = tf.concat([tf.cast(data, tf.int64), tf.zeros([4], tf.int64)], 0)
-                env[slot] = _Column(data, present, "string", ends - lengths, lengths, strings=values)
+                col = _Column.of_strings(values, present)
             elif spec.kind == "float":
-                env[slot] = _Column(tf.cast(values, tf.float64), present, "float")
+                col = _Column(tf.cast(values, tf.float64), present, "float")
             else:
-                env[slot] = _Column(tf.cast(values, tf.int64), present, spec.kind)
+                col = _Column(tf.cast(values, tf.int64), present, spec.kind)
+            if spec.is_list:
+                col.offsets = tf.cast(inputs[f"{spec.name}__offsets"], tf.int64)
+            env[slot] = col
         for step in self.plan.steps:
-            env[step["out"]] = getattr(self, "_" + step["op"])(step, *[env[i] for i in step["in"]])
-        out = {}
+            cols = [env[i] for i in step["in"]]
+            got = getattr(self, "_" + step["op"])(step, *cols)
+            if got.offsets is None:  # an element-wise step keeps the rows
+                got.offsets = cols[0].offsets
+            env[step["out"]] = got
+        out: dict[str, Any] = {}
         for spec in self.plan.outputs:
             col = env[spec.slot]
             dtype = _DTYPES[spec.dtype]
@@ -176,7 +193,13 @@ class RawFeatures(keras.layers.Layer):
                 values = tf.cast(col.values, tf.bool)
             else:
                 values = tf.where(col.missing(), _i64(-1), col.values)
-            out[spec.name] = tf.cast(values, dtype)
+            values = tf.cast(values, dtype)
+            if spec.layout == "ragged":
+                out[spec.name] = (values, col.offsets)
+            elif spec.layout == "fixed":
+                out[spec.name] = _dense(values, col.offsets, spec.length)
+            else:
+                out[spec.name] = values
         return out
 
     # -- steps (one per plan op) ---------------------------------------------
@@ -259,6 +282,40 @@ class RawFeatures(keras.layers.Layer):
         ids = tf.where(all_missing, _i64(n), tf.math.floormod(h, _i64(n)))
         return _Column(ids, tf.ones_like(all_missing), "int")
 
+    def _list_slice(self, step, col):
+        """Python's ``row[start:end]`` per row; with ``length``, every row padded to it."""
+        o = col.offsets
+        n = o[1:] - o[:-1]
+        start, end = step["start"], step["end"]
+
+        def bound(v):
+            return tf.minimum(tf.maximum(n + v if v < 0 else tf.fill(tf.shape(n), _i64(v)), 0), n)
+
+        s = bound(start)
+        e = tf.maximum(n if end is None else bound(end), s)
+        if step["length"] is not None:
+            length = step["length"]
+            k = tf.range(length, dtype=tf.int64)
+            idx = tf.reshape(tf.expand_dims(o[:-1] + s, 1) + k, [-1])
+            valid = tf.reshape(k < tf.expand_dims(e - s, 1), [-1])
+            values = tf.concat([col.values, tf.zeros([1], col.values.dtype)], 0)  # never empty
+            present = tf.concat([col.present, tf.ones([1], tf.bool)], 0)
+            pad = tf.constant(step["pad_value"] if col.kind == "float" else int(step["pad_value"]), values.dtype)
+            values = tf.where(valid, _K.gather(values, idx), pad)
+            present = tf.where(valid, _K.gather(present, idx), True)
+            rows = tf.range(tf.shape(n, out_type=tf.int64)[0] + 1) * length
+            return _Column(values, present, col.kind, offsets=rows)
+        p = tf.range(tf.shape(col.present, out_type=tf.int64)[0])
+        row = tf.minimum(tf.searchsorted(o[1:], p, side="right", out_type=tf.int64),
+                         tf.shape(n, out_type=tf.int64)[0] - 1)
+        within = p - tf.gather(o, row)
+        keep = tf.where((within >= tf.gather(s, row)) & (within < tf.gather(e, row)))[:, 0]
+        offsets = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(e - s)], 0)
+        present = tf.gather(col.present, keep)
+        if col.kind == "string":
+            return _Column.of_strings(tf.gather(col.strings, keep), present, offsets)
+        return _Column(tf.gather(col.values, keep), present, col.kind, offsets=offsets)
+
     def _categorify(self, step, col):
         table = self._tables[f"t{step['out']}"]
         if col.kind == "string":
@@ -276,6 +333,17 @@ class RawFeatures(keras.layers.Layer):
         return _Column(ids, self._all(col), "int")
 
 
+def _dense(values: Any, offsets: Any, length: int) -> tuple[Any, Any]:
+    """Ragged rows as ``(dense [B, length], mask)``: cut or zero-padded, as the loader does."""
+    n = offsets[1:] - offsets[:-1]
+    k = tf.range(length, dtype=tf.int64)
+    idx = tf.expand_dims(offsets[:-1], 1) + k
+    mask = k < tf.expand_dims(n, 1)
+    padded = tf.concat([values, tf.zeros([1], values.dtype)], 0)  # never empty
+    dense = tf.where(mask, _K.gather(padded, idx), tf.zeros([], values.dtype))
+    return dense, mask
+
+
 class _Bundle(keras.Model):
     """Raw features, then the model."""
 
@@ -288,17 +356,40 @@ class _Bundle(keras.Model):
         return self.model(self.features(inputs))
 
 
+def signature_outputs(features: dict[str, Any]) -> dict[str, Any]:
+    """The layer's outputs as a SavedModel signature returns them (one tensor per
+    name): a ragged list ``NAME`` as ``NAME__values`` and ``NAME__offsets`` (the
+    loaders' ``list_layout="flat"``), a fixed-length one as ``NAME`` ``[B, L]`` and
+    ``NAME__mask``; the bundled models take both forms."""
+    out = {}
+    for name, value in features.items():
+        if isinstance(value, tuple):
+            first, second = value
+            if first.shape.rank == 1:
+                out[f"{name}__values"], out[f"{name}__offsets"] = first, second
+            else:
+                out[name], out[f"{name}__mask"] = first, second
+        else:
+            out[name] = value
+    return out
+
+
 def export(layer: RawFeatures, path: str, model: Any = None) -> None:
     """Write a SavedModel at ``path`` whose ``serve`` endpoint takes the raw inputs
     (:func:`input_signature`) and returns ``model``'s outputs (the features
-    themselves without a model); a ``features`` endpoint returns the features."""
+    themselves without a model, flat: :func:`signature_outputs`); a ``features``
+    endpoint returns the features."""
     archive = keras.export.ExportArchive()
     target = layer if model is None else _Bundle(layer, model)
     archive.track(target)
     for table in layer.lookup_tables():  # resources inside a nested layer are not found alone
         archive.track(table)
     signature = [input_signature(layer.plan)]
-    archive.add_endpoint("serve", target.call, input_signature=signature)
+
+    def features(inputs):
+        return signature_outputs(layer.call(inputs))
+
+    archive.add_endpoint("serve", target.call if model is not None else features, input_signature=signature)
     if model is not None:
-        archive.add_endpoint("features", layer.call, input_signature=signature)
+        archive.add_endpoint("features", features, input_signature=signature)
     archive.write_out(path, verbose=False)

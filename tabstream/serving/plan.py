@@ -19,7 +19,14 @@ their own tensors; the plan itself holds only names, numbers and lists, so
 
 Every output column is delivered as the loader delivers it: a ``[B]`` tensor of its
 schema dtype (floats that the Workflow leaves null are NaN; integers it leaves null,
-e.g. ``Bucketize`` of a missing value, are ``-1``).
+e.g. ``Bucketize`` of a missing value, are ``-1``); a list column as ``(values,
+offsets)`` (``[N]``, ``[B+1]``), or ``(dense, mask)`` ``[B, L]`` when its schema
+fixes every row's length ``L`` (``ListSlice(pad=True)``, a ``ValueCount`` of one length).
+
+List slots hold their values element by element (``kinds`` is the element kind)
+plus row offsets; element-wise steps (Categorify, HashBucket, LogOp, Normalize)
+keep the offsets, ``list_slice`` makes new ones. A null list is an empty list here,
+as the loaders deliver both alike.
 
 Ops with no in-graph form are refused by name, with the reason (:data:`REFUSED`).
 """
@@ -84,35 +91,42 @@ REFUSED: dict[type, str] = {
     Filter: "it drops rows, so scores would no longer line up with the request's rows",
     Dropna: "it drops rows, so scores would no longer line up with the request's rows",
     LambdaOp: "it runs an arbitrary Python function",
-    SplitList: "it splits strings into lists (no in-graph version yet)",
-    ListSlice: "list columns have no in-graph version yet",
-    ValueCount: "list columns have no in-graph version yet",
+    SplitList: "it splits strings into lists (no in-graph version yet); send the lists as lists",
     ReduceDtypeSize: "its dtypes are fitted per column (no in-graph version yet)",
     DataStats: "it only collects statistics",
     DropLowCardinality: "it drops columns by fitted cardinality (no in-graph version yet)",
 }
 
 #: ops that change only the schema (tags, properties, names): the slot passes through
-_PASSTHROUGH = (AddTags, AddMetadata, Rename, TagAsItemFeatures, TagAsItemID, TagAsUserFeatures, TagAsUserID)
+_PASSTHROUGH = (AddTags, AddMetadata, Rename, TagAsItemFeatures, TagAsItemID, TagAsUserFeatures, TagAsUserID,
+                ValueCount)
+
+#: ops whose in-graph version takes list columns (element by element, or ListSlice)
+_LIST_OPS = (Categorify, HashBucket, LogOp, Normalize, ListSlice)
 
 
 @dataclass(frozen=True)
 class InputSpec:
     """A raw column the artifact takes: ``kind`` is ``"string"``, ``"int"``, ``"float"``
-    or ``"bool"``; ``dtype`` the Workflow's input dtype."""
+    or ``"bool"`` (of its elements when ``is_list``); ``dtype`` the Workflow's input dtype."""
 
     name: str
     kind: str
     dtype: str
+    is_list: bool = False
 
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """A column the artifact returns: ``slot`` holds it, ``dtype`` is its schema dtype."""
+    """A column the artifact returns: ``slot`` holds it, ``dtype`` is its schema dtype;
+    ``layout`` ``"scalar"`` (``[B]``), ``"ragged"`` (``(values, offsets)``) or ``"fixed"``
+    (``(dense, mask)`` of ``[B, length]``)."""
 
     name: str
     slot: int
     dtype: str
+    layout: str = "scalar"
+    length: int | None = None
 
 
 @dataclass
@@ -123,17 +137,20 @@ class ServingPlan:
     steps: list[dict[str, Any]]
     outputs: list[OutputSpec]
     kinds: dict[int, str] = field(default_factory=dict)  # slot -> kind of its values
+    lists: list[int] = field(default_factory=list)  # slots holding list columns
 
     def to_json(self) -> str:
         doc = {"inputs": [vars(i) for i in self.inputs], "steps": self.steps,
-               "outputs": [vars(o) for o in self.outputs], "kinds": {str(k): v for k, v in self.kinds.items()}}
+               "outputs": [vars(o) for o in self.outputs], "kinds": {str(k): v for k, v in self.kinds.items()},
+               "lists": self.lists}
         return json.dumps(_finite_json(doc), allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> ServingPlan:
         doc = _from_finite_json(json.loads(text))
         return cls([InputSpec(**i) for i in doc["inputs"]], doc["steps"],
-                   [OutputSpec(**o) for o in doc["outputs"]], {int(k): v for k, v in doc["kinds"].items()})
+                   [OutputSpec(**o) for o in doc["outputs"]], {int(k): v for k, v in doc["kinds"].items()},
+                   list(doc.get("lists", [])))
 
 
 def _finite_json(value: Any) -> Any:
@@ -176,22 +193,23 @@ class _Builder:
         self.input_slots: dict[str, int] = {}
         self.steps: list[dict[str, Any]] = []
         self.kinds: dict[int, str] = {}
+        self.lists: set[int] = set()
         self.next_slot = 0
         self._raw: list[str] = []
 
     def raw(self, name: str) -> int:
         if name not in self.input_slots:
             col = self.input_schema[name]
-            if col.is_list:
-                raise ExportError(f"serving: raw column {name!r} is a list ({col.dtype}); list columns have "
-                                  "no in-graph version yet: leave it out of the served workflow "
-                                  "(Workflow.remove_inputs)")
             try:
                 kind = _kind(col.dtype)
             except TypeError:
-                raise ExportError(f"serving: raw column {name!r} has dtype {col.dtype}; the artifact takes "
-                                  "strings, integers, floats and bools") from None
+                what = f"a list of {col.dtype}" if col.is_list else f"dtype {col.dtype}"
+                raise ExportError(f"serving: raw column {name!r} has {what}; the artifact takes strings, "
+                                  "integers, floats and bools, and lists of those: leave it out of the served "
+                                  "workflow (Workflow.remove_inputs)") from None
             slot = self._slot(kind)
+            if col.is_list:
+                self.lists.add(slot)
             self.input_slots[name] = slot
             self._raw.append(name)
         return self.input_slots[name]
@@ -204,6 +222,8 @@ class _Builder:
 
     def step(self, op: str, inputs: list[int], kind: str, **params: Any) -> int:
         out = self._slot(kind)
+        if any(i in self.lists for i in inputs):  # element-wise steps keep the lists
+            self.lists.add(out)
         self.steps.append({"op": op, "out": out, "in": inputs, **params})
         return out
 
@@ -260,6 +280,20 @@ def _bucketize(op, b, name, slot, col, out):
 
 def _hash_bucket(op, b, name, slot, col, out):
     return b.step("hash_bucket", [slot], "int", num_buckets=int(out.properties["num_buckets"]), dtype="int64")
+
+
+def _list_slice(op, b, name, slot, col, out):
+    if slot not in b.lists:  # the op's own schema check refuses scalars at fit already
+        raise ExportError(f"serving: ListSlice on column {name!r}, which is not a list")
+    start, end = op._bounds
+    if op.pad and b.kinds[slot] == "string":
+        raise ExportError(f"serving: ListSlice(pad=True) on the list of strings {name!r} has no in-graph "
+                          "version yet; pad after Categorify (ListSlice on the ids), or leave the column out "
+                          "(Workflow.remove_inputs)")
+    pad_value = None if not op.pad else float(op.pad_value)
+    out_slot = b.step("list_slice", [slot], b.kinds[slot], start=start, end=end,
+                      length=op.length if op.pad else None, pad_value=pad_value, dtype=out.dtype)
+    return out_slot
 
 
 def _hashed_cross(op: Any, b: _Builder, slots: dict[str, int], in_schema: Schema, out_schema: Schema) -> dict[str, int]:
@@ -320,6 +354,7 @@ _TRANSLATORS: dict[type, Translator] = {
     HashBucket: _per_column(_hash_bucket),
     HashedCross: _hashed_cross,
     Categorify: _categorify,
+    ListSlice: _per_column(_list_slice),
 }
 
 
@@ -335,9 +370,10 @@ def _translate(op: Any, b: _Builder, slots: dict[str, int], in_schema: Schema, o
                           f"Apply it before the served workflow, or leave its columns out "
                           "(Workflow.remove_inputs)")
     for col in in_schema:
-        if col.is_list:
-            raise ExportError(f"serving: {cls.__name__} on list column {col.name!r}: list columns have no "
-                              "in-graph version yet; leave it out (Workflow.remove_inputs)")
+        if col.is_list and not isinstance(op, _LIST_OPS):
+            raise ExportError(f"serving: {cls.__name__} on list column {col.name!r} has no in-graph version; "
+                              f"the in-graph list ops are {sorted(c.__name__ for c in _LIST_OPS)}: leave the "
+                              "column out (Workflow.remove_inputs)")
     return translator(op, b, slots, in_schema, out_schema)
 
 
@@ -385,15 +421,27 @@ def build_plan(workflow: Any, exclude: Iterable[str] | None = None) -> ServingPl
     b = _Builder(workflow.input_schema)
     slots = _node_slots(node, b, {}, {})
     steps, needed = _prune(b.steps, [slots[c.name] for c in served])
-    inputs = [InputSpec(n, b.kinds[b.input_slots[n]], workflow.input_schema[n].dtype)
+    inputs = [InputSpec(n, b.kinds[b.input_slots[n]], workflow.input_schema[n].dtype,
+                        b.input_slots[n] in b.lists)
               for n in b._raw if b.input_slots[n] in needed]
     # renumber: inputs first (0..n-1), then the steps' outputs in order
     order = [b.input_slots[i.name] for i in inputs] + [s["out"] for s in steps]
     new = {old: i for i, old in enumerate(order)}
     steps = [{**s, "out": new[s["out"]], "in": [new[i] for i in s["in"]]} for s in steps]
-    outputs = [OutputSpec(c.name, new[slots[c.name]], c.dtype) for c in served]
+    outputs = [OutputSpec(c.name, new[slots[c.name]], c.dtype, *_layout(c)) for c in served]
     kinds = {new[old]: b.kinds[old] for old in order}
-    return ServingPlan(inputs, steps, outputs, kinds)
+    return ServingPlan(inputs, steps, outputs, kinds, sorted(new[old] for old in order if old in b.lists))
+
+
+def _layout(col: ColumnSchema) -> tuple[str, int | None]:
+    """How the loaders deliver ``col``: scalar, ragged ``(values, offsets)``, or fixed
+    ``(dense, mask)`` when the schema gives every row one length."""
+    if not col.is_list:
+        return "scalar", None
+    counts = col.properties.get("value_count") or {}
+    if counts.get("min") is not None and counts.get("min") == counts.get("max") and int(counts["max"]) > 0:
+        return "fixed", int(counts["max"])  # as tabstream.loaders.layout.column_layout reads it
+    return "ragged", None
 
 
 def _prune(steps: list[dict[str, Any]], wanted: Iterable[int]) -> tuple[list[dict[str, Any]], set[int]]:

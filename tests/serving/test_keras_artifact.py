@@ -18,8 +18,11 @@ from artifact_cases import (  # noqa: E402
     assert_same,
     expected_features,
     fitted,
+    flat_outputs,
     frame,
+    nested_outputs,
     run_fresh,
+    signature_pairs,
 )
 
 from tabstream.core.errors import ExportError  # noqa: E402
@@ -36,19 +39,21 @@ import numpy as np
 import tensorflow as tf
 served = tf.saved_model.load("artifact")
 arrays = dict(np.load("inputs.npz"))
-inputs = {}
-for name, values in arrays.items():
-    if name.endswith("__offsets"):
-        continue
-    offsets = arrays.get(name + "__offsets")
-    if offsets is not None:
-        values = [values[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
-        inputs[name] = tf.constant(values, tf.string, shape=[len(offsets) - 1])
-    else:
-        inputs[name] = tf.constant(values)
+for name in [n for n, v in arrays.items() if v.dtype == np.uint8]:  # strings as UTF-8 bytes + offsets
+    # a list's elements have __value_offsets (its __offsets are row offsets and stay)
+    offsets = arrays.pop(name + "__value_offsets", None)
+    if offsets is None:
+        offsets = arrays.pop(name + "__offsets")
+    values = arrays[name]
+    arrays[name] = [values[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
+inputs = {k: tf.constant(v, tf.string, shape=[len(v)]) if isinstance(v, list) else tf.constant(v)
+          for k, v in arrays.items()}
 out = served.serve(inputs)
-np.savez("outputs.npz", **({k: v.numpy() for k, v in out.items()} if isinstance(out, dict)
-                           else {"scores": out.numpy()}))
+flat = {}
+for k, v in (out.items() if isinstance(out, dict) else [("scores", out)]):
+    # a list column's pair as k.0, k.1 (artifact_cases.nested_outputs reads them back)
+    flat.update({f"{k}.{i}": p.numpy() for i, p in enumerate(v)} if isinstance(v, (tuple, list)) else {k: v.numpy()})
+np.savez("outputs.npz", **flat)
 """
 
 
@@ -58,16 +63,18 @@ def wf():
 
 
 def _tensors(arrays):
-    return {k: tf.constant(v) for k, v in arrays.items()}
+    return {k: tuple(tf.constant(p) for p in v) if isinstance(v, tuple) else tf.constant(v)
+            for k, v in arrays.items()}
 
 
 def test_layer_equals_workflow_transform(wf):
     """The layer itself (what the export captures) on 10,000 rows, and on 1 and 3 rows."""
     layer = wf.to_keras()
-    assert [i.name for i in layer.plan.inputs] == ["s", "t", "i", "g", "f"]  # no label (TARGET)
+    assert [i.name for i in layer.plan.inputs] == ["s", "t", "i", "g", "f", "tags", "ids", "nums"]  # no label
     for n in (10_000, 1, 3):
         rows = arrow_rows(frame(1, n, 600), 2) if n > 10 else arrow_rows(frame(7, n, 5), 8)
-        got = {k: v.numpy() for k, v in layer(_tensors(raw_arrays(rows, layer.plan.inputs, "keras"))).items()}
+        got = nested_outputs(flat_outputs(layer(_tensors(raw_arrays(rows, layer.plan.inputs, "keras"))),
+                                          lambda t: t.numpy()))
         assert_same(got, expected_features(wf, rows, [o.name for o in layer.plan.outputs]))
 
 
@@ -78,7 +85,7 @@ def test_saved_model_features_equal_workflow_transform_in_a_fresh_process(wf, tm
     rows = arrow_rows(frame(1, 10_000, 600), 2)
     np.savez(tmp_path / "inputs.npz", **raw_arrays(rows, layer.plan.inputs, "torch"))
     run_fresh(RUN, str(tmp_path))
-    got = dict(np.load(tmp_path / "outputs.npz"))
+    got = signature_pairs(dict(np.load(tmp_path / "outputs.npz")))
     assert_same(got, expected_features(wf, rows, [o.name for o in layer.plan.outputs]))
 
 
@@ -86,11 +93,13 @@ def test_saved_model_features_equal_workflow_transform_in_a_fresh_process(wf, tm
 def test_bundled_model_scores_raw_rows_in_a_fresh_process(wf, tmp_path):
     from tabstream.train.tensorflow import DLRM
 
-    served = wf.remove_inputs(["g"])  # DLRM takes ids and float32 values; g's outputs left out
-    layer = served.to_keras()
-    schema = served.output_schema.without(["label"])
+    # DLRM takes ids (single, lists ragged and padded) and float32 values: g's, the float
+    # lists' and the raw integer lists' outputs are left out
+    served = wf.remove_inputs(["g", "nums"])
+    layer = served.to_keras(exclude=["label", "ids_s"])
+    schema = served.output_schema.without(["label", "ids_s"])
     model = DLRM(schema, seed=0)
-    rows = arrow_rows(frame(3, 500, 100), 4).drop_columns(["g", "label"])
+    rows = arrow_rows(frame(3, 500, 100), 4).drop_columns(["g", "nums", "label"])
     features = expected_features(served, rows.append_column("label", [np.zeros(500, np.int64)]),
                                  schema.column_names)
     expected = model(_tensors(features)).numpy()  # Workflow.transform in Python, then the model

@@ -68,8 +68,22 @@ def test_refused_ops_name_themselves_and_the_fix(node, match):
         build_plan(wf)
 
 
-def test_list_columns_are_refused_with_the_fix():
-    df = pd.DataFrame({"tags": [["a", "b"], [], None]})
-    wf = ts.Workflow(["tags"] >> ops.Categorify()).fit(ts.Dataset(df))
-    with pytest.raises(ExportError, match=r"raw column 'tags' is a list .*Workflow.remove_inputs"):
-        build_plan(wf)
+def test_list_columns_are_served_in_the_loaders_layout():
+    import pyarrow as pa
+
+    t = pa.table({"tags": pa.array([["a", "b"], [], None, ["a"]]),
+                  "x": pa.array([[1.0], [2.0, 3.0], None, []])})
+    wf = ts.Workflow((["tags"] >> ops.Categorify()) + (["tags"] >> ops.Categorify() >> ops.ListSlice(0, 2, pad=True)
+                                                       >> ops.Rename(postfix="_p"))
+                     + (["x"] >> ops.ValueCount() >> ops.LogOp())).fit(ts.Dataset(t))
+    plan = build_plan(wf)
+    assert [(i.name, i.kind, i.is_list) for i in plan.inputs] == [("tags", "string", True), ("x", "float", True)]
+    # what the loader delivers for each (tabstream.loaders.layout.column_layout, a second way)
+    from tabstream.loaders.layout import column_layout
+
+    out = wf.transform(t)
+    for o in plan.outputs:
+        fixed = column_layout(o.name, out.column(o.name).type, wf.output_schema[o.name].properties).fixed
+        assert (o.layout, o.length) == (("ragged", None) if fixed is None else ("fixed", fixed[0]))
+    assert [o.layout for o in plan.outputs] == ["ragged", "fixed", "ragged"]
+    assert ServingPlan.from_json(plan.to_json()) == plan

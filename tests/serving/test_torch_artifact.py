@@ -18,7 +18,9 @@ from artifact_cases import (  # noqa: E402
     assert_same,
     expected_features,
     fitted,
+    flat_outputs,
     frame,
+    nested_outputs,
     run_fresh,
 )
 
@@ -36,8 +38,11 @@ program = torch.export.load("artifact.pt2").module()
 inputs = {k: torch.from_numpy(v) for k, v in np.load("inputs.npz").items()}
 with torch.no_grad():
     out = program(inputs)
-np.savez("outputs.npz", **({k: v.numpy() for k, v in out.items()} if isinstance(out, dict)
-                           else {"scores": out.numpy()}))
+flat = {}
+for k, v in (out.items() if isinstance(out, dict) else [("scores", out)]):
+    # a list column's pair as k.0, k.1 (artifact_cases.nested_outputs reads them back)
+    flat.update({f"{k}.{i}": p.numpy() for i, p in enumerate(v)} if isinstance(v, tuple) else {k: v.numpy()})
+np.savez("outputs.npz", **flat)
 """
 
 
@@ -47,21 +52,23 @@ def wf():
 
 
 def _tensors(arrays):
-    return {k: torch.from_numpy(np.ascontiguousarray(v).copy()) for k, v in arrays.items()}
+    def one(v):
+        return torch.from_numpy(np.ascontiguousarray(v).copy())
+    return {k: tuple(one(p) for p in v) if isinstance(v, tuple) else one(v) for k, v in arrays.items()}
 
 
 @pytest.mark.slow  # export, save and a fresh interpreter: about a minute on a busy 2-core machine
 def test_exported_features_equal_workflow_transform_in_a_fresh_process(wf, tmp_path):
     module = wf.to_torch()
     # the label (tagged TARGET) is not served, so it is not an input
-    assert [i.name for i in module.plan.inputs] == ["s", "t", "i", "g", "f"]
+    assert [i.name for i in module.plan.inputs] == ["s", "t", "i", "g", "f", "tags", "ids", "nums"]
     # traced on a small batch, run on 10,000 other rows
     example = _tensors(raw_arrays(arrow_rows(frame(5, 64, 50), 6), module.plan.inputs, "torch"))
     torch.export.save(export(module, example), str(tmp_path / "artifact.pt2"))
     rows = arrow_rows(frame(1, 10_000, 600), 2)
     np.savez(tmp_path / "inputs.npz", **raw_arrays(rows, module.plan.inputs, "torch"))
     run_fresh(RUN, str(tmp_path))
-    got = dict(np.load(tmp_path / "outputs.npz"))
+    got = nested_outputs(dict(np.load(tmp_path / "outputs.npz")))
     assert_same(got, expected_features(wf, rows, [o.name for o in module.plan.outputs]))
 
 
@@ -70,7 +77,8 @@ def test_eager_module_equals_workflow_transform(wf):
     module = wf.to_torch()
     for n in (10_000, 1, 3):
         rows = arrow_rows(frame(1, n, 600), 2) if n > 10 else arrow_rows(frame(7, n, 5), 8)
-        got = {k: v.numpy() for k, v in module(_tensors(raw_arrays(rows, module.plan.inputs, "torch"))).items()}
+        got = nested_outputs(flat_outputs(module(_tensors(raw_arrays(rows, module.plan.inputs, "torch"))),
+                                          lambda t: t.numpy()))
         assert_same(got, expected_features(wf, rows, [o.name for o in module.plan.outputs]))
 
 
@@ -78,12 +86,16 @@ def test_eager_module_equals_workflow_transform(wf):
 def test_bundled_model_scores_raw_rows_in_a_fresh_process(wf, tmp_path):
     from tabstream.train.torch import DLRM
 
-    served = wf.remove_inputs(["g"])  # DLRM takes ids and float32 values; g's outputs left out
-    module = served.to_torch()
+    # DLRM takes ids (single, lists ragged and padded) and float32 values: g's, the float
+    # lists' and the raw integer lists' outputs are left out
+    served = wf.remove_inputs(["g", "nums"])
+    module = served.to_torch(exclude=["label", "ids_s"])
+    assert {o.name: o.layout for o in module.plan.outputs if o.layout != "scalar"} == \
+        {"tags": "ragged", "tags_h": "ragged", "tags_last": "ragged", "ids_p": "fixed"}
     torch.manual_seed(0)
-    schema = served.output_schema.without(["label"])
+    schema = served.output_schema.without(["label", "ids_s"])
     model = DLRM(schema).eval()
-    rows = arrow_rows(frame(3, 500, 100), 4).drop_columns(["g", "label"])
+    rows = arrow_rows(frame(3, 500, 100), 4).drop_columns(["g", "nums", "label"])
     arrays = raw_arrays(rows, module.plan.inputs, "torch")
     torch.export.save(export(module, _tensors(arrays), model=model), str(tmp_path / "artifact.pt2"))
     np.savez(tmp_path / "inputs.npz", **arrays)
