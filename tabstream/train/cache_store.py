@@ -994,15 +994,17 @@ class ParameterServer:
 
     def _read(self, table: str, ids: np.ndarray) -> np.ndarray:
         """The records of rows ``ids`` (one gather: row, state and version together),
-        those read ahead (:meth:`read_ahead`) taken from there."""
+        those read ahead (:meth:`read_ahead`) taken from there (:meth:`lookup` only)."""
         t = self._tables[table]
         ahead = self._ahead.pop(table, None)
         if ahead is None or not len(ids):
             return t.read(ids)
-        known, future = ahead
+        known, future, written = ahead
         records = future.result()
-        at = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
-        found = known[at] == ids if len(known) else np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(known, ids), len(known) - 1)
+        found = known[at] == ids
+        if written:  # rows written while they were read: read them again
+            found &= ~np.isin(ids, np.concatenate(written))
         if found.all():
             return records[at]
         out = np.empty((len(ids), t.width), np.float32)
@@ -1012,13 +1014,15 @@ class ParameterServer:
 
     def read_ahead(self, table: str, ids: Any) -> None:
         """Start reading rows ``ids`` of ``table`` in a background thread, for the
-        next :meth:`lookup` (or :meth:`apply`) of the table, which takes them from
+        next :meth:`lookup` of the table, which takes them from
         there: a cache hands the next batch's misses here while the current step
         runs, so their page faults overlap its work.
 
         The rows read ahead are one-shot (the next read of the table uses and drops
-        them) and never stale: a write to the table (:meth:`apply`, a reset, a
-        rollback) waits for the reading to end and drops what was read."""
+        them) and never stale: the rows the table writes meanwhile (:meth:`apply`, a
+        reset) are read again then (a write never waits for the reading: they touch
+        other rows, or rows whose reading is dropped); a rollback, a commit and
+        :meth:`close` wait for the reading and drop it."""
         arr = np.unique(self._ids(table, ids))
         self._settle(table)
         if not len(arr):
@@ -1026,7 +1030,7 @@ class ParameterServer:
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="tabstream-ps-read")
         t = self._tables[table]
-        self._ahead[table] = (arr, self._reader.submit(t.read, arr))
+        self._ahead[table] = (arr, self._reader.submit(t.read, arr), [])
         self._count(t, len(arr))
 
     def _settle(self, table: str | None = None) -> None:
@@ -1092,7 +1096,7 @@ class ParameterServer:
             g = summed
         else:
             g = g[np.argsort(arr, kind="stable")]
-        stored_w, stored_s, stored_v = t.split(self._read(table, uniq))
+        stored_w, stored_s, stored_v = t.split(t.read(uniq))
         fresh = stored_v == 0
         w = stored_w.copy()
         s = stored_s.copy()
@@ -1175,7 +1179,8 @@ class ParameterServer:
         """Log the stored values of rows ``ids`` (disk), then write ``records``. A
         failed write (a full disk) is a DataError and leaves the rows as they were."""
         t = self._tables[table]
-        self._settle(table)
+        if table in self._ahead:
+            self._ahead[table][2].append(ids)  # read again when the reading ahead is used
         try:
             if self.storage == "disk":
                 t.reserve(ids[stored_v == 0])
@@ -1191,7 +1196,7 @@ class ParameterServer:
         """Rows ``ids`` (sorted, distinct) and their optimizer state back to their
         initial values, as an update (logged, then versioned)."""
         t = self._tables[table]
-        stored_w, stored_s, stored_v = t.split(self._read(table, ids))
+        stored_w, stored_s, stored_v = t.split(t.read(ids))
         self._count(t, len(ids))
         initial = initial_rows(self.seed, table, ids, t.cfg.dim, self.init_scale)
         self._store(table, ids, t.record(initial, 0, self.version + 1), stored_w, stored_s,
@@ -1205,7 +1210,7 @@ class ParameterServer:
         or ``(n, 2 * dim)`` first then second moments (adam); zeros when untouched."""
         arr = self._ids(table, ids)
         t = self._tables[table]
-        return np.ascontiguousarray(t.split(self._read(table, arr))[1])
+        return np.ascontiguousarray(t.split(t.read(arr))[1])
 
     # -- staging --------------------------------------------------------------
 
