@@ -31,10 +31,15 @@ cache of hot rows in front of it:
 Layout of ``path`` (disk storage)::
 
     _server.json        settings, tables, and the last committed mark (written atomically)
-    C1.weight.f32       cardinality x dim float32, a sparse file
-    C1.state.f32        optimizer state (adagrad: sum of squares; adam: m then v)
-    C1.version.i64      per row: the update counter when it last changed (0: never)
+    C1.rows.f32         one record per row, a sparse file: the weight (dim float32), the
+                        optimizer state (adagrad: sum of squares; adam: m then v), then
+                        the update counter when it last changed (int64; 0: never)
+    C1.changes.i64      per commit, the ids it changed (for export_delta and touched)
     _undo/from_<n>.log  the previous values of rows changed after mark n
+
+A row, its state and its version are adjacent: a lookup or an update is one
+read of one place per row (format 1 kept them in three files, three page faults
+per row; ``open`` upgrades such a folder in place).
 
 Why a row costs nothing until it is touched: its initial value is a hash of
 (seed, table, row, column), computed when the row is read, and nothing is written
@@ -42,7 +47,8 @@ for it until it is updated; the files are created with ``truncate``, so the
 filesystem stores holes for the untouched parts (``os.stat(...).st_blocks``).
 
 Crash safety: before a row is overwritten its old value is appended to the undo
-log; :meth:`flush` commits a mark (the files are synced, the log restarts).
+log; :meth:`flush` commits a mark (the records are synced, the ids changed since
+the last mark are appended to the change log, the log restarts).
 :meth:`open` rolls back everything after the last mark, so a server killed at any
 point (``kill -9`` included) reopens exactly as it was at its last ``flush``.
 The log of the interval before the last mark is kept too, so that a training
@@ -51,7 +57,7 @@ checkpoint written just before that mark can still be matched
 
 Why memory maps rather than an embedded key-value store: rows are fixed-size and
 addressed by a dense integer id, so a file offset is the index; reads and writes
-are vectorized numpy gathers/scatters. Pages the process touched count in its
+are vectorized numpy gathers/scatters of sorted ids. Pages the process touched count in its
 resident size until released, so the maps are released (``madvise(DONTNEED)``,
 their data stays in the page cache and the files) whenever ``release_bytes`` of
 rows have been touched since the last release.
