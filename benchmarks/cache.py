@@ -18,9 +18,14 @@ steps in each of these setups, each in a fresh child process:
                     peak RSS of each list (VmHWM, reset between lists) and the
                     delta's rows
 
-Each child reports steps/s (after 5 warm-up steps), the cache hit rate, its peak
-RSS (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
-(``st_blocks``) against their apparent size.
+Each child reports steps/s (after 5 warm-up steps), CPU ms per step and page
+faults per step (``getrusage`` over the timed steps: on a machine loaded by
+others these compare better than wall time), the cache hit rate, its peak RSS
+(``ru_maxrss``) and, for the disk server, the bytes its files really occupy
+(``st_blocks``) against their apparent size. The cached setups call
+``CachedEmbeddings.prefetch`` with the next batch at the start of each step
+(``--prefetch 0``: off). ``--repeats N`` alternates the setups N times and
+prints medians, the ratios and the load average before each run.
 
 ``--framework tensorflow`` runs the cached setups with the Keras DLRM over
 ``tabstream.train.tensorflow.CachedEmbeddings`` (the same server), trained by
@@ -35,6 +40,7 @@ rows are not neighbours on disk.
 Usage::
 
     python benchmarks/cache.py                          # 50M x 16, batch 4096, 200 steps
+    python benchmarks/cache.py --rows 50000000 --steps 100 --repeats 3
     python benchmarks/cache.py --rows 5000000 --steps 100 --skip-memory
     python benchmarks/cache.py --setups continuous --rows 40000000 --lists 5 --steps 50
     python benchmarks/cache.py --framework tensorflow --rows 50000000 --steps 100 --skip-memory
