@@ -25,7 +25,8 @@ others these compare better than wall time), the cache hit rate, its peak RSS
 (``st_blocks``) against their apparent size. The cached setups call
 ``CachedEmbeddings.prefetch`` with the next batch at the start of each step
 (``--prefetch 0``: off). ``--repeats N`` alternates the setups N times and
-prints medians, the ratios and the load average before each run.
+prints medians, the ratios and the load average before each run; ``--profile 1``
+prints each child's cProfile of the timed steps (where the time goes).
 
 ``--framework tensorflow`` runs the cached setups with the Keras DLRM over
 ``tabstream.train.tensorflow.CachedEmbeddings`` (the same server), trained by
@@ -252,11 +253,18 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
     elapsed = 0.0
     batch = _batch(rng, args.rows, args.batch, args.zipf)
     usage = None
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     for step in range(args.steps + 5):
         # the next batch is drawn outside the timing (as a loader would have it ready)
         nxt = _batch(rng, args.rows, args.batch, args.zipf) if step + 1 < args.steps + 5 else None
         if step == 5:
             usage = resource.getrusage(resource.RUSAGE_SELF)
+            if profiler is not None:
+                profiler.enable()
         start = time.perf_counter()
         if emb is not None and nxt is not None and args.prefetch:
             emb.prefetch(nxt[0])  # the next batch's misses are read during this step
@@ -274,6 +282,14 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
             elapsed += time.perf_counter() - start
         batch = nxt
     end = resource.getrusage(resource.RUSAGE_SELF)
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        out["profile"] = text.getvalue()
     out["cpu_s"] = (end.ru_utime - usage.ru_utime) + (end.ru_stime - usage.ru_stime)
     out["sys_s"] = end.ru_stime - usage.ru_stime
     out["minflt"] = end.ru_minflt - usage.ru_minflt
@@ -302,6 +318,8 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true", help="skip the in-memory reference")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="1: CachedEmbeddings.prefetch(next batch) during each step; 0: off")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="1: cProfile the timed steps of each child, print the top functions")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the setups this many times, alternating; medians are reported")
     parser.add_argument("--setups", default="disk + cache,memory + cache,in memory")
@@ -327,7 +345,7 @@ def main() -> None:
             try:
                 argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
                 for k in ("framework", "rows", "batch", "steps", "cache_rows", "zipf", "flush_every",
-                          "lists", "data_limit_gb", "prefetch"):
+                          "lists", "data_limit_gb", "prefetch", "profile"):
                     argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
                 proc = subprocess.run(argv, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -358,6 +376,8 @@ def main() -> None:
             if "disk_used_gb" in r:
                 line += f"  disk {r['disk_used_gb']:.2f} GB used of {r['disk_apparent_gb']:.2f} GB"
             print(line, flush=True)
+            if r.get("profile"):
+                print(r["profile"], flush=True)
 
     def median(setup: str, key: str) -> float:
         values = sorted(r[key] for r in results.get(setup, []) if key in r)
