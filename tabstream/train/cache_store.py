@@ -291,8 +291,9 @@ class _Table:
         full disk the kernel can only answer with SIGBUS, which kills the process.
         Writing the records' present value (zeros) with ``pwrite`` takes the blocks
         and fails with ENOSPC, an ordinary error, and changes no value. That costs
-        a system call per row (measured: a third of a disk step's CPU), so it is
-        done only when the filesystem has less free space than twice the pages
+        a system call per row (profiled: 1.9 s of 17 s over 100 steps of the 50M
+        benchmark; CPU per step fell only 58 -> 57 ms without it, as the map's own
+        block allocation costs much the same), so it is done only when the filesystem has less free space than twice the pages
         these rows can need plus ``_ROOM_MARGIN``; with more, the map takes the
         blocks itself. (Were another process to fill that margin in the moment
         between the check and the write, the process would die as if killed: the
