@@ -18,9 +18,15 @@ steps in each of these setups, each in a fresh child process:
                     peak RSS of each list (VmHWM, reset between lists) and the
                     delta's rows
 
-Each child reports steps/s (after 5 warm-up steps), the cache hit rate, its peak
-RSS (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
-(``st_blocks``) against their apparent size.
+Each child reports steps/s (after 5 warm-up steps), CPU ms per step and page
+faults per step (``getrusage`` over the timed steps: on a machine loaded by
+others these compare better than wall time), the cache hit rate, its peak RSS
+(``ru_maxrss``) and, for the disk server, the bytes its files really occupy
+(``st_blocks``) against their apparent size. The cached setups call
+``CachedEmbeddings.prefetch`` with the next batch at the start of each step
+(``--prefetch 0``: off). ``--repeats N`` alternates the setups N times and
+prints medians, the ratios and the load average before each run; ``--profile 1``
+prints each child's cProfile of the timed steps (where the time goes).
 
 ``--framework tensorflow`` runs the cached setups with the Keras DLRM over
 ``tabstream.train.tensorflow.CachedEmbeddings`` (the same server), trained by
@@ -35,6 +41,7 @@ rows are not neighbours on disk.
 Usage::
 
     python benchmarks/cache.py                          # 50M x 16, batch 4096, 200 steps
+    python benchmarks/cache.py --rows 50000000 --steps 100 --repeats 3
     python benchmarks/cache.py --rows 5000000 --steps 100 --skip-memory
     python benchmarks/cache.py --setups continuous --rows 40000000 --lists 5 --steps 50
     python benchmarks/cache.py --framework tensorflow --rows 50000000 --steps 100 --skip-memory
@@ -244,9 +251,24 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
         optimizers = [torch.optim.Adam(model.parameters())]
     rng = np.random.default_rng(0)
     elapsed = 0.0
+    batch = _batch(rng, args.rows, args.batch, args.zipf)
+    usage = None
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     for step in range(args.steps + 5):
-        features, labels = _batch(rng, args.rows, args.batch, args.zipf)
+        # the next batch is drawn outside the timing (as a loader would have it ready)
+        nxt = _batch(rng, args.rows, args.batch, args.zipf) if step + 1 < args.steps + 5 else None
+        if step == 5:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            if profiler is not None:
+                profiler.enable()
         start = time.perf_counter()
+        if emb is not None and nxt is not None and args.prefetch:
+            emb.prefetch(nxt[0])  # the next batch's misses are read during this step
+        features, labels = batch
         for o in optimizers:
             o.zero_grad()
         loss = F.binary_cross_entropy_with_logits(model(features), labels)
@@ -258,6 +280,20 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
             emb.ps.flush()
         if step >= 5:
             elapsed += time.perf_counter() - start
+        batch = nxt
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        out["profile"] = text.getvalue()
+    out["cpu_s"] = (end.ru_utime - usage.ru_utime) + (end.ru_stime - usage.ru_stime)
+    out["sys_s"] = end.ru_stime - usage.ru_stime
+    out["minflt"] = end.ru_minflt - usage.ru_minflt
+    out["majflt"] = end.ru_majflt - usage.ru_majflt
     out["steps_per_s"] = args.steps / elapsed
     out["hit_rate"] = emb.hit_rate if emb is not None else None
     if setup.startswith("disk"):
@@ -280,6 +316,12 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent a (> 1)")
     parser.add_argument("--flush-every", type=int, default=100, help="commit the server every N steps")
     parser.add_argument("--skip-memory", action="store_true", help="skip the in-memory reference")
+    parser.add_argument("--prefetch", type=int, default=1,
+                        help="1: CachedEmbeddings.prefetch(next batch) during each step; 0: off")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="1: cProfile the timed steps of each child, print the top functions")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the setups this many times, alternating; medians are reported")
     parser.add_argument("--setups", default="disk + cache,memory + cache,in memory")
     parser.add_argument("--lists", type=int, default=5, help="continuous: file lists")
     parser.add_argument("--data-limit-gb", type=float, default=3.0, help="continuous: RLIMIT_DATA")
@@ -295,43 +337,65 @@ def main() -> None:
     print(f"{args.framework}: table {args.rows:,} x 16 (weights {args.rows * 64 / 1e9:.2f} GB), "
           f"batch {args.batch}, "
           f"{args.steps} steps, zipf a={args.zipf}, cache_rows {args.cache_rows:,}", flush=True)
-    results = []
-    for setup in setups:
-        workdir = tempfile.mkdtemp(prefix="tabstream-cache-bench-")
-        try:
-            argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
-            for k in ("framework", "rows", "batch", "steps", "cache_rows", "zipf", "flush_every",
-                      "lists", "data_limit_gb"):
-                argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-            proc = subprocess.run(argv, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"{setup}: failed\n{proc.stderr[-2000:]}", flush=True)
+    results: dict[str, list[dict]] = {}
+    for _repeat in range(args.repeats):
+        for setup in setups:
+            workdir = tempfile.mkdtemp(prefix="tabstream-cache-bench-")
+            load = os.getloadavg()[0]
+            try:
+                argv = [sys.executable, __file__, "--child", setup, "--workdir", workdir]
+                for k in ("framework", "rows", "batch", "steps", "cache_rows", "zipf", "flush_every",
+                          "lists", "data_limit_gb", "prefetch", "profile"):
+                    argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+                proc = subprocess.run(argv, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{setup}: failed\n{proc.stderr[-2000:]}", flush=True)
+                    continue
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            r["load"] = load
+            results.setdefault(setup, []).append(r)
+            if setup == "continuous":
+                for x in r["lists"]:
+                    print(f"list {x['list'] + 1}: peak RSS {x['peak_rss_mb']:,.0f} MB  delta "
+                          f"{x['delta_rows']:,} rows  {x['seconds']:.1f} s", flush=True)
+                peaks = [x["peak_rss_mb"] for x in r["lists"]]
+                print(f"continuous: peak RSS {max(peaks) / 1024:.2f} GB over {len(peaks)} lists, "
+                      f"last / first list {peaks[-1] / peaks[0]:.2f}x (limit {args.data_limit_gb} GB "
+                      "RLIMIT_DATA)", flush=True)
                 continue
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        results.append(r)
-        if setup == "continuous":
-            for x in r["lists"]:
-                print(f"list {x['list'] + 1}: peak RSS {x['peak_rss_mb']:,.0f} MB  delta "
-                      f"{x['delta_rows']:,} rows  {x['seconds']:.1f} s", flush=True)
-            peaks = [x["peak_rss_mb"] for x in r["lists"]]
-            print(f"continuous: peak RSS {max(peaks) / 1024:.2f} GB over {len(peaks)} lists, last / "
-                  f"first list {peaks[-1] / peaks[0]:.2f}x (limit {args.data_limit_gb} GB "
-                  "RLIMIT_DATA)", flush=True)
-            continue
-        line = f"{setup:15s} {r['steps_per_s']:8.2f} steps/s  peak RSS {r['peak_rss_gb']:.2f} GB"
-        if r.get("hit_rate") is not None:
-            line += f"  hit rate {r['hit_rate']:.3f}"
-        if "disk_used_gb" in r:
-            line += f"  disk {r['disk_used_gb']:.2f} GB used of {r['disk_apparent_gb']:.2f} GB"
-        print(line, flush=True)
-    reference = next((r for r in results if r["setup"] == "in memory"), None)
-    if reference:
-        for r in results:
-            if r is not reference:
-                print(f"{r['setup']} / in memory steps/s: {r['steps_per_s'] / reference['steps_per_s']:.2f}x")
+            line = (f"{setup:15s} {r['steps_per_s']:8.2f} steps/s  peak RSS {r['peak_rss_gb']:.2f} GB"
+                    f"  load {load:.1f}")
+            if "cpu_s" in r:
+                line += (f"  CPU {r['cpu_s'] / args.steps * 1000:.1f} ms/step (sys "
+                         f"{r['sys_s'] / args.steps * 1000:.1f})  faults/step "
+                         f"{r['minflt'] / args.steps:,.0f} minor {r['majflt'] / args.steps:,.0f} major")
+            if r.get("hit_rate") is not None:
+                line += f"  hit rate {r['hit_rate']:.3f}"
+            if "disk_used_gb" in r:
+                line += f"  disk {r['disk_used_gb']:.2f} GB used of {r['disk_apparent_gb']:.2f} GB"
+            print(line, flush=True)
+            if r.get("profile"):
+                print(r["profile"], flush=True)
 
+    def median(setup: str, key: str) -> float:
+        values = sorted(r[key] for r in results.get(setup, []) if key in r)
+        return values[len(values) // 2] if len(values) % 2 else sum(values[len(values) // 2 - 1:
+                                                                        len(values) // 2 + 1]) / 2
+
+    timed = [s for s in setups if s != "continuous" and results.get(s)]
+    if args.repeats > 1:
+        print(f"medians of {args.repeats} alternating runs:")
+        for s in timed:
+            print(f"{s:15s} {median(s, 'steps_per_s'):8.2f} steps/s  CPU "
+                  f"{median(s, 'cpu_s') / args.steps * 1000:.1f} ms/step  peak RSS "
+                  f"{max(r['peak_rss_gb'] for r in results[s]):.2f} GB")
+    for num, den in (("disk + cache", "memory + cache"), ("disk + cache", "in memory"),
+                     ("memory + cache", "in memory")):
+        if num in timed and den in timed:
+            print(f"{num} / {den}: steps/s {median(num, 'steps_per_s') / median(den, 'steps_per_s'):.2f}x"
+                  f", CPU per step {median(den, 'cpu_s') / median(num, 'cpu_s'):.2f}x (den / num)")
 
 if __name__ == "__main__":
     main()

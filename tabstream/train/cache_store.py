@@ -31,10 +31,15 @@ cache of hot rows in front of it:
 Layout of ``path`` (disk storage)::
 
     _server.json        settings, tables, and the last committed mark (written atomically)
-    C1.weight.f32       cardinality x dim float32, a sparse file
-    C1.state.f32        optimizer state (adagrad: sum of squares; adam: m then v)
-    C1.version.i64      per row: the update counter when it last changed (0: never)
+    C1.rows.f32         one record per row, a sparse file: the weight (dim float32), the
+                        optimizer state (adagrad: sum of squares; adam: m then v), then
+                        the update counter when it last changed (int64; 0: never)
+    C1.changes.i64      per commit, the ids it changed (for export_delta and touched)
     _undo/from_<n>.log  the previous values of rows changed after mark n
+
+A row, its state and its version are adjacent: a lookup or an update is one
+read of one place per row (format 1 kept them in three files, three page faults
+per row; ``open`` upgrades such a folder in place).
 
 Why a row costs nothing until it is touched: its initial value is a hash of
 (seed, table, row, column), computed when the row is read, and nothing is written
@@ -42,7 +47,8 @@ for it until it is updated; the files are created with ``truncate``, so the
 filesystem stores holes for the untouched parts (``os.stat(...).st_blocks``).
 
 Crash safety: before a row is overwritten its old value is appended to the undo
-log; :meth:`flush` commits a mark (the files are synced, the log restarts).
+log; :meth:`flush` commits a mark (the records are synced, the ids changed since
+the last mark are appended to the change log, the log restarts).
 :meth:`open` rolls back everything after the last mark, so a server killed at any
 point (``kill -9`` included) reopens exactly as it was at its last ``flush``.
 The log of the interval before the last mark is kept too, so that a training
@@ -51,7 +57,7 @@ checkpoint written just before that mark can still be matched
 
 Why memory maps rather than an embedded key-value store: rows are fixed-size and
 addressed by a dense integer id, so a file offset is the index; reads and writes
-are vectorized numpy gathers/scatters. Pages the process touched count in its
+are vectorized numpy gathers/scatters of sorted ids. Pages the process touched count in its
 resident size until released, so the maps are released (``madvise(DONTNEED)``,
 their data stays in the page cache and the files) whenever ``release_bytes`` of
 rows have been touched since the last release.
@@ -71,6 +77,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +93,8 @@ __all__ = ["OPTIMIZERS", "ParameterServer", "STORAGES", "initial_rows", "vocabul
 
 OPTIMIZERS = ("adagrad", "adam")
 STORAGES = ("disk", "memory")
-_FORMAT = "tabstream.ParameterServer/1"
+_FORMAT = "tabstream.ParameterServer/2"
+_FORMAT_V1 = "tabstream.ParameterServer/1"  # three files per table; upgraded by open()
 _META = "_server.json"
 _UNDO = "_undo"
 _SNAPSHOT = "_snapshot"
@@ -163,24 +171,47 @@ def vocabulary_resets(delta: Any, tables: Mapping[str, Sequence[str]]) -> dict[s
 
 
 class _Table:
-    """One table's arrays: weight (n, dim), state (n, k * dim), version (n,)."""
+    """One table's rows: a record per row, ``weight | optimizer state | version``.
+
+    The record of row ``i`` is ``width`` float32 at ``i * width``: the weight
+    (``dim``), the state (``n_state * dim``), padding to an even count, then the
+    row's version (int64 in the last two slots). One read brings a row, its state
+    and whether it was ever written (version 0: never; its values are then the
+    initial ones, computed, not stored).
+
+    Disk storage keeps the records in ``<name>.rows.f32`` (a sparse file, mapped)
+    and, for :meth:`ParameterServer.export_delta` and ``touched``, the ids changed
+    in each committed interval in ``<name>.changes.i64`` (appended at each flush:
+    scanning it is cheap where reading the version of every record would read
+    the whole table). Memory storage keeps the records in anonymous memory and
+    the versions a second time in a dense array (scanned by its snapshots).
+    """
 
     def __init__(self, cfg: TableConfig, n_state: int, folder: Path | None) -> None:
         self.cfg = cfg
         self.n_state = n_state
+        d = cfg.dim
+        self.span = d + n_state * d
+        self.width = self.span + (self.span % 2) + 2
         self._maps: list[mmap.mmap] = []
-        self._files: list[tuple[Path, int]] = []  # (file, bytes per row) of a disk table
         self.in_memory = folder is None
-        self.version_path = None if folder is None else folder / f"{cfg.name}.version.i64"
-        n, d = cfg.cardinality, cfg.dim
+        self.fd: int | None = None
+        self.dirty: list[np.ndarray] = []  # ids written since the last commit (disk)
+        n = cfg.cardinality
         if folder is None:  # host memory: zeroed pages are only backed once written
-            self.weight = self._anonymous(np.float32, (n, d))
-            self.state = self._anonymous(np.float32, (n, n_state * d))
-            self.version = self._anonymous(np.int64, (n,))
+            self.rec = self._anonymous(np.float32, (n, self.width))
+            self.version_array = self._anonymous(np.int64, (n,))
+            self.path = self.changes_path = None
         else:
-            self.weight = self._map(folder / f"{cfg.name}.weight.f32", np.float32, (n, d))
-            self.state = self._map(folder / f"{cfg.name}.state.f32", np.float32, (n, n_state * d))
-            self.version = self._map(self.version_path, np.int64, (n,))
+            self.path = folder / f"{cfg.name}.rows.f32"
+            self.changes_path = folder / f"{cfg.name}.changes.i64"
+            self.rec = self._map(self.path, (n, self.width))
+            # one bit per row: may the row have been written (its record has blocks)?
+            # Rows never written are not read: a read of a hole through the map costs
+            # a page, and on a full tmpfs it is answered with SIGBUS
+            self.written = self._anonymous(np.uint8, ((n + 7) // 8,))
+
+    # -- memory ----------------------------------------------------------------
 
     def _anonymous(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         size = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
@@ -193,52 +224,120 @@ class _Table:
         self._maps.append(mm)
         return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
-    def reserve(self, ids: np.ndarray) -> None:
-        """Allocate the disk blocks of rows ``ids`` (sorted, never written before)
-        in the three files before they are written through the maps.
-
-        A write through a map into a hole of a sparse file needs a block from the
-        filesystem; on a full disk the kernel can only answer with SIGBUS, which
-        kills the process. ``posix_fallocate`` asks first and fails with ENOSPC,
-        an ordinary error. Rows already written have their blocks."""
-        if self.in_memory or not len(ids):
-            return
-        page = mmap.PAGESIZE
-        for path, width in self._files:
-            start = ids * width // page
-            stop = ((ids + 1) * width + page - 1) // page
-            # runs of consecutive pages: one call per run
-            breaks = np.flatnonzero(start[1:] > stop[:-1]) + 1
-            firsts = start[np.concatenate([[0], breaks])]
-            lasts = stop[np.concatenate([breaks - 1, [len(ids) - 1]])]
-            fd = os.open(path, os.O_RDWR)
-            try:
-                size = os.fstat(fd).st_size
-                for a, b in zip(firsts.tolist(), lasts.tolist()):
-                    # posix_fallocate grows a file it reaches past: stop at its end
-                    os.posix_fallocate(fd, a * page, min(b * page, size) - a * page)
-            finally:
-                os.close(fd)
-
-    def _map(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        self._files.append((path, int(np.prod(shape[1:])) * np.dtype(dtype).itemsize))
-        with open(path, "a+b") as f:
-            if os.fstat(f.fileno()).st_size != size:
-                if os.fstat(f.fileno()).st_size not in (0, size):
+    def _map(self, path: Path, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape)) * 4
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            have = os.fstat(fd).st_size
+            if have != size:
+                if have not in (0, size):
                     raise DataError(
-                        f"parameter server file {path} has {os.fstat(f.fileno()).st_size} bytes, "
-                        f"expected {size} ({shape} {np.dtype(dtype).name}); the folder is damaged "
+                        f"parameter server file {path} has {have} bytes, expected {size} "
+                        f"({shape[0]} records of {shape[1]} float32); the folder is damaged "
                         "or was written for other table sizes"
                     )
-                f.truncate(size)  # a sparse file: holes read as zeros and use no blocks
-            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE)
+                os.ftruncate(fd, size)  # a sparse file: holes read as zeros and use no blocks
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
         if hasattr(mmap, "MADV_RANDOM"):
             # rows are read by scattered ids: without this every fault also maps (and
             # reads ahead) its neighbours, which multiplied the resident size by ~4
             mm.madvise(mmap.MADV_RANDOM)
         self._maps.append(mm)
-        return np.frombuffer(mm, dtype=dtype).reshape(shape)
+        return np.frombuffer(mm, dtype=np.float32).reshape(shape)
+
+    # -- rows --------------------------------------------------------------------
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """The records of rows ``ids``, ``(len(ids), width)`` (a copy; one gather,
+        sorted ids read the file forward); records never written are zeros, not read."""
+        if self.in_memory:
+            return np.take(self.rec, ids, axis=0)
+        may = self.maybe_written(ids)
+        if may.all():
+            return np.take(self.rec, ids, axis=0)
+        out = np.zeros((len(ids), self.width), np.float32)
+        if may.any():
+            out[may] = np.take(self.rec, ids[may], axis=0)
+        return out
+
+    def maybe_written(self, ids: np.ndarray) -> np.ndarray:
+        return (self.written[ids >> 3] & (1 << (ids & 7)).astype(np.uint8)) != 0
+
+    def mark_written(self, ids: np.ndarray) -> None:
+        np.bitwise_or.at(self.written, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+
+    def split(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(weight, state, version)`` views of records."""
+        d = self.cfg.dim
+        version = np.ascontiguousarray(records[:, -2:]).view(np.int64).reshape(-1)
+        return records[:, :d], records[:, d:self.span], version
+
+    def record(self, w: np.ndarray, s: Any, v: Any) -> np.ndarray:
+        out = np.zeros((len(w), self.width), np.float32)
+        out[:, :self.cfg.dim] = w
+        out[:, self.cfg.dim:self.span] = s
+        out[:, -2:] = np.broadcast_to(np.asarray(v, np.int64), (len(w),)).reshape(-1, 1).view(np.float32)
+        return out
+
+    def reserve(self, ids: np.ndarray) -> None:
+        """Give disk blocks to the records of rows ``ids`` (sorted, distinct) that may
+        lie in holes of the sparse file, before they are written through the map.
+
+        A write through a map into a hole needs a block from the filesystem; on a
+        full disk the kernel can only answer with SIGBUS, which kills the process.
+        Writing the records' present value (zeros) with ``pwrite`` takes the blocks
+        and fails with ENOSPC, an ordinary error, and changes no value. That costs
+        a system call per row (profiled: 1.9 s of 17 s over 100 steps of the 50M
+        benchmark; CPU per step fell only 58 -> 57 ms without it, as the map's own
+        block allocation costs much the same), so it is done only when the filesystem has less free space than twice the pages
+        these rows can need plus ``_ROOM_MARGIN``; with more, the map takes the
+        blocks itself. (Were another process to fill that margin in the moment
+        between the check and the write, the process would die as if killed: the
+        undo log is written before the rows, so the server reopens at its last
+        commit.)"""
+        if self.in_memory or not len(ids):
+            return
+        ids = ids[~self.maybe_written(ids)]
+        if not len(ids):
+            return
+        assert self.fd is not None
+        need = 2 * len(ids) * max(mmap.PAGESIZE, self.width * 4) + _ROOM_MARGIN
+        vfs = os.fstatvfs(self.fd)
+        if vfs.f_bavail * vfs.f_frsize < need:
+            self._pwrite(ids, np.zeros((len(ids), self.width), np.float32))
+        self.mark_written(ids)
+
+    def write(self, ids: np.ndarray, records: np.ndarray) -> None:
+        """Store ``records`` of rows ``ids`` (disk: their blocks reserved)."""
+        if not len(ids):
+            return
+        self.rec[ids] = records
+        if self.in_memory:
+            self.version_array[ids] = self.split(records)[2]
+        else:
+            self.dirty.append(ids)
+
+    def _pwrite(self, ids: np.ndarray, records: np.ndarray) -> None:
+        size = self.width * 4
+        # runs of consecutive ids: one call per run
+        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+        starts = np.concatenate([[0], breaks]).tolist()
+        stops = np.concatenate([breaks, [len(ids)]]).tolist()
+        data = memoryview(np.ascontiguousarray(records)).cast("B")
+        fd = self.fd
+        assert fd is not None
+        for a, b in zip(starts, stops):
+            chunk = data[a * size:b * size]
+            at = int(ids[a]) * size
+            while chunk:
+                n = os.pwrite(fd, chunk, at)
+                chunk, at = chunk[n:], at + n
+
+    # -- commit ------------------------------------------------------------------
 
     def release(self) -> None:
         """Drop this process's mapping of the pages (the data stays in the files)."""
@@ -251,19 +350,110 @@ class _Table:
                 mm.madvise(mmap.MADV_DONTNEED)
 
     def sync(self) -> None:
+        if self.fd is not None:
+            os.fsync(self.fd)  # the map's dirty pages included (one page cache)
+
+    def commit_changes(self, tag: int) -> None:
+        """Append the ids written since the last commit, as the segment of mark
+        ``tag``, to the change log (synced)."""
         if self.in_memory:
             return
-        for mm in self._maps:
-            mm.flush()
+        ids = np.unique(np.concatenate(self.dirty)) if self.dirty else np.zeros(0, np.int64)
+        if len(ids):
+            _append_segment(self.changes_path, tag, ids)
+        self.dirty = []
+
+    def changed(self, after: int, upto: int | None = None) -> np.ndarray:
+        """Sorted ids in the change-log segments of marks in ``(after, upto]``."""
+        parts = [ids for tag, ids in _read_segments(self.changes_path)
+                 if tag > after and (upto is None or tag <= upto)]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
     def close(self) -> None:
-        self.weight = self.state = self.version = None  # type: ignore[assignment]
+        self.rec = self.version_array = None  # type: ignore[assignment]
         for mm in self._maps:
             try:
                 mm.close()
             except BufferError:  # a caller still holds a view; the map closes with it
                 pass
         self._maps = []
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+_SEGMENT = b"TSCHG001"
+_ROOM_MARGIN = 256 << 20  # free bytes under which blocks are reserved row by row
+
+
+def _append_segment(path: Path, tag: int, ids: np.ndarray) -> None:
+    """One segment: magic, mark, count, ids, count again (a segment cut short by a
+    crash has no trailer and is ignored, then cut off, by the reader)."""
+    body = _SEGMENT + np.array([tag, len(ids)], np.int64).tobytes() + ids.astype(np.int64).tobytes()
+    record = memoryview(body + np.int64(len(ids)).tobytes())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            while record:
+                record = record[os.write(fd, record):]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _read_segments(path: Path | None) -> list[tuple[int, np.ndarray]]:
+    """The whole segments of a change log, in order: ``[(mark, ids)]``."""
+    if path is None or not path.exists():
+        return []
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos + 32 <= len(data) and data[pos:pos + 8] == _SEGMENT:
+        tag, n = (int(x) for x in np.frombuffer(data, np.int64, 2, pos + 8))
+        end = pos + 24 + 8 * n
+        if end + 8 > len(data) or int(np.frombuffer(data, np.int64, 1, end)[0]) != n:
+            break
+        out.append((tag, np.frombuffer(data, np.int64, n, pos + 24)))
+        pos = end + 8
+    return out
+
+
+def _keep_segments(path: Path | None, upto: int) -> None:
+    """Cut the change log after its last whole segment of a mark <= ``upto``
+    (segments of marks rolled back, or written by a flush that never committed)."""
+    if path is None or not path.exists():
+        return
+    data = path.read_bytes()
+    pos = keep = 0
+    while pos + 32 <= len(data) and data[pos:pos + 8] == _SEGMENT:
+        tag, n = (int(x) for x in np.frombuffer(data, np.int64, 2, pos + 8))
+        end = pos + 24 + 8 * n
+        if end + 8 > len(data) or int(np.frombuffer(data, np.int64, 1, end)[0]) != n or tag > upto:
+            break
+        pos = keep = end + 8
+    if keep != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            os.fsync(f.fileno())
+
+
+def _compact_segments(path: Path | None, upto: int) -> None:
+    """Merge the segments of marks <= ``upto`` into one (written aside, renamed):
+    the log stays as large as the rows ever touched, not the sum of all intervals."""
+    segments = _read_segments(path)
+    old = [ids for tag, ids in segments if tag <= upto]
+    if path is None or len(old) < 2:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    _append_segment(tmp, max(tag for tag, _ in segments if tag <= upto), np.unique(np.concatenate(old)))
+    for tag, ids in segments:
+        if tag > upto:
+            _append_segment(tmp, tag, ids)
+    os.replace(tmp, path)
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -405,6 +595,8 @@ class ParameterServer:
         self._n_state = 1 if optimizer == "adagrad" else 2
         self._touched = 0
         self._listeners: list[Any] = []
+        self._reader: ThreadPoolExecutor | None = None  # reads ahead (read_ahead)
+        self._ahead: dict[str, Any] = {}  # table -> (sorted ids, future of their records)
         if _meta is None:
             if (self.path / _META).exists():
                 raise DataError(
@@ -473,8 +665,12 @@ class ParameterServer:
                        for t in meta["tables"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{meta_path} is not a readable parameter server file: {exc}") from exc
-        if meta.get("format") != _FORMAT:
-            raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT!r}")
+        if meta.get("format") not in (_FORMAT, _FORMAT_V1):
+            raise DataError(
+                f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT!r} (or "
+                f"{_FORMAT_V1!r}, which open() upgrades in place)",
+                hint="open it with the tabstream version that wrote it and export its rows "
+                "(export_delta), or start a new server")
         return cls(path, configs, storage=meta["storage"], seed=meta["seed"],
                    optimizer=meta["optimizer"], lr=meta["lr"], betas=tuple(meta["betas"]),
                    eps=meta["eps"], init_scale=meta["init_scale"], release_bytes=release_bytes,
@@ -550,14 +746,79 @@ class ParameterServer:
                 self._committed = self._mark_state()
             self._write_meta()
         if self.storage == "disk":
+            if meta.get("format") == _FORMAT_V1:
+                self._upgrade_v1()
             undo = self.path / _UNDO
             for log in sorted(undo.glob("from_*.log")) if undo.exists() else []:
                 if int(log.stem.split("_")[1]) >= self.mark:  # written after the last mark
                     self._roll_back(log)
             for table in self._tables.values():
+                _keep_segments(table.changes_path, self.mark)  # a flush that never committed
+                table.mark_written(table.changed(0))
                 table.sync()
         else:
             self._load_snapshot()
+            if meta.get("format") == _FORMAT_V1:
+                self._write_meta()
+
+    def _upgrade_v1(self) -> None:
+        """Rewrite a server of format 1 (``<table>.weight.f32``, ``.state.f32`` and
+        ``.version.i64``: three reads per row) in this format, in place.
+
+        The old files are brought to the last mark first (the undo logs after it),
+        then every row ever written is copied to the records and the change log gets
+        one segment per interval that export and rollback still tell apart. Nothing
+        old is removed before the new meta file is written, so a process killed
+        part-way upgrades again from the start on the next open."""
+        names = [c.name for c in self.configs]
+        legacy = {}
+        for cfg in self.configs:
+            t = self._tables[cfg.name]
+            arrays = []
+            for suffix, dtype, width in (("weight.f32", np.float32, cfg.dim),
+                                         ("state.f32", np.float32, self._n_state * cfg.dim),
+                                         ("version.i64", np.int64, 1)):
+                path = self.path / f"{cfg.name}.{suffix}"
+                if not path.exists() or path.stat().st_size != cfg.cardinality * width * np.dtype(dtype).itemsize:
+                    raise DataError(
+                        f"parameter server {self.path} (format {_FORMAT_V1!r}) lacks {path.name} "
+                        "or has it at another size; it cannot be upgraded",
+                        hint="restore the folder from a copy, or start a new server")
+                arrays.append(np.memmap(path, dtype, "r+", shape=(cfg.cardinality, width)))
+            legacy[cfg.name] = arrays
+        undo = self.path / _UNDO
+        logs = sorted(undo.glob("from_*.log")) if undo.exists() else []
+        for log in logs:
+            if int(log.stem.split("_")[1]) >= self.mark:
+                for index, ids, w, s, v in reversed(self._read_log(log)):
+                    weight, state, version = legacy[names[index]]
+                    weight[ids], state[ids], version[ids, 0] = w, s, v
+        bounds = sorted({b for b in (self.last_export, self.previous_mark, self.mark) if b})
+        for cfg in self.configs:
+            t = self._tables[cfg.name]
+            weight, state, version = legacy[cfg.name]
+            t.changes_path.unlink(missing_ok=True)
+            versions = np.asarray(version[:, 0])
+            ids = np.flatnonzero(versions).astype(np.int64)
+            block = 1 << 20
+            for i in range(0, len(ids), block):
+                part = ids[i:i + block]
+                t.reserve(part)
+                t.write(part, t.record(weight[part], state[part], versions[part]))
+            low = 0
+            for b in bounds:
+                seg = ids[(versions[ids] > low) & (versions[ids] <= b)]
+                if len(seg):
+                    _append_segment(t.changes_path, b, seg)
+                low = b
+            t.dirty = []
+            t.sync()
+            del weight, state, version, versions
+        legacy.clear()
+        self._write_meta()
+        for cfg in self.configs:
+            for suffix in ("weight.f32", "state.f32", "version.i64"):
+                (self.path / f"{cfg.name}.{suffix}").unlink(missing_ok=True)
 
     # -- undo log (disk) ----------------------------------------------------
 
@@ -614,11 +875,15 @@ class ParameterServer:
         return records
 
     def _roll_back(self, log: Path) -> None:
+        self._settle()
         names = [c.name for c in self.configs]
         for index, ids, w, s, v in reversed(self._read_log(log)):
             table = self._tables[names[index]]
-            table.weight[ids], table.state[ids], table.version[ids] = w, s, v
+            # a row logged just before a crash may lie in a hole yet: blocks first
+            table.reserve(ids)
+            table.write(ids, table.record(w, s, v))
         for table in self._tables.values():
+            table.dirty = []  # the rows are back to values some commit holds
             table.sync()
         log.unlink()  # rolling back twice is harmless: the values are absolute
 
@@ -646,6 +911,8 @@ class ParameterServer:
         log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
         if log.exists():
             self._roll_back(log)
+        for table in self._tables.values():
+            _keep_segments(table.changes_path, self.previous_mark)
         self._set_mark_state(self._previous_state)
         self.mark, self.previous_mark, self._previous_state = self.version, None, None
         self._committed = self._mark_state()
@@ -654,16 +921,15 @@ class ParameterServer:
 
     def _discard_uncommitted(self) -> None:
         """Undo the updates made after the last mark; the caches are told."""
+        self._settle()
         if self.storage == "disk":
             log = self.path / _UNDO / f"from_{self.mark:012d}.log"
             if log.exists():
                 self._roll_back(log)
         else:
             for table in self._tables.values():
-                newer = np.flatnonzero(table.version > self.mark)
-                table.weight[newer] = 0
-                table.state[newer] = 0
-                table.version[newer] = 0
+                newer = np.flatnonzero(table.version_array > self.mark)
+                table.write(newer, np.zeros((len(newer), table.width), np.float32))
             self._load_snapshot()  # rows changed before the mark and after it again
         self._set_mark_state(self._committed)
         self._notify("reset")
@@ -675,11 +941,12 @@ class ParameterServer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for name, table in self._tables.items():
-            ids = np.flatnonzero(table.version)
+            ids = np.flatnonzero(table.version_array)
+            w, s, v = table.split(table.read(ids))
             np.save(tmp / f"{name}.ids.npy", ids, allow_pickle=False)
-            np.save(tmp / f"{name}.weight.npy", table.weight[ids], allow_pickle=False)
-            np.save(tmp / f"{name}.state.npy", table.state[ids], allow_pickle=False)
-            np.save(tmp / f"{name}.version.npy", table.version[ids], allow_pickle=False)
+            np.save(tmp / f"{name}.weight.npy", w, allow_pickle=False)
+            np.save(tmp / f"{name}.state.npy", s, allow_pickle=False)
+            np.save(tmp / f"{name}.version.npy", v, allow_pickle=False)
         _write_json(tmp / "mark.json", self._mark_state())
         final, old = self.path / _SNAPSHOT, self.path / f".{_SNAPSHOT}.old"
         shutil.rmtree(old, ignore_errors=True)
@@ -702,9 +969,10 @@ class ParameterServer:
         self._committed = self._mark_state()
         for name, table in self._tables.items():
             ids = np.load(folder / f"{name}.ids.npy", allow_pickle=False)
-            table.weight[ids] = np.load(folder / f"{name}.weight.npy", allow_pickle=False)
-            table.state[ids] = np.load(folder / f"{name}.state.npy", allow_pickle=False)
-            table.version[ids] = np.load(folder / f"{name}.version.npy", allow_pickle=False)
+            records = table.record(np.load(folder / f"{name}.weight.npy", allow_pickle=False),
+                                   np.load(folder / f"{name}.state.npy", allow_pickle=False),
+                                   np.load(folder / f"{name}.version.npy", allow_pickle=False))
+            table.write(ids, records)
 
     # -- reading and updating ------------------------------------------------
 
@@ -736,29 +1004,62 @@ class ParameterServer:
         """Rows ``ids`` of ``table``, ``(len(ids), dim)`` float32 (a copy)."""
         arr = self._ids(table, ids)
         t = self._tables[table]
-        fresh = t.version[arr] == 0
-        if fresh.all():  # never written: the files hold holes there, nothing to read
-            rows = initial_rows(self.seed, table, arr, t.cfg.dim, self.init_scale)
-        else:
-            rows = t.weight[arr]
-            if fresh.any():
-                rows[fresh] = initial_rows(self.seed, table, arr[fresh], t.cfg.dim,
-                                           self.init_scale)
+        w, _, v = t.split(self._read(table, arr))
+        rows = np.ascontiguousarray(w)
+        fresh = v == 0
+        if fresh.any():  # never written: their values are computed, not stored
+            rows[fresh] = initial_rows(self.seed, table, arr[fresh], t.cfg.dim, self.init_scale)
         self._count(t, len(arr))
         return rows
 
-    def _stored(self, t: _Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The stored weight, state and version of rows ``ids``. Rows never written
-        are zeros without reading them: a read of a hole costs a page on tmpfs (and
-        a fault everywhere)."""
-        v = t.version[ids]
-        old = np.flatnonzero(v)
-        w = np.zeros((len(ids), t.cfg.dim), np.float32)
-        st = np.zeros((len(ids), t.n_state * t.cfg.dim), np.float32)
-        if len(old):
-            w[old] = t.weight[ids[old]]
-            st[old] = t.state[ids[old]]
-        return w, st, v
+    def _read(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """The records of rows ``ids`` (one gather: row, state and version together),
+        those read ahead (:meth:`read_ahead`) taken from there (:meth:`lookup` only)."""
+        t = self._tables[table]
+        ahead = self._ahead.pop(table, None)
+        if ahead is None or not len(ids):
+            return t.read(ids)
+        known, future, written = ahead
+        records = future.result()
+        at = np.minimum(np.searchsorted(known, ids), len(known) - 1)
+        found = known[at] == ids
+        if written:  # rows written while they were read: read them again
+            found &= ~np.isin(ids, np.concatenate(written))
+        if found.all():
+            return records[at]
+        out = np.empty((len(ids), t.width), np.float32)
+        out[found] = records[at[found]]
+        out[~found] = t.read(ids[~found])
+        return out
+
+    def read_ahead(self, table: str, ids: Any) -> None:
+        """Start reading rows ``ids`` of ``table`` in a background thread, for the
+        next :meth:`lookup` of the table, which takes them from
+        there: a cache hands the next batch's misses here while the current step
+        runs, so their page faults overlap its work.
+
+        The rows read ahead are one-shot (the next read of the table uses and drops
+        them) and never stale: the rows the table writes meanwhile (:meth:`apply`, a
+        reset) are read again then (a write never waits for the reading: they touch
+        other rows, or rows whose reading is dropped); a rollback, a commit and
+        :meth:`close` wait for the reading and drop it."""
+        arr = np.unique(self._ids(table, ids))
+        self._settle(table)
+        if not len(arr):
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="tabstream-ps-read")
+        t = self._tables[table]
+        self._ahead[table] = (arr, self._reader.submit(t.read, arr), [])
+        self._count(t, len(arr))
+
+    def _settle(self, table: str | None = None) -> None:
+        """Wait for the reads ahead of ``table`` (all tables: None) and drop them,
+        before the rows change or the maps go."""
+        for name in [table] if table is not None else list(self._ahead):
+            ahead = self._ahead.pop(name, None) if name is not None else None
+            if ahead is not None:
+                ahead[1].exception()  # waits; a failed read is read again in the open
 
     def touched(self, table: str) -> np.ndarray:
         """Sorted ids of the rows of ``table`` that were ever updated."""
@@ -768,29 +1069,27 @@ class ParameterServer:
     def _scan(self, table: str, after: int) -> np.ndarray:
         """Sorted ids of the rows of ``table`` changed after version ``after``.
 
-        A disk table's version file is read in 32 MB blocks with ``pread``, never
-        through the process's map: mapping it would make the whole file resident
-        (320 MB at 40M rows) until the next release."""
+        A disk table answers from its change log (the ids of each committed
+        interval) and the ids written since the last commit: never from the
+        records, whose reading would make the whole table resident."""
         t = self._tables[table]
+        if not t.in_memory:
+            committed = t.changed(after)
+            if not t.dirty:
+                return committed
+            return np.union1d(committed, np.concatenate(t.dirty)).astype(np.int64)
         step = 1 << 22  # rows per block: 32 MB of versions
         found = []
-        if t.version_path is None:
-            for i in range(0, t.cfg.cardinality, step):
-                found.append(np.flatnonzero(t.version[i:i + step] > after) + i)
-        else:
-            with open(t.version_path, "rb") as f:
-                for i in range(0, t.cfg.cardinality, step):
-                    block = np.frombuffer(os.pread(f.fileno(), 8 * min(step, t.cfg.cardinality - i),
-                                                   8 * i), np.int64)
-                    found.append(np.flatnonzero(block > after) + i)
+        for i in range(0, t.cfg.cardinality, step):
+            found.append(np.flatnonzero(t.version_array[i:i + step] > after) + i)
         return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
     def _count(self, t: _Table, n: int) -> None:
         if self.storage != "disk":
             return
-        # a row read or written maps whole pages of its three files: with ids spread
-        # over the table that is a page per row and file, whatever the row's size
-        self._touched += n * 3 * max(mmap.PAGESIZE, t.cfg.dim * 4 * t.n_state)
+        # a row read or written maps whole pages of its file: with ids spread over
+        # the table that is a page per row, whatever the row's size
+        self._touched += n * max(mmap.PAGESIZE, t.width * 4)
         if self._touched >= self.release_bytes:
             for table in self._tables.values():
                 table.release()
@@ -817,42 +1116,33 @@ class ParameterServer:
             g = summed
         else:
             g = g[np.argsort(arr, kind="stable")]
-        stored_w, s, stored_v = self._stored(t, uniq)
+        stored_w, stored_s, stored_v = t.split(t.read(uniq))
         fresh = stored_v == 0
         w = stored_w.copy()
+        s = stored_s.copy()
         if fresh.any():
             w[fresh] = initial_rows(self.seed, table, uniq[fresh], t.cfg.dim, self.init_scale)
         self._count(t, len(uniq))
-        if self.storage == "disk":
-            try:
-                t.reserve(uniq[fresh])
-                self._log([c.name for c in self.configs].index(table), uniq, stored_w, s, stored_v)
-            except OSError as exc:
-                raise DataError(
-                    f"parameter server {self.path}: could not write table {table!r} "
-                    f"({exc.strerror or exc}); this update was not applied and the server "
-                    "is as it was before it",
-                    hint="free space on that disk, or move the server (its path) to a disk "
-                    "with room; storage='memory' keeps the rows in memory instead",
-                ) from exc
-        self.table_steps[table] += 1
+        step = self.table_steps[table] + 1
         d = t.cfg.dim
         if self.optimizer == "adagrad":
             s += g * g
             w -= self.lr * (g / (np.sqrt(s) + np.float32(self.eps)))
         else:
             b1, b2 = self.betas
-            step = self.table_steps[table]
             m, v = s[:, :d], s[:, d:]
             m += (g - m) * np.float32(1.0 - b1)  # m.lerp_(g, 1 - b1)
             v *= np.float32(b2)
             v += np.float32(1.0 - b2) * g * g
             denom = np.sqrt(v) / np.float32(math.sqrt(1.0 - b2**step)) + np.float32(self.eps)
             w -= np.float32(self.lr / (1.0 - b1**step)) * (m / denom)
+        self._store(table, uniq, t.record(w, s, self.version + 1), stored_w, stored_s, stored_v,
+                    "could not write table {table!r} ({error}); this update was not applied "
+                    "and the server is as it was before it",
+                    "free space on that disk, or move the server (its path) to a disk "
+                    "with room; storage='memory' keeps the rows in memory instead")
+        self.table_steps[table] = step
         self.version += 1
-        t.weight[uniq] = w
-        t.state[uniq] = s
-        t.version[uniq] = self.version
         return w
 
     def apply_vocabulary_delta(self, delta: Any) -> dict[str, int]:
@@ -904,32 +1194,43 @@ class ParameterServer:
             self._notify("reset")  # the caches hold the rows' old values
         return out
 
+    def _store(self, table: str, ids: np.ndarray, records: np.ndarray, stored_w: np.ndarray,
+               stored_s: np.ndarray, stored_v: np.ndarray, what: str, hint: str) -> None:
+        """Log the stored values of rows ``ids`` (disk), then write ``records``. A
+        failed write (a full disk) is a DataError and leaves the rows as they were."""
+        t = self._tables[table]
+        if table in self._ahead:
+            self._ahead[table][2].append(ids)  # read again when the reading ahead is used
+        try:
+            if self.storage == "disk":
+                t.reserve(ids[stored_v == 0])
+                self._log([c.name for c in self.configs].index(table), ids, stored_w, stored_s,
+                          stored_v)
+        except OSError as exc:
+            raise DataError(f"parameter server {self.path}: "
+                            + what.format(table=table, error=exc.strerror or exc),
+                            hint=hint) from exc
+        t.write(ids, records)
+
     def _reset_rows(self, table: str, ids: np.ndarray) -> None:
         """Rows ``ids`` (sorted, distinct) and their optimizer state back to their
         initial values, as an update (logged, then versioned)."""
         t = self._tables[table]
-        stored_w, s, stored_v = self._stored(t, ids)
+        stored_w, stored_s, stored_v = t.split(t.read(ids))
         self._count(t, len(ids))
-        if self.storage == "disk":
-            try:
-                t.reserve(ids[stored_v == 0])
-                self._log([c.name for c in self.configs].index(table), ids, stored_w, s, stored_v)
-            except OSError as exc:
-                raise DataError(
-                    f"parameter server {self.path}: could not reset rows of table {table!r} "
-                    f"({exc.strerror or exc}); the server is as it was before",
-                    hint="free space on that disk, or move the server to a disk with room",
-                ) from exc
+        initial = initial_rows(self.seed, table, ids, t.cfg.dim, self.init_scale)
+        self._store(table, ids, t.record(initial, 0, self.version + 1), stored_w, stored_s,
+                    stored_v, "could not reset rows of table {table!r} ({error}); the server is "
+                    "as it was before", "free space on that disk, or move the server to a disk "
+                    "with room")
         self.version += 1
-        t.weight[ids] = initial_rows(self.seed, table, ids, t.cfg.dim, self.init_scale)
-        t.state[ids] = 0
-        t.version[ids] = self.version
 
     def optimizer_state(self, table: str, ids: Any) -> np.ndarray:
         """The optimizer state of rows ``ids``: ``(n, dim)`` sums of squares (adagrad)
         or ``(n, 2 * dim)`` first then second moments (adam); zeros when untouched."""
         arr = self._ids(table, ids)
-        return self._tables[table].state[arr].copy()
+        t = self._tables[table]
+        return np.ascontiguousarray(t.split(t.read(arr))[1])
 
     # -- staging --------------------------------------------------------------
 
@@ -976,21 +1277,34 @@ class ParameterServer:
     def flush(self) -> int:
         """Commit: make the current rows what :meth:`open` returns after a crash.
         Returns the version committed."""
-        if self.storage == "disk":
-            for table in self._tables.values():
-                table.sync()
-        else:
-            self._write_snapshot()
-        stale = None
-        if self.version != self.mark:
-            # the log of [old mark, now) is kept for rollback_to(old mark); the one
-            # before it is no longer needed
-            stale = self.previous_mark
-            self._previous_state = self._committed
-            self.previous_mark = self.mark
-        self.mark = self.version
-        self._committed = self._mark_state()
-        self._write_meta()
+        self._settle()
+        kept = (self.mark, self.previous_mark, self._previous_state, self._committed)
+        try:
+            if self.storage == "disk":
+                for table in self._tables.values():
+                    table.sync()
+                    table.commit_changes(self.version)
+            else:
+                self._write_snapshot()
+            stale = None
+            if self.version != self.mark:
+                # the log of [old mark, now) is kept for rollback_to(old mark); the one
+                # before it is no longer needed
+                stale = self.previous_mark
+                self._previous_state = self._committed
+                self.previous_mark = self.mark
+            self.mark = self.version
+            self._committed = self._mark_state()
+            self._write_meta()
+        except OSError as exc:
+            # not committed: the last mark stays what open() returns (a change-log
+            # segment written here counts only once a mark covers it)
+            self.mark, self.previous_mark, self._previous_state, self._committed = kept
+            raise DataError(
+                f"parameter server {self.path}: could not commit version {self.version} "
+                f"({exc.strerror or exc}); the last commit is still version {self.mark}",
+                hint="free space on that disk and call flush() again",
+            ) from exc
         if self.storage == "disk" and stale is not None:
             log = self.path / _UNDO / f"from_{stale:012d}.log"
             if log.exists():
@@ -1036,6 +1350,11 @@ class ParameterServer:
         self.last_export = self.version
         self._committed = self._mark_state()
         self._write_meta()
+        if self.storage == "disk":
+            # the segments no later export can ask for again merge into one
+            upto = (self._previous_state or self._committed)["last_export"]
+            for table in self._tables.values():
+                _compact_segments(table.changes_path, int(upto))
         if self.storage == "memory":
             self._write_snapshot()
         return counts
@@ -1059,6 +1378,10 @@ class ParameterServer:
 
     def close(self) -> None:
         """Release the maps and the folder's lock (another process may open it then)."""
+        self._settle()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
         for table in self._tables.values():
             table.close()
         self._lock.release()

@@ -48,10 +48,10 @@ def test_disk_files_are_sparse_until_rows_are_touched(tmp_path):
     ps.lookup("C1", np.arange(0, 2_000_000, 997))
     ps.apply("C1", [5, 1_999_999], np.ones((2, 16), np.float32))
     ps.flush()
-    for suffix in ("weight.f32", "state.f32", "version.i64"):
-        st = os.stat(tmp_path / "ps" / f"C1.{suffix}")
-        assert st.st_size >= 2_000_000 * 8
-        assert st.st_blocks * 512 < 1 << 20, suffix  # a few pages, not 128 MB
+    # one record per row: weight (16), adagrad state (16), version (2 float32 slots)
+    st = os.stat(tmp_path / "ps" / "C1.rows.f32")
+    assert st.st_size == 2_000_000 * (16 + 16 + 2) * 4
+    assert st.st_blocks * 512 < 1 << 20  # a few pages, not 272 MB
 
 
 def numpy_adagrad(w, s, ids, g, lr, eps):
@@ -133,8 +133,9 @@ def test_bad_inputs_are_refused_with_clear_messages(tmp_path):
     with pytest.raises(DataError, match="holds no parameter server"):
         ParameterServer.open(tmp_path / "nothing")
     ps.close()  # the folder is locked while open
-    (tmp_path / "ps" / "C1.weight.f32").write_bytes(b"\0" * 10)
-    with pytest.raises(DataError, match=r"C1.weight.f32 has 10 bytes, expected 16000"):
+    (tmp_path / "ps" / "C1.rows.f32").write_bytes(b"\0" * 10)
+    with pytest.raises(DataError, match=r"C1.rows.f32 has 10 bytes, expected 40000 \(1000 "
+                                        r"records of 10 float32\)"):
         ParameterServer.open(tmp_path / "ps")
 
 

@@ -125,8 +125,8 @@ def test_export_delta_in_blocks_equals_the_rows(tmp_path, storage):
 
 
 def test_touched_does_not_map_the_version_file(tmp_path):
-    """The scan reads the version file with pread: the process's resident size does
-    not grow by the file's size (80 MB here)."""
+    """The scan reads the change log, never the records: the process's resident
+    size does not grow by the records file's size (160 MB here)."""
     out = run_python(f"""
         import numpy as np, psutil
         from tabstream.train.cache_store import ParameterServer
@@ -136,7 +136,7 @@ def test_touched_does_not_map_the_version_file(tmp_path):
         ps.apply("big", ids, np.ones((len(ids), 1), np.float32))
         ps.flush()
         # the file is in the page cache; only a map would make it resident here
-        open({str(tmp_path / 'ps' / 'big.version.i64')!r}, "rb").read()
+        open({str(tmp_path / 'ps' / 'big.rows.f32')!r}, "rb").read()
         before = psutil.Process().memory_info().rss
         touched = ps.touched("big")
         grew = psutil.Process().memory_info().rss - before
@@ -145,7 +145,7 @@ def test_touched_does_not_map_the_version_file(tmp_path):
     assert out.returncode == 0, out.stderr
     same, grew = out.stdout.split()
     assert same == "1"
-    assert int(grew) < 40 << 20  # one 32 MB block at most, not the 80 MB file
+    assert int(grew) < 16 << 20  # the change log (80 bytes), not the 160 MB file
 
 
 FULL_DISK = """

@@ -146,6 +146,28 @@ class CachedEmbeddings(nn.Module):
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         return self._embed(features, self.feature_to_table)
 
+    def prefetch(self, features: Features) -> None:
+        """Start reading, in a background thread, the rows of ``features`` (the next
+        batch) that the cache does not hold, while the current step runs: the next
+        forward takes them from there (:meth:`ParameterServer.read_ahead`) instead
+        of reading them then. Optional; the answers are the same without it.
+
+            emb.prefetch(next_features)       # before the current step's forward
+            loss = loss_fn(model(features), labels); loss.backward(); optimizer.step()
+
+        Under several ranks it does nothing (the owners read the rows)."""
+        if self._ranks is not None:
+            return
+        by_table: dict[str, list[np.ndarray]] = {}
+        for feature, table in self.feature_to_table.items():
+            ids = _parse(feature, self._config_by_name[table], features)[0]
+            by_table.setdefault(table, []).append(ids.reshape(-1).to(torch.long).cpu().numpy())
+        for table, parts in by_table.items():
+            uniq = np.unique(np.concatenate(parts))
+            missing = uniq[self._caches[table].find(uniq) < 0]
+            if len(missing):
+                self.ps.read_ahead(table, missing)
+
     def subset(self, feature_names: Any) -> _CachedSubset:
         """A view serving only ``feature_names`` (each tower of a two-tower model
         looks up its own features); the rows, the cache and the server stay this

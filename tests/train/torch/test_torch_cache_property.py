@@ -4,7 +4,9 @@ A Hypothesis state machine drives a cached module (any cache size from 1 row)
 and a reference: ``EmbeddingTables`` with sparse gradients and torch's own
 sparse optimizer (Adagrad or LazyAdam) on the same initial rows. Rules train,
 look up in eval mode, look up with gradients off in train mode, stage rows,
-commit, roll back, and reopen the server after a simulated crash. After every
+read the next batch's rows ahead (``CachedEmbeddings.prefetch``, with a commit
+in between or not) and any rows ahead (``ParameterServer.read_ahead``, left for a
+later rule), commit, roll back, and reopen the server after a simulated crash. After every
 rule the cached module's answers equal the reference's and ``ps.lookup``'s,
 the server's rows equal the reference's weights, and each cache's bookkeeping
 holds (one id per slot, free + used = capacity).
@@ -146,6 +148,23 @@ class CacheMachine(RuleBasedStateMachine):
             assert_close(got[name], expected[name], f"{mode} lookup {name}")
         assert_close(got["a"], self.ps.lookup("a", batch[0]), "a against ps.lookup")
         assert_close(got["b2"], self.ps.lookup("b", batch[2]), "b2 against ps.lookup")
+
+    @rule(batch=batches(), next_batch=batches(), flush_between=st.booleans())
+    def train_with_the_next_batch_read_ahead(self, batch, next_batch, flush_between):
+        """The pipelined step: the next batch's misses are read ahead while this
+        batch trains (its update may write rows being read), a commit may come in
+        between, then the next batch trains on what was read ahead."""
+        self.emb.prefetch(self._features(next_batch))
+        self.train(batch)
+        if flush_between:
+            self.flush()
+        self.train(next_batch)
+
+    @rule(ids=st.lists(st.integers(0, A_ROWS - 1), max_size=20), table=st.sampled_from(["a", "b"]))
+    def read_ahead(self, ids, table):
+        """Rows read ahead and left unused until some later rule reads the table
+        (a lookup, an update, a commit, a rollback or a crash)."""
+        self.ps.read_ahead(table, [i % (A_ROWS if table == "a" else B_ROWS) for i in ids])
 
     @rule(ids=st.lists(st.integers(0, A_ROWS - 1), max_size=20))
     def prefetch(self, ids):
