@@ -56,7 +56,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -711,7 +711,7 @@ class HybridParallel:
         write_wrapper(self, optimizer, part)
         return part
 
-    def read_parts(self, parts: list[str | os.PathLike[str]],
+    def read_parts(self, parts: Sequence[str | os.PathLike[str]],
                    optimizer: keras.optimizers.Optimizer | None, where: str) -> Any:
         """Read the saves ``parts`` (one per worker that wrote them, in worker order)
         into this worker's variables; returns what was done (``Restored``: the world

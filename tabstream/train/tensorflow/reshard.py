@@ -456,9 +456,11 @@ def _assign(source: _Source, targets: list[_Target], scalars: Mapping[str, list[
     values = []
     for t in targets:
         if not source.has(t.key):
-            if t.key.startswith("opt/"):  # a slot never made (no step yet): zeros are right
-                raise DataError(f"checkpoint {where} holds no optimizer slot {t.key!r}; resume "
-                                "with the optimizer the checkpoint was written with")
+            if t.key.startswith("opt/"):
+                raise _refuse(SchemaError, f"checkpoint {where} holds no optimizer slot "
+                              f"{t.key!r} (the checkpointed optimizer had other state)",
+                              "resume with the optimizer the checkpoint was written with, or "
+                              "start over with resume=False")
             raise DataError(f"checkpoint {where} holds no {t.key!r}; is it complete?")
         if tuple(source.size(t.key)) != t.size:
             raise _refuse(SchemaError, f"checkpoint {where}: {t.key!r} has shape "
@@ -539,10 +541,11 @@ def load_named(directory: str | os.PathLike[str], model: Any, optimizer: Any) ->
         leaf_of[str(param.path)] = number
         targets.append(_Target(f"opt/{number}/{param.path}/{slot}", sv, (0,) * len(sv.shape),
                                tuple(sv.shape)))
-    here = {"model_class": type(model).__qualname__, "shapes": shapes,
-            "optimizer": {"kind": "multi" if multi is not None else "single",
-                          "classes": [type(leaf).__name__ for _, leaf in leaves],
-                          "leaf_of": leaf_of}}
+    here: dict[str, Any] = {
+        "model_class": type(model).__qualname__, "shapes": shapes,
+        "optimizer": {"kind": "multi" if multi is not None else "single",
+                      "classes": [type(leaf).__name__ for _, leaf in leaves],
+                      "leaf_of": leaf_of}}
     _check_model(where, source.layout, here)
     _check_optimizer(where, source.layout["optimizer"], here["optimizer"])
     _assign(source, targets, {k: [v] for k, v in scalar_vars.items()}, where)
