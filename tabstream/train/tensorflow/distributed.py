@@ -910,7 +910,9 @@ class _HybridCheckpoints:
                 f"from it ({exc}); resume with the model, plan and optimizer it was written "
                 "with, or start over with resume=False"
             ) from exc
-        self.resume_note = restored.note(self.dir, w.world_size, w.rank)
+        trained_by = state.get("world")
+        self.resume_note = restored.note(self.dir, w.world_size, w.rank,
+                                         None if trained_by is None else int(trained_by))
         self._previous = own.name if world == w.world_size else None
         return dict(state)
 

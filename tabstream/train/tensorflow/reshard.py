@@ -489,15 +489,22 @@ class Restored:
     resharded: bool
     bytes_read: int
 
-    def note(self, directory: Any, world_size: int, rank: int) -> str | None:
-        """The loop's resume line's part on the tables (on another world size), a whole
-        line (another plan on as many workers), or None (nothing resharded)."""
+    def note(self, directory: Any, world_size: int, rank: int,
+             trained_by: int | None = None) -> str | None:
+        """What the loop's resume line says of the tables: the part it appends to its
+        own line when ``trained_by`` (the workers that trained the checkpoint, from its
+        loop state; default: those that wrote it) differs from ``world_size``, else a
+        whole line (another plan, or parts converted offline for another number of
+        workers), or None (nothing resharded)."""
         if not self.resharded:
             return None
         what = (f"tables and optimizer state resharded ({self.bytes_read:,} bytes read on "
                 f"worker {rank})")
-        if self.written_by != world_size:
+        if (trained_by if trained_by is not None else self.written_by) != world_size:
             return what
+        if self.written_by != world_size:
+            return (f"fit: checkpoint {directory} holds the parts of {self.written_by} "
+                    f"workers; resuming on {world_size} worker(s): {what}")
         return (f"fit: checkpoint {directory} was written with another plan; resuming on "
                 f"{world_size} worker(s) with this one: {what}")
 

@@ -142,11 +142,28 @@ def test_one_worker_checkpoint_reshards_offline_to_three_and_to_one(tmp_path, ca
     for e in range(2):
         fit(reference, batches[e * EPOCH_STEPS:(e + 1) * EPOCH_STEPS], reference_optimizer,
             progress=False)
-    for v in reference.weights:
-        np.testing.assert_allclose(plain.weights[[w.path for w in plain.weights].index(v.path)]
-                                   .numpy(), v.numpy(), rtol=0, atol=1e-5, err_msg=v.path)
+    expected = {v.path: v.numpy() for v in reference.weights}
+    got = {v.path: v.numpy() for v in plain.weights}
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=key)
     # and it keeps training there: its next checkpoint is an ordinary one
     assert (tmp_path / "one" / "checkpoint.weights.h5").exists()
+    # parts converted for 2 workers (column-wise), resumed here on 1 with the mixed plan
+    reshard(tmp_path / "ck", tmp_path / "two", 2, plan="column_wise")
+    model = make_model(5)
+    optimizer = make_optimizer("multi", model)  # claims the tables before they are sharded
+    wrapper = HybridParallel(model, plan=MIXED)
+    with pytest.raises(KeyboardInterrupt):
+        fit(wrapper, Epochs(batches, stop=2), optimizer, epochs=EPOCHS, progress=False,
+            checkpoint_dir=tmp_path / "two", resume=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if "checkpoint" in x]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"fit: checkpoint {tmp_path / 'two'} holds the parts of 2 workers; resuming on 1 "
+        "worker(s): tables and optimizer state resharded ("), lines
+    got = wrapper.full_weights()
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=key)
 
 
 def test_resume_with_another_global_batch_is_refused(tmp_path):
