@@ -595,7 +595,11 @@ def fit(
         resume: continue from the checkpoint in ``checkpoint_dir``, a mid-epoch one
             included (the batches already trained are skipped; start afresh when
             there is no checkpoint yet). Another file list after a finished one is
-            a new pass over it (continuous training: ``fit_lists``).
+            a new pass over it (continuous training: ``fit_lists``). A
+            ``HybridParallel`` checkpoint of another number of workers or plan
+            resumes too (tables and optimizer state resharded; one line on the chief
+            says so), as does the single-process checkpoint ``tabstream reshard
+            --world-size 1`` writes of one.
         checkpoint_every: also checkpoint every this many steps of an epoch.
         progress: a progress bar per epoch (tqdm, as torch's fit) and a summary line
             (chief only).
