@@ -377,12 +377,37 @@ def _plan_arg(text: str | None) -> str | dict[str, str] | None:
     return {name.strip(): kind.strip() for name, kind in pairs}
 
 
+def _is_keras_checkpoint(directory: str) -> bool:
+    """Whether ``directory`` holds a Keras HybridParallel checkpoint, from its own
+    metadata: a ``worker-<r>-of-<W>/step-*/index.json`` of the Keras whole-table layout
+    (a torch one has ``checkpoint.dcp.json``). Read as JSON: no framework imported."""
+    import json
+    from pathlib import Path
+
+    root = Path(directory)
+    if (root / "checkpoint.dcp.json").exists():
+        return False
+    for index in sorted(root.glob("worker-*-of-*/step-*/index.json"))[:1]:
+        try:
+            doc = json.loads(index.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(doc, dict) and str(doc.get("format", "")).startswith(
+            "tabstream.keras-whole-tables/")
+    return False
+
+
 def cmd_reshard(args: argparse.Namespace) -> None:
-    from tabstream.train.torch.distributed import reshard
+    if _is_keras_checkpoint(args.checkpoint):
+        from tabstream.train.tensorflow.distributed import reshard
+        workers = "workers"
+    else:
+        from tabstream.train.torch.distributed import reshard  # type: ignore[assignment]
+        workers = "ranks"
 
     written = reshard(args.checkpoint, args.output, args.world_size, plan=_plan_arg(args.plan))
     what = ("a single-process checkpoint" if args.world_size == 1
-            else f"a checkpoint for {args.world_size} ranks")
+            else f"a checkpoint for {args.world_size} {workers}")
     print(f"wrote {what}: {written}")
 
 
@@ -547,17 +572,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = add("reshard", "convert a sharded training checkpoint for another number of ranks",
-            "Convert the sharded checkpoint a HybridParallel run wrote (its checkpoint_dir) for "
-            "another number of ranks and plan, optimizer state and training position "
-            "included.\n\nexamples:\n  tabstream reshard ck/ ck3/ --world-size 3\n"
+            "Convert the sharded checkpoint a HybridParallel run wrote (its checkpoint_dir; torch "
+            "or Keras, told by the checkpoint's own metadata) for another number of ranks and "
+            "plan, optimizer state and training position included.\n\nexamples:\n  tabstream reshard ck/ ck3/ --world-size 3\n"
             "  tabstream reshard ck/ one/ --world-size 1      # a checkpoint.pt for one process\n"
             "  tabstream reshard ck/ ck4/ --world-size 4 --plan C1=row_wise,C2=column_wise")
-    p.add_argument("checkpoint", help="the checkpoint_dir holding checkpoint.dcp.json")
+    p.add_argument("checkpoint", help="the checkpoint_dir holding checkpoint.dcp.json (torch) "
+                   "or worker-<r>-of-<W>/ folders (Keras)")
     p.add_argument("output", help="a new or empty folder for the converted checkpoint")
     p.add_argument("--world-size", type=int, required=True,
                    help="ranks of the run that will resume from it; 1 writes a plain "
-                        "checkpoint.pt that single-process fit(resume=True) of the unwrapped "
-                        "model loads (default: none, it must be given)")
+                        "checkpoint (torch: checkpoint.pt; Keras: checkpoint.json and "
+                        "checkpoint.arrays/) that single-process fit(resume=True) of the "
+                        "unwrapped model loads (default: none, it must be given)")
     p.add_argument("--plan", default=None,
                    help="the new run's plan: auto, table_wise, row_wise, column_wise, "
                         "data_parallel, or TABLE=TYPE,... overriding auto (default: auto)")

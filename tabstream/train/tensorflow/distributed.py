@@ -56,7 +56,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tabstream.core.errors import TabstreamError
 from tabstream.core.jsonfile import read_json_file
 from tabstream.train.checks import CheckpointError, checkpoint_write
 from tabstream.train.sharding import (
@@ -78,7 +79,7 @@ from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids, su
 from tabstream.train.tensorflow.optimizers import MultiOptimizer
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
-           "TablePlacement", "plan_sharding"]
+           "TablePlacement", "plan_sharding", "reshard"]
 
 
 def _worker_of(strategy: tf.distribute.Strategy) -> tuple[int, int]:
@@ -336,24 +337,28 @@ def _open_spec(value: Any) -> Any:
 
 
 def _split_optimizer(optimizer: keras.optimizers.Optimizer, shard_paths: set[str],
-                     mirrored_paths: set[str]) -> tuple[Any, Any]:
-    """``(optimizer for the mirrored variables, copy for the shards)``. A
-    :class:`MultiOptimizer` is cut into two by its claims (as variable paths)."""
+                     mirrored_paths: set[str]) -> tuple[Any, Any, tuple[list[int], list[int]]]:
+    """``(optimizer for the mirrored variables, copy for the shards, numbers)``. A
+    :class:`MultiOptimizer` is cut into two by its claims (as variable paths);
+    ``numbers`` gives, for each part, the index in ``optimizer.optimizers`` of each of
+    its optimizers (what checkpoints name them by)."""
     if not isinstance(optimizer, MultiOptimizer):
         config = optimizer.get_config()
-        return optimizer, lambda: type(optimizer).from_config(config)
+        return optimizer, lambda: type(optimizer).from_config(config), ([0], [0])
     config = optimizer.get_config()
 
-    def part(paths: set[str]) -> dict[str, Any]:
-        entries = []
-        for ser, claims in config["optimizers_and_blocks"]:
+    def part(paths: set[str]) -> tuple[dict[str, Any], list[int]]:
+        entries, numbers = [], [0]
+        for i, (ser, claims) in enumerate(config["optimizers_and_blocks"]):
             kept = [c for c in claims if any(p == c or p.startswith(c + "/") for p in paths)]
             if kept:
                 entries.append([ser, kept])
-        return {**config, "optimizers_and_blocks": entries}
+                numbers.append(i + 1)
+        return {**config, "optimizers_and_blocks": entries}, numbers
 
-    mirrored, shard = part(mirrored_paths), part(shard_paths)
-    return (MultiOptimizer.from_config(mirrored), lambda: MultiOptimizer.from_config(shard))
+    (mirrored, m_numbers), (shard, s_numbers) = part(mirrored_paths), part(shard_paths)
+    return (MultiOptimizer.from_config(mirrored), lambda: MultiOptimizer.from_config(shard),
+            (m_numbers, s_numbers))
 
 
 def _binary_crossentropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -410,6 +415,7 @@ class HybridParallel:
                              "the model does not have")
         self._steps: dict[str, Any] = {}
         self._optimizers: tuple[Any, Any, Any] | None = None
+        self._numbers: tuple[list[int], list[int]] | None = None
         # fit(model) on the wrapped model trains through this wrapper (its own step
         # would leave the shards untouched); Keras' model.fit is refused for it
         object.__setattr__(model, "fit_target", self)
@@ -474,12 +480,14 @@ class HybridParallel:
         the copy that updates this worker's shards (built outside the strategy)."""
         if self._optimizers is not None and self._optimizers[2] is optimizer:
             return self._optimizers[0], self._optimizers[1]
+        self._numbers = None
         shard_paths = {v.path for v in self.shard_variables} | {
             s.paths[c.name] for s in self.sharded.values() for c in s.configs
             if self.plan[c.name] != "data_parallel"}
         mirrored_paths = {v.path for v in self.trainable_variables}
         with self.strategy.scope():
-            mirrored, make_shard_opt = _split_optimizer(optimizer, shard_paths, mirrored_paths)
+            mirrored, make_shard_opt, numbers = _split_optimizer(optimizer, shard_paths,
+                                                                 mirrored_paths)
             mirrored.build(self.trainable_variables)
         shards = self.shard_variables
 
@@ -490,7 +498,16 @@ class HybridParallel:
 
         shard_opt = _outside_strategy(make)
         self._optimizers = (mirrored, shard_opt, optimizer)
+        self._numbers = numbers
         return mirrored, shard_opt
+
+    def optimizer_numbers(self, optimizer: keras.optimizers.Optimizer
+                          ) -> tuple[list[int], list[int]]:
+        """For the two parts of :meth:`optimizers` (mirrored, shards): the index in
+        ``optimizer.optimizers`` (0 for a plain optimizer) of each of their optimizers."""
+        self.optimizers(optimizer)
+        assert self._numbers is not None
+        return self._numbers
 
     # -- the hooks of tabstream.train.tensorflow.fit ------------------------------
     def fit_build(self, features: Mapping[str, Any] | None, optimizer: Any,
@@ -660,42 +677,73 @@ class HybridParallel:
 
     def save_checkpoint(self, directory: str | os.PathLike[str],
                         optimizer: keras.optimizers.Optimizer | None = None) -> str:
-        """Each worker writes its own part (its shards and their optimizer state, plus
-        the mirrored weights and the optimizer's state) to
-        ``directory/worker-<rank>-of-<W>`` and returns its path; :meth:`restore_checkpoint`
-        has each worker read its own part back."""
+        """Each worker writes its own part (its regions of the tables and of their
+        optimizer state, plus the mirrored weights and their optimizer state) to
+        ``directory/worker-<rank>-of-<W>`` and returns its path;
+        :meth:`restore_checkpoint` reads the parts back, on any number of workers and
+        with any plan (:mod:`tabstream.train.tensorflow.reshard`)."""
         return self.write_part(self.part_dir(directory), optimizer)
 
     def restore_checkpoint(self, directory: str | os.PathLike[str],
                            optimizer: keras.optimizers.Optimizer | None = None) -> None:
-        """Read this worker's part written by :meth:`save_checkpoint` (same plan and
-        number of workers); training then continues where it stopped."""
-        part = self.part_dir(directory)
-        if not os.path.exists(os.path.join(part, "plan.json")):
+        """Read the parts written by :meth:`save_checkpoint` (by this many workers or
+        another, with this plan or another); training then continues where it stopped."""
+        directory = os.fspath(directory)
+        parts = _parts_in(Path(directory))
+        if not parts:
             found = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
             raise CheckpointError(
-                f"HybridParallel: {os.fspath(directory)!r} has no part for worker {self.rank} "
+                f"HybridParallel: {directory!r} has no part for worker {self.rank} "
                 f"of {self.world_size} (found {found}); restore with the plan and number of "
                 "workers it was saved with"
             )
-        self.read_part(part, optimizer, where=os.fspath(directory))
+        world = self.world_size if self.world_size in parts else max(parts)
+        self.read_parts(parts[world], optimizer, where=directory)
 
     def part_dir(self, directory: str | os.PathLike[str]) -> str:
         """This worker's folder in a checkpoint ``directory``."""
         return os.path.join(os.fspath(directory), f"worker-{self.rank}-of-{self.world_size}")
 
     def write_part(self, part: str, optimizer: keras.optimizers.Optimizer | None) -> str:
-        """Write this worker's weights, shards and optimizer state into ``part``."""
-        os.makedirs(part, exist_ok=True)
-        path = self._checkpoint(optimizer).write(os.path.join(part, "ckpt"))
-        with open(os.path.join(part, "plan.json"), "w") as fh:
-            json.dump({"world_size": self.world_size, "plan": dict(self.plan)}, fh)
-        return path
+        """Write this worker's weights, shards and optimizer state into ``part``, in
+        whole-table coordinates (:func:`tabstream.train.tensorflow.reshard.write_wrapper`)."""
+        from tabstream.train.tensorflow.reshard import write_wrapper
+
+        self.build(None)
+        write_wrapper(self, optimizer, part)
+        return part
+
+    def read_parts(self, parts: Sequence[str | os.PathLike[str]],
+                   optimizer: keras.optimizers.Optimizer | None, where: str) -> Any:
+        """Read the saves ``parts`` (one per worker that wrote them, in worker order)
+        into this worker's variables; returns what was done (``Restored``: the world
+        size that wrote them, whether anything was resharded, the bytes read). A part of
+        an older version (a TensorFlow checkpoint of this worker's variables) is read as
+        written: the same plan and number of workers only."""
+        from tabstream.train.tensorflow.reshard import (
+            Restored,
+            is_keras_checkpoint,
+            restore_wrapper,
+        )
+
+        folders = [Path(p) for p in parts]
+        first = folders[self.rank] if len(folders) == self.world_size else folders[0]
+        if is_keras_checkpoint(first):
+            return restore_wrapper(self, optimizer, folders, where)
+        if len(folders) != self.world_size:
+            raise CheckpointError(
+                f"HybridParallel: the checkpoint in {where!r} was written by {len(folders)} "
+                f"workers in an older format, which resumes on as many workers only; resume "
+                f"it once on {len(folders)} workers with this version (its next save can be "
+                "resharded)"
+            )
+        self.read_part(os.fspath(folders[self.rank]), optimizer, where)
+        return Restored(len(folders), False, 0)
 
     def read_part(self, part: str, optimizer: keras.optimizers.Optimizer | None,
                   where: str) -> None:
-        """Read what :meth:`write_part` wrote into ``part`` (``where`` names the
-        checkpoint in errors)."""
+        """Read this worker's part of the older format (a TensorFlow checkpoint written
+        with the same plan; ``where`` names the checkpoint in errors)."""
         with open(os.path.join(part, "plan.json")) as fh:
             saved = json.load(fh)
         if saved["plan"] != dict(self.plan):
@@ -727,16 +775,19 @@ class HybridParallel:
 
 class _HybridCheckpoints:
     """The checkpoint files of ``fit`` for a :class:`HybridParallel`: every worker
-    writes its own part (its shards and their optimizer state, the mirrored weights,
-    the loop's state)::
+    writes its own part (its regions of the tables and of their optimizer state in
+    whole-table coordinates, the mirrored weights, the loop's state)::
 
         checkpoint_dir/worker-<rank>-of-<W>/step-<global step>-<epoch>-<batch>/
-            ckpt.index, ckpt.data-*, plan.json, state.json (written last)
+            00000.npy ..., index.json, state.json (written last)
 
     A save goes to a hidden folder renamed into place, and the part keeps the
     previous save until the next one is whole, so a worker dying in the middle of
     a save leaves every worker holding a save they all have. :meth:`load` (every
-    worker together) restores the newest save that every worker holds whole."""
+    worker together) restores the newest save that every worker holds whole; when
+    the newest whole save was written by another number of workers (the folders
+    ``worker-<r>-of-<W'>``), it is resharded to this run's workers and plan
+    (:mod:`tabstream.train.tensorflow.reshard`) and :attr:`resume_note` says so."""
 
     every_worker_writes = True
 
@@ -746,17 +797,15 @@ class _HybridCheckpoints:
         self.dir = Path(directory)
         self.part = Path(wrapper.part_dir(directory))
         self._previous: str | None = None  # the save before the newest, kept until the next
+        self._chosen: tuple[int, tuple[int, int, int], list[Path]] | None = None
+        #: what loading did to the tables (resharded), for the loop's resume line
+        self.resume_note: str | None = None
 
     def _saves(self) -> dict[tuple[int, int, int], Path]:
         """This worker's whole saves by (global step, epoch, batch)."""
-        out = {}
-        if self.part.is_dir():
-            for entry in self.part.iterdir():
-                found = re.fullmatch(r"step-(\d+)-(\d+)-(\d+)", entry.name)
-                if found and (entry / "state.json").is_file():
-                    key = (int(found[1]), int(found[2]), int(found[3]))
-                    out[key] = entry
-        return out
+        from tabstream.train.tensorflow.reshard import saves_of
+
+        return saves_of(self.part)
 
     def _common(self) -> tuple[tuple[int, int, int] | None, list[list[tuple[int, int, int]]]]:
         """Collective: the newest save every worker holds, and each worker's saves."""
@@ -772,20 +821,53 @@ class _HybridCheckpoints:
         common = set(per_worker[0]).intersection(*map(set, per_worker[1:]))
         return (max(common) if common else None), per_worker
 
+    def _elsewhere(self) -> tuple[int, tuple[int, int, int], list[Path]] | None:
+        """Collective: the newest save written whole by another number of workers
+        (found on the filesystem, which every worker must see alike)."""
+        from tabstream.train.tensorflow.reshard import complete_saves
+
+        w = self.wrapper
+        found = complete_saves(self.dir)
+        found.pop(w.world_size, None)
+        best = max(((world, key, folders) for world, (key, folders) in found.items()),
+                   key=lambda item: item[1], default=None)
+        mine = np.array([1.0, best[0], *best[1]] if best else [0.0] * 5)
+        if not np.array_equal(w.all_sum(mine), mine * w.world_size):
+            raise CheckpointError(
+                f"checkpoint_dir {self.dir}: the workers see different saves of another number "
+                "of workers there; resuming on another number of workers reads the other "
+                "workers' parts, so checkpoint_dir must be a folder every worker sees (a shared "
+                "filesystem)"
+            )
+        return best
+
+    def _choose(self) -> tuple[int, tuple[int, int, int], list[Path]] | None:
+        """Collective: ``(world size, key, save folders)`` of the save to resume."""
+        w = self.wrapper
+        newest, per_worker = self._common()
+        other = self._elsewhere()
+        if other is not None and (newest is None or other[1] > newest):
+            return other
+        if newest is None:
+            if any(per_worker):
+                held = {f"worker {r}": [f"step-{a}-{b}-{c}" for a, b, c in saves]
+                        for r, saves in enumerate(per_worker)}
+                raise CheckpointError(
+                    f"checkpoint_dir {self.dir}: no save is held whole by all "
+                    f"{w.world_size} workers ({held}); were its parts written by another run? "
+                    "Resume with the folder each worker wrote, or start over with "
+                    "resume=False (or another checkpoint_dir)"
+                )
+            return None
+        name = f"step-{newest[0]}-{newest[1]}-{newest[2]}"
+        return w.world_size, newest, [self.dir / f"worker-{r}-of-{w.world_size}" / name
+                                      for r in range(w.world_size)]
+
     def exists(self) -> bool:
         """Collective: whether there is a checkpoint to resume (refused when some
         workers hold saves and no save is held by all)."""
-        newest, per_worker = self._common()
-        if newest is None and any(per_worker):
-            held = {f"worker {r}": [f"step-{a}-{b}-{c}" for a, b, c in saves]
-                    for r, saves in enumerate(per_worker)}
-            raise CheckpointError(
-                f"checkpoint_dir {self.dir}: no save is held whole by all "
-                f"{self.wrapper.world_size} workers ({held}); were its parts written by "
-                "another run or number of workers? Resume with the folder each worker wrote, "
-                "or start over with resume=False (or another checkpoint_dir)"
-            )
-        return newest is not None
+        self._chosen = self._choose()
+        return self._chosen is not None
 
     def needed_bytes(self) -> int:
         """At least this worker's part: the mirrored weights and its shards."""
@@ -811,24 +893,54 @@ class _HybridCheckpoints:
         self._previous = key
 
     def load(self) -> dict[str, Any]:
-        newest, _ = self._common()
-        if newest is None:
-            raise CheckpointError(f"checkpoint_dir {self.dir}: worker {self.wrapper.rank} "
-                                  "holds no save to resume from")
-        folder = self._saves()[newest]
+        w = self.wrapper
+        chosen = self._chosen if self._chosen is not None else self._choose()
+        self._chosen = None
+        if chosen is None:
+            raise CheckpointError(f"checkpoint_dir {self.dir}: worker {w.rank} holds no save "
+                                  "to resume from")
+        world, _, folders = chosen
+        own = folders[w.rank] if world == w.world_size else folders[min(w.rank, world - 1)]
         try:
-            state = read_json_file(folder / "state.json", "checkpoint state")
-            self.wrapper.read_part(os.fspath(folder), self.optimizer, where=os.fspath(self.dir))
+            state = read_json_file(own / "state.json", "checkpoint state")
+            restored = w.read_parts(folders, self.optimizer, where=os.fspath(self.dir))
         except (OSError, ValueError, KeyError, AssertionError) as exc:
-            if isinstance(exc, CheckpointError):
+            if isinstance(exc, TabstreamError):
                 raise
             raise CheckpointError(
-                f"checkpoint {folder}: cannot restore {type(self.wrapper.model).__name__} "
+                f"checkpoint {own}: cannot restore {type(w.model).__name__} "
                 f"from it ({exc}); resume with the model, plan and optimizer it was written "
                 "with, or start over with resume=False"
             ) from exc
-        self._previous = folder.name
+        trained_by = state.get("world")
+        self.resume_note = restored.note(self.dir, w.world_size, w.rank,
+                                         None if trained_by is None else int(trained_by))
+        self._previous = own.name if world == w.world_size else None
         return dict(state)
+
+
+def _parts_in(directory: Path) -> dict[int, list[Path]]:
+    """``{W: [worker-0-of-W, ...]}`` for every W whose every part is in ``directory``
+    (the folders :meth:`HybridParallel.save_checkpoint` writes)."""
+    found: dict[int, dict[int, Path]] = {}
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            m = re.fullmatch(r"worker-(\d+)-of-(\d+)", entry.name)
+            if m and ((entry / "index.json").is_file() or (entry / "plan.json").is_file()):
+                found.setdefault(int(m[2]), {})[int(m[1])] = entry
+    return {w: [ranks[r] for r in range(w)] for w, ranks in found.items()
+            if sorted(ranks) == list(range(w))}
+
+
+def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size: int,
+            plan: ShardingPlan | Mapping[str, str] | str | None = None) -> Path:
+    """Convert the checkpoint a Keras :class:`HybridParallel` ``fit`` wrote in ``src``
+    for ``world_size`` workers (and ``plan``) into ``dst``; ``world_size=1`` gives a
+    checkpoint that single-process ``fit(resume=True)`` of the unwrapped model
+    accepts. See :func:`tabstream.train.tensorflow.reshard.reshard`."""
+    from tabstream.train.tensorflow.reshard import reshard as _reshard
+
+    return _reshard(src, dst, world_size, plan)
 
 
 #: saves each worker keeps (the newest and the one before it)

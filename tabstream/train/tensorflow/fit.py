@@ -455,10 +455,17 @@ class _Checkpoints:
     def load(self) -> dict[str, Any]:
         try:
             state = read_json_file(self.state, "checkpoint state")
+            if state.get("arrays") == "named":  # tabstream reshard --world-size 1 wrote it
+                from tabstream.train.tensorflow.reshard import load_named
+
+                load_named(self.dir, self.model, self.optimizer)
+                return state
             self.model.load_weights(self.weights)
             with np.load(self.slots, allow_pickle=False) as slots:
                 values = [slots[k] for k in sorted(slots.files)]
         except (OSError, ValueError, KeyError) as exc:
+            if isinstance(exc, (SchemaError, DataError)):  # said already (load_named)
+                raise
             raise SchemaError(
                 f"checkpoint {self.dir}: cannot restore {type(self.model).__name__} from it "
                 f"({exc}); resume with the model it was written with, or start over with "
@@ -588,7 +595,11 @@ def fit(
         resume: continue from the checkpoint in ``checkpoint_dir``, a mid-epoch one
             included (the batches already trained are skipped; start afresh when
             there is no checkpoint yet). Another file list after a finished one is
-            a new pass over it (continuous training: ``fit_lists``).
+            a new pass over it (continuous training: ``fit_lists``). A
+            ``HybridParallel`` checkpoint of another number of workers or plan
+            resumes too (tables and optimizer state resharded; one line on the chief
+            says so), as does the single-process checkpoint ``tabstream reshard
+            --world-size 1`` writes of one.
         checkpoint_every: also checkpoint every this many steps of an epoch.
         progress: a progress bar per epoch (tqdm, as torch's fit) and a summary line
             (chief only).
@@ -691,6 +702,7 @@ class _KerasTrainer:
         self.label_check = _LabelCheck(strategy)
         self.compiled: Any = None
         self.ready = False
+        self.resume_note: str | None = None
         if model.built:
             self.build(None)
         elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
@@ -721,7 +733,10 @@ class _KerasTrainer:
 
     def load(self) -> dict[str, Any]:
         assert self.checkpoints is not None
-        return self.checkpoints.load()
+        state = self.checkpoints.load()
+        # what loading did to the model's state (resharded tables), for the loop's line
+        self.resume_note = getattr(self.checkpoints, "resume_note", None)
+        return state
 
     def save(self, state: dict[str, Any]) -> None:
         assert self.checkpoints is not None

@@ -183,14 +183,13 @@ def test_fit_trains_hybrid_parallel_like_one_process_and_resumes_after_a_crash(t
         assert sorted(os.listdir(out / "ck" / part)) == ["step-3-0-3", "step-3-1-0"], part
 
 
-def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_path):
+def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_path, capsys):
     """The per-worker checkpoint files on one worker (the default strategy): a fit
     that stops mid-epoch and a rebuilt model resuming it end where the plain model's
-    uninterrupted fit does; a plan other than the checkpoint's is refused."""
+    uninterrupted fit does; a model of another plan resumes it too (resharded)."""
     import tensorflow as tf
     from hybrid_worker import MIXED, as_tf, global_batches, make_model, make_optimizer
 
-    from tabstream.train.checks import CheckpointError
     from tabstream.train.tensorflow import fit
     from tabstream.train.tensorflow.distributed import HybridParallel
 
@@ -204,7 +203,8 @@ def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_
                 yield batch
 
     plain = make_model(0)
-    expected = fit(plain, batches, make_optimizer("multi", plain), progress=False)
+    plain_optimizer = make_optimizer("multi", plain)
+    expected = fit(plain, batches, plain_optimizer, progress=False)
 
     def build(seed, plan):  # the optimizer's claims name the tables before they are sharded
         model = make_model(seed)
@@ -223,10 +223,19 @@ def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_
     weights = wrapper.full_weights()
     assert sorted(weights) == sorted(v.path for v in plain.weights)
     for v in plain.weights:
-        np.testing.assert_allclose(weights[v.path], v.numpy(), rtol=0, atol=1e-6, err_msg=v.path)
+        np.testing.assert_allclose(weights[v.path], v.numpy(), rtol=0, atol=1e-5, err_msg=v.path)
     assert sorted(os.listdir(tmp_path / "worker-0-of-1")) == ["step-3-0-3", "step-3-1-0"]
-    other, optimizer = build(0, "row_wise")
-    with pytest.raises(CheckpointError, match=r"was saved with plan \{'cat_0': 'table_wise'.*"
-                       r"this model has \{'cat_0': 'row_wise'.*build the model with the plan "
-                       r"it was saved with"):
-        fit(other, batches, optimizer, progress=False, checkpoint_dir=tmp_path, resume=True)
+    # another plan on as many workers: the tables and their optimizer state are resharded,
+    # and a second epoch trains on as the plain model's does
+    capsys.readouterr()
+    other, optimizer = build(3, "row_wise")
+    fit(other, batches, optimizer, epochs=2, progress=False, checkpoint_dir=tmp_path,
+        resume=True)
+    fit(plain, batches, plain_optimizer, progress=False)
+    said = [line for line in capsys.readouterr().out.splitlines() if "another plan" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"fit: checkpoint {tmp_path} was written with another plan; resuming on 1 worker(s) "
+        "with this one: tables and optimizer state resharded"), said
+    weights = other.full_weights()
+    for v in plain.weights:
+        np.testing.assert_allclose(weights[v.path], v.numpy(), rtol=0, atol=1e-5, err_msg=v.path)
