@@ -67,6 +67,27 @@ class TablePlacement:
             return [(int(self.owner or 0), 0, -1)]
         return [(k, a, b) for k, (a, b) in enumerate(self.ranges) if b > a]
 
+    def region(self, rank: int, rows: int, dim: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """``(offsets, sizes)`` of the part of a ``rows x dim`` table that ``rank``
+        holds (the whole table for ``data_parallel``), None where it holds none.
+
+        >>> TablePlacement("row_wise", ranges=((0, 6), (6, 10))).region(1, 10, 4)
+        ((6, 0), (4, 4))
+        >>> TablePlacement("column_wise", ranges=((0, 2), (2, 4))).region(0, 10, 4)
+        ((0, 0), (10, 2))
+        """
+        if self.kind == "data_parallel":
+            return (0, 0), (rows, dim)
+        for k, a, b in self.pieces():
+            if k != rank:
+                continue
+            if self.kind == "table_wise":
+                return (0, 0), (rows, dim)
+            if self.kind == "row_wise":
+                return (a, 0), (b - a, dim)
+            return (0, a), (rows, b - a)
+        return None
+
 
 @dataclass
 class ShardingPlan(Mapping[str, str]):

@@ -46,7 +46,7 @@ import numpy as np
 
 from tabstream.core.errors import DataError, SchemaError, TabstreamError
 from tabstream.core.jsonfile import read_json_file
-from tabstream.train.sharding import ShardingPlan, TablePlacement, resolve_plan
+from tabstream.train.sharding import ShardingPlan, resolve_plan
 from tabstream.train.tables import TableConfig
 
 __all__ = ["INDEX", "LAYOUT", "Restored", "is_keras_checkpoint", "load_named", "reshard",
@@ -67,23 +67,6 @@ def _refuse(cls: type[TabstreamError], message: str, fix: str) -> TabstreamError
 
 
 # ------------------------------------------------------------------ regions of a table
-
-
-def held_region(place: TablePlacement, rows: int, dim: int, rank: int
-                ) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """``(offsets, sizes)`` of the region of a ``rows x dim`` table that worker ``rank``
-    holds under ``place`` (the whole table for ``data_parallel``), None for none."""
-    if place.kind == "data_parallel":
-        return (0, 0), (rows, dim)
-    for k, a, b in place.pieces():
-        if k != rank:
-            continue
-        if place.kind == "table_wise":
-            return (0, 0), (rows, dim)
-        if place.kind == "row_wise":
-            return (a, 0), (b - a, dim)
-        return (0, a), (rows, b - a)
-    return None
 
 
 def _region(array: np.ndarray, offsets: Iterable[int], sizes: Iterable[int]) -> np.ndarray:
@@ -205,7 +188,7 @@ def _wrapper_state(wrapper: Any, optimizer: Any | None) -> _State:
             elif cfg.name in s.shards:
                 var = s.shards[cfg.name]
                 unwrapped[id(var)] = key
-                held = held_region(place, cfg.cardinality, cfg.dim, wrapper.rank)
+                held = place.region(wrapper.rank, cfg.cardinality, cfg.dim)
                 assert held is not None
                 regions[id(var)] = held
     dense = list(wrapper.model.weights)
@@ -662,7 +645,7 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
                 chunks.append((k, array, (0,) * array.ndim, array.shape))
                 continue
             t = layout["tables"][name]
-            held = held_region(target.placements[name], int(t["cardinality"]), int(t["dim"]), r)
+            held = target.placements[name].region(r, int(t["cardinality"]), int(t["dim"]))
             if held is not None:
                 chunks.append((k, _region(array, *held), held[0], array.shape))
         part = {**layout, "world_size": world_size, "rank": r,

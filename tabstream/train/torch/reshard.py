@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from tabstream.core.errors import DataError, SchemaError, TabstreamError
-from tabstream.train.sharding import ShardingPlan, TablePlacement, resolve_plan
+from tabstream.train.sharding import ShardingPlan, resolve_plan
 from tabstream.train.tables import TableConfig
 from tabstream.train.torch.sharded_checkpoint import (
     FORMAT,
@@ -361,23 +361,6 @@ def _describe(plan: ShardingPlan, layout: Mapping[str, Any]) -> dict[str, Any]:
             for name, t in layout["tables"].items()}
 
 
-def _held(place: TablePlacement, cfg: Mapping[str, Any], rank: int
-          ) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """``(offsets, sizes)`` of the region of a table ``rank`` holds under ``place``."""
-    rows, dim = int(cfg["cardinality"]), int(cfg["dim"])
-    if place.kind == "data_parallel":
-        return (0, 0), (rows, dim)
-    for k, a, b in place.pieces():
-        if k != rank:
-            continue
-        if place.kind == "table_wise":
-            return (0, 0), (rows, dim)
-        if place.kind == "row_wise":
-            return (a, 0), (b - a, dim)
-        return (0, a), (rows, b - a)
-    return None
-
-
 def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size: int,
             plan: ShardingPlan | Mapping[str, str] | str | None = None) -> Path:
     """Convert the sharded checkpoint that ``fit`` wrote in ``src`` (a
@@ -466,8 +449,9 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
         regions: dict[str, tuple[tuple[int, ...], tuple[int, ...]] | None] = {}
         for fqn, shape in layout["shapes"].items():
             if fqn in tables:
-                name = tables[fqn][0]
-                regions[fqn] = _held(target.placements[name], tables[fqn][1], r)
+                name, cfg = tables[fqn]
+                regions[fqn] = target.placements[name].region(r, int(cfg["cardinality"]),
+                                                              int(cfg["dim"]))
             else:
                 regions[fqn] = ((0,) * len(shape), tuple(shape))
         model_part = {}
