@@ -393,29 +393,29 @@ def _overflowed(values: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
 
 
 def _unfit_value(values: pa.ChunkedArray, arrow_type: pa.DataType) -> str:
-    """The first value of ``values`` that changes in an unchecked cast to ``arrow_type``
-    and back (an overflowing id, a float's fraction), as written in the column."""
+    """The first value of ``values`` that a safe cast to ``arrow_type`` refuses (found
+    by halving: a few casts, whatever the length), as written in the column."""
     if is_list_type(values.type):
         values = pa.chunked_array([pc.list_flatten(c) for c in values.chunks], list_value_type(values.type))
         arrow_type = list_value_type(arrow_type)
-    for chunk in values.chunks:
+
+    def fails(part: pa.Array) -> bool:
         try:
-            back = chunk.cast(arrow_type, safe=False).cast(chunk.type, safe=False)
-            changed = pc.fill_null(pc.not_equal(back, chunk), False)
-            if pa.types.is_floating(chunk.type) and pa.types.is_floating(arrow_type):  # rounding is fine
-                changed = pc.and_(pc.is_finite(chunk), pc.invert(pc.is_finite(back)))
+            return _overflowed(pa.chunked_array([part]), pa.chunked_array([part.cast(arrow_type, safe=True)]))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            changed = None  # no unchecked cast (a string into numbers): try each value
-        if changed is None:
-            for j in range(len(chunk)):
-                try:
-                    chunk.slice(j, 1).cast(arrow_type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    return repr(chunk[j].as_py())
+            return True
+
+    for chunk in values.chunks:
+        if not fails(chunk):
             continue
-        hits = pc.indices_nonzero(changed)
-        if len(hits):
-            return repr(chunk[hits[0].as_py()].as_py())
+        lo, hi = 0, len(chunk)  # the first failing value is in [lo, hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fails(chunk.slice(lo, mid - lo)):
+                hi = mid
+            else:
+                lo = mid
+        return repr(chunk[lo].as_py())
     return "(one of them)"
 
 
