@@ -603,12 +603,22 @@ class Dataset:
         0..n-1 index (pandas on the arrow backend, cudf on the cudf backend)."""
         return self.to_ddf(columns).compute().reset_index(drop=True)
 
-    def to_parquet(self, output_path: str, **kwargs: Any):
-        """Export the dataset unchanged (see :func:`tabstream.pipeline.export.to_parquet`)."""
+    def to_parquet(self, output_path: str, dtypes: dict[str, Any] | None = None, **kwargs: Any):
+        """Export the dataset unchanged but for the casts of ``dtypes={column: dtype}``
+        (see :func:`tabstream.pipeline.export.export`)."""
         from tabstream.pipeline.export import export
 
         kwargs.setdefault("client", backends.execution_client(self.backend_name))
-        return export(self, None, output_path, **kwargs)
+        return export(self, None, output_path, dtypes=dtypes, **kwargs)
+
+    def to_npy(self, output_path: Any, append: bool = False) -> str:
+        """Write the dataset as one 2-D ``.npy`` array, as NVTabular/Merlin's ``to_npy``:
+        scalar columns in order, then each fixed-length list column as ``name_0 ..
+        name_{n-1}``, in one common dtype. Strings, nulls and ragged lists are refused
+        (see :mod:`tabstream.pipeline.npy`). Returns the path written."""
+        from tabstream.pipeline.npy import write_npy
+
+        return write_npy(self.read_piece, self.pieces, output_path, append=append)
 
     def __repr__(self) -> str:
         src = self.files[0] if self.files else self.engine

@@ -63,9 +63,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dask import delayed
 
+from tabstream.core.dtypes import (
+    arrow_type_to_dtype,
+    dtype_to_arrow_type,
+    is_list_type,
+    list_value_type,
+)
 from tabstream.core.errors import (
     DataError,
     ExportError,
+    SchemaError,
     TabstreamError,
     out_of_memory,
     ran_out_of_memory,
@@ -122,6 +129,7 @@ def export(
     compression: str = "snappy",
     storage_options: dict | None = None,
     progress: bool | None = None,
+    dtypes: dict[str, Any] | None = None,
 ) -> ExportResult:
     """Write ``workflow.transform(dataset)`` (or the dataset itself when ``workflow`` is
     None) as parquet files plus ``_schema.json``, ``_manifest.json`` and ``_metadata``.
@@ -163,6 +171,17 @@ def export(
     name the export writes is refused, naming it.
     A full or read-only folder is an :class:`~tabstream.core.errors.ExportError`
     naming it; nothing is left behind.
+
+    ``dtypes={column: dtype}`` casts those output columns as they are written (as
+    NVTabular's ``to_parquet(dtypes=...)``), and ``_schema.json`` records the new
+    dtypes; a dtype is a name (``"int32"``), a numpy dtype or a pyarrow type (a list
+    column's values are cast). The cast is safe: a value the new type cannot hold
+    (an id beyond ``int32``, a float with a fraction into an integer type) is a
+    :class:`~tabstream.core.errors.DataError` naming the column, the value and the
+    dtype, and nothing is written. ::
+
+        {"id": int64 [7, 3000000000]}, dtypes={"id": "int32"}
+            DataError: ... column 'id': value 3000000000 does not fit int32 ...
     """
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
@@ -181,9 +200,10 @@ def export(
     if row_group_size < 1:
         raise ValueError(f"row_group_size must be positive, got {row_group_size}")
 
-    if partition_on:  # before anything is written
-        _check_partition_columns(workflow.output_schema if workflow is not None else dataset.schema,
-                                 partition_on)
+    out_schema = workflow.output_schema if workflow is not None else dataset.schema
+    casts = _output_casts(out_schema, dtypes)  # refused before anything is written
+    if partition_on:
+        _check_partition_columns(out_schema, partition_on)
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
     mode = check_target(fs, root, output_path, overwrite)
@@ -222,11 +242,15 @@ def export(
     else:
         schema = dataset.schema
         columns = None
+    for col, arrow_type in casts.items():
+        dtype, is_list = arrow_type_to_dtype(arrow_type)
+        schema = schema.replace(schema[col].with_dtype(dtype, is_list=is_list))
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
     if partition_on:
         keyset_columns = [c for c in keyset_columns if c not in partition_on]
     plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
-                 schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [])
+                 schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [],
+                 casts)
 
     try:
         if into is not None:  # names known now: refused before anything is written
@@ -308,6 +332,93 @@ def export(
     return ExportResult(output_path, files, rows)
 
 
+def _output_casts(schema: Schema, dtypes: dict[str, Any] | None) -> dict[str, pa.DataType]:
+    """The Arrow type each column of ``dtypes`` is written as (a list column: a list of
+    it, unless a list type is given); unknown columns are refused, naming them."""
+    if not dtypes:
+        return {}
+    if not isinstance(dtypes, dict):
+        raise TypeError(f"dtypes must be a dict {{column: dtype}}, got {type(dtypes).__name__}")
+    unknown = [c for c in dtypes if c not in schema.column_names]
+    if unknown:
+        raise SchemaError(f"to_parquet(dtypes=...): column(s) {unknown} are not in the output; "
+                          f"the output columns are {schema.column_names}")
+    casts = {}
+    for col, dtype in dtypes.items():
+        try:
+            arrow_type = dtype_to_arrow_type(dtype)
+        except TypeError as exc:
+            raise TypeError(f"to_parquet(dtypes=...): column {col!r}: {exc}") from exc
+        if schema[col].is_list and not is_list_type(arrow_type):
+            arrow_type = pa.list_(arrow_type)
+        casts[col] = arrow_type
+    return casts
+
+
+def cast_columns(table: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
+    """``table`` with the columns of ``casts`` cast to their types, safely: a value the
+    type cannot hold is a :class:`DataError` naming the column, the value and the type.
+
+    >>> cast_columns(pa.table({"a": [1, 2]}), {"a": pa.int8()}).schema.types
+    [DataType(int8)]
+    """
+    for col, arrow_type in casts.items():
+        i = table.schema.get_field_index(col)
+        values = table.column(i)
+        if values.type == arrow_type:
+            continue
+        try:
+            cast = values.cast(arrow_type, safe=True)
+            if _overflowed(values, cast):  # Arrow casts 1e300 to float32's inf unchecked
+                raise pa.ArrowInvalid(f"a finite value is out of {arrow_type}'s range")
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            dtype = arrow_type_to_dtype(arrow_type)[0]
+            raise DataError(
+                f"to_parquet(dtypes=...): column {col!r}: value {_unfit_value(values, arrow_type)} "
+                f"does not fit {dtype} ({values.type} -> {arrow_type}: {exc}); nothing was written",
+                hint=f"give column {col!r} a wider dtype in dtypes=, or change its values in the workflow",
+            ) from exc
+        table = table.set_column(i, col, cast)
+    return table
+
+
+def _overflowed(values: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
+    """Whether a float narrowing made a finite value infinite."""
+    if is_list_type(values.type):
+        values = pa.chunked_array([pc.list_flatten(c) for c in values.chunks], list_value_type(values.type))
+        cast = pa.chunked_array([pc.list_flatten(c) for c in cast.chunks], list_value_type(cast.type))
+    if not (pa.types.is_floating(values.type) and pa.types.is_floating(cast.type)):
+        return False
+    return bool(pc.any(pc.and_(pc.is_finite(values), pc.invert(pc.is_finite(cast)))).as_py())
+
+
+def _unfit_value(values: pa.ChunkedArray, arrow_type: pa.DataType) -> str:
+    """The first value of ``values`` that a safe cast to ``arrow_type`` refuses (found
+    by halving: a few casts, whatever the length), as written in the column."""
+    if is_list_type(values.type):
+        values = pa.chunked_array([pc.list_flatten(c) for c in values.chunks], list_value_type(values.type))
+        arrow_type = list_value_type(arrow_type)
+
+    def fails(part: pa.Array) -> bool:
+        try:
+            return _overflowed(pa.chunked_array([part]), pa.chunked_array([part.cast(arrow_type, safe=True)]))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return True
+
+    for chunk in values.chunks:
+        if not fails(chunk):
+            continue
+        lo, hi = 0, len(chunk)  # the first failing value is in [lo, hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fails(chunk.slice(lo, mid - lo)):
+                hi = mid
+            else:
+                lo = mid
+        return repr(chunk[lo].as_py())
+    return "(one of them)"
+
+
 def _write_error(output_path: str, folder: str, exc: BaseException) -> BaseException:
     """The error of an export that could not write in ``folder`` (a full or read-only
     filesystem: named with the setting that moves it)."""
@@ -353,8 +464,10 @@ class _Plan:
     def __init__(self, dataset: Any, workflow: Any, columns: list[str] | None, tmp: str,
                  fs: Any, row_group_size: int, compression: str, keyset_columns: list[str],
                  seed: int, schema_json: bytes = b"", file_tag: str = "",
-                 partition_on: list[str] | None = None) -> None:
+                 partition_on: list[str] | None = None,
+                 casts: dict[str, pa.DataType] | None = None) -> None:
         self.partition_on = list(partition_on or [])
+        self.casts = dict(casts or {})
         self.dataset = dataset
         self.schema_json = schema_json
         self.file_tag = file_tag
@@ -377,7 +490,7 @@ class _Plan:
                  else self.dataset.read_piece(piece, self.columns))
         if self.workflow is not None:
             table = self.workflow.transform_table(table, self.dataset.backend_name)
-        return table
+        return cast_columns(table, self.casts) if self.casts else table
 
     def rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *key])

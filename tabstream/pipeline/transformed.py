@@ -71,11 +71,19 @@ class TransformedDataset:
                          client_for(self.workflow.client, self.dataset))
         return arrow_to_pandas(pa.concat_tables(tables))
 
-    def to_parquet(self, output_path: str, **kwargs: Any):
+    def to_parquet(self, output_path: str, dtypes: dict[str, Any] | None = None, **kwargs: Any):
+        """Export the transformed dataset; ``dtypes={column: dtype}`` casts output
+        columns safely (see :func:`tabstream.pipeline.export.export`)."""
         from tabstream.pipeline.export import export
 
         kwargs.setdefault("client", client_for(self.workflow.client, self.dataset))
-        return export(self.dataset, self.workflow, output_path, **kwargs)
+        return export(self.dataset, self.workflow, output_path, dtypes=dtypes, **kwargs)
+
+    def to_npy(self, output_path: Any, append: bool = False) -> str:
+        """The transformed dataset as one 2-D ``.npy`` array (see :meth:`Dataset.to_npy`)."""
+        from tabstream.pipeline.npy import write_npy
+
+        return write_npy(self.read_piece, self.dataset.pieces, output_path, append=append)
 
 
 def client_for(client: Any, dataset: Any) -> Any:
