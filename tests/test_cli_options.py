@@ -123,12 +123,16 @@ def test_fit_refuses_an_existing_output_before_fitting(tmp_path, capsys):
     (tmp_path / "wf.py").write_text(
         "import tabstream as ts\nfrom tabstream import ops\n"
         "workflow = ts.Workflow(['c'] >> ops.Categorify())\n")
-    (tmp_path / "out").mkdir()
+    # the output holds an export (a folder of other files would take the new one)
+    import tabstream as ts
+
+    ts.Dataset(pd.DataFrame({"a": [1, 2]})).to_parquet(str(tmp_path / "out"))
     code = main(["fit", str(tmp_path / "raw.parquet"), "--workflow-file", str(tmp_path / "wf.py"),
                  "--workflow-dir", str(tmp_path / "wf"), "--output", str(tmp_path / "out"), "--quiet"])
     assert code == 1
     err = capsys.readouterr().err
     assert "FileExistsError: output folder" in err and "nothing was fitted or written" in err
+    assert "holds a tabstream export" in err
     assert "--overwrite" in err
     assert not (tmp_path / "wf").exists()  # the fit never ran, so nothing was saved
     assert main(["fit", str(tmp_path / "raw.parquet"), "--workflow-file", str(tmp_path / "wf.py"),
