@@ -76,7 +76,7 @@ from tabstream.train.sharding import (
 )
 from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids, sum_duplicate_rows
-from tabstream.train.tensorflow.optimizers import MultiOptimizer
+from tabstream.train.tensorflow.optimizers import MultiOptimizer, sum_repeated_ids
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
            "TablePlacement", "plan_sharding", "reshard"]
@@ -344,7 +344,8 @@ def _split_optimizer(optimizer: keras.optimizers.Optimizer, shard_paths: set[str
     its optimizers (what checkpoints name them by)."""
     if not isinstance(optimizer, MultiOptimizer):
         config = optimizer.get_config()
-        return optimizer, lambda: type(optimizer).from_config(config), ([0], [0])
+        return (sum_repeated_ids(optimizer), lambda: type(optimizer).from_config(config),
+                ([0], [0]))
     config = optimizer.get_config()
 
     def part(paths: set[str]) -> tuple[dict[str, Any], list[int]]:

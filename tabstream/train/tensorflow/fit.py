@@ -76,6 +76,7 @@ from tabstream.train.loop import LoopOptions, NonFiniteLossError, NothingToTrain
 from tabstream.train.loop import run as run_loop
 from tabstream.train.metrics import log_loss, roc_auc
 from tabstream.train.tensorflow.embeddings import ID_CHECK_MARK
+from tabstream.train.tensorflow.optimizers import sum_repeated_ids
 
 __all__ = [
     "CheckpointError",
@@ -661,7 +662,7 @@ def default_replica_step(model: Any, optimizer: Any, loss_sum: Callable[[Any, An
         # The mean over the global batch: Keras sums the replicas' gradients.
         loss = summed / tf.maximum(total, 1.0)
     grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply(grads, model.trainable_variables)
+    sum_repeated_ids(optimizer).apply(grads, model.trainable_variables)
     return summed, local
 
 

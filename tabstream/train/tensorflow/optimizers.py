@@ -23,7 +23,7 @@ from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow._autograph import no_autograph as _no_autograph
 from tabstream.train.tensorflow.embeddings import sum_duplicate_rows
 
-__all__ = ["LazyAdam", "MultiOptimizer"]
+__all__ = ["LazyAdam", "MultiOptimizer", "sum_repeated_ids"]
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
@@ -216,6 +216,8 @@ class MultiOptimizer(keras.optimizers.Optimizer):
         # saving (sub-optimizers are addressed by class name there, so fresh instances
         # in another process restore into the same slots).
         self._optimizers = optimizers
+        for opt in optimizers:
+            sum_repeated_ids(opt)
         # Bookkeeping lives in a plain object: Keras/TF tracking would otherwise follow
         # the claimed layers and variables from the optimizer.
         self._state = _RoutingState(entries)
@@ -341,10 +343,6 @@ class MultiOptimizer(keras.optimizers.Optimizer):
             groups[self._state.routing[key]][1].append(var)
         for opt, (g, v) in zip(self._optimizers, groups, strict=True):
             if any(x is not None for x in g):
-                if not isinstance(opt, LazyAdam):  # LazyAdam sums repeated ids itself
-                    # Keras' own optimizers take an IndexedSlices' rows as distinct
-                    # ids: a repeated id would get the squares of its parts
-                    g = [sum_duplicate_rows(x) if isinstance(x, tf.IndexedSlices) else x for x in g]
                 opt.apply(g, v)
         self._iterations.assign_add(1)
 
@@ -448,3 +446,31 @@ def _static_claim_paths(claims: Any) -> list[str]:
     for c in claims:
         out.extend(_static_claim_paths(c))
     return out
+
+
+def sum_repeated_ids(optimizer: Any) -> Any:
+    """Make a Keras optimizer update an ``IndexedSlices`` gradient with one row per
+    id (the sum of that id's rows) and return it. Keras' own optimizers (Adagrad,
+    Adam, RMSprop, Ftrl, ...) take the rows as distinct ids, so a repeated id gets
+    the squares of its parts, not the square of its gradient. The rows are summed in
+    ``update_step``, after the replicas' gradients are added up (under a strategy
+    the sum of ``IndexedSlices`` concatenates them: an id repeats across replicas
+    even when each replica's lookups sent it once). :class:`LazyAdam` sums them
+    itself; a :class:`MultiOptimizer` does this to each of its optimizers."""
+    if isinstance(optimizer, MultiOptimizer):
+        for opt in optimizer.optimizers:
+            sum_repeated_ids(opt)
+        return optimizer
+    if isinstance(optimizer, LazyAdam) or getattr(optimizer, "_sums_repeated_ids", False):
+        return optimizer
+    step = optimizer.update_step
+
+    def update_step(gradient: Any, variable: Any, learning_rate: Any) -> Any:
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = sum_duplicate_rows(gradient)
+        return step(gradient, variable, learning_rate)
+
+    # on the instance, past Keras/TF attribute tracking (a function is no state)
+    object.__setattr__(optimizer, "update_step", update_step)
+    object.__setattr__(optimizer, "_sums_repeated_ids", True)
+    return optimizer
