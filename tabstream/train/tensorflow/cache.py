@@ -244,8 +244,8 @@ class CachedEmbeddings(keras.layers.Layer):
         """Have the rows of ``features`` (the next batch) that the cache lacks read in
         a background thread (:meth:`ParameterServer.read_ahead`) while the current
         step runs, from the moment the step has looked up its own rows of each table
-        (its update of the table, on the host): the next step's lookups take them
-        from there. Optional; the answers are the same without it.
+        (its update of the table, on the host, which reads ahead the ids the cache
+        lacks then): the next step's lookups take them from there. Optional; the answers are the same without it.
         :func:`~tabstream.train.tensorflow.fit` calls it with each next batch.
 
             emb.prefetch(next_features)       # before the current step
@@ -263,10 +263,7 @@ class CachedEmbeddings(keras.layers.Layer):
             for table, parts in by_table.items():
                 uniq = np.unique(np.concatenate(parts))
                 n = self._tables[table].cardinality
-                uniq = uniq[(uniq >= 0) & (uniq < n)]
-                missing = uniq[self._caches[table].find(uniq) < 0]
-                if len(missing):
-                    upcoming[table] = missing
+                upcoming[table] = uniq[(uniq >= 0) & (uniq < n)]
             self._upcoming = upcoming
 
     def subset(self, feature_names: Any) -> _CachedSubset:
@@ -333,7 +330,9 @@ class CachedEmbeddings(keras.layers.Layer):
             self._pinned[table].clear()
             upcoming = self._upcoming.pop(table, None)
             if upcoming is not None:  # the step's lookups are done: read the next batch's
-                self.ps.read_ahead(table, upcoming)
+                missing = upcoming[cache.find(upcoming) < 0]  # ids this step left uncached
+                if len(missing):
+                    self.ps.read_ahead(table, missing)
             return new[np.searchsorted(np.unique(ids), ids)]
 
     def apply_gradients(self, grads: Mapping[str, Any]) -> None:
