@@ -126,28 +126,27 @@ def test_fit_prefetches_the_next_batch_and_trains_exactly_as_without(tmp_path):
 
 
 def test_prefetch_hands_the_cache_misses_of_the_next_batch(tmp_path):
-    """Each read ahead is the next batch's ids that the cache did not hold when it
-    was handed over (computed here from the batch and the cache's rows)."""
-    data = batches(1, n=4)
-    ps, emb, model, opt = build(tmp_path / "ps")
-    seen = []
-    real_prefetch = emb.prefetch
-
-    def prefetch(features):
-        c1 = np.unique(features["C1"].numpy())
-        cached = {int(i) for i in emb._caches["C1"].keys if i >= 0}
-        seen.append(np.array([i for i in c1 if int(i) not in cached]))
-        real_prefetch(features)
-
-    emb.prefetch = prefetch
+    """Each read ahead of C1 is the next batch's ids that no batch up to the current
+    one had (a cache as large as the table keeps every row it read; the misses
+    are taken after the current forward has read its own rows)."""
+    data = batches(1, n=5)
+    configs = table_configs_from_schema(SCHEMA.without(["click"]), dim=8)
+    ps = ParameterServer(tmp_path / "ps", configs, storage="disk", optimizer="adam", lr=0.05)
     calls = counting(ps)
-    fit(model, data, opt, epochs=1, progress=False)
-    assert len(seen) == len(data) - 1  # every batch but the first is handed ahead
-    c1_calls = [ids for t, ids in calls if t == "C1"]
-    expected = [m for m in seen if len(m)]
-    assert len(c1_calls) == len(expected)
-    for got, want in zip(c1_calls, expected):
-        np.testing.assert_array_equal(np.sort(got), np.sort(want))
+    torch.manual_seed(0)
+    model = DLRM(SCHEMA, embedding_dim=8, embeddings=CachedEmbeddings(ps, cache_rows=60))
+    fit(model, data, torch.optim.Adam(model.parameters(), lr=0.01), progress=False)
+    ids = [np.unique(f["C1"].numpy()) for f, _ in data]
+    expected, seen = [], ids[0]
+    for nxt in ids[1:]:
+        new = np.setdiff1d(nxt, seen)
+        if len(new):
+            expected.append(new)
+        seen = np.union1d(seen, nxt)
+    got = [ids for t, ids in calls if t == "C1"]
+    assert len(got) == len(expected) > 0
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
 
 
 def test_nan_stop_with_prefetch_leaves_the_server_as_without(tmp_path):
@@ -164,3 +163,22 @@ def test_nan_stop_with_prefetch_leaves_the_server_as_without(tmp_path):
         assert bool(calls) == prefetching
         states.append((ps, model))
     assert_same(*states[0], *states[1])
+
+
+def test_the_next_batch_is_handed_over_after_the_current_forward(tmp_path):
+    """A read ahead is taken by the next lookup of its table: handed over before
+    the current forward, that forward would take it and the next batch would read
+    its rows again. So each step runs: forward, then the next batch's prefetch."""
+    data = batches(3, n=4)
+    ps, emb, model, opt = build(tmp_path / "ps")
+    events = []
+    real_prefetch = emb.prefetch
+
+    def prefetch(features):
+        events.append("prefetch")
+        real_prefetch(features)
+
+    emb.prefetch = prefetch
+    emb.register_forward_pre_hook(lambda module, args: events.append("forward"))
+    fit(model, data, opt, progress=False)
+    assert events == ["forward", "prefetch"] * (len(data) - 1) + ["forward"]
