@@ -11,6 +11,7 @@ the two ``fit`` loops cannot drift apart::
     run(trainer, loader, options)
       resume?  trainer.load() -> loop state -> where to start (epoch, batches to skip, pass)
       for each epoch:  loader.set_epoch(e); skip batches already trained
+          trainer.prefetch(next batch)   (trainers with ``prefetches``: a cache's rows read ahead)
           trainer.step(batch) -> Step(loss_sum, rows, finite on every worker)
           every checkpoint_every steps: trainer.save(loop state)
       epoch end: sums over workers, trainer.evaluate(valid), history, trainer.save(...)
@@ -116,6 +117,9 @@ class Trainer(Protocol):
     def step(self, batch: Any, where: str) -> Step: ...
     def all_sum(self, values: list[float]) -> list[float]: ...
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]: ...
+    # optional: ``prefetches`` (True when the model reads rows ahead, a parameter
+    # server's cache) and ``prefetch(next_batch)``, called before the step of the
+    # batch before it (see :func:`_with_next`)
 
 
 @dataclass
@@ -288,6 +292,24 @@ def _postfix(bar: Any, loss: float, rate: float) -> None:
     bar.set_postfix({"loss": f"{loss:.4f}", "samples/s": f"{rate:,.0f}"}, refresh=False)
 
 
+_END = object()
+
+
+def _with_next(batches: Iterable[Any], ahead: bool) -> Iterable[tuple[Any, Any]]:
+    """``(batch, the batch after it or None)``: one batch is held ahead when
+    ``ahead`` (so the trainer can read the next batch's rows during this step)."""
+    if not ahead:
+        for batch in batches:
+            yield batch, None
+        return
+    it = iter(batches)
+    batch = next(it, _END)
+    while batch is not _END:
+        upcoming = next(it, _END)
+        yield batch, (None if upcoming is _END else upcoming)
+        batch = upcoming
+
+
 def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> dict[str, list[float]]:
     """Train with ``trainer`` over ``train_loader`` as ``options`` say; return the
     history (:mod:`tabstream.train.history`). Every worker calls it with the same
@@ -333,6 +355,7 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
             )
 
     core = loader_core(train_loader)
+    prefetch = getattr(trainer, "prefetch", None) if getattr(trainer, "prefetches", False) else None
 
     def checkpoint(epoch: int, step: int) -> None:
         if not writes:
@@ -365,10 +388,12 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
         shown = started
         step = -1
         try:
-            for step, batch in enumerate(train_loader):
+            for step, (batch, upcoming) in enumerate(_with_next(train_loader, prefetch is not None)):
                 if step < skip:  # trained before the checkpoint we resumed from
                     continue
                 where = f"at epoch {epoch + 1}/{epochs}, step {step + 1}"
+                if prefetch is not None and upcoming is not None:
+                    prefetch(upcoming)  # its rows are read while this step runs
                 result = trainer.step(batch, where)
                 if not result.finite:  # every worker knows: all stop together, none hangs
                     applied = "" if result.applied else "; this step was not applied"

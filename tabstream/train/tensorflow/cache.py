@@ -171,6 +171,8 @@ class CachedEmbeddings(keras.layers.Layer):
             self._tables[cfg.name] = _CachedTable(self, cfg, var)
         self._pinned: dict[str, set[int]] = {c.name: set() for c in self.configs}
         self._pinning = False  # set per call: training lookups pin their slots for the step
+        #: table -> the next batch's ids the cache lacked (prefetch), read ahead at its apply
+        self._upcoming: dict[str, np.ndarray] = {}
         self._host_lock = threading.Lock()
         self._load_error: Exception | None = None
         self.built = True
@@ -238,6 +240,32 @@ class CachedEmbeddings(keras.layers.Layer):
         finally:
             self._pinning = False
 
+    def prefetch(self, features: Features) -> None:
+        """Have the rows of ``features`` (the next batch) that the cache lacks read in
+        a background thread (:meth:`ParameterServer.read_ahead`) while the current
+        step runs, from the moment the step has looked up its own rows of each table
+        (its update of the table, on the host, which reads ahead the ids the cache
+        lacks then): the next step's lookups take them from there. Optional; the answers are the same without it.
+        :func:`~tabstream.train.tensorflow.fit` calls it with each next batch.
+
+            emb.prefetch(next_features)       # before the current step
+            fit's step on features            # reads the next batch's misses meanwhile
+
+        Ids of every layout are read as given (a padded list's padding too: a few
+        extra rows read); ids outside a table are left to the step to refuse."""
+        by_table: dict[str, list[np.ndarray]] = {}
+        for feature, table in self._feature_to_table.items():
+            ids = _host_ids(feature, features)
+            if ids is not None:
+                by_table.setdefault(table, []).append(ids)
+        upcoming = {}
+        with self._host_lock:
+            for table, parts in by_table.items():
+                uniq = np.unique(np.concatenate(parts))
+                n = self._tables[table].cardinality
+                upcoming[table] = uniq[(uniq >= 0) & (uniq < n)]
+            self._upcoming = upcoming
+
     def subset(self, feature_names: Any) -> _CachedSubset:
         """A view serving only ``feature_names`` (each tower of a two-tower model
         looks up its own features); the rows, the cache and the server stay this
@@ -300,6 +328,11 @@ class CachedEmbeddings(keras.layers.Layer):
                                    "during the step")
             new = self.ps.apply(table, ids, grads)  # in the order of np.unique(ids)
             self._pinned[table].clear()
+            upcoming = self._upcoming.pop(table, None)
+            if upcoming is not None:  # the step's lookups are done: read the next batch's
+                missing = upcoming[cache.find(upcoming) < 0]  # ids this step left uncached
+                if len(missing):
+                    self.ps.read_ahead(table, missing)
             return new[np.searchsorted(np.unique(ids), ids)]
 
     def apply_gradients(self, grads: Mapping[str, Any]) -> None:
@@ -393,6 +426,23 @@ class _CachedSubset:
 
     def __call__(self, features: Features, training: bool | None = None) -> dict[str, tf.Tensor]:
         return self.base(features, only=self.names, training=training)
+
+
+def _host_ids(feature: str, features: Features) -> np.ndarray | None:
+    """The ids of ``feature`` in a batch as flat int64 numpy (a ragged pair's values,
+    a padded pair's ids), None when the batch lacks it or they are not integers."""
+    x = features.get(feature)
+    if x is None:
+        x = features.get(feature + VALUES_SUFFIX)
+    if isinstance(x, (tuple, list)) and x:
+        x = x[0]
+    x = getattr(x, "flat_values", x)  # a tf.RaggedTensor
+    if x is None:
+        return None
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        return None
+    return arr.reshape(-1).astype(np.int64, copy=False)
 
 
 def cached_layers(model: Any) -> list[CachedEmbeddings]:

@@ -704,6 +704,9 @@ class _KerasTrainer:
         self.compiled: Any = None
         self.ready = False
         self.resume_note: str | None = None
+        #: what reads the next batch's rows during a step (a ParameterServer's cache)
+        self._readers = _prefetchers(model)
+        self.prefetches = bool(self._readers)
         if model.built:
             self.build(None)
         elif hasattr(model, "example_batch"):  # the bundled models: build before any resume
@@ -758,6 +761,13 @@ class _KerasTrainer:
     def begin_epoch(self) -> None:
         """Nothing to switch: Keras layers take ``training`` per call (torch's
         trainer sets train mode here)."""
+
+    def prefetch(self, batch: Any) -> None:
+        """The loop hands the next batch before this step: the caches read its rows
+        they lack while this step runs (:meth:`CachedEmbeddings.prefetch`)."""
+        features, _ = _unpack(batch, "fit")
+        for read_ahead in self._readers:
+            read_ahead(features)
 
     def _compiled_step(self, features: Any, labels: Any) -> Any:
         """The compiled step for batches like this one, kept with the model (a
@@ -841,6 +851,19 @@ class _KerasTrainer:
 
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
         return evaluate(self.model, loader, loss_fn=self.loss_fn, strategy=self.strategy)
+
+
+def _prefetchers(model: Any) -> list[Any]:
+    """What reads a batch's rows ahead: the model's ``fit_prefetch(features)`` when
+    it has one, else each :class:`CachedEmbeddings`' ``prefetch``."""
+    hook = getattr(model, "fit_prefetch", None)
+    if callable(hook):
+        return [hook]
+    if not isinstance(model, keras.Model):
+        return []
+    from tabstream.train.tensorflow.cache import cached_layers
+
+    return [layer.prefetch for layer in cached_layers(model)]
 
 
 def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, int] | None:

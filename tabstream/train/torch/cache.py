@@ -151,9 +151,14 @@ class CachedEmbeddings(nn.Module):
         batch) that the cache does not hold, while the current step runs: the next
         forward takes them from there (:meth:`ParameterServer.read_ahead`) instead
         of reading them then. Optional; the answers are the same without it.
+        :func:`~tabstream.train.torch.fit` calls it with each next batch.
 
-            emb.prefetch(next_features)       # before the current step's forward
-            loss = loss_fn(model(features), labels); loss.backward(); optimizer.step()
+            logits = model(features)          # the current step's rows are read
+            emb.prefetch(next_features)       # after its forward: a forward takes
+            loss = loss_fn(logits, labels); loss.backward(); optimizer.step()
+
+        (Called before the current forward, that forward's reads would take the read
+        ahead, one-shot, and the next batch's rows would be read again.)
 
         Under several ranks it does nothing (the owners read the rows)."""
         if self._ranks is not None:
@@ -164,6 +169,8 @@ class CachedEmbeddings(nn.Module):
             by_table.setdefault(table, []).append(ids.reshape(-1).to(torch.long).cpu().numpy())
         for table, parts in by_table.items():
             uniq = np.unique(np.concatenate(parts))
+            # ids outside the table are left to the step that trains them to refuse
+            uniq = uniq[(uniq >= 0) & (uniq < self._config_by_name[table].cardinality)]
             missing = uniq[self._caches[table].find(uniq) < 0]
             if len(missing):
                 self.ps.read_ahead(table, missing)

@@ -369,6 +369,11 @@ class _TorchTrainer:
         self._resumed_inside: tuple[int, int, Path] | None = None
         #: what loading did to the model's state, for the loop's resume line (resharding)
         self.resume_note: str | None = None
+        #: the modules reading the next batch's rows ahead (CachedEmbeddings), and the
+        #: next batch's features, handed to them once this step's forward is done
+        self._readers = _prefetchers(model)
+        self.prefetches = bool(self._readers)
+        self._upcoming: Mapping[str, Any] | None = None
 
     def check_writable(self) -> None:
         assert self.checkpoint_path is not None
@@ -439,11 +444,21 @@ class _TorchTrainer:
     def begin_epoch(self) -> None:
         self.model.train()
 
+    def prefetch(self, batch: Any) -> None:
+        """The loop hands the next batch before this step: its rows are read ahead
+        once this step's forward has read its own (a read ahead is taken by the
+        next lookup of its table)."""
+        self._upcoming = unpack_batch(batch, "fit")[0]
+
     def step(self, batch: Any, where: str) -> Step:
         features, labels = unpack_batch(batch, "fit")
         features, labels = move_to_device(features, self.device), move_to_device(labels, self.device)
         labels_bad = _nonfinite_labels(labels)
         loss, _ = _loss(self.model, features, labels, self.loss_fn)
+        upcoming, self._upcoming = self._upcoming, None
+        if upcoming is not None:
+            for read_ahead in self._readers:
+                read_ahead(upcoming)
         value = float(loss.detach())
         size = _batch_size(features, labels)
         global_size, finite, labels_ok = _agree_on_step(value, size, labels_bad)
@@ -497,6 +512,17 @@ def data_identity(loader: Any) -> str | None:
     (:func:`tabstream.train.checks.data_files`), so that a file rewritten in place
     is other data; ``None`` (unknown) for other iterables."""
     return _identity(loader, data_files(loader))
+
+
+def _prefetchers(model: nn.Module) -> list[Any]:
+    """What reads a batch's rows ahead: the model's ``fit_prefetch(features)`` when
+    it has one, else each :class:`CachedEmbeddings`' ``prefetch``."""
+    hook = getattr(model, "fit_prefetch", None)
+    if callable(hook):
+        return [hook]
+    from tabstream.train.torch.cache import CachedEmbeddings
+
+    return [m.prefetch for m in model.modules() if isinstance(m, CachedEmbeddings)]
 
 
 def _step(optimizer: Any) -> None:
