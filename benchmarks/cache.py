@@ -23,7 +23,7 @@ faults per step (``getrusage`` over the timed steps: on a machine loaded by
 others these compare better than wall time), the cache hit rate, its peak RSS
 (``ru_maxrss``) and, for the disk server, the bytes its files really occupy
 (``st_blocks``) against their apparent size. The cached setups call
-``CachedEmbeddings.prefetch`` with the next batch at the start of each step
+``CachedEmbeddings.prefetch`` with the next batch after each step's forward
 (``--prefetch 0``: off). ``--repeats N`` alternates the setups N times and
 prints medians, the ratios and the load average before each run; ``--profile 1``
 prints each child's cProfile of the timed steps (where the time goes).
@@ -266,12 +266,15 @@ def child(setup: str, args: argparse.Namespace, workdir: str) -> dict:
             if profiler is not None:
                 profiler.enable()
         start = time.perf_counter()
-        if emb is not None and nxt is not None and args.prefetch:
-            emb.prefetch(nxt[0])  # the next batch's misses are read during this step
         features, labels = batch
         for o in optimizers:
             o.zero_grad()
         loss = F.binary_cross_entropy_with_logits(model(features), labels)
+        if emb is not None and nxt is not None and args.prefetch:
+            # after this step's lookups (a read ahead serves the table's next lookup:
+            # given before the forward, this step's own lookup would take it), as
+            # fit does: the next batch's misses are read during backward and the update
+            emb.prefetch(nxt[0])
         loss.backward()
         with torch.sparse.check_sparse_tensor_invariants(enable=False):
             for o in optimizers:
