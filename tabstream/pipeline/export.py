@@ -403,7 +403,7 @@ def _unfit_value(values: pa.ChunkedArray, arrow_type: pa.DataType) -> str:
         try:
             return _overflowed(pa.chunked_array([part]), pa.chunked_array([part.cast(arrow_type, safe=True)]))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return True
+            return True  # the checked cast refused a value of this part: it is in here
 
     for chunk in values.chunks:
         if not fails(chunk):

@@ -21,6 +21,7 @@ The writer is :mod:`tabstream.pipeline.export`, the reader
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -515,10 +516,8 @@ def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     else:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # gone already: what was asked
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 _OWNER_TEXT = owner_pattern("", r"[0-9a-f]{12}")  # the text of a lock
@@ -617,7 +616,7 @@ class PublishInto:
             try:
                 os.link(aside, self.lock)  # put it back
             except FileExistsError:
-                pass
+                pass  # a third export took the lock meanwhile: it holds the folder now
             os.unlink(aside)
             return "another export"
         os.unlink(aside)
@@ -633,7 +632,7 @@ class PublishInto:
             if mine:
                 os.unlink(self.lock)
         except FileNotFoundError:
-            pass
+            pass  # removed already (broken as stale by another export): nothing held
 
     # -- the steps ------------------------------------------------------------
     def begin(self) -> str:

@@ -335,7 +335,7 @@ class _Source:
 
     def has(self, key: str) -> bool:
         while key not in self.chunks and self._more():
-            pass
+            continue  # each call indexes one more worker part's arrays
         return key in self.chunks
 
     def size(self, key: str) -> tuple[int, ...]:
