@@ -18,6 +18,15 @@ in a fresh process (so peak RSS is the case's own, from the kernel's ``ru_maxrss
   ``DataLoader(batch_size=B, shuffle=True)``. It holds the whole frame in memory and
   is slow, so it runs on the first --handwritten-rows rows; its rate is compared.
 
+One-process mode (``--one-process``, issue 34 item 5): ``raw`` and ``torch``
+alternately in this process, ``--repeats`` times each after one warm-up of each,
+the ``Dataset`` and ``Loader`` built inside the timing (as a user's epoch loop
+does); medians of wall and CPU seconds and the torch/raw rate ratio. A fresh
+process per run (the default mode) charges the raw read with its first-touch page
+faults; a warm process does not, which is the comparison a training loop sees::
+
+    python benchmarks/loader.py --rows 2000000 --batch-sizes 65536 --one-process --repeats 5
+
 Multi-hot mode (``--multi-hot``, issue 14): ``generate_data("multi-hot", rows,
 slots=100, nnz=10, vocabulary=8192)`` written once as plain ``list<list<int64>>``
 parquet, seen through two schemas: one giving the shape ``[None, 100, 10]``
@@ -429,6 +438,54 @@ def _load_note(when: str) -> str:
     return f"load average {when}: {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
+def main_one_process(data: str, batch_size: int, repeats: int) -> None:
+    """``raw`` and ``torch`` alternately in this process (see the module doc)."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from tabstream import Dataset
+    from tabstream.loaders.torch import Loader
+
+    torch.set_num_threads(1)
+
+    def raw() -> tuple[int, float]:
+        rows = 0
+        for path in _files(data):
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+                arrays = [col.to_numpy() for col in batch.columns]
+                rows += len(arrays[0])
+        return rows, 0.0
+
+    def loader() -> tuple[int, float]:
+        start = time.perf_counter()
+        rows, first = 0, 0.0
+        for _features, labels in Loader(Dataset(data), batch_size, shuffle=True, seed=0):
+            if not rows:
+                first = time.perf_counter() - start
+            rows += len(labels)
+        return rows, first
+
+    cases = {"raw": raw, "torch": loader}
+    for fn in cases.values():  # warm-up: imports, page cache, allocator
+        fn()
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
+    print(_load_note("before"), flush=True)
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            wall, cpu = time.perf_counter(), _cpu_s()
+            rows, first = fn()
+            runs[name].append((time.perf_counter() - wall, _cpu_s() - cpu, first))
+    print(_load_note("after"), flush=True)
+    wall = {name: median([r[0] for r in runs[name]]) for name in cases}
+    for name in cases:
+        print(f"  {name:<6} batch {batch_size}: wall {wall[name]:.3f} s (runs: "
+              + ", ".join(f"{r[0]:.3f}" for r in runs[name])
+              + f"), CPU {median([r[1] for r in runs[name]]):.3f} s"
+              + (f", set-up + first batch {median([r[2] for r in runs[name]]):.3f} s"
+                 if name == "torch" else ""), flush=True)
+    print(f"  torch / raw rate: {wall['raw'] / wall['torch']:.2f}x")
+
+
 def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--child", case, "--data-dir", data,
             "--batch-sizes", str(batch_size), "--handwritten-rows", str(limit)]
@@ -460,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows the hand-written DataLoader reads (it holds them all)")
     parser.add_argument("--data-dir", help="default: bench_data/loader-<rows>")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--one-process", action="store_true",
+                        help="raw and torch alternately in this process (see the module doc)")
     parser.add_argument("--child", choices=CASES + MH_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -493,6 +552,12 @@ def main(argv: list[str] | None = None) -> None:
                         "--row-group-size", str(args.row_group_size), "--data-dir", data],
                        check=True)
     print(machine_note())
+    if args.one_process:
+        print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} alternating runs "
+              "in one process", flush=True)
+        for batch_size in args.batch_sizes:
+            main_one_process(data, batch_size, args.repeats)
+        return
     print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} runs, each in a fresh "
           "process", flush=True)
 
