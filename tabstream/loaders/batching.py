@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tabstream.loaders.layout import (
     Batch,
@@ -27,6 +26,7 @@ from tabstream.loaders.layout import (
     ragged,
     ragged_nested,
     resize,
+    take_lists,
 )
 from tabstream.loaders.memory import BatchPool, Recycler, empty, permutation
 
@@ -141,8 +141,15 @@ def _copy_rows(col: Any, builder: BatchBuilder, name: str, at: int,
                rows: np.ndarray | slice) -> None:
     """Rows ``rows`` of a chunk piece's column into ``builder`` from its row ``at``."""
     if isinstance(col, pa.Array):
-        builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
-                                   if isinstance(rows, slice) else pc.take(col, rows))
+        if builder.order is not None and not isinstance(rows, slice):
+            # shuffled: the rows are taken once, in the batch's own order, when the
+            # batch is complete (BatchBuilder.permute), straight from the chunks'
+            # columns: a take in storage order, then a concatenation and a take in
+            # the batch's order were two more copies of every value
+            builder.lists[name].append((col, at, rows))
+        else:
+            builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
+                                       if isinstance(rows, slice) else take_lists(col, rows))
     elif builder.dest is not None:
         # shuffled within: the rows go straight to their places in the batch's own
         # order (an in-order gather, then a scatter inside the batch), one pass
@@ -203,7 +210,8 @@ class BatchBuilder:
         self.blocks = blocks or {}
         self.held: dict[int, np.ndarray] = {}
         self.out: dict[str, np.ndarray] = {}
-        self.lists: dict[str, list[pa.Array]] = {n: [] for n in lists}
+        # list columns: arrow arrays, or (chunk column, at, rows) while shuffled (_copy_rows)
+        self.lists: dict[str, list[Any]] = {n: [] for n in lists}
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if self.pool is not None:
@@ -242,8 +250,16 @@ class BatchBuilder:
                 arr.take(order, axis=axis, out=tmp, mode="clip")
                 arr[...] = tmp
         for name, parts in self.lists.items():
+            if parts and isinstance(parts[0], tuple):  # (chunk column, at, rows): see _copy_rows
+                parts = sorted(parts, key=lambda part: part[1])
+                bases = np.cumsum([0] + [len(col) for col, _, _ in parts])
+                assembled = np.concatenate([rows + base
+                                            for (_, _, rows), base in zip(parts, bases, strict=False)])
+                self.lists[name] = [take_lists([col for col, _, _ in parts], assembled[order],
+                                               self.pool)]
+                continue
             col = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
-            self.lists[name] = [pc.take(col, pa.array(order))]
+            self.lists[name] = [take_lists(col, order)]
 
 
 def batch_rows_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:

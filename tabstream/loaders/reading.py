@@ -25,7 +25,7 @@ from tabstream.core.dtypes import is_list_type
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.schema import Schema
 from tabstream.loaders import plan
-from tabstream.loaders.layout import Layout, column_layout, numbers
+from tabstream.loaders.layout import Layout, column_layout, numbers, take_lists
 from tabstream.loaders.memory import Recycler, decoded_sizes, empty, permutation, sorted_copy
 from tabstream.loaders.source import ParquetSource
 
@@ -315,7 +315,7 @@ class RowGroupReader:
             elif isinstance(rows, slice):
                 out[name] = arr.slice(rows.start, rows.stop - rows.start)
             else:
-                out[name] = pc.take(arr, rows)
+                out[name] = take_lists(arr, rows)
         return out
 
     def _transform(self, table: pa.Table, row_group: int, path: str) -> pa.Table:
