@@ -49,7 +49,7 @@ def test_disk_files_are_sparse_until_rows_are_touched(tmp_path):
     ps.apply("C1", [5, 1_999_999], np.ones((2, 16), np.float32))
     ps.flush()
     # one record per row: weight (16), adagrad state (16), version (2 float32 slots)
-    st = os.stat(tmp_path / "ps" / "C1.rows.f32")
+    st = os.stat(tmp_path / "ps" / "C1.slots.f32")
     assert st.st_size == 2_000_000 * (16 + 16 + 2) * 4
     assert st.st_blocks * 512 < 1 << 20  # a few pages, not 272 MB
 
@@ -133,8 +133,8 @@ def test_bad_inputs_are_refused_with_clear_messages(tmp_path):
     with pytest.raises(DataError, match="holds no parameter server"):
         ParameterServer.open(tmp_path / "nothing")
     ps.close()  # the folder is locked while open
-    (tmp_path / "ps" / "C1.rows.f32").write_bytes(b"\0" * 10)
-    with pytest.raises(DataError, match=r"C1.rows.f32 has 10 bytes, expected 40000 \(1000 "
+    (tmp_path / "ps" / "C1.slots.f32").write_bytes(b"\0" * 10)
+    with pytest.raises(DataError, match=r"C1.slots.f32 has 10 bytes, expected 40000 \(1000 "
                                         r"records of 10 float32\)"):
         ParameterServer.open(tmp_path / "ps")
 
