@@ -30,34 +30,40 @@ cache of hot rows in front of it:
 
 Layout of ``path`` (disk storage)::
 
-    _server.json        settings, tables, and the last committed mark (written atomically)
-    C1.rows.f32         one record per row, a sparse file: the weight (dim float32), the
-                        optimizer state (adagrad: sum of squares; adam: m then v), then
-                        the update counter when it last changed (int64; 0: never)
+    _server.json        settings, tables, and the last committed mark (written atomically;
+                        the mark holds each table's slot count)
+    C1.slots.f32        the records of the rows ever written, packed in slots given out
+                        in first-write order: the weight (dim float32), the optimizer
+                        state (adagrad: sum of squares; adam: m then v), then the update
+                        counter when it last changed (int64); a sparse file
+    C1.slots.i64        the id of each slot, in slot order
     C1.changes.i64      per commit, the ids it changed (for export_delta and touched)
-    _undo/from_<n>.log  the previous values of rows changed after mark n
+    _undo/from_<n>.log  the previous values of committed rows changed after mark n
 
 A row, its state and its version are adjacent: a lookup or an update is one
-read of one place per row (format 1 kept them in three files, three page faults
-per row; ``open`` upgrades such a folder in place).
+read of one place per row. Packed records keep a commit's write-out near the
+bytes changed: with a record at ``id * width`` (format 2, which ``open`` upgrades
+in place, as format 1's three files per table) every scattered row updated
+between two commits dirtied a page of its own.
 
 Why a row costs nothing until it is touched: its initial value is a hash of
-(seed, table, row, column), computed when the row is read, and nothing is written
-for it until it is updated; the files are created with ``truncate``, so the
-filesystem stores holes for the untouched parts (``os.stat(...).st_blocks``).
+(seed, table, row, column), computed when the row is read, and nothing is stored
+for it until it is updated (it has no slot; the slot index says so without a
+read).
 
-Crash safety: before a row is overwritten its old value is appended to the undo
-log; :meth:`flush` commits a mark (the records are synced, the ids changed since
-the last mark are appended to the change log, the log restarts).
-:meth:`open` rolls back everything after the last mark, so a server killed at any
-point (``kill -9`` included) reopens exactly as it was at its last ``flush``.
-The log of the interval before the last mark is kept too, so that a training
-checkpoint written just before that mark can still be matched
+Crash safety: before a committed row is overwritten its old value is appended to
+the undo log; :meth:`flush` commits a mark (the records and slot ids are synced,
+the ids changed since the last mark are appended to the change log, the log
+restarts). :meth:`open` rolls back everything after the last mark (rows first
+written after it go with their slots: the mark's slot count is kept), so a
+server killed at any point (``kill -9`` included) reopens exactly as it was at
+its last ``flush``. The log of the interval before the last mark is kept too, so
+that a training checkpoint written just before that mark can still be matched
 (:meth:`rollback_to`).
 
 Why memory maps rather than an embedded key-value store: rows are fixed-size and
-addressed by a dense integer id, so a file offset is the index; reads and writes
-are vectorized numpy gathers/scatters of sorted ids. Pages the process touched count in its
+addressed by a dense integer slot, so a file offset is the index; reads and writes
+are vectorized numpy gathers/scatters. Pages the process touched count in its
 resident size until released, so the maps are released (``madvise(DONTNEED)``,
 their data stays in the page cache and the files) whenever ``release_bytes`` of
 rows have been touched since the last release.
