@@ -321,3 +321,47 @@ def test_resident_memory_follows_touched_rows_not_the_table(tmp_path, storage, k
     # about 3 pages of 4 KB per touched row (weight, state, version) at most
     assert grown_mb < touched * 3 * 4 / 1024 + 16, (grown_mb, table_mb)
     np.testing.assert_array_equal(ps.touched("C1"), np.sort(ids))
+
+
+_NEW_ROWS_THEN_KILLED = textwrap.dedent("""
+    import os, signal, sys, numpy as np
+    from tabstream.train.cache_store import ParameterServer
+    from tabstream.train.tables import TableConfig
+    ps = ParameterServer(sys.argv[1], [TableConfig("C1", 1000, 4, ("C1",))], lr=0.1)
+    ps.apply("C1", [3, 500, 999], np.ones((3, 4), np.float32))
+    ps.flush()
+    # after the mark: rows 3 and 999 rewritten, rows 10 and 20 new (slots after the mark's)
+    ps.apply("C1", [3, 10, 20, 999], np.full((4, 4), 2.0, np.float32))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_rows_first_written_after_the_mark_go_with_their_slots_on_reopen(tmp_path):
+    """kill -9 after new rows were appended past the committed slots: the reopened
+    server has the committed rows, the new ones read as never written; rows written
+    next take those slots again and commit as they should."""
+    script = tmp_path / "killed.py"
+    script.write_text(_NEW_ROWS_THEN_KILLED)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "ps")], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    w = ParameterServer(tmp_path / "ref", configs(), storage="memory").lookup("C1", np.arange(1000))
+    s = np.zeros_like(w)
+    numpy_adagrad(w, s, np.array([3, 500, 999]), np.ones((3, 4), np.float32), 0.1, 1e-10)
+    ids = np.arange(1000)
+    ps = ParameterServer.open(tmp_path / "ps")
+    np.testing.assert_array_equal(ps.lookup("C1", ids), w)
+    np.testing.assert_array_equal(ps.optimizer_state("C1", ids), s)
+    np.testing.assert_array_equal(ps.touched("C1"), [3, 500, 999])
+    ps.apply("C1", [20, 40, 500], np.full((3, 4), 3.0, np.float32))
+    numpy_adagrad(w, s, np.array([20, 40, 500]), np.full((3, 4), 3.0, np.float32), 0.1, 1e-10)
+    ps.flush()
+    ps.close()
+    again = ParameterServer.open(tmp_path / "ps")
+    np.testing.assert_allclose(again.lookup("C1", ids), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(again.optimizer_state("C1", ids), s, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(again.touched("C1"), [3, 20, 40, 500, 999])
+    # five rows ever written: five records of 10 float32 and five ids, nothing for 10
+    assert np.fromfile(tmp_path / "ps" / "C1.slots.i64", np.int64)[:5].tolist() == [3, 500, 999,
+                                                                                    20, 40]
+    again.close()
