@@ -309,8 +309,8 @@ class _Table:
         # growing chunks: 256 KB at first, doubling, at most 64 MB past what is needed
         grown = max(min(2 * self.allocated, self.allocated + (64 << 20) // rb), (256 << 10) // rb)
         target = min(self.cfg.cardinality, max(need, grown))
-        os.posix_fallocate(self.fd, self.allocated * rb, (target - self.allocated) * rb)
-        os.posix_fallocate(self.ids_fd, self.allocated * 8, (target - self.allocated) * 8)
+        _allocate(self.fd, self.allocated * rb, (target - self.allocated) * rb)
+        _allocate(self.ids_fd, self.allocated * 8, (target - self.allocated) * 8)
         self.allocated = target
 
     def cut(self, count: int | None) -> None:
@@ -437,6 +437,18 @@ class _Table:
             if fd is not None:
                 os.close(fd)
                 setattr(self, name, None)
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Disk blocks for ``length`` bytes at ``offset`` (ENOSPC: an ``OSError``)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, offset, length)
+        return
+    # no posix_fallocate (macOS): zeros written where the file has none yet take
+    # the blocks the same way (the region is past every slot given out)
+    block = 1 << 20
+    for at in range(offset, offset + length, block):
+        _pwrite_all(fd, np.zeros(min(block, offset + length - at), np.uint8), at)
 
 
 def _pwrite_all(fd: int | None, array: np.ndarray, at: int) -> None:

@@ -365,3 +365,26 @@ def test_rows_first_written_after_the_mark_go_with_their_slots_on_reopen(tmp_pat
     assert np.fromfile(tmp_path / "ps" / "C1.slots.i64", np.int64)[:5].tolist() == [3, 500, 999,
                                                                                     20, 40]
     again.close()
+
+
+def test_without_posix_fallocate_blocks_are_taken_by_writing_zeros(tmp_path, monkeypatch):
+    """Where os has no posix_fallocate (macOS), the slots' blocks are written as
+    zeros: the rows are those of a memory server given the same updates."""
+    monkeypatch.delattr(os, "posix_fallocate")
+    ps = ParameterServer(tmp_path / "ps", configs(card=100_000, dim=4), storage="disk")
+    ref = ParameterServer(tmp_path / "ref", configs(card=100_000, dim=4), storage="memory")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = rng.integers(0, 100_000, 3000)
+        grads = rng.normal(size=(3000, 4)).astype(np.float32)
+        ps.apply("C1", ids, grads)
+        ref.apply("C1", ids, grads)
+    ps.flush()
+    st = os.stat(tmp_path / "ps" / "C1.slots.f32")
+    assert 0 < st.st_blocks * 512 < 1 << 20  # ~8,000 rows of 40 bytes, in 256 kB chunks
+    ps.close()
+    ps = ParameterServer.open(tmp_path / "ps")
+    ids = np.arange(100_000)
+    np.testing.assert_array_equal(ps.lookup("C1", ids), ref.lookup("C1", ids))
+    np.testing.assert_array_equal(ps.optimizer_state("C1", ids), ref.optimizer_state("C1", ids))
+    ps.close()
