@@ -57,6 +57,7 @@ RUNNABLE = [
     "tabstream.train.checks",
     "tabstream.train.history",
     "tabstream.train.metrics",
+    "tabstream.train.ps_layout",
     "tabstream.train.row_cache",
     "tabstream.train.runner",
     "tabstream.train.sharding",

@@ -30,34 +30,40 @@ cache of hot rows in front of it:
 
 Layout of ``path`` (disk storage)::
 
-    _server.json        settings, tables, and the last committed mark (written atomically)
-    C1.rows.f32         one record per row, a sparse file: the weight (dim float32), the
-                        optimizer state (adagrad: sum of squares; adam: m then v), then
-                        the update counter when it last changed (int64; 0: never)
+    _server.json        settings, tables, and the last committed mark (written atomically;
+                        the mark holds each table's slot count)
+    C1.slots.f32        the records of the rows ever written, packed in slots given out
+                        in first-write order: the weight (dim float32), the optimizer
+                        state (adagrad: sum of squares; adam: m then v), then the update
+                        counter when it last changed (int64); a sparse file
+    C1.slots.i64        the id of each slot, in slot order
     C1.changes.i64      per commit, the ids it changed (for export_delta and touched)
-    _undo/from_<n>.log  the previous values of rows changed after mark n
+    _undo/from_<n>.log  the previous values of committed rows changed after mark n
 
 A row, its state and its version are adjacent: a lookup or an update is one
-read of one place per row (format 1 kept them in three files, three page faults
-per row; ``open`` upgrades such a folder in place).
+read of one place per row. Packed records keep a commit's write-out near the
+bytes changed: with a record at ``id * width`` (format 2, which ``open`` upgrades
+in place, as format 1's three files per table) every scattered row updated
+between two commits dirtied a page of its own.
 
 Why a row costs nothing until it is touched: its initial value is a hash of
-(seed, table, row, column), computed when the row is read, and nothing is written
-for it until it is updated; the files are created with ``truncate``, so the
-filesystem stores holes for the untouched parts (``os.stat(...).st_blocks``).
+(seed, table, row, column), computed when the row is read, and nothing is stored
+for it until it is updated (it has no slot; the slot index says so without a
+read).
 
-Crash safety: before a row is overwritten its old value is appended to the undo
-log; :meth:`flush` commits a mark (the records are synced, the ids changed since
-the last mark are appended to the change log, the log restarts).
-:meth:`open` rolls back everything after the last mark, so a server killed at any
-point (``kill -9`` included) reopens exactly as it was at its last ``flush``.
-The log of the interval before the last mark is kept too, so that a training
-checkpoint written just before that mark can still be matched
+Crash safety: before a committed row is overwritten its old value is appended to
+the undo log; :meth:`flush` commits a mark (the records and slot ids are synced,
+the ids changed since the last mark are appended to the change log, the log
+restarts). :meth:`open` rolls back everything after the last mark (rows first
+written after it go with their slots: the mark's slot count is kept), so a
+server killed at any point (``kill -9`` included) reopens exactly as it was at
+its last ``flush``. The log of the interval before the last mark is kept too, so
+that a training checkpoint written just before that mark can still be matched
 (:meth:`rollback_to`).
 
 Why memory maps rather than an embedded key-value store: rows are fixed-size and
-addressed by a dense integer id, so a file offset is the index; reads and writes
-are vectorized numpy gathers/scatters of sorted ids. Pages the process touched count in its
+addressed by a dense integer slot, so a file offset is the index; reads and writes
+are vectorized numpy gathers/scatters. Pages the process touched count in its
 resident size until released, so the maps are released (``madvise(DONTNEED)``,
 their data stays in the page cache and the files) whenever ``release_bytes`` of
 rows have been touched since the last release.
@@ -87,13 +93,15 @@ import pyarrow.parquet as pq
 
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.jsonfile import read_json_file
+from tabstream.train.ps_layout import SlotIndex
 from tabstream.train.tables import TableConfig
 
 __all__ = ["OPTIMIZERS", "ParameterServer", "STORAGES", "initial_rows", "vocabulary_resets"]
 
 OPTIMIZERS = ("adagrad", "adam")
 STORAGES = ("disk", "memory")
-_FORMAT = "tabstream.ParameterServer/2"
+_FORMAT = "tabstream.ParameterServer/3"
+_FORMAT_V2 = "tabstream.ParameterServer/2"  # a record at id * width; upgraded by open()
 _FORMAT_V1 = "tabstream.ParameterServer/1"  # three files per table; upgraded by open()
 _META = "_server.json"
 _UNDO = "_undo"
@@ -173,18 +181,29 @@ def vocabulary_resets(delta: Any, tables: Mapping[str, Sequence[str]]) -> dict[s
 class _Table:
     """One table's rows: a record per row, ``weight | optimizer state | version``.
 
-    The record of row ``i`` is ``width`` float32 at ``i * width``: the weight
-    (``dim``), the state (``n_state * dim``), padding to an even count, then the
-    row's version (int64 in the last two slots). One read brings a row, its state
-    and whether it was ever written (version 0: never; its values are then the
-    initial ones, computed, not stored).
+    A record is ``width`` float32: the weight (``dim``), the state
+    (``n_state * dim``), padding to an even count, then the row's version (int64
+    in the last two slots). One read brings a row, its state and its version.
 
-    Disk storage keeps the records in ``<name>.rows.f32`` (a sparse file, mapped)
-    and, for :meth:`ParameterServer.export_delta` and ``touched``, the ids changed
-    in each committed interval in ``<name>.changes.i64`` (appended at each flush:
-    scanning it is cheap where reading the version of every record would read
-    the whole table). Memory storage keeps the records in anonymous memory and
-    the versions a second time in a dense array (scanned by its snapshots).
+    Memory storage keeps the record of row ``i`` at ``i`` in anonymous memory (a
+    page is backed once written) and the versions a second time in a dense array
+    (scanned by its snapshots).
+
+    Disk storage packs the records of the rows ever written in ``<name>.slots.f32``,
+    in the order they were first written: a row gets the next free *slot* when it
+    is first written, and ``<name>.slots.i64`` gets its id (the k-th entry is the
+    id of slot k); :class:`SlotIndex` maps ids to slots in memory. Rows never
+    written have no slot and are not read at all. Hot rows, written first, share
+    pages at the front; the rows new in an interval are appended in one run. So a
+    commit interval dirties about ``rows * record size`` bytes instead of a page
+    per row (ids are scattered: with a record at ``id * width`` each updated row
+    had its own 4 KB page, about 30 times the data for a 136-byte record, all
+    written out by the commit's sync). The slot file has the apparent size of a
+    full table (sparse) and is mapped once; its blocks are taken with
+    ``posix_fallocate`` in growing chunks before slots are given out, so a full
+    disk is an ``OSError`` there, never a SIGBUS in a write through the map.
+    ``<name>.changes.i64`` holds the ids changed in each committed interval (for
+    :meth:`ParameterServer.export_delta` and ``touched``).
     """
 
     def __init__(self, cfg: TableConfig, n_state: int, folder: Path | None) -> None:
@@ -193,23 +212,27 @@ class _Table:
         d = cfg.dim
         self.span = d + n_state * d
         self.width = self.span + (self.span % 2) + 2
+        self.record_bytes = self.width * 4
         self._maps: list[mmap.mmap] = []
         self.in_memory = folder is None
         self.fd: int | None = None
+        self.ids_fd: int | None = None
         self.dirty: list[np.ndarray] = []  # ids written since the last commit (disk)
+        self.index = SlotIndex()
+        self.count = 0  # slots given out (disk)
+        self.kept = 0  # slots at the last mark: rewrites of these are logged for undo
+        self.allocated = 0  # slots with disk blocks in both files
         n = cfg.cardinality
         if folder is None:  # host memory: zeroed pages are only backed once written
             self.rec = self._anonymous(np.float32, (n, self.width))
             self.version_array = self._anonymous(np.int64, (n,))
-            self.path = self.changes_path = None
+            self.path = self.ids_path = self.changes_path = None
         else:
-            self.path = folder / f"{cfg.name}.rows.f32"
+            self.path = folder / f"{cfg.name}.slots.f32"
+            self.ids_path = folder / f"{cfg.name}.slots.i64"
             self.changes_path = folder / f"{cfg.name}.changes.i64"
             self.rec = self._map(self.path, (n, self.width))
-            # one bit per row: may the row have been written (its record has blocks)?
-            # Rows never written are not read: a read of a hole through the map costs
-            # a page, and on a full tmpfs it is answered with SIGBUS
-            self.written = self._anonymous(np.uint8, ((n + 7) // 8,))
+            self.ids_fd = os.open(self.ids_path, os.O_RDWR | os.O_CREAT, 0o644)
 
     # -- memory ----------------------------------------------------------------
 
@@ -243,32 +266,78 @@ class _Table:
             raise
         self.fd = fd
         if hasattr(mmap, "MADV_RANDOM"):
-            # rows are read by scattered ids: without this every fault also maps (and
+            # rows are read by scattered slots: without this every fault also maps (and
             # reads ahead) its neighbours, which multiplied the resident size by ~4
             mm.madvise(mmap.MADV_RANDOM)
         self._maps.append(mm)
         return np.frombuffer(mm, dtype=np.float32).reshape(shape)
 
+    # -- slots (disk) ------------------------------------------------------------
+
+    def open_slots(self, count: int) -> None:
+        """Take the first ``count`` slots of the files (the committed ones) as the
+        table's; later entries of the id file are left over from after the mark."""
+        assert self.ids_fd is not None
+        have = os.fstat(self.ids_fd).st_size // 8
+        if have < count:
+            raise DataError(
+                f"parameter server file {self.ids_path} holds {have} slot ids, its last "
+                f"commit has {count}; the folder is damaged",
+                hint="restore the folder from a copy, or start a new server")
+        data = os.pread(self.ids_fd, 8 * count, 0) if count else b""
+        ids = np.frombuffer(data, np.int64).copy()
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.cfg.cardinality):
+            raise DataError(f"parameter server file {self.ids_path} holds ids outside the "
+                            f"table's {self.cfg.cardinality} rows; the folder is damaged",
+                            hint="restore the folder from a copy, or start a new server")
+        self.index = SlotIndex(ids)
+        self.count = self.kept = self.allocated = count
+        self.dirty = []
+
+    def slots(self, ids: np.ndarray) -> np.ndarray:
+        """The slot of each of rows ``ids``, -1 for rows never written."""
+        return self.index.find(ids)
+
+    def prepare(self, new: int) -> None:
+        """Give disk blocks to ``new`` more slots (in both files) before they are
+        given out; a full disk raises ``OSError`` (ENOSPC) here and changes nothing."""
+        need = self.count + new
+        if self.in_memory or need <= self.allocated:
+            return
+        assert self.fd is not None and self.ids_fd is not None
+        rb = self.record_bytes
+        # growing chunks: 256 KB at first, doubling, at most 64 MB past what is needed
+        grown = max(min(2 * self.allocated, self.allocated + (64 << 20) // rb), (256 << 10) // rb)
+        target = min(self.cfg.cardinality, max(need, grown))
+        _allocate(self.fd, self.allocated * rb, (target - self.allocated) * rb)
+        _allocate(self.ids_fd, self.allocated * 8, (target - self.allocated) * 8)
+        self.allocated = target
+
+    def cut(self, count: int | None) -> None:
+        """Forget the slots ``>= count`` (given out after the mark rolled back to);
+        ``None``: a mark of a folder upgraded from format 2, whose count is unknown
+        (rows rolled back to "never written" read as such from their records)."""
+        if self.in_memory or count is None or count >= self.count:
+            return
+        self.index.keep_below(count)
+        self.count = count
+        self.kept = min(self.kept, count)
+
     # -- rows --------------------------------------------------------------------
 
     def read(self, ids: np.ndarray) -> np.ndarray:
-        """The records of rows ``ids``, ``(len(ids), width)`` (a copy; one gather,
-        sorted ids read the file forward); records never written are zeros, not read."""
+        """The records of rows ``ids``, ``(len(ids), width)`` (a copy; one gather);
+        records never written are zeros, not read."""
         if self.in_memory:
             return np.take(self.rec, ids, axis=0)
-        may = self.maybe_written(ids)
-        if may.all():
-            return np.take(self.rec, ids, axis=0)
+        slots = self.slots(ids)
+        have = slots >= 0
+        if have.all():
+            return np.take(self.rec, slots, axis=0)
         out = np.zeros((len(ids), self.width), np.float32)
-        if may.any():
-            out[may] = np.take(self.rec, ids[may], axis=0)
+        if have.any():
+            out[have] = np.take(self.rec, slots[have], axis=0)
         return out
-
-    def maybe_written(self, ids: np.ndarray) -> np.ndarray:
-        return (self.written[ids >> 3] & (1 << (ids & 7)).astype(np.uint8)) != 0
-
-    def mark_written(self, ids: np.ndarray) -> None:
-        np.bitwise_or.at(self.written, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
 
     def split(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(weight, state, version)`` views of records."""
@@ -283,59 +352,44 @@ class _Table:
         out[:, -2:] = np.broadcast_to(np.asarray(v, np.int64), (len(w),)).reshape(-1, 1).view(np.float32)
         return out
 
-    def reserve(self, ids: np.ndarray) -> None:
-        """Give disk blocks to the records of rows ``ids`` (sorted, distinct) that may
-        lie in holes of the sparse file, before they are written through the map.
-
-        A write through a map into a hole needs a block from the filesystem; on a
-        full disk the kernel can only answer with SIGBUS, which kills the process.
-        Writing the records' present value (zeros) with ``pwrite`` takes the blocks
-        and fails with ENOSPC, an ordinary error, and changes no value. That costs
-        a system call per row (profiled: 1.9 s of 17 s over 100 steps of the 50M
-        benchmark; CPU per step fell only 58 -> 57 ms without it, as the map's own
-        block allocation costs much the same), so it is done only when the filesystem has less free space than twice the pages
-        these rows can need plus ``_ROOM_MARGIN``; with more, the map takes the
-        blocks itself. (Were another process to fill that margin in the moment
-        between the check and the write, the process would die as if killed: the
-        undo log is written before the rows, so the server reopens at its last
-        commit.)"""
-        if self.in_memory or not len(ids):
-            return
-        ids = ids[~self.maybe_written(ids)]
+    def write(self, ids: np.ndarray, records: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Store ``records`` of rows ``ids`` (sorted, distinct). Disk: rows without
+        a slot get the next ones (their records and ids written with ``pwrite``, in
+        one run each, before the index knows them), so an ``OSError`` leaves the
+        table as it was; rows with a slot are written through the map."""
         if not len(ids):
             return
-        assert self.fd is not None
-        need = 2 * len(ids) * max(mmap.PAGESIZE, self.width * 4) + _ROOM_MARGIN
-        vfs = os.fstatvfs(self.fd)
-        if vfs.f_bavail * vfs.f_frsize < need:
-            self._pwrite(ids, np.zeros((len(ids), self.width), np.float32))
-        self.mark_written(ids)
-
-    def write(self, ids: np.ndarray, records: np.ndarray) -> None:
-        """Store ``records`` of rows ``ids`` (disk: their blocks reserved)."""
-        if not len(ids):
-            return
-        self.rec[ids] = records
         if self.in_memory:
+            self.rec[ids] = records
             self.version_array[ids] = self.split(records)[2]
+            return
+        if slots is None:
+            slots = self.slots(ids)
+        new = slots < 0
+        if new.any():
+            k = int(new.sum())
+            self.prepare(k)
+            assigned = np.arange(self.count, self.count + k, dtype=np.int64)
+            _pwrite_all(self.fd, np.ascontiguousarray(records[new]), self.count * self.record_bytes)
+            _pwrite_all(self.ids_fd, np.ascontiguousarray(ids[new], np.int64), self.count * 8)
+            self.index.add(ids[new], assigned)
+            self.count += k
+            old = ~new
+            if old.any():
+                self.rec[slots[old]] = records[old]
         else:
-            self.dirty.append(ids)
+            self.rec[slots] = records
+        self.dirty.append(ids)
 
-    def _pwrite(self, ids: np.ndarray, records: np.ndarray) -> None:
-        size = self.width * 4
-        # runs of consecutive ids: one call per run
-        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-        starts = np.concatenate([[0], breaks]).tolist()
-        stops = np.concatenate([breaks, [len(ids)]]).tolist()
-        data = memoryview(np.ascontiguousarray(records)).cast("B")
-        fd = self.fd
-        assert fd is not None
-        for a, b in zip(starts, stops):
-            chunk = data[a * size:b * size]
-            at = int(ids[a]) * size
-            while chunk:
-                n = os.pwrite(fd, chunk, at)
-                chunk, at = chunk[n:], at + n
+    def restore(self, ids: np.ndarray, records: np.ndarray) -> None:
+        """Put logged ``records`` back (a rollback): rows without a slot were first
+        written after the mark and go with their slots (:meth:`cut`)."""
+        if self.in_memory:
+            self.write(ids, records)
+            return
+        slots = self.slots(ids)
+        have = slots >= 0
+        self.rec[slots[have]] = records[have]
 
     # -- commit ------------------------------------------------------------------
 
@@ -350,8 +404,9 @@ class _Table:
                 mm.madvise(mmap.MADV_DONTNEED)
 
     def sync(self) -> None:
-        if self.fd is not None:
-            os.fsync(self.fd)  # the map's dirty pages included (one page cache)
+        for fd in (self.fd, self.ids_fd):
+            if fd is not None:
+                os.fsync(fd)  # the map's dirty pages included (one page cache)
 
     def commit_changes(self, tag: int) -> None:
         """Append the ids written since the last commit, as the segment of mark
@@ -377,13 +432,35 @@ class _Table:
             except BufferError:  # a caller still holds a view; the map closes with it
                 pass
         self._maps = []
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for name in ("fd", "ids_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Disk blocks for ``length`` bytes at ``offset`` (ENOSPC: an ``OSError``)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, offset, length)
+        return
+    # no posix_fallocate (macOS): zeros written where the file has none yet take
+    # the blocks the same way (the region is past every slot given out)
+    block = 1 << 20
+    for at in range(offset, offset + length, block):
+        _pwrite_all(fd, np.zeros(min(block, offset + length - at), np.uint8), at)
+
+
+def _pwrite_all(fd: int | None, array: np.ndarray, at: int) -> None:
+    """Write ``array``'s bytes at offset ``at`` (pwrite may write part of them)."""
+    assert fd is not None
+    data = memoryview(array).cast("B")
+    while data:
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
 
 
 _SEGMENT = b"TSCHG001"
-_ROOM_MARGIN = 256 << 20  # free bytes under which blocks are reserved row by row
 
 
 def _append_segment(path: Path, tag: int, ids: np.ndarray) -> None:
@@ -633,8 +710,12 @@ class ParameterServer:
                 "tables": [_config_dict(c) for c in self.configs]}
 
     def _mark_state(self) -> dict[str, Any]:
-        return {"version": self.version, "table_steps": dict(self.table_steps),
-                "last_export": self.last_export, "vocabulary_delta": self.vocabulary_delta}
+        state = {"version": self.version, "table_steps": dict(self.table_steps),
+                 "last_export": self.last_export, "vocabulary_delta": self.vocabulary_delta}
+        if self.storage == "disk":  # slots given out per table (what a rollback keeps)
+            tables = getattr(self, "_tables", None)
+            state["slots"] = {c.name: tables[c.name].count if tables else 0 for c in self.configs}
+        return state
 
     def _set_mark_state(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
@@ -665,10 +746,10 @@ class ParameterServer:
                        for t in meta["tables"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{meta_path} is not a readable parameter server file: {exc}") from exc
-        if meta.get("format") not in (_FORMAT, _FORMAT_V1):
+        if meta.get("format") not in (_FORMAT, _FORMAT_V2, _FORMAT_V1):
             raise DataError(
                 f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT!r} (or "
-                f"{_FORMAT_V1!r}, which open() upgrades in place)",
+                f"{_FORMAT_V2!r} or {_FORMAT_V1!r}, which open() upgrades in place)",
                 hint="open it with the tabstream version that wrote it and export its rows "
                 "(export_delta), or start a new server")
         return cls(path, configs, storage=meta["storage"], seed=meta["seed"],
@@ -739,6 +820,26 @@ class ParameterServer:
         self._previous_state = meta.get("previous")
         self.previous_mark = (int(self._previous_state["version"])
                               if self._previous_state else None)
+        fmt = meta.get("format")
+        if self.storage == "disk":
+            # the tables first: the meta file is rewritten below (format 3) only once
+            # the folder is in that format
+            if fmt == _FORMAT_V1:
+                self._upgrade_v1()
+            elif fmt == _FORMAT_V2:
+                self._upgrade_v2()
+            else:
+                slots = mark.get("slots")
+                if not isinstance(slots, dict) or set(slots) != set(self._tables):
+                    raise DataError(f"{self.path / _META}: its mark lacks the slot counts of "
+                                    f"tables {sorted(self._tables)}; the file is damaged",
+                                    hint="restore the folder from a copy, or start a new server")
+                for name, table in self._tables.items():
+                    table.open_slots(int(slots[name]))
+                self._committed = self._mark_state()
+                for cfg in self.configs:  # left by an upgrade killed after its meta file
+                    for suffix in ("rows.f32", "weight.f32", "state.f32", "version.i64"):
+                        (self.path / f"{cfg.name}.{suffix}").unlink(missing_ok=True)
         pending = meta.get("pending_export")
         if pending is not None:  # an export_delta that may have been cut short
             if Path(pending["dir"]).exists():
@@ -746,20 +847,68 @@ class ParameterServer:
                 self._committed = self._mark_state()
             self._write_meta()
         if self.storage == "disk":
-            if meta.get("format") == _FORMAT_V1:
-                self._upgrade_v1()
             undo = self.path / _UNDO
             for log in sorted(undo.glob("from_*.log")) if undo.exists() else []:
                 if int(log.stem.split("_")[1]) >= self.mark:  # written after the last mark
                     self._roll_back(log)
             for table in self._tables.values():
                 _keep_segments(table.changes_path, self.mark)  # a flush that never committed
-                table.mark_written(table.changed(0))
                 table.sync()
         else:
             self._load_snapshot()
-            if meta.get("format") == _FORMAT_V1:
+            if fmt != _FORMAT:
                 self._write_meta()
+
+    def _upgrade_v2(self) -> None:
+        """Rewrite a server of format 2 (the record of row ``i`` at ``i * width`` in
+        ``<table>.rows.f32``, a sparse file) in this format, in place.
+
+        The rows of the change log up to the last mark (every row ever written) are
+        copied, in id order, into slots; then the undo logs written after the mark
+        put those rows back to their committed values (rows first written after the
+        mark get no slot). The previous mark has no slot count: a rollback to it
+        writes back the logged records, "never written" ones included. Nothing old
+        is removed before the new meta file is written, so a process killed part-way
+        upgrades again from the start on the next open."""
+        for cfg in self.configs:
+            t = self._tables[cfg.name]
+            old_path = self.path / f"{cfg.name}.rows.f32"
+            size = cfg.cardinality * t.record_bytes
+            if not old_path.exists() or old_path.stat().st_size != size:
+                raise DataError(
+                    f"parameter server {self.path} (format {_FORMAT_V2!r}) lacks {old_path.name} "
+                    f"or has it at another size (expected {size} bytes); it cannot be upgraded",
+                    hint="restore the folder from a copy, or start a new server")
+            _keep_segments(t.changes_path, self.mark)
+            ids = t.changed(0)
+            t.open_slots(0)  # an upgrade killed part-way starts over
+            old = np.memmap(old_path, np.float32, "r", shape=(cfg.cardinality, t.width))
+            block = 1 << 18
+            for i in range(0, len(ids), block):
+                part = ids[i:i + block]
+                t.write(part, np.asarray(old[part]))
+            del old
+        undo = self.path / _UNDO
+        names = [c.name for c in self.configs]
+        for log in sorted(undo.glob("from_*.log")) if undo.exists() else []:
+            if int(log.stem.split("_")[1]) >= self.mark:
+                for index, ids, w, s, v in reversed(self._read_log(log)):
+                    table = self._tables[names[index]]
+                    table.restore(ids, table.record(w, s, v))
+        self._commit_upgrade("rows.f32")
+
+    def _commit_upgrade(self, *old_suffixes: str) -> None:
+        """The tables rewritten by an upgrade: synced, the meta file written (the
+        folder is in this format from then on), the old files removed."""
+        for t in self._tables.values():
+            t.dirty = []
+            t.sync()
+            t.kept = t.count
+        self._committed = self._mark_state()
+        self._write_meta()
+        for cfg in self.configs:
+            for suffix in old_suffixes:
+                (self.path / f"{cfg.name}.{suffix}").unlink(missing_ok=True)
 
     def _upgrade_v1(self) -> None:
         """Rewrite a server of format 1 (``<table>.weight.f32``, ``.state.f32`` and
@@ -800,10 +949,10 @@ class ParameterServer:
             t.changes_path.unlink(missing_ok=True)
             versions = np.asarray(version[:, 0])
             ids = np.flatnonzero(versions).astype(np.int64)
+            t.open_slots(0)  # an upgrade killed part-way starts over
             block = 1 << 20
             for i in range(0, len(ids), block):
                 part = ids[i:i + block]
-                t.reserve(part)
                 t.write(part, t.record(weight[part], state[part], versions[part]))
             low = 0
             for b in bounds:
@@ -811,14 +960,9 @@ class ParameterServer:
                 if len(seg):
                     _append_segment(t.changes_path, b, seg)
                 low = b
-            t.dirty = []
-            t.sync()
             del weight, state, version, versions
         legacy.clear()
-        self._write_meta()
-        for cfg in self.configs:
-            for suffix in ("weight.f32", "state.f32", "version.i64"):
-                (self.path / f"{cfg.name}.{suffix}").unlink(missing_ok=True)
+        self._commit_upgrade("weight.f32", "state.f32", "version.i64")
 
     # -- undo log (disk) ----------------------------------------------------
 
@@ -879,9 +1023,7 @@ class ParameterServer:
         names = [c.name for c in self.configs]
         for index, ids, w, s, v in reversed(self._read_log(log)):
             table = self._tables[names[index]]
-            # a row logged just before a crash may lie in a hole yet: blocks first
-            table.reserve(ids)
-            table.write(ids, table.record(w, s, v))
+            table.restore(ids, table.record(w, s, v))
         for table in self._tables.values():
             table.dirty = []  # the rows are back to values some commit holds
             table.sync()
@@ -912,6 +1054,7 @@ class ParameterServer:
         if log.exists():
             self._roll_back(log)
         for table in self._tables.values():
+            table.cut(self._previous_state.get("slots", {}).get(table.cfg.name))
             _keep_segments(table.changes_path, self.previous_mark)
         self._set_mark_state(self._previous_state)
         self.mark, self.previous_mark, self._previous_state = self.version, None, None
@@ -926,6 +1069,9 @@ class ParameterServer:
             log = self.path / _UNDO / f"from_{self.mark:012d}.log"
             if log.exists():
                 self._roll_back(log)
+            for table in self._tables.values():  # rows first written after the mark
+                table.cut(self._committed["slots"][table.cfg.name])
+                table.dirty = []
         else:
             for table in self._tables.values():
                 newer = np.flatnonzero(table.version_array > self.mark)
@@ -1203,14 +1349,21 @@ class ParameterServer:
             self._ahead[table][2].append(ids)  # read again when the reading ahead is used
         try:
             if self.storage == "disk":
-                t.reserve(ids[stored_v == 0])
-                self._log([c.name for c in self.configs].index(table), ids, stored_w, stored_s,
-                          stored_v)
+                slots = t.slots(ids)
+                t.prepare(int((slots < 0).sum()))  # blocks first: a full disk fails here
+                # rows first written after the mark are undone by cutting their slots;
+                # the others' committed values are logged before they are overwritten
+                logged = (slots >= 0) & (slots < t.kept)
+                if logged.any():
+                    self._log([c.name for c in self.configs].index(table), ids[logged],
+                              stored_w[logged], stored_s[logged], stored_v[logged])
+                t.write(ids, records, slots)
+            else:
+                t.write(ids, records)
         except OSError as exc:
             raise DataError(f"parameter server {self.path}: "
                             + what.format(table=table, error=exc.strerror or exc),
                             hint=hint) from exc
-        t.write(ids, records)
 
     def _reset_rows(self, table: str, ids: np.ndarray) -> None:
         """Rows ``ids`` (sorted, distinct) and their optimizer state back to their
@@ -1296,6 +1449,8 @@ class ParameterServer:
             self.mark = self.version
             self._committed = self._mark_state()
             self._write_meta()
+            for table in self._tables.values():
+                table.kept = table.count
         except OSError as exc:
             # not committed: the last mark stays what open() returns (a change-log
             # segment written here counts only once a mark covers it)

@@ -22,7 +22,7 @@ def _damaged_meta(tmp):
 
 def _truncated_table_file(tmp):
     _server(tmp)
-    (tmp / "ps" / "C1.rows.f32").write_bytes(b"\0" * 12)
+    (tmp / "ps" / "C1.slots.f32").write_bytes(b"\0" * 12)
     ParameterServer.open(tmp / "ps")
 
 
@@ -70,7 +70,7 @@ CASES = [
     ("damaged _server.json", _damaged_meta, DataError,
      r"ps/_server\.json is not a readable parameter server file"),
     ("table file of the wrong size", _truncated_table_file, DataError,
-     r"C1\.rows\.f32 has 12 bytes, expected 4000 \(100 records of 10 float32\)"),
+     r"C1\.slots\.f32 has 12 bytes, expected 4000 \(100 records of 10 float32\)"),
     ("keyset file that is not parquet", _keyset_not_parquet, DataError,
      r"prefetch: .*_keysets/part_0\.parquet is not a keyset file \(parquet with columns 'column' and 'id'\)"),
     ("keyset id beyond the table", _keyset_id_out_of_range, ValueError,

@@ -49,7 +49,7 @@ def test_disk_files_are_sparse_until_rows_are_touched(tmp_path):
     ps.apply("C1", [5, 1_999_999], np.ones((2, 16), np.float32))
     ps.flush()
     # one record per row: weight (16), adagrad state (16), version (2 float32 slots)
-    st = os.stat(tmp_path / "ps" / "C1.rows.f32")
+    st = os.stat(tmp_path / "ps" / "C1.slots.f32")
     assert st.st_size == 2_000_000 * (16 + 16 + 2) * 4
     assert st.st_blocks * 512 < 1 << 20  # a few pages, not 272 MB
 
@@ -133,8 +133,8 @@ def test_bad_inputs_are_refused_with_clear_messages(tmp_path):
     with pytest.raises(DataError, match="holds no parameter server"):
         ParameterServer.open(tmp_path / "nothing")
     ps.close()  # the folder is locked while open
-    (tmp_path / "ps" / "C1.rows.f32").write_bytes(b"\0" * 10)
-    with pytest.raises(DataError, match=r"C1.rows.f32 has 10 bytes, expected 40000 \(1000 "
+    (tmp_path / "ps" / "C1.slots.f32").write_bytes(b"\0" * 10)
+    with pytest.raises(DataError, match=r"C1.slots.f32 has 10 bytes, expected 40000 \(1000 "
                                         r"records of 10 float32\)"):
         ParameterServer.open(tmp_path / "ps")
 
@@ -321,3 +321,70 @@ def test_resident_memory_follows_touched_rows_not_the_table(tmp_path, storage, k
     # about 3 pages of 4 KB per touched row (weight, state, version) at most
     assert grown_mb < touched * 3 * 4 / 1024 + 16, (grown_mb, table_mb)
     np.testing.assert_array_equal(ps.touched("C1"), np.sort(ids))
+
+
+_NEW_ROWS_THEN_KILLED = textwrap.dedent("""
+    import os, signal, sys, numpy as np
+    from tabstream.train.cache_store import ParameterServer
+    from tabstream.train.tables import TableConfig
+    ps = ParameterServer(sys.argv[1], [TableConfig("C1", 1000, 4, ("C1",))], lr=0.1)
+    ps.apply("C1", [3, 500, 999], np.ones((3, 4), np.float32))
+    ps.flush()
+    # after the mark: rows 3 and 999 rewritten, rows 10 and 20 new (slots after the mark's)
+    ps.apply("C1", [3, 10, 20, 999], np.full((4, 4), 2.0, np.float32))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_rows_first_written_after_the_mark_go_with_their_slots_on_reopen(tmp_path):
+    """kill -9 after new rows were appended past the committed slots: the reopened
+    server has the committed rows, the new ones read as never written; rows written
+    next take those slots again and commit as they should."""
+    script = tmp_path / "killed.py"
+    script.write_text(_NEW_ROWS_THEN_KILLED)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "ps")], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    w = ParameterServer(tmp_path / "ref", configs(), storage="memory").lookup("C1", np.arange(1000))
+    s = np.zeros_like(w)
+    numpy_adagrad(w, s, np.array([3, 500, 999]), np.ones((3, 4), np.float32), 0.1, 1e-10)
+    ids = np.arange(1000)
+    ps = ParameterServer.open(tmp_path / "ps")
+    np.testing.assert_array_equal(ps.lookup("C1", ids), w)
+    np.testing.assert_array_equal(ps.optimizer_state("C1", ids), s)
+    np.testing.assert_array_equal(ps.touched("C1"), [3, 500, 999])
+    ps.apply("C1", [20, 40, 500], np.full((3, 4), 3.0, np.float32))
+    numpy_adagrad(w, s, np.array([20, 40, 500]), np.full((3, 4), 3.0, np.float32), 0.1, 1e-10)
+    ps.flush()
+    ps.close()
+    again = ParameterServer.open(tmp_path / "ps")
+    np.testing.assert_allclose(again.lookup("C1", ids), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(again.optimizer_state("C1", ids), s, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(again.touched("C1"), [3, 20, 40, 500, 999])
+    # five rows ever written: five records of 10 float32 and five ids, nothing for 10
+    assert np.fromfile(tmp_path / "ps" / "C1.slots.i64", np.int64)[:5].tolist() == [3, 500, 999,
+                                                                                    20, 40]
+    again.close()
+
+
+def test_without_posix_fallocate_blocks_are_taken_by_writing_zeros(tmp_path, monkeypatch):
+    """Where os has no posix_fallocate (macOS), the slots' blocks are written as
+    zeros: the rows are those of a memory server given the same updates."""
+    monkeypatch.delattr(os, "posix_fallocate")
+    ps = ParameterServer(tmp_path / "ps", configs(card=100_000, dim=4), storage="disk")
+    ref = ParameterServer(tmp_path / "ref", configs(card=100_000, dim=4), storage="memory")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = rng.integers(0, 100_000, 3000)
+        grads = rng.normal(size=(3000, 4)).astype(np.float32)
+        ps.apply("C1", ids, grads)
+        ref.apply("C1", ids, grads)
+    ps.flush()
+    st = os.stat(tmp_path / "ps" / "C1.slots.f32")
+    assert 0 < st.st_blocks * 512 < 1 << 20  # ~8,000 rows of 40 bytes, in 256 kB chunks
+    ps.close()
+    ps = ParameterServer.open(tmp_path / "ps")
+    ids = np.arange(100_000)
+    np.testing.assert_array_equal(ps.lookup("C1", ids), ref.lookup("C1", ids))
+    np.testing.assert_array_equal(ps.optimizer_state("C1", ids), ref.optimizer_state("C1", ids))
+    ps.close()

@@ -136,7 +136,7 @@ def test_touched_does_not_map_the_version_file(tmp_path):
         ps.apply("big", ids, np.ones((len(ids), 1), np.float32))
         ps.flush()
         # the file is in the page cache; only a map would make it resident here
-        open({str(tmp_path / 'ps' / 'big.rows.f32')!r}, "rb").read()
+        open({str(tmp_path / 'ps' / 'big.slots.f32')!r}, "rb").read()
         before = psutil.Process().memory_info().rss
         touched = ps.touched("big")
         grew = psutil.Process().memory_info().rss - before
@@ -154,10 +154,10 @@ FULL_DISK = """
     from tabstream.core.errors import DataError
     from tabstream.train.cache_store import ParameterServer
     from tabstream.train.tables import TableConfig
-    # 1,500 rows of 256 bytes, 16 rows apart: their undo log (0.8 MB) fits the 2 MB
-    # filesystem, the pages their writes need (4 kB per row in two files) do not
+    # 5,000 rows of 520 bytes (weight, adagrad state, version), 16 rows apart: their
+    # packed records (2.6 MB) do not fit the 2 MB filesystem
     ps = ParameterServer(sys.argv[1] + "/ps", [TableConfig("t", 200_000, 64, ("t",))], storage="disk")
-    ids = np.arange(0, 200_000, 16)[:1500]
+    ids = np.arange(0, 200_000, 16)[:5000]
     first = ids[:20]
     ps.apply("t", first, np.ones((20, 64), np.float32))
     ps.flush()
