@@ -76,6 +76,14 @@ from tabstream.train.sharding import (
 )
 from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids, sum_duplicate_rows
+from tabstream.train.tensorflow.exchange import (
+    COUNTERS,
+    EXCHANGES,
+    Collectives,
+    all_gather_exchange,
+    all_to_all_exchange,
+    comm_dict,
+)
 from tabstream.train.tensorflow.optimizers import MultiOptimizer, sum_repeated_ids
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
@@ -128,12 +136,17 @@ class _ShardedTable:
     docstring; the layouts are read by the same code as for a local table."""
 
     def __init__(self, config: TableConfig, placement: TablePlacement, rank: int,
-                 shard: keras.Variable | None, anchor: keras.Variable | None) -> None:
+                 world_size: int, shard: keras.Variable | None, anchor: keras.Variable | None,
+                 exchange: str, stats: tf.Variable | None) -> None:
         self.config = config
         self.placement = placement
         self.rank = rank
+        self.world_size = world_size
         self.shard = shard
         self.anchor = anchor
+        self.exchange = exchange
+        self.stats = stats
+        self.collectives: Collectives | None = None  # made at the first lookup
 
     @property
     def dim(self) -> int:
@@ -153,7 +166,7 @@ class _ShardedTable:
     def _gather(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
         ids = tf.reshape(check_ids(ids, self.config, feature or self.config.name), [-1])
         n = tf.shape(ids, out_type=tf.int64)[0]
-        return self._exchange(ids, tf.range(n), n, mean=False)
+        return self._exchange(ids, tf.range(n), n, mean=False, single=True)
 
     def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
              feature: str | None = None) -> tf.Tensor:
@@ -161,7 +174,7 @@ class _ShardedTable:
         return self._exchange(values, row_ids, nrows, mean=self.config.combiner == "mean")
 
     def _exchange(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
-                  mean: bool) -> tf.Tensor:
+                  mean: bool, single: bool = False) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
         if ctx is None:
             raise ValueError(
@@ -172,20 +185,16 @@ class _ShardedTable:
         values = tf.cast(tf.reshape(values, [-1]), tf.int64)
         row_ids = tf.cast(tf.reshape(row_ids, [-1]), tf.int64)
         nrows = tf.cast(nrows, tf.int64)
-        # 1. the global batch's ids and the global row of each
-        sizes = ctx.all_gather(tf.stack([nrows, tf.size(values, out_type=tf.int64)])[None],
-                               axis=0)
-        all_values = ctx.all_gather(values, axis=0)
-        all_rows = ctx.all_gather(row_ids, axis=0)
-        starts = tf.cumsum(sizes[:, 0], exclusive=True)
-        owner = tf.repeat(tf.range(tf.shape(sizes)[0]), sizes[:, 1])
-        global_rows = all_rows + tf.gather(starts, owner)
-        total = tf.reduce_sum(sizes[:, 0])
-        # 2. what this worker's shard contributes to every row
-        contribution = self._contribution(all_values, global_rows, total)
-        # 3. every row's vector; keep this worker's rows
-        pooled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution)
-        mine = pooled[starts[self.rank]:starts[self.rank] + nrows]
+        if self.exchange == "all_to_all" and self.world_size > 1:
+            if self.collectives is None:
+                self.collectives = Collectives(tf.distribute.get_strategy())
+            mine = all_to_all_exchange(
+                values, row_ids, nrows, placement=self.placement, dim=self.config.dim,
+                rank=self.rank, shard=self.shard, anchor=self.anchor, coll=self.collectives,
+                stats=self.stats, single=single)
+        else:
+            mine = all_gather_exchange(values, row_ids, nrows, contribution=self._contribution,
+                                       rank=self.rank, world=self.world_size, stats=self.stats)
         if mean:
             counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, mine.dtype), row_ids,
                                                   nrows)
@@ -234,12 +243,19 @@ class ShardedEmbeddingTables(keras.layers.Layer):
     same feature order. ``replicated`` is an :class:`EmbeddingTables` (mirrored) of the
     ``data_parallel`` tables; ``shards[table]`` is this worker's plain variable of a
     sharded table (absent where it holds none); ``paths[table]`` the path of the
-    table's variable in the unwrapped model."""
+    table's variable in the unwrapped model. ``exchange`` is how a sharded lookup
+    travels: ``"all_to_all"`` (each id to its owners only) or ``"all_gather"`` (every
+    id to every worker; :mod:`tabstream.train.tensorflow.exchange`); ``comm_total``
+    counts the bytes (int64, :data:`~tabstream.train.tensorflow.exchange.COUNTERS`)."""
 
     def __init__(self, tables: EmbeddingTables, plan: ShardingPlan, rank: int,
-                 **kwargs: Any) -> None:
+                 exchange: str = "all_to_all", **kwargs: Any) -> None:
+        if exchange not in EXCHANGES:
+            raise ValueError(f"HybridParallel: exchange={exchange!r} is not one of "
+                             f"{list(EXCHANGES)}")
         kwargs.setdefault("name", tables.name)
         super().__init__(**kwargs)
+        self.exchange = exchange
         self.configs = list(tables.configs)
         self.plan = plan
         self.rank = rank
@@ -273,7 +289,8 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         needs_anchor = any(plan[c.name] != "data_parallel" and c.name not in pieces
                            for c in self.configs)
 
-        def make_shards() -> tuple[dict[str, keras.Variable], keras.Variable | None]:
+        def make_shards() -> tuple[dict[str, keras.Variable], keras.Variable | None,
+                                   list[tf.Variable]]:
             out = {}
             for name, value in pieces.items():
                 scope, _, leaf = paths[name].rpartition("/")
@@ -284,14 +301,22 @@ class ShardedEmbeddingTables(keras.layers.Layer):
             if needs_anchor:
                 with keras.name_scope(self.name):
                     anchor = keras.Variable(0.0, name="exchange_anchor", dtype="float32")
-            return out, anchor
+            # byte counters (total, and the total when the last step began) and steps
+            counters = [tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False,
+                                    name=f"{self.name}_comm_{what}") for what in ("total", "start")]
+            counters.append(tf.Variable(tf.zeros([], tf.int64), trainable=False,
+                                        name=f"{self.name}_comm_steps"))
+            return out, anchor, counters
 
-        shards, anchor = _outside_strategy(make_shards)
+        shards, anchor, counters = _outside_strategy(make_shards)
         object.__setattr__(self, "shards", shards)
         object.__setattr__(self, "anchor", anchor)
         object.__setattr__(self, "paths", paths)
-        sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank,
-                                         self.shards.get(c.name), anchor)
+        for attr, var in zip(("comm_total", "comm_start", "comm_steps"), counters, strict=True):
+            object.__setattr__(self, attr, var)
+        sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank, plan.world_size,
+                                         self.shards.get(c.name), anchor, exchange,
+                                         self.comm_total)
                    for c in self.configs if plan[c.name] != "data_parallel"}
         object.__setattr__(self, "_view", _LookupView(sharded, self._feature_to_table,
                                                       self.list_features))
@@ -379,6 +404,11 @@ class HybridParallel:
             ``"row_wise"``, ``"column_wise"``, ``"data_parallel"``), ``{table: type}``
             overriding ``"auto"`` for those tables, or ``None`` (``"auto"``).
         strategy: default: the strategy in scope.
+        exchange: how a sharded table's lookup travels: ``"all_to_all"`` (default;
+            each id only to the workers owning its table, rows or columns, through
+            TensorFlow's collective all-to-all) or ``"all_gather"`` (every id to every
+            worker, vectors by all-reduce; the former path). See
+            :mod:`tabstream.train.tensorflow.exchange`; :meth:`comm_stats` counts bytes.
 
     ``model(features)`` works inside ``strategy.run``; :meth:`train_step` and
     :meth:`predict` do that. ``trainable_variables`` are the mirrored ones,
@@ -388,7 +418,8 @@ class HybridParallel:
     """
 
     def __init__(self, model: keras.Model, plan: Any = None,
-                 strategy: tf.distribute.Strategy | None = None) -> None:
+                 strategy: tf.distribute.Strategy | None = None,
+                 exchange: str = "all_to_all") -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(f"HybridParallel wraps a keras.Model, got {type(model).__name__}")
         if model.built:
@@ -404,7 +435,8 @@ class HybridParallel:
         for attr, value in list(vars(model).items()):
             if isinstance(value, EmbeddingTables):
                 with self.strategy.scope():
-                    sharded = ShardedEmbeddingTables(value, self.plan, self.rank)
+                    sharded = ShardedEmbeddingTables(value, self.plan, self.rank,
+                                                     exchange=exchange)
                 _replace_layer(model, attr, value, sharded)
                 self.sharded[attr] = sharded
         if not self.sharded:
@@ -557,6 +589,9 @@ class HybridParallel:
             mirrored.apply(grads[:len(mirrored_vars)], mirrored_vars)
             return summed, local, grads[len(mirrored_vars):]
 
+        for s in self.sharded.values():  # comm_stats' "last": from here
+            s.comm_start.assign(s.comm_total.read_value())
+            s.comm_steps.assign_add(1)
         summed, rows, shard_grads = self.strategy.run(replica, args=(features, labels))
         if shards:
             # one row per id: Keras' own optimizers take an IndexedSlices' rows as
@@ -611,6 +646,32 @@ class HybridParallel:
             self._steps["predict"] = tf.function(run, input_signature=[_open_spec(features)],
                                                  autograph=False)
         return self._steps["predict"](features).numpy()
+
+    def comm_stats(self) -> dict[str, Any]:
+        """Bytes this worker's embedding exchanges sent to and received from the other
+        workers (its chunks to itself are not counted), as torch's
+        ``HybridParallel.comm_stats()``: ``{"steps": n, "last": {...}, "total": {...}}``,
+        ``"last"`` since the last training step began (its forward and backward),
+        ``"total"`` since construction. Each holds ``<kind>_sent`` and
+        ``<kind>_received`` for the kinds ``sizes`` (int64 counts), ``ids`` (int64 ids
+        and bag lengths), ``vectors`` (float32 pooled vectors back to the rows'
+        worker) and ``gradients`` (their gradients, backward), as they travel:
+        padded to the largest chunk of any pair of workers, which TensorFlow's
+        all-to-all needs; ``ids_payload_sent`` / ``vectors_payload_sent`` are the
+        part that is not padding; ``sent`` / ``received`` sum the kinds. The
+        mirrored variables' gradient all-reduce is not included::
+
+            stats = model.comm_stats()
+            stats["last"]["ids_sent"], stats["total"]["sent"] / stats["steps"]
+        """
+        total = np.zeros(len(COUNTERS), np.int64)
+        start = np.zeros(len(COUNTERS), np.int64)
+        steps = 0
+        for s in self.sharded.values():
+            total += s.comm_total.numpy()
+            start += s.comm_start.numpy()
+            steps = max(steps, int(s.comm_steps.numpy()))
+        return {"steps": steps, "last": comm_dict(total - start), "total": comm_dict(total)}
 
     # -- whole weights ----------------------------------------------------------
     def full_weights(self) -> dict[str, np.ndarray]:
