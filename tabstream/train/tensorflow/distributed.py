@@ -24,18 +24,17 @@ through its hooks (``fit_build``, ``fit_global_step``, ``fit_checkpoints``): eve
 worker checkpoints its own part, and a resume continues mid-epoch.
 
 How a lookup of a sharded table flows (``W`` workers, worker ``r`` holding ``B_r``
-rows; only tf.distribute collectives of the replica context):
-
-1. the ids of the batch (and the row each belongs to) are all-gathered, so every
-   worker knows the ids of the global batch;
-2. each worker pools, for all ``sum(B_r)`` rows, what its shard holds: the whole
-   table (``table_wise``, on its owner), the ids inside its row range
-   (``row_wise``: partial sums) or its column slice (``column_wise``, placed at
-   its columns); the other workers contribute zeros;
-3. one all-reduce (sum) of these ``[sum(B_r), dim]`` contributions gives every
-   row's pooled vector; a worker keeps its own rows and divides by the list
-   lengths for ``combiner="mean"``. The all-reduce's gradient is the all-reduce of
-   the gradients, so each shard receives the gradient of every worker's loss.
+rows; :mod:`tabstream.train.tensorflow.exchange` has the details): each id goes only
+to the workers that own its table, its row range or a column slice (one all-gather
+of the counts, one all-to-all of the ids, TensorFlow's own collective); each owner
+pools what its shard holds per requesting row (the whole vector, partial sums over
+its rows, or its columns); one all-to-all sends the pooled vectors back, and the
+worker adds them into its rows (dividing by the list lengths for
+``combiner="mean"``). The backward all-to-all sends the gradients the reverse way, so
+each shard receives exactly the gradient of the rows that used it.
+``HybridParallel(..., exchange="all_gather")`` keeps the former path (every id to
+every worker, vectors by all-reduce); :meth:`HybridParallel.comm_stats` counts the
+bytes either moves.
 
 Per-id lookups (``combiner=None``) go the same way with one "row" per id.
 
@@ -44,7 +43,8 @@ optimizer built from its config (the same rules, its own slots) updates them
 outside the replica context, so their gradients are never summed over workers.
 The step's loss on worker ``r`` is its rows' loss sum divided by the global row
 count: summed over workers (as Keras sums the mirrored gradients, and as the
-all-reduce's gradient sums the shards'), that is the gradient of the global mean.
+exchange's backward gathers each shard's from every worker), that is the gradient of the
+global mean.
 Training therefore follows the path of one process on the concatenated global
 batch (worker 0's rows first), whatever the workers' batch sizes.
 """
@@ -80,6 +80,7 @@ from tabstream.train.tensorflow.exchange import (
     COUNTERS,
     EXCHANGES,
     Collectives,
+    Lookup,
     all_gather_exchange,
     all_to_all_exchange,
     comm_dict,
@@ -137,16 +138,15 @@ class _ShardedTable:
 
     def __init__(self, config: TableConfig, placement: TablePlacement, rank: int,
                  world_size: int, shard: keras.Variable | None, anchor: keras.Variable | None,
-                 exchange: str, stats: tf.Variable | None) -> None:
+                 batch: _Batch, stats: tf.Variable | None) -> None:
         self.config = config
         self.placement = placement
         self.rank = rank
         self.world_size = world_size
         self.shard = shard
         self.anchor = anchor
-        self.exchange = exchange
+        self.batch = batch
         self.stats = stats
-        self.collectives: Collectives | None = None  # made at the first lookup
 
     @property
     def dim(self) -> int:
@@ -164,12 +164,16 @@ class _ShardedTable:
         return self._gather(ids, feature)
 
     def _gather(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
+        if self.batch.replaying:
+            return self.batch.next_result()
         ids = tf.reshape(check_ids(ids, self.config, feature or self.config.name), [-1])
         n = tf.shape(ids, out_type=tf.int64)[0]
         return self._exchange(ids, tf.range(n), n, mean=False, single=True)
 
     def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
              feature: str | None = None) -> tf.Tensor:
+        if self.batch.replaying:
+            return self.batch.next_result()
         values = check_ids(values, self.config, feature or self.config.name)
         return self._exchange(values, row_ids, nrows, mean=self.config.combiner == "mean")
 
@@ -185,21 +189,13 @@ class _ShardedTable:
         values = tf.cast(tf.reshape(values, [-1]), tf.int64)
         row_ids = tf.cast(tf.reshape(row_ids, [-1]), tf.int64)
         nrows = tf.cast(nrows, tf.int64)
-        if self.exchange == "all_to_all" and self.world_size > 1:
-            if self.collectives is None:
-                self.collectives = Collectives(tf.distribute.get_strategy())
-            mine = all_to_all_exchange(
-                values, row_ids, nrows, placement=self.placement, dim=self.config.dim,
-                rank=self.rank, shard=self.shard, anchor=self.anchor, coll=self.collectives,
-                stats=self.stats, single=single)
-        else:
-            mine = all_gather_exchange(values, row_ids, nrows, contribution=self._contribution,
-                                       rank=self.rank, world=self.world_size, stats=self.stats)
-        if mean:
-            counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, mine.dtype), row_ids,
-                                                  nrows)
-            mine = mine / tf.maximum(counts, 1.0)[:, None]
-        return mine
+        if self.batch.recording:  # exchanged with the call's other lookups
+            self.batch.record(Lookup(values, row_ids, nrows, self.placement, self.config.dim,
+                                     self.shard, single), mean)
+            return tf.zeros(tf.stack([nrows, tf.constant(self.config.dim, tf.int64)]))
+        mine = all_gather_exchange(values, row_ids, nrows, contribution=self._contribution,
+                                   rank=self.rank, world=self.world_size, stats=self.stats)
+        return _divided(mine, row_ids, nrows) if mean else mine
 
     def _contribution(self, values: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
         cfg, place = self.config, self.placement
@@ -220,6 +216,47 @@ class _ShardedTable:
             return tf.math.unsorted_segment_sum(part, tf.boolean_mask(rows, keep), total)
         part = tf.math.unsorted_segment_sum(tf.gather(weights, values), rows, total)
         return tf.pad(part, [[0, 0], [start, cfg.dim - stop]])
+
+
+def _divided(pooled: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
+    """``combiner="mean"``: each row's sum divided by its list's length."""
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, pooled.dtype), row_ids, nrows)
+    return pooled / tf.maximum(counts, 1.0)[:, None]
+
+
+class _Batch:
+    """The sharded lookups of one call of :class:`ShardedEmbeddingTables`, exchanged
+    together (``exchange="all_to_all"``: one all-gather and two all-to-alls for all
+    features, not per feature). A first pass of :meth:`EmbeddingTables.lookup` over
+    the features records what each asks for (:meth:`record`; placeholders are
+    returned, unused); one exchange serves them all; a second pass hands the
+    results out in the same order (:meth:`next_result`)."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.replaying = False
+        self.pending: list[tuple[Lookup, bool]] = []
+        self._results: list[tf.Tensor] = []
+
+    def record(self, lookup: Lookup, mean: bool) -> None:
+        self.pending.append((lookup, mean))
+
+    def replay(self, results: list[tf.Tensor]) -> None:
+        self.pending, self._results = [], list(results)
+        self.replaying = True
+
+    def next_result(self) -> tf.Tensor:
+        if not self._results:
+            raise RuntimeError("HybridParallel: the second pass over the features asked for "
+                               "more lookups than the first recorded")
+        return self._results.pop(0)
+
+    def finish(self) -> None:
+        left = len(self._results)
+        self.recording = self.replaying = False
+        self.pending, self._results = [], []
+        if left:
+            raise RuntimeError(f"HybridParallel: {left} recorded lookups were not handed out")
 
 
 class _LookupView:
@@ -314,8 +351,10 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         object.__setattr__(self, "paths", paths)
         for attr, var in zip(("comm_total", "comm_start", "comm_steps"), counters, strict=True):
             object.__setattr__(self, attr, var)
+        object.__setattr__(self, "_batch", _Batch())
+        object.__setattr__(self, "_collectives", None)  # made at the first exchange
         sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank, plan.world_size,
-                                         self.shards.get(c.name), anchor, exchange,
+                                         self.shards.get(c.name), anchor, self._batch,
                                          self.comm_total)
                    for c in self.configs if plan[c.name] != "data_parallel"}
         object.__setattr__(self, "_view", _LookupView(sharded, self._feature_to_table,
@@ -326,14 +365,39 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         self.built = True
 
     def call(self, features: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for f in self.feature_names:
-            if self.replicated is not None and \
-                    self.plan[self._feature_to_table[f]] == "data_parallel":
-                out[f] = self.replicated.lookup(f, features)
-            else:
-                out[f] = EmbeddingTables.lookup(self._view, f, features)
+        sharded = [f for f in self.feature_names
+                   if self.plan[self._feature_to_table[f]] != "data_parallel"]
+        batch = self._batch
+        try:
+            if sharded and self.exchange == "all_to_all" and self.plan.world_size > 1:
+                batch.recording = True
+                for f in sharded:
+                    EmbeddingTables.lookup(self._view, f, features)
+                batch.recording = False
+                batch.replay(self._exchange(batch.pending))
+            out = {}
+            for f in self.feature_names:
+                if f not in sharded:
+                    assert self.replicated is not None  # holds every data_parallel table
+                    out[f] = self.replicated.lookup(f, features)
+                else:
+                    out[f] = EmbeddingTables.lookup(self._view, f, features)
+        except BaseException:
+            batch.recording = batch.replaying = False
+            batch.pending = []
+            raise
+        batch.finish()
         return out
+
+    def _exchange(self, pending: list[tuple[Lookup, bool]]) -> list[tf.Tensor]:
+        """The recorded lookups in one all-to-all exchange, ``combiner="mean"`` divided."""
+        if self._collectives is None:
+            object.__setattr__(self, "_collectives", Collectives(tf.distribute.get_strategy()))
+        pooled = all_to_all_exchange([look for look, _ in pending], rank=self.rank,
+                                     anchor=self.anchor, coll=self._collectives,
+                                     stats=self.comm_total)
+        return [_divided(p, look.row_ids, look.nrows) if mean else p
+                for p, (look, mean) in zip(pooled, pending, strict=True)]
 
 
 def _replace_layer(model: keras.Model, attr: str, old: keras.layers.Layer,
@@ -422,6 +486,9 @@ class HybridParallel:
                  exchange: str = "all_to_all") -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(f"HybridParallel wraps a keras.Model, got {type(model).__name__}")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"HybridParallel: exchange={exchange!r} is not one of "
+                             f"{list(EXCHANGES)}")
         if model.built:
             raise ValueError(
                 f"HybridParallel: {model.name!r} has been called already; wrap the model "

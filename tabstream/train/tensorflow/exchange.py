@@ -46,13 +46,13 @@ an all-reduce of ``n`` bytes as a ring's ``2 (W - 1) n / W`` sent and received.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from tabstream.train.sharding import TablePlacement
 
-__all__ = ["COUNTERS", "EXCHANGES", "KINDS", "Collectives", "all_gather_exchange",
+__all__ = ["COUNTERS", "EXCHANGES", "KINDS", "Collectives", "Lookup", "all_gather_exchange",
            "all_to_all_exchange", "comm_dict"]
 
 #: the ways a sharded lookup can travel
@@ -143,111 +143,179 @@ def _vectors_back(coll: Collectives, send: tf.Tensor, stats: tf.Variable | None,
     return exchange(send)
 
 
-def all_to_all_exchange(values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor, *,
-                        placement: TablePlacement, dim: int, rank: int,
-                        shard: Any, anchor: Any, coll: Collectives,
-                        stats: tf.Variable | None, single: bool) -> tf.Tensor:
-    """``[nrows, dim]``: row ``i`` is the sum of the vectors of the ids ``values[j]``
-    with ``row_ids[j] == i`` (int64, ``nrows`` a scalar), each id looked up by the
-    worker that owns it. ``single``: every id is its own row (``row_ids`` is
-    ``range(n)``), so no bag lengths travel. ``shard`` is this worker's variable of
-    the table (None where it holds none; then the zero scalar ``anchor`` keeps the
-    backward all-to-all running here, as every worker must run it)."""
-    w = coll.world_size
-    pieces = placement.pieces()
+class Lookup(NamedTuple):
+    """One sharded lookup of an exchange: ``[nrows, dim]`` where row ``i`` sums the
+    vectors of the ids ``values[j]`` with ``row_ids[j] == i`` (int64). ``single``:
+    every id is its own row (``row_ids`` is ``range(n)``), so no bag lengths travel.
+    ``shard`` is this worker's variable of the table (None where it holds none)."""
+
+    values: tf.Tensor
+    row_ids: tf.Tensor
+    nrows: tf.Tensor
+    placement: TablePlacement
+    dim: int
+    shard: Any
+    single: bool
+
+
+class _Routed(NamedTuple):
+    """One lookup's ids in the order they travel (by owner, then row), its bags."""
+
+    ids: tf.Tensor        # [m] sorted by (owner, row)
+    dest: tf.Tensor       # [m] the owner of each
+    lengths: tf.Tensor    # [bags] ids per bag (unused when single)
+    bag_dest: tf.Tensor   # [bags]
+    bag_row: tf.Tensor    # [bags] the requesting row of each bag
+    sent_ids: tf.Tensor   # [W]
+    sent_bags: tf.Tensor  # [W]
+    widths: list[int]     # the columns each worker sends back (0: not an owner)
+
+
+def _route(look: Lookup, w: int) -> _Routed:
+    pieces = look.placement.pieces()
     owners = [k for k, _, _ in pieces]
     if len(set(owners)) != len(owners):
-        raise ValueError(f"HybridParallel: {placement} gives a worker two pieces of one table")
+        raise ValueError(f"HybridParallel: {look.placement} gives a worker two pieces of "
+                         "one table")
     widths = [0] * w
     for k, a, b in pieces:
-        widths[k] = b - a if placement.kind == "column_wise" else dim
-    safe_rows = tf.maximum(nrows, 1)
-    # route: the owner of every (id, row), sorted by (owner, row)
-    if placement.kind == "row_wise":
+        widths[k] = b - a if look.placement.kind == "column_wise" else look.dim
+    safe_rows = tf.maximum(look.nrows, 1)
+    if look.placement.kind == "row_wise":
         starts = tf.constant([a for _, a, _ in pieces], tf.int64)
-        piece = tf.searchsorted(starts, values, side="right") - 1
+        piece = tf.searchsorted(starts, look.values, side="right") - 1
         dest = tf.gather(tf.constant(owners, tf.int64), piece)
-        ids, rows = values, row_ids
+        ids, rows = look.values, look.row_ids
     else:  # the whole table's owner, or every column slice's owner
-        n = tf.size(values, out_type=tf.int64)
+        n = tf.size(look.values, out_type=tf.int64)
         dest = tf.repeat(tf.constant(owners, tf.int64), tf.fill([len(owners)], n))
-        ids, rows = tf.tile(values, [len(owners)]), tf.tile(row_ids, [len(owners)])
+        ids = tf.tile(look.values, [len(owners)])
+        rows = tf.tile(look.row_ids, [len(owners)])
     key = dest * safe_rows + rows
     order = tf.argsort(key, stable=True)
     ids, key, dest = tf.gather(ids, order), tf.gather(key, order), tf.gather(dest, order)
     ones = tf.ones_like(dest)
-    sent_ids = tf.math.unsorted_segment_sum(ones, dest, w)             # [W]
-    if single:
-        bag_key, bag_dest, sent_bags = key, dest, sent_ids
+    sent_ids = tf.math.unsorted_segment_sum(ones, dest, w)
+    if look.single:
+        bag_key, lengths, bag_dest, sent_bags = key, ones, dest, sent_ids
     else:
         bag_key, bag_of_id = tf.unique(key, out_idx=tf.int64)
         lengths = tf.math.unsorted_segment_sum(ones, bag_of_id, tf.size(bag_key))
         bag_dest = bag_key // safe_rows
         sent_bags = tf.math.unsorted_segment_sum(tf.ones_like(bag_dest), bag_dest, w)
-    bag_row = bag_key % safe_rows
-    # sizes: every worker's counts to every worker, so all agree on the paddings
+    return _Routed(ids, dest, lengths, bag_dest, bag_key % safe_rows, sent_ids, sent_bags,
+                   widths)
+
+
+def _placed(dest: tf.Tensor, counts: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
+    """``[m, 2]`` (worker, column) of each element of a run sorted by ``dest``, where
+    ``counts[k]`` go to worker ``k`` and start at column ``offsets[k]``."""
+    first = tf.cumsum(counts, exclusive=True)
+    pos = tf.range(tf.size(dest, out_type=tf.int64)) - tf.gather(first, dest)
+    return tf.stack([dest, pos + tf.gather(offsets, dest)], axis=1)
+
+
+def all_to_all_exchange(lookups: list[Lookup], *, rank: int, anchor: Any,
+                        coll: Collectives, stats: tf.Variable | None) -> list[tf.Tensor]:
+    """Every lookup of ``lookups`` (one per sharded feature of a call), in one
+    exchange: one all-gather of the counts, one all-to-all of the ids of them all,
+    one of the pooled vectors back (module docstring). ``anchor``: the zero scalar
+    variable of a worker lacking some table's shard, which keeps the backward
+    all-to-all running there (every worker must run it)."""
+    w = coll.world_size
+    routed = [_route(look, w) for look in lookups]
+    q = len(lookups)
+    # sizes: [src, dst, lookup, (ids, bags)], so every worker agrees on the layouts
+    mine = tf.stack([tf.stack([r.sent_ids, r.sent_bags], axis=1) for r in routed], axis=1)
     ctx = tf.distribute.get_replica_context()
-    table = ctx.all_gather(tf.stack([sent_ids, sent_bags], axis=1)[None], axis=0)  # [src, dst, 2]
-    width = tf.constant(widths, tf.int64)
-    c_max = tf.maximum(tf.reduce_max(table[:, :, 0]), 1)
-    k_max = c_max if single else tf.maximum(tf.reduce_max(table[:, :, 1]), 1)
-    v_max = tf.maximum(tf.reduce_max(table[:, :, 1] * width[None, :]), 1)
-    # ids: chunk k = the ids for worker k, padded to c_max (then its bag lengths)
-    first = tf.cumsum(sent_ids, exclusive=True)
-    pos = tf.range(tf.size(ids, out_type=tf.int64)) - tf.gather(first, dest)
-    message = tf.scatter_nd(tf.stack([dest, pos], axis=1), ids, tf.stack([w, c_max]))
-    if not single:
-        bag_first = tf.cumsum(sent_bags, exclusive=True)
-        bag_pos = tf.range(tf.size(bag_dest, out_type=tf.int64)) - tf.gather(bag_first, bag_dest)
-        message = tf.concat([message, tf.scatter_nd(tf.stack([bag_dest, bag_pos], axis=1),
-                                                    lengths, tf.stack([w, k_max]))], axis=1)
+    table = ctx.all_gather(mine[None], axis=0)
+    single = tf.constant([look.single for look in lookups])
+    # ids message: per lookup, its ids then (unless single) its bag lengths
+    words = table[:, :, :, 0] + tf.where(single, tf.zeros_like(table[:, :, :, 1]),
+                                         table[:, :, :, 1])          # [src, dst, lookup]
+    offsets = tf.cumsum(words, axis=2, exclusive=True)
+    c_max = tf.maximum(tf.reduce_max(tf.reduce_sum(words, axis=2)), 1)
+    width = tf.constant([r.widths for r in routed], tf.int64)        # [lookup, worker]
+    floats = table[:, :, :, 1] * tf.transpose(width)[None, :, :]     # [src, dst, lookup]
+    v_offsets = tf.cumsum(floats, axis=2, exclusive=True)
+    v_max = tf.maximum(tf.reduce_max(tf.reduce_sum(floats, axis=2)), 1)
+    where, what = [], []
+    for j, (look, r) in enumerate(zip(lookups, routed, strict=True)):
+        start = offsets[rank, :, j]
+        where.append(_placed(r.dest, r.sent_ids, start))
+        what.append(r.ids)
+        if not look.single:
+            where.append(_placed(r.bag_dest, r.sent_bags, start + r.sent_ids))
+            what.append(r.lengths)
+    message = tf.scatter_nd(tf.concat(where, axis=0), tf.concat(what, axis=0),
+                            tf.stack([w, c_max]))
     others = tf.constant(w - 1, tf.int64)
-    id_chunk = 8 * (c_max if single else c_max + k_max)
-    mine = tf.one_hot(rank, w, on_value=0, off_value=1, dtype=tf.int64)  # 1 for other workers
-    payload = tf.reduce_sum(mine * (sent_ids if single else sent_ids + sent_bags)) * 8
-    counted = _count(stats, sizes_sent=others * w * 16, sizes_received=others * w * 16,
-                     ids_sent=others * id_chunk, ids_received=others * id_chunk,
-                     ids_payload_sent=payload)
+    to_others = tf.one_hot(rank, w, on_value=0, off_value=1, dtype=tf.int64)
+    counted = _count(stats, sizes_sent=others * w * q * 16, sizes_received=others * w * q * 16,
+                     ids_sent=others * c_max * 8, ids_received=others * c_max * 8,
+                     ids_payload_sent=tf.reduce_sum(to_others * tf.reduce_sum(words[rank],
+                                                                              axis=1)) * 8)
     with tf.control_dependencies(counted):
         received = coll.all_to_all(message)
     # pool what this worker owns, per requesting worker and bag
-    got_ids, got_bags = table[:, rank, 0], table[:, rank, 1]
-    my_width = widths[rank]
-    if shard is None:
+    column = tf.range(c_max)[None, :]
+    ends = []
+    send = None
+    for j, (look, r) in enumerate(zip(lookups, routed, strict=True)):
+        if look.shard is None or r.widths[rank] == 0:
+            continue
+        start, got_ids, got_bags = offsets[:, rank, j], table[:, rank, j, 0], table[:, rank, j, 1]
+        in_ids = tf.boolean_mask(received, (column >= start[:, None])
+                                 & (column < (start + got_ids)[:, None]))
+        nbags = tf.reduce_sum(got_bags)
+        if look.single:
+            bag = tf.range(nbags)
+        else:
+            at = start + got_ids
+            lengths = tf.boolean_mask(received, (column >= at[:, None])
+                                      & (column < (at + got_bags)[:, None]))
+            bag = tf.repeat(tf.range(nbags), lengths)
+        if look.placement.kind == "row_wise":
+            in_ids = in_ids - dict((k, a) for k, a, _ in look.placement.pieces())[rank]
+        pooled = tf.math.unsorted_segment_sum(tf.gather(look.shard.value, in_ids), bag, nbags)
+        # bag i (source-major) of source s goes to (s, v_offsets[s, rank, j] + b * width + c)
+        cols = r.widths[rank]
+        src = tf.repeat(tf.range(w, dtype=tf.int64), got_bags)
+        b = tf.range(nbags) - tf.gather(tf.cumsum(got_bags, exclusive=True), src)
+        base = tf.gather(v_offsets[:, rank, j], src) + b * cols
+        idx = tf.stack([tf.repeat(src, cols),
+                        tf.reshape(base[:, None] + tf.range(cols, dtype=tf.int64)[None, :],
+                                   [-1])], axis=1)
+        ends.append(tf.reduce_sum(to_others * got_bags) * cols * 4)
+        part = tf.scatter_nd(idx, tf.reshape(pooled, [-1]), tf.stack([w, v_max]))
+        send = part if send is None else send + part
+    if send is None:
         # zeros that depend on a (zero-gradient) variable, so the backward all-to-all
         # of this exchange runs here too: every worker must run the same collectives
         assert anchor is not None  # made for every worker lacking a shard
         send = tf.zeros(tf.stack([tf.constant(w, tf.int64), v_max])) * tf.cast(anchor.value,
                                                                              tf.float32)
-    else:
-        valid = tf.range(c_max)[None, :] < got_ids[:, None]
-        in_ids = tf.boolean_mask(received[:, :c_max], valid)
-        if single:
-            bag = tf.boolean_mask(tf.reshape(tf.range(w * c_max), [w, c_max]), valid)
-        else:
-            bag = tf.repeat(tf.range(w * k_max), tf.reshape(received[:, c_max:], [-1]))
-        if placement.kind == "row_wise":
-            in_ids = in_ids - dict((k, a) for k, a, _ in pieces)[rank]
-        pooled = tf.math.unsorted_segment_sum(tf.gather(shard.value, in_ids), bag, w * k_max)
-        flat = tf.reshape(pooled, tf.stack([tf.constant(w, tf.int64), k_max * my_width]))
-        send = tf.pad(flat, [[0, 0], [0, tf.maximum(v_max - k_max * my_width, 0)]])[:, :v_max]
-    vec_chunk = 4 * v_max
-    counted = _count(stats, vectors_sent=others * vec_chunk, vectors_received=others * vec_chunk,
-                     vectors_payload_sent=tf.reduce_sum(mine * got_bags) * my_width * 4)
+    chunk = others * v_max * 4
+    counted = _count(stats, vectors_sent=chunk, vectors_received=chunk,
+                     vectors_payload_sent=tf.add_n(ends) if ends else tf.constant(0, tf.int64))
     with tf.control_dependencies(counted):
-        back = _vectors_back(coll, send, stats, others * vec_chunk)
+        back = _vectors_back(coll, send, stats, chunk)
     # each owner's bags into their rows (column slices at their columns)
-    bag_first = tf.cumsum(sent_bags, exclusive=True)
-    out = None
-    for k, a, b in pieces:
-        count = sent_bags[k]
-        vec = tf.reshape(back[k, :count * widths[k]], tf.stack([count, widths[k]]))
-        at = bag_row[bag_first[k]:bag_first[k] + count]
-        part = tf.math.unsorted_segment_sum(vec, at, nrows)
-        if placement.kind == "column_wise":
-            part = tf.pad(part, [[0, 0], [a, dim - b]])
-        out = part if out is None else out + part
-    assert out is not None  # a sharded table has at least one piece
+    out = []
+    for j, (look, r) in enumerate(zip(lookups, routed, strict=True)):
+        bag_first = tf.cumsum(r.sent_bags, exclusive=True)
+        total = None
+        for k, a, b_ in look.placement.pieces():
+            count, cols = r.sent_bags[k], r.widths[k]
+            at = v_offsets[rank, k, j]
+            vec = tf.reshape(back[k, at:at + count * cols], tf.stack([count, cols]))
+            rows = r.bag_row[bag_first[k]:bag_first[k] + count]
+            part = tf.math.unsorted_segment_sum(vec, rows, look.nrows)
+            if look.placement.kind == "column_wise":
+                part = tf.pad(part, [[0, 0], [a, look.dim - b_]])
+            total = part if total is None else total + part
+        assert total is not None  # a sharded table has at least one piece
+        out.append(total)
     return out
 
 

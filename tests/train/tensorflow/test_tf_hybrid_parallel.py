@@ -134,56 +134,55 @@ def _expected_bytes(feats: dict, pieces: dict, world: int, exchange: str,
                     train: bool) -> list[dict]:
     """numpy: each worker's counters for one step on the global batch ``feats`` (its
     forward, and its backward when ``train``), from the rows each worker holds and
-    the plan's pieces; every chunk of an all-to-all padded to the largest of any pair."""
+    the plan's pieces. ``all_to_all``: one exchange for all sharded features, each
+    all-to-all chunk padded to the largest of any pair of workers; ``all_gather``:
+    one exchange per feature."""
     size = len(feats["cat_0"])
     parts = np.array_split(np.arange(size), world)
-    out = [dict.fromkeys(["sizes_sent", "sizes_received", "ids_sent", "ids_received",
-                          "vectors_sent", "vectors_received", "gradients_sent",
-                          "gradients_received", "ids_payload_sent", "vectors_payload_sent"], 0)
+    kinds = ("sizes", "ids", "vectors", "gradients")
+    out = [dict.fromkeys([f"{k}_{d}" for k in kinds for d in ("sent", "received")]
+                         + ["ids_payload_sent", "vectors_payload_sent"], 0)
            for _ in range(world)]
+    words = np.zeros((world, world), np.int64)    # int64 words worker r sends worker d
+    floats = np.zeros((world, world), np.int64)   # float32 worker d sends back to worker r
+    features = 0
     for name, (kind, table_pieces) in pieces.items():
         if kind == "data_parallel":
             continue
+        features += 1
         c, k, single = _routes(feats, name, kind, table_pieces, parts)
         width = np.zeros(world, np.int64)
         for d, a, b in table_pieces:
             width[d] = b - a if kind == "column_wise" else 8
-        for r in range(world):
-            o = out[r]
-            if exchange == "all_gather":
-                # each worker's ids: split over the owners (row_wise) or sent to each
-                each = c.sum(axis=1) if kind == "row_wise" else c[:, table_pieces[0][0]]
-                n, everyone = each[r], each.sum()
-                ring = 2 * (world - 1) * size * 8 * 4 // world
+        words += c + (0 if single else k)
+        floats += k * width[None, :]
+        if exchange == "all_gather":
+            # each worker's ids: split over the owners (row_wise) or sent to each
+            each = c.sum(axis=1) if kind == "row_wise" else c[:, table_pieces[0][0]]
+            ring = 2 * (world - 1) * size * 8 * 4 // world
+            for r, o in enumerate(out):
                 o["sizes_sent"] += (world - 1) * 16
                 o["sizes_received"] += (world - 1) * 16
-                o["ids_sent"] += (world - 1) * n * 16
-                o["ids_payload_sent"] += (world - 1) * n * 16
-                o["ids_received"] += (everyone - n) * 16
-                for key in ("vectors_sent", "vectors_received", "vectors_payload_sent"):
+                o["ids_sent"] += (world - 1) * each[r] * 16
+                o["ids_payload_sent"] += (world - 1) * each[r] * 16
+                o["ids_received"] += (each.sum() - each[r]) * 16
+                for key in ("vectors_sent", "vectors_received", "vectors_payload_sent") + (
+                        ("gradients_sent", "gradients_received") if train else ()):
                     o[key] += ring
-                if train:
-                    o["gradients_sent"] += ring
-                    o["gradients_received"] += ring
-                continue
+    if exchange == "all_to_all":
+        ids_chunk, vec_chunk = 8 * max(words.max(), 1), 4 * max(floats.max(), 1)
+        for r, o in enumerate(out):
             others = np.arange(world) != r
-            chunk = max(c.max(), 1) + (0 if single else max(k.max(), 1))
-            vectors = 4 * max(int((k * width[None, :]).max()), 1)
-            o["sizes_sent"] += (world - 1) * world * 16
-            o["sizes_received"] += (world - 1) * world * 16
-            o["ids_sent"] += (world - 1) * 8 * chunk
-            o["ids_received"] += (world - 1) * 8 * chunk
-            o["ids_payload_sent"] += 8 * (c[r, others].sum() + (0 if single else k[r, others].sum()))
-            o["vectors_sent"] += (world - 1) * vectors
-            o["vectors_received"] += (world - 1) * vectors
-            o["vectors_payload_sent"] += 4 * width[r] * k[others, r].sum()
+            o["sizes_sent"] = o["sizes_received"] = (world - 1) * world * features * 16
+            o["ids_sent"] = o["ids_received"] = (world - 1) * ids_chunk
+            o["ids_payload_sent"] = 8 * words[r, others].sum()
+            o["vectors_sent"] = o["vectors_received"] = (world - 1) * vec_chunk
+            o["vectors_payload_sent"] = 4 * floats[others, r].sum()
             if train:
-                o["gradients_sent"] += (world - 1) * vectors
-                o["gradients_received"] += (world - 1) * vectors
+                o["gradients_sent"] = o["gradients_received"] = (world - 1) * vec_chunk
     for o in out:
-        o["sent"] = sum(o[f"{kind}_sent"] for kind in ("sizes", "ids", "vectors", "gradients"))
-        o["received"] = sum(o[f"{kind}_received"]
-                            for kind in ("sizes", "ids", "vectors", "gradients"))
+        o["sent"] = sum(o[f"{kind}_sent"] for kind in kinds)
+        o["received"] = sum(o[f"{kind}_received"] for kind in kinds)
     return [{key: int(v) for key, v in o.items()} for o in out]
 
 
@@ -260,6 +259,17 @@ def test_errors_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="the plan names table 'nope', which the model does "
                        "not have"):
         HybridParallel(_dlrm(), plan={"nope": "row_wise"})
+    with pytest.raises(ValueError, match=r"exchange='alltoall' is not one of "
+                       r"\['all_to_all', 'all_gather'\]"):
+        HybridParallel(_dlrm(), exchange="alltoall")
+    from tabstream.train.tensorflow.exchange import Collectives
+
+    # the all-to-all needs MultiWorkerMirroredStrategy's launcher; the default has none
+    with pytest.raises(TypeError, match=r"exchange='all_to_all' launches TensorFlow's "
+                       r"collective all-to-all through the collective launcher of "
+                       r"MultiWorkerMirroredStrategy .*_DefaultDistributionStrategy.*build "
+                       r"HybridParallel\(\.\.\., exchange='all_gather'\)"):
+        Collectives(tf.distribute.get_strategy())
     hp = HybridParallel(_dlrm(), plan="row_wise")  # one worker: the default strategy
     assert dict(hp.plan) == {"cat_0": "row_wise", "cat_1": "row_wise", "cat_2": "row_wise",
                              "tags": "row_wise"}
