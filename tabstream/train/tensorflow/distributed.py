@@ -251,10 +251,13 @@ class _Batch:
                                "more lookups than the first recorded")
         return self._results.pop(0)
 
-    def finish(self) -> None:
-        left = len(self._results)
+    def reset(self) -> None:
         self.recording = self.replaying = False
         self.pending, self._results = [], []
+
+    def finish(self) -> None:
+        left = len(self._results)
+        self.reset()
         if left:
             raise RuntimeError(f"HybridParallel: {left} recorded lookups were not handed out")
 
@@ -383,8 +386,7 @@ class ShardedEmbeddingTables(keras.layers.Layer):
                 else:
                     out[f] = EmbeddingTables.lookup(self._view, f, features)
         except BaseException:
-            batch.recording = batch.replaying = False
-            batch.pending = []
+            batch.reset()  # the next call starts clean; the error goes on
             raise
         batch.finish()
         return out

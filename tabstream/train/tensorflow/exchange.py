@@ -13,17 +13,19 @@ passes one shape ``[W, C, ...]`` (chunk ``k`` goes to worker ``k``), so the
 chunks are padded to the largest count of any pair of workers; and a chunk of
 ``C = 0`` crashes the process (TensorFlow 2.21), so ``C >= 1``.
 
-One lookup of a sharded table (``exchange="all_to_all"``, worker ``r`` of ``W``,
-holding ``B_r`` rows)::
+The sharded lookups of one call of the embedding layer (``exchange="all_to_all"``,
+worker ``r`` of ``W``, holding ``B_r`` rows; ``Q`` lookups, one per sharded
+feature) travel together, in one exchange::
 
     route    each id goes to the owner of its table (table_wise), of its row range
              (row_wise), or to the owner of every column slice (column_wise); the
              ids sent to one owner are sorted by row and grouped in bags (a row's
              ids for that owner)
-    sizes    all-gather of [W, 2] int64: the ids and bags this worker sends each
-             worker (every worker then knows the paddings)
-    ids      all-to-all of int64 [W, C (+ K)]: the ids, then the bag lengths (left
-             out for per-id lookups, where every id is its own bag)
+    sizes    all-gather of [W, Q, 2] int64: the ids and bags this worker sends each
+             worker for each lookup (every worker then knows the layouts)
+    ids      all-to-all of int64 [W, C]: for each lookup in turn, its ids, then its
+             bag lengths (left out for per-id lookups, where every id is its own
+             bag); C the longest message of any pair of workers
     pool     each owner pools, per requesting worker and bag, what its shard holds:
              the whole vector, partial sums over its rows, or its columns
     vectors  all-to-all of float32 [W, V]: the pooled bags back to their rows'
@@ -31,9 +33,9 @@ holding ``B_r`` rows)::
              columns); differentiable: backward sends the gradients the reverse way
              (``gradients``), so each shard receives exactly its bags' gradients
 
-``exchange="all_gather"`` (the former path) all-gathers every id to every worker,
-each worker pools what its shard holds for all ``sum(B_r)`` rows, and one
-all-reduce of ``[sum(B_r), dim]`` gives every row's vector.
+``exchange="all_gather"`` (the former path), per lookup: all-gather every id to
+every worker, each worker pools what its shard holds for all ``sum(B_r)`` rows,
+and one all-reduce of ``[sum(B_r), dim]`` gives every row's vector.
 
 :data:`COUNTERS` names what each worker counts, in bytes it sends to / receives
 from the *other* workers (its chunk to itself is a local copy): ``<kind>_sent``,
