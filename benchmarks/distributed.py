@@ -30,12 +30,17 @@ either mode at 8 and 64 ranks (the paper estimate in docs/distributed-training.m
 ``tf.distribute.MultiWorkerMirroredStrategy``, ``W`` worker processes on 127.0.0.1
 (``TF_CONFIG``), trained by ``tabstream.train.tensorflow.fit`` in both modes:
 
-    data-parallel   the plain model built in strategy.scope(): every table mirrored
-    hybrid          HybridParallel(model, plan="auto"): big tables sharded, small
-                    ones mirrored
+    data-parallel       the plain model built in strategy.scope(): every table mirrored
+    hybrid              HybridParallel(model, plan="auto"): big tables sharded, small
+                        ones mirrored; each id only to its owners (TensorFlow's
+                        collective all-to-all, exchange="all_to_all")
+    hybrid-all-gather   the same with exchange="all_gather": every id to every
+                        worker, vectors by all-reduce (the path before issue 34)
 
 Steps/s are over ``--steps`` batches of one ``fit`` call, after a first ``fit`` of 3
-batches (tracing); the byte estimate is not printed again.
+batches (tracing); CPU ms per step and the bytes the embedding exchange sent per
+step (``HybridParallel.comm_stats()``, padding included) as for torch; the byte
+estimate is not printed again.
 
     python benchmarks/distributed.py                          # W = 1, 2
     python benchmarks/distributed.py --max-rows 20000 --steps 10 --batch 512
@@ -164,7 +169,9 @@ def tf_worker_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
     with strategy.scope():
         model = DLRM(_schema(max_rows), embedding_dim=DIM, seed=0)
         optimizer = LazyAdam(1e-3)
-        trained = HybridParallel(model, plan="auto") if mode == "hybrid" else model
+        exchange = "all_gather" if mode == "hybrid-all-gather" else "all_to_all"
+        trained = (HybridParallel(model, plan="auto", exchange=exchange)
+                   if mode.startswith("hybrid") else model)
     rng = np.random.default_rng(rank)
     cards = _cardinalities(max_rows)
     batches = []
@@ -175,10 +182,16 @@ def tf_worker_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
         batches.append((f, tf.constant(rng.integers(0, 2, batch).astype(np.float32))))
     timed = [batches[i % len(batches)] for i in range(steps)]
     fit(trained, batches[:3], optimizer, strategy=strategy, progress=False)  # traces
-    start = time.perf_counter()
+    hybrid = mode.startswith("hybrid")
+    before = trained.comm_stats()["total"] if hybrid else None
+    start, cpu = time.perf_counter(), time.process_time()
     fit(trained, timed, optimizer, strategy=strategy, progress=False)  # ends on a collective
-    elapsed = time.perf_counter() - start
-    if mode == "hybrid":
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    extra: dict = {"cpu_s_per_step": cpu / steps}
+    if hybrid:
+        after = trained.comm_stats()["total"]
+        extra["comm_per_step"] = {k: (after[k] - before[k]) / steps for k in after}
+    if hybrid:
         held = sum(int(np.prod(v.shape)) * 4 for v in
                    trained.trainable_variables + trained.shard_variables)
         plan_bytes = trained.plan.rank_bytes()[rank] + trained.plan.replicated_bytes()
@@ -187,7 +200,7 @@ def tf_worker_main(mode: str, max_rows: int, batch: int, steps: int) -> None:
         plan_bytes = sum(c * DIM * 12 for c in cards)
     print(json.dumps({"rank": rank, "steps_per_s": steps / elapsed, "param_bytes": held,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "plan_rank_bytes": plan_bytes}))
+                      "plan_rank_bytes": plan_bytes, **extra}))
 
 
 def _free_ports(n: int) -> list[int]:
@@ -318,7 +331,7 @@ def main() -> None:
                              "tabstream checkout at this path (e.g. a `git worktree` of an "
                              "older commit), alternating with the others")
     parser.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
-    parser.add_argument("--rank-main", choices=["hybrid", "data-parallel"])
+    parser.add_argument("--rank-main", choices=["hybrid", "data-parallel", "hybrid-all-gather"])
     args = parser.parse_args()
     if args.rank_main:
         main_of = tf_worker_main if args.framework == "tensorflow" else rank_main
@@ -335,6 +348,8 @@ def main() -> None:
         runs: dict[str, list[list[dict]]] = {"data-parallel": [], "hybrid": []}
         if args.compare_with and args.framework == "torch":
             runs["hybrid-before"] = []
+        if args.framework == "tensorflow":
+            runs["hybrid-all-gather"] = []
         for _ in range(args.repeats):  # the modes alternate, so load changes hit both
             for mode in runs:
                 runs[mode].append(launch(world, mode, args))
@@ -343,18 +358,17 @@ def main() -> None:
             sps = median([min(r["steps_per_s"] for r in res) for res in reps])
             base = base or sps
             row = [world, mode, f"{sps:.1f}", f"{sps / base:.2f}x"]
-            if args.framework == "torch":
-                cpu = median([max(r["cpu_s_per_step"] for r in res) for res in reps])
-                base_cpu = base_cpu or cpu
-                counted = [res for res in reps if all("comm_per_step" in r for r in res)]
-                sent = (f"{median([max(r['comm_per_step']['sent'] for r in res) for res in counted]) / 1024:,.0f}"
-                        if counted else "-")  # data-parallel, or a checkout without comm_stats
-                row += [f"{cpu * 1000:.0f}", f"{cpu / base_cpu:.2f}x", sent]
+            cpu = median([max(r["cpu_s_per_step"] for r in res) for res in reps])
+            base_cpu = base_cpu or cpu
+            counted = [res for res in reps if all("comm_per_step" in r for r in res)]
+            sent = (f"{median([max(r['comm_per_step']['sent'] for r in res) for res in counted]) / 1024:,.0f}"
+                    if counted else "-")  # data-parallel, or a checkout without comm_stats
+            row += [f"{cpu * 1000:.0f}", f"{cpu / base_cpu:.2f}x", sent]
             rows.append(row + [
                 f"{median([max(r['peak_rss_mb'] for r in res) for res in reps]):,.0f}",
                 f"{max(r['param_bytes'] for r in reps[0]) / 2**20:,.1f}"])
-    cpu_heads = (["CPU ms/step (max rank)", "CPU vs data-parallel",
-                  "exchange KiB sent/step (max rank)"] if args.framework == "torch" else [])
+    cpu_heads = ["CPU ms/step (max rank)", "CPU vs data-parallel",
+                 "exchange KiB sent/step (max rank)"]
     print(format_table(["W", "mode", "steps/s (slowest rank)", "vs data-parallel", *cpu_heads,
                         "peak RSS MB (max rank)", "param MB (max rank)"], rows, markdown=True))
     print(f"# load average after: {os.getloadavg()[0]:.1f}")

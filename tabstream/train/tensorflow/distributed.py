@@ -24,18 +24,17 @@ through its hooks (``fit_build``, ``fit_global_step``, ``fit_checkpoints``): eve
 worker checkpoints its own part, and a resume continues mid-epoch.
 
 How a lookup of a sharded table flows (``W`` workers, worker ``r`` holding ``B_r``
-rows; only tf.distribute collectives of the replica context):
-
-1. the ids of the batch (and the row each belongs to) are all-gathered, so every
-   worker knows the ids of the global batch;
-2. each worker pools, for all ``sum(B_r)`` rows, what its shard holds: the whole
-   table (``table_wise``, on its owner), the ids inside its row range
-   (``row_wise``: partial sums) or its column slice (``column_wise``, placed at
-   its columns); the other workers contribute zeros;
-3. one all-reduce (sum) of these ``[sum(B_r), dim]`` contributions gives every
-   row's pooled vector; a worker keeps its own rows and divides by the list
-   lengths for ``combiner="mean"``. The all-reduce's gradient is the all-reduce of
-   the gradients, so each shard receives the gradient of every worker's loss.
+rows; :mod:`tabstream.train.tensorflow.exchange` has the details): each id goes only
+to the workers that own its table, its row range or a column slice (one all-gather
+of the counts, one all-to-all of the ids, TensorFlow's own collective); each owner
+pools what its shard holds per requesting row (the whole vector, partial sums over
+its rows, or its columns); one all-to-all sends the pooled vectors back, and the
+worker adds them into its rows (dividing by the list lengths for
+``combiner="mean"``). The backward all-to-all sends the gradients the reverse way, so
+each shard receives exactly the gradient of the rows that used it.
+``HybridParallel(..., exchange="all_gather")`` keeps the former path (every id to
+every worker, vectors by all-reduce); :meth:`HybridParallel.comm_stats` counts the
+bytes either moves.
 
 Per-id lookups (``combiner=None``) go the same way with one "row" per id.
 
@@ -44,7 +43,8 @@ optimizer built from its config (the same rules, its own slots) updates them
 outside the replica context, so their gradients are never summed over workers.
 The step's loss on worker ``r`` is its rows' loss sum divided by the global row
 count: summed over workers (as Keras sums the mirrored gradients, and as the
-all-reduce's gradient sums the shards'), that is the gradient of the global mean.
+exchange's backward gathers each shard's from every worker), that is the gradient of the
+global mean.
 Training therefore follows the path of one process on the concatenated global
 batch (worker 0's rows first), whatever the workers' batch sizes.
 """
@@ -76,6 +76,15 @@ from tabstream.train.sharding import (
 )
 from tabstream.train.tables import TableConfig
 from tabstream.train.tensorflow.embeddings import EmbeddingTables, check_ids, sum_duplicate_rows
+from tabstream.train.tensorflow.exchange import (
+    COUNTERS,
+    EXCHANGES,
+    Collectives,
+    Lookup,
+    all_gather_exchange,
+    all_to_all_exchange,
+    comm_dict,
+)
 from tabstream.train.tensorflow.optimizers import MultiOptimizer, sum_repeated_ids
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
@@ -128,12 +137,16 @@ class _ShardedTable:
     docstring; the layouts are read by the same code as for a local table."""
 
     def __init__(self, config: TableConfig, placement: TablePlacement, rank: int,
-                 shard: keras.Variable | None, anchor: keras.Variable | None) -> None:
+                 world_size: int, shard: keras.Variable | None, anchor: keras.Variable | None,
+                 batch: _Batch, stats: tf.Variable | None) -> None:
         self.config = config
         self.placement = placement
         self.rank = rank
+        self.world_size = world_size
         self.shard = shard
         self.anchor = anchor
+        self.batch = batch
+        self.stats = stats
 
     @property
     def dim(self) -> int:
@@ -151,17 +164,21 @@ class _ShardedTable:
         return self._gather(ids, feature)
 
     def _gather(self, ids: tf.Tensor, feature: str | None = None) -> tf.Tensor:
+        if self.batch.replaying:
+            return self.batch.next_result()
         ids = tf.reshape(check_ids(ids, self.config, feature or self.config.name), [-1])
         n = tf.shape(ids, out_type=tf.int64)[0]
-        return self._exchange(ids, tf.range(n), n, mean=False)
+        return self._exchange(ids, tf.range(n), n, mean=False, single=True)
 
     def pool(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
              feature: str | None = None) -> tf.Tensor:
+        if self.batch.replaying:
+            return self.batch.next_result()
         values = check_ids(values, self.config, feature or self.config.name)
         return self._exchange(values, row_ids, nrows, mean=self.config.combiner == "mean")
 
     def _exchange(self, values: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor,
-                  mean: bool) -> tf.Tensor:
+                  mean: bool, single: bool = False) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
         if ctx is None:
             raise ValueError(
@@ -172,25 +189,13 @@ class _ShardedTable:
         values = tf.cast(tf.reshape(values, [-1]), tf.int64)
         row_ids = tf.cast(tf.reshape(row_ids, [-1]), tf.int64)
         nrows = tf.cast(nrows, tf.int64)
-        # 1. the global batch's ids and the global row of each
-        sizes = ctx.all_gather(tf.stack([nrows, tf.size(values, out_type=tf.int64)])[None],
-                               axis=0)
-        all_values = ctx.all_gather(values, axis=0)
-        all_rows = ctx.all_gather(row_ids, axis=0)
-        starts = tf.cumsum(sizes[:, 0], exclusive=True)
-        owner = tf.repeat(tf.range(tf.shape(sizes)[0]), sizes[:, 1])
-        global_rows = all_rows + tf.gather(starts, owner)
-        total = tf.reduce_sum(sizes[:, 0])
-        # 2. what this worker's shard contributes to every row
-        contribution = self._contribution(all_values, global_rows, total)
-        # 3. every row's vector; keep this worker's rows
-        pooled = ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution)
-        mine = pooled[starts[self.rank]:starts[self.rank] + nrows]
-        if mean:
-            counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, mine.dtype), row_ids,
-                                                  nrows)
-            mine = mine / tf.maximum(counts, 1.0)[:, None]
-        return mine
+        if self.batch.recording:  # exchanged with the call's other lookups
+            self.batch.record(Lookup(values, row_ids, nrows, self.placement, self.config.dim,
+                                     self.shard, single), mean)
+            return tf.zeros(tf.stack([nrows, tf.constant(self.config.dim, tf.int64)]))
+        mine = all_gather_exchange(values, row_ids, nrows, contribution=self._contribution,
+                                   rank=self.rank, world=self.world_size, stats=self.stats)
+        return _divided(mine, row_ids, nrows) if mean else mine
 
     def _contribution(self, values: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
         cfg, place = self.config, self.placement
@@ -211,6 +216,50 @@ class _ShardedTable:
             return tf.math.unsorted_segment_sum(part, tf.boolean_mask(rows, keep), total)
         part = tf.math.unsorted_segment_sum(tf.gather(weights, values), rows, total)
         return tf.pad(part, [[0, 0], [start, cfg.dim - stop]])
+
+
+def _divided(pooled: tf.Tensor, row_ids: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
+    """``combiner="mean"``: each row's sum divided by its list's length."""
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(row_ids, pooled.dtype), row_ids, nrows)
+    return pooled / tf.maximum(counts, 1.0)[:, None]
+
+
+class _Batch:
+    """The sharded lookups of one call of :class:`ShardedEmbeddingTables`, exchanged
+    together (``exchange="all_to_all"``: one all-gather and two all-to-alls for all
+    features, not per feature). A first pass of :meth:`EmbeddingTables.lookup` over
+    the features records what each asks for (:meth:`record`; placeholders are
+    returned, unused); one exchange serves them all; a second pass hands the
+    results out in the same order (:meth:`next_result`)."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.replaying = False
+        self.pending: list[tuple[Lookup, bool]] = []
+        self._results: list[tf.Tensor] = []
+
+    def record(self, lookup: Lookup, mean: bool) -> None:
+        self.pending.append((lookup, mean))
+
+    def replay(self, results: list[tf.Tensor]) -> None:
+        self.pending, self._results = [], list(results)
+        self.replaying = True
+
+    def next_result(self) -> tf.Tensor:
+        if not self._results:
+            raise RuntimeError("HybridParallel: the second pass over the features asked for "
+                               "more lookups than the first recorded")
+        return self._results.pop(0)
+
+    def reset(self) -> None:
+        self.recording = self.replaying = False
+        self.pending, self._results = [], []
+
+    def finish(self) -> None:
+        left = len(self._results)
+        self.reset()
+        if left:
+            raise RuntimeError(f"HybridParallel: {left} recorded lookups were not handed out")
 
 
 class _LookupView:
@@ -234,12 +283,19 @@ class ShardedEmbeddingTables(keras.layers.Layer):
     same feature order. ``replicated`` is an :class:`EmbeddingTables` (mirrored) of the
     ``data_parallel`` tables; ``shards[table]`` is this worker's plain variable of a
     sharded table (absent where it holds none); ``paths[table]`` the path of the
-    table's variable in the unwrapped model."""
+    table's variable in the unwrapped model. ``exchange`` is how a sharded lookup
+    travels: ``"all_to_all"`` (each id to its owners only) or ``"all_gather"`` (every
+    id to every worker; :mod:`tabstream.train.tensorflow.exchange`); ``comm_total``
+    counts the bytes (int64, :data:`~tabstream.train.tensorflow.exchange.COUNTERS`)."""
 
     def __init__(self, tables: EmbeddingTables, plan: ShardingPlan, rank: int,
-                 **kwargs: Any) -> None:
+                 exchange: str = "all_to_all", **kwargs: Any) -> None:
+        if exchange not in EXCHANGES:
+            raise ValueError(f"HybridParallel: exchange={exchange!r} is not one of "
+                             f"{list(EXCHANGES)}")
         kwargs.setdefault("name", tables.name)
         super().__init__(**kwargs)
+        self.exchange = exchange
         self.configs = list(tables.configs)
         self.plan = plan
         self.rank = rank
@@ -273,7 +329,8 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         needs_anchor = any(plan[c.name] != "data_parallel" and c.name not in pieces
                            for c in self.configs)
 
-        def make_shards() -> tuple[dict[str, keras.Variable], keras.Variable | None]:
+        def make_shards() -> tuple[dict[str, keras.Variable], keras.Variable | None,
+                                   list[tf.Variable]]:
             out = {}
             for name, value in pieces.items():
                 scope, _, leaf = paths[name].rpartition("/")
@@ -284,14 +341,24 @@ class ShardedEmbeddingTables(keras.layers.Layer):
             if needs_anchor:
                 with keras.name_scope(self.name):
                     anchor = keras.Variable(0.0, name="exchange_anchor", dtype="float32")
-            return out, anchor
+            # byte counters (total, and the total when the last step began) and steps
+            counters = [tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False,
+                                    name=f"{self.name}_comm_{what}") for what in ("total", "start")]
+            counters.append(tf.Variable(tf.zeros([], tf.int64), trainable=False,
+                                        name=f"{self.name}_comm_steps"))
+            return out, anchor, counters
 
-        shards, anchor = _outside_strategy(make_shards)
+        shards, anchor, counters = _outside_strategy(make_shards)
         object.__setattr__(self, "shards", shards)
         object.__setattr__(self, "anchor", anchor)
         object.__setattr__(self, "paths", paths)
-        sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank,
-                                         self.shards.get(c.name), anchor)
+        for attr, var in zip(("comm_total", "comm_start", "comm_steps"), counters, strict=True):
+            object.__setattr__(self, attr, var)
+        object.__setattr__(self, "_batch", _Batch())
+        object.__setattr__(self, "_collectives", None)  # made at the first exchange
+        sharded = {c.name: _ShardedTable(c, plan.placements[c.name], rank, plan.world_size,
+                                         self.shards.get(c.name), anchor, self._batch,
+                                         self.comm_total)
                    for c in self.configs if plan[c.name] != "data_parallel"}
         object.__setattr__(self, "_view", _LookupView(sharded, self._feature_to_table,
                                                       self.list_features))
@@ -301,14 +368,38 @@ class ShardedEmbeddingTables(keras.layers.Layer):
         self.built = True
 
     def call(self, features: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for f in self.feature_names:
-            if self.replicated is not None and \
-                    self.plan[self._feature_to_table[f]] == "data_parallel":
-                out[f] = self.replicated.lookup(f, features)
-            else:
-                out[f] = EmbeddingTables.lookup(self._view, f, features)
+        sharded = [f for f in self.feature_names
+                   if self.plan[self._feature_to_table[f]] != "data_parallel"]
+        batch = self._batch
+        try:
+            if sharded and self.exchange == "all_to_all" and self.plan.world_size > 1:
+                batch.recording = True
+                for f in sharded:
+                    EmbeddingTables.lookup(self._view, f, features)
+                batch.recording = False
+                batch.replay(self._exchange(batch.pending))
+            out = {}
+            for f in self.feature_names:
+                if f not in sharded:
+                    assert self.replicated is not None  # holds every data_parallel table
+                    out[f] = self.replicated.lookup(f, features)
+                else:
+                    out[f] = EmbeddingTables.lookup(self._view, f, features)
+        except BaseException:
+            batch.reset()  # the next call starts clean; the error goes on
+            raise
+        batch.finish()
         return out
+
+    def _exchange(self, pending: list[tuple[Lookup, bool]]) -> list[tf.Tensor]:
+        """The recorded lookups in one all-to-all exchange, ``combiner="mean"`` divided."""
+        if self._collectives is None:
+            object.__setattr__(self, "_collectives", Collectives(tf.distribute.get_strategy()))
+        pooled = all_to_all_exchange([look for look, _ in pending], rank=self.rank,
+                                     anchor=self.anchor, coll=self._collectives,
+                                     stats=self.comm_total)
+        return [_divided(p, look.row_ids, look.nrows) if mean else p
+                for p, (look, mean) in zip(pooled, pending, strict=True)]
 
 
 def _replace_layer(model: keras.Model, attr: str, old: keras.layers.Layer,
@@ -379,6 +470,11 @@ class HybridParallel:
             ``"row_wise"``, ``"column_wise"``, ``"data_parallel"``), ``{table: type}``
             overriding ``"auto"`` for those tables, or ``None`` (``"auto"``).
         strategy: default: the strategy in scope.
+        exchange: how a sharded table's lookup travels: ``"all_to_all"`` (default;
+            each id only to the workers owning its table, rows or columns, through
+            TensorFlow's collective all-to-all) or ``"all_gather"`` (every id to every
+            worker, vectors by all-reduce; the former path). See
+            :mod:`tabstream.train.tensorflow.exchange`; :meth:`comm_stats` counts bytes.
 
     ``model(features)`` works inside ``strategy.run``; :meth:`train_step` and
     :meth:`predict` do that. ``trainable_variables`` are the mirrored ones,
@@ -388,9 +484,13 @@ class HybridParallel:
     """
 
     def __init__(self, model: keras.Model, plan: Any = None,
-                 strategy: tf.distribute.Strategy | None = None) -> None:
+                 strategy: tf.distribute.Strategy | None = None,
+                 exchange: str = "all_to_all") -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(f"HybridParallel wraps a keras.Model, got {type(model).__name__}")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"HybridParallel: exchange={exchange!r} is not one of "
+                             f"{list(EXCHANGES)}")
         if model.built:
             raise ValueError(
                 f"HybridParallel: {model.name!r} has been called already; wrap the model "
@@ -404,7 +504,8 @@ class HybridParallel:
         for attr, value in list(vars(model).items()):
             if isinstance(value, EmbeddingTables):
                 with self.strategy.scope():
-                    sharded = ShardedEmbeddingTables(value, self.plan, self.rank)
+                    sharded = ShardedEmbeddingTables(value, self.plan, self.rank,
+                                                     exchange=exchange)
                 _replace_layer(model, attr, value, sharded)
                 self.sharded[attr] = sharded
         if not self.sharded:
@@ -557,6 +658,9 @@ class HybridParallel:
             mirrored.apply(grads[:len(mirrored_vars)], mirrored_vars)
             return summed, local, grads[len(mirrored_vars):]
 
+        for s in self.sharded.values():  # comm_stats' "last": from here
+            s.comm_start.assign(s.comm_total.read_value())
+            s.comm_steps.assign_add(1)
         summed, rows, shard_grads = self.strategy.run(replica, args=(features, labels))
         if shards:
             # one row per id: Keras' own optimizers take an IndexedSlices' rows as
@@ -611,6 +715,32 @@ class HybridParallel:
             self._steps["predict"] = tf.function(run, input_signature=[_open_spec(features)],
                                                  autograph=False)
         return self._steps["predict"](features).numpy()
+
+    def comm_stats(self) -> dict[str, Any]:
+        """Bytes this worker's embedding exchanges sent to and received from the other
+        workers (its chunks to itself are not counted), as torch's
+        ``HybridParallel.comm_stats()``: ``{"steps": n, "last": {...}, "total": {...}}``,
+        ``"last"`` since the last training step began (its forward and backward),
+        ``"total"`` since construction. Each holds ``<kind>_sent`` and
+        ``<kind>_received`` for the kinds ``sizes`` (int64 counts), ``ids`` (int64 ids
+        and bag lengths), ``vectors`` (float32 pooled vectors back to the rows'
+        worker) and ``gradients`` (their gradients, backward), as they travel:
+        padded to the largest chunk of any pair of workers, which TensorFlow's
+        all-to-all needs; ``ids_payload_sent`` / ``vectors_payload_sent`` are the
+        part that is not padding; ``sent`` / ``received`` sum the kinds. The
+        mirrored variables' gradient all-reduce is not included::
+
+            stats = model.comm_stats()
+            stats["last"]["ids_sent"], stats["total"]["sent"] / stats["steps"]
+        """
+        total = np.zeros(len(COUNTERS), np.int64)
+        start = np.zeros(len(COUNTERS), np.int64)
+        steps = 0
+        for s in self.sharded.values():
+            total += s.comm_total.numpy()
+            start += s.comm_start.numpy()
+            steps = max(steps, int(s.comm_steps.numpy()))
+        return {"steps": steps, "last": comm_dict(total - start), "total": comm_dict(total)}
 
     # -- whole weights ----------------------------------------------------------
     def full_weights(self) -> dict[str, np.ndarray]:

@@ -194,6 +194,29 @@ def per_id(out_dir: str, strategy, rank: int, world: int) -> None:
     np.savez(os.path.join(out_dir, f"per_id_{rank}.npz"), **result)
 
 
+def comm(out_dir: str, strategy, rank: int, world: int) -> None:
+    """Two training steps of the mixed plan under each exchange; writes
+    ``comm_<exchange>_<rank>.json``: ``comm_stats()`` after each step and the plan's
+    pieces (what the test's own count of the bytes starts from)."""
+    from tabstream.train.tensorflow.distributed import HybridParallel
+
+    batches = global_batches()
+    for exchange in ("all_to_all", "all_gather"):
+        with strategy.scope():
+            model = make_model(0)
+            optimizer = make_optimizer("multi", model)
+            hp = HybridParallel(model, plan=MIXED, exchange=exchange)
+        step = hp.train_step(optimizer, loss_fn=bce)
+        stats = []
+        for feats, labels in (batches[0], batches[2]):
+            part = np.array_split(np.arange(len(labels)), world)[rank]
+            step(as_tf({k: v[part] for k, v in feats.items()}), tf.constant(labels[part]))
+            stats.append(hp.comm_stats())
+        pieces = {name: [kind, hp.plan.placements[name].pieces()] for name, kind in hp.plan.items()}
+        with open(os.path.join(out_dir, f"comm_{exchange}_{rank}.json"), "w") as fh:
+            json.dump({"stats": stats, "pieces": pieces}, fh)
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     cases = sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES)
@@ -209,6 +232,8 @@ def main() -> None:
     for case in cases:
         if case == "per_id":
             per_id(out_dir, strategy, rank, strategy.num_replicas_in_sync)
+        elif case == "comm":
+            comm(out_dir, strategy, rank, strategy.num_replicas_in_sync)
         else:
             distributed(case, out_dir, strategy, rank, strategy.num_replicas_in_sync)
 

@@ -111,10 +111,109 @@ def _assert_per_id(out: Path, world: int) -> None:
         assert got["row_wise__seq__vectors__got"].ndim == 3
 
 
+def _routes(feats: dict, name: str, kind: str, pieces: list, parts: list) -> tuple:
+    """numpy: ``(C, K, single)``: ``C[r, d]`` the ids worker ``r`` (rows ``parts[r]``)
+    sends worker ``d`` for feature ``name``, ``K[r, d]`` the bags (rows with ids there)."""
+    world = len(parts)
+    c, k = np.zeros((world, world), np.int64), np.zeros((world, world), np.int64)
+    single = name != "tags"
+    for r, rows in enumerate(parts):
+        if single:
+            ids, row = feats[name][rows], np.arange(len(rows))
+        else:
+            mask = feats["tags__mask"][rows]
+            ids, row = feats["tags"][rows][mask], np.nonzero(mask)[0]
+        for d, a, b in pieces:
+            hit = (ids >= a) & (ids < b) if kind == "row_wise" else np.ones(len(ids), bool)
+            c[r, d] = hit.sum()
+            k[r, d] = c[r, d] if single else len(np.unique(row[hit]))
+    return c, k, single
+
+
+def _expected_bytes(feats: dict, pieces: dict, world: int, exchange: str,
+                    train: bool) -> list[dict]:
+    """numpy: each worker's counters for one step on the global batch ``feats`` (its
+    forward, and its backward when ``train``), from the rows each worker holds and
+    the plan's pieces. ``all_to_all``: one exchange for all sharded features, each
+    all-to-all chunk padded to the largest of any pair of workers; ``all_gather``:
+    one exchange per feature."""
+    size = len(feats["cat_0"])
+    parts = np.array_split(np.arange(size), world)
+    kinds = ("sizes", "ids", "vectors", "gradients")
+    out = [dict.fromkeys([f"{k}_{d}" for k in kinds for d in ("sent", "received")]
+                         + ["ids_payload_sent", "vectors_payload_sent"], 0)
+           for _ in range(world)]
+    words = np.zeros((world, world), np.int64)    # int64 words worker r sends worker d
+    floats = np.zeros((world, world), np.int64)   # float32 worker d sends back to worker r
+    features = 0
+    for name, (kind, table_pieces) in pieces.items():
+        if kind == "data_parallel":
+            continue
+        features += 1
+        c, k, single = _routes(feats, name, kind, table_pieces, parts)
+        width = np.zeros(world, np.int64)
+        for d, a, b in table_pieces:
+            width[d] = b - a if kind == "column_wise" else 8
+        words += c + (0 if single else k)
+        floats += k * width[None, :]
+        if exchange == "all_gather":
+            # each worker's ids: split over the owners (row_wise) or sent to each
+            each = c.sum(axis=1) if kind == "row_wise" else c[:, table_pieces[0][0]]
+            ring = 2 * (world - 1) * size * 8 * 4 // world
+            for r, o in enumerate(out):
+                o["sizes_sent"] += (world - 1) * 16
+                o["sizes_received"] += (world - 1) * 16
+                o["ids_sent"] += (world - 1) * each[r] * 16
+                o["ids_payload_sent"] += (world - 1) * each[r] * 16
+                o["ids_received"] += (each.sum() - each[r]) * 16
+                for key in ("vectors_sent", "vectors_received", "vectors_payload_sent") + (
+                        ("gradients_sent", "gradients_received") if train else ()):
+                    o[key] += ring
+    if exchange == "all_to_all":
+        ids_chunk, vec_chunk = 8 * max(words.max(), 1), 4 * max(floats.max(), 1)
+        for r, o in enumerate(out):
+            others = np.arange(world) != r
+            o["sizes_sent"] = o["sizes_received"] = (world - 1) * world * features * 16
+            o["ids_sent"] = o["ids_received"] = (world - 1) * ids_chunk
+            o["ids_payload_sent"] = 8 * words[r, others].sum()
+            o["vectors_sent"] = o["vectors_received"] = (world - 1) * vec_chunk
+            o["vectors_payload_sent"] = 4 * floats[others, r].sum()
+            if train:
+                o["gradients_sent"] = o["gradients_received"] = (world - 1) * vec_chunk
+    for o in out:
+        o["sent"] = sum(o[f"{kind}_sent"] for kind in kinds)
+        o["received"] = sum(o[f"{kind}_received"] for kind in kinds)
+    return [{key: int(v) for key, v in o.items()} for o in out]
+
+
+def _assert_comm(out: Path, world: int) -> None:
+    from hybrid_worker import global_batches
+
+    first, _, last = (f for f, _ in global_batches())
+    sent = {}
+    for exchange in ("all_to_all", "all_gather"):
+        got = [json.loads((out / f"comm_{exchange}_{r}.json").read_text()) for r in range(world)]
+        pieces = got[0]["pieces"]
+        one = _expected_bytes(first, pieces, world, exchange, train=True)
+        two = _expected_bytes(last, pieces, world, exchange, train=True)
+        built = _expected_bytes(first, pieces, world, exchange, train=False)  # build's forward
+        for r in range(world):
+            step1, step2 = got[r]["stats"]
+            assert (step1["steps"], step2["steps"]) == (1, 2)
+            assert step1["last"] == one[r], (exchange, r)
+            assert step2["last"] == two[r], (exchange, r)
+            assert step2["total"] == {key: built[r][key] + one[r][key] + two[r][key]
+                                      for key in one[r]}, (exchange, r)
+        sent[exchange] = sum(g["stats"][1]["last"]["ids_payload_sent"] for g in got)
+    # the point of the all-to-all: far fewer id bytes than sending every id everywhere
+    assert 0 < sent["all_to_all"] < sent["all_gather"] / 2
+
+
 def test_two_workers_mixed_plan_multi_optimizer_like_one_process(reference, tmp_path):
-    _run(2, tmp_path, ["mixed", "per_id"])
+    _run(2, tmp_path, ["mixed", "per_id", "comm"])
     _assert_like_one_process(reference, tmp_path, 2, "mixed")
     _assert_per_id(tmp_path, 2)
+    _assert_comm(tmp_path, 2)
 
 
 @pytest.mark.slow
@@ -122,13 +221,14 @@ def test_two_workers_mixed_plan_multi_optimizer_like_one_process(reference, tmp_
 def test_every_sharding_type_and_resume_like_one_process(reference, tmp_path, world):
     cases = ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed_resume"]
     if world == 3:
-        cases += ["per_id"]
+        cases += ["per_id", "comm"]
     _run(world, tmp_path, cases)
     for case in cases:
-        if case != "per_id":
+        if case not in ("per_id", "comm"):
             _assert_like_one_process(reference, tmp_path, world, case)
     if world == 3:
         _assert_per_id(tmp_path, world)
+        _assert_comm(tmp_path, world)
     assert sorted(os.listdir(tmp_path / "ck")) == [f"worker-{r}-of-{world}" for r in range(world)]
 
 
@@ -159,6 +259,17 @@ def test_errors_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="the plan names table 'nope', which the model does "
                        "not have"):
         HybridParallel(_dlrm(), plan={"nope": "row_wise"})
+    with pytest.raises(ValueError, match=r"exchange='alltoall' is not one of "
+                       r"\['all_to_all', 'all_gather'\]"):
+        HybridParallel(_dlrm(), exchange="alltoall")
+    from tabstream.train.tensorflow.exchange import Collectives
+
+    # the all-to-all needs MultiWorkerMirroredStrategy's launcher; the default has none
+    with pytest.raises(TypeError, match=r"exchange='all_to_all' launches TensorFlow's "
+                       r"collective all-to-all through the collective launcher of "
+                       r"MultiWorkerMirroredStrategy .*_DefaultDistributionStrategy.*build "
+                       r"HybridParallel\(\.\.\., exchange='all_gather'\)"):
+        Collectives(tf.distribute.get_strategy())
     hp = HybridParallel(_dlrm(), plan="row_wise")  # one worker: the default strategy
     assert dict(hp.plan) == {"cat_0": "row_wise", "cat_1": "row_wise", "cat_2": "row_wise",
                              "tags": "row_wise"}
