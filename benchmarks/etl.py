@@ -204,6 +204,8 @@ def _run_tasks_synchronously() -> None:
     for mod in (execution, workflow, export):
         if hasattr(mod, "compute"):
             mod.compute = compute_sync
+    # the export runs its tasks on its own task group (local_compute(..., pool=...))
+    export.local_compute = lambda tasks, pool=None, **kwargs: compute_sync(tasks)
 
 
 def case_polars(fmt: str, files: list[str], out: str, mode: str) -> dict[str, Any]:
