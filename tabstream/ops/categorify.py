@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import posixpath
 import sys
 import tempfile
@@ -251,6 +252,39 @@ _BUCKETED_ROWS = 1 << 15
 #: values go to the merge as they are (see :meth:`Categorify._raw_counts`)
 _SAMPLE_ROWS = 2048
 _RAW_SHARE = 0.85
+
+
+#: candidate tables (see ``keep_candidates``) of more bytes than this are kept in a
+#: memory-mapped file rather than on the heap (see :func:`_off_heap`)
+_OFF_HEAP_BYTES = 8 << 20
+
+
+def _off_heap(table: pa.Table) -> pa.Table:
+    """``table`` read back from a memory map of an unlinked temporary file: the same
+    values, in pages the kernel may drop and read again, not in the process's heap.
+    Candidates (every value below ``freq_threshold``: most distinct values of a large
+    column) are read only by ``Workflow.update`` and ``save``; held on the heap they
+    were the largest part of the 16M-row Criteo export's peak RSS (benchmarks/RESULTS.md,
+    session 18). A table under :data:`_OFF_HEAP_BYTES`, or a temporary folder that
+    cannot take it (full, read-only), keeps it on the heap as before."""
+    if table.nbytes < _OFF_HEAP_BYTES:
+        return table
+    try:
+        fd, path = tempfile.mkstemp(prefix="tabstream-candidates-", suffix=".arrow")
+    except OSError:
+        return table  # no temporary folder to write in: kept on the heap
+    try:
+        os.close(fd)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        # the mapping keeps the unlinked file's pages for as long as the table lives
+        mapped = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    except OSError:
+        return table  # a full temporary folder: kept on the heap
+    finally:
+        with contextlib.suppress(OSError):  # removed already, or never written
+            os.remove(path)
+    return mapped
 
 
 def _bucket_slice(table: pa.Table, offsets: np.ndarray, bucket: int) -> pa.Table:
@@ -865,7 +899,7 @@ class Categorify(StatOperator):
                 # Workflow.update
                 rest = [t for t in (below, table.slice(kept)) if t is not None and t.num_rows]
                 if rest:
-                    candidates[name] = pa.concat_tables(rest).combine_chunks()
+                    candidates[name] = _off_heap(pa.concat_tables(rest).combine_chunks())
         for name, values in (self.vocabs or {}).items():
             arr = backend().normalize_missing(pa.array(values))
             if arr.null_count:
