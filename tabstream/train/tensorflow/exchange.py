@@ -54,7 +54,7 @@ import tensorflow as tf
 
 from tabstream.train.sharding import TablePlacement
 
-__all__ = ["COUNTERS", "EXCHANGES", "KINDS", "Collectives", "Lookup", "all_gather_exchange",
+__all__ = ["COUNTERS", "Collectives", "EXCHANGES", "KINDS", "Lookup", "all_gather_exchange",
            "all_to_all_exchange", "comm_dict"]
 
 #: the ways a sharded lookup can travel
