@@ -27,6 +27,18 @@ def _table_dict(name, rows, dim):
             "is_list": False, "combiner": "sum"}
 
 
+
+def _write_old_meta(folder, fmt: int) -> None:
+    """The ``_server.json`` of a hand-written format-``fmt`` folder: marked at version 5,
+    the previous mark at 4."""
+    mark = {"version": 5, "table_steps": {"t": 5}, "last_export": 3, "vocabulary_delta": 0}
+    previous = {"version": 4, "table_steps": {"t": 4}, "last_export": 3, "vocabulary_delta": 0}
+    meta = {"format": f"tabstream.ParameterServer/{fmt}", "storage": "disk", "seed": 0,
+            "optimizer": "adagrad", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-10,
+            "init_scale": 0.05, "tables": [_table_dict("t", ROWS, DIM)], "mark": mark,
+            "previous": previous}
+    (folder / "_server.json").write_text(json.dumps(meta))
+
 def write_format_1(folder, rng):
     """A format-1 adagrad server of one table: rows touched at versions 1..6, the
     mark at 5 (last export at 3, previous mark 4), and an undo log after the mark
@@ -57,13 +69,7 @@ def write_format_1(folder, rng):
     # sparse files of the full size, as format 1 made them
     for suffix, arr in (("weight.f32", w), ("state.f32", s), ("version.i64", v)):
         arr.tofile(folder / f"t.{suffix}")
-    mark = {"version": 5, "table_steps": {"t": 5}, "last_export": 3, "vocabulary_delta": 0}
-    previous = {"version": 4, "table_steps": {"t": 4}, "last_export": 3, "vocabulary_delta": 0}
-    meta = {"format": "tabstream.ParameterServer/1", "storage": "disk", "seed": 0,
-            "optimizer": "adagrad", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-10,
-            "init_scale": 0.05, "tables": [_table_dict("t", ROWS, DIM)], "mark": mark,
-            "previous": previous}
-    (folder / "_server.json").write_text(json.dumps(meta))
+    _write_old_meta(folder, 1)
     return committed
 
 
@@ -164,13 +170,7 @@ def write_format_2(folder, rng):
     records[:, 8:] = v.reshape(-1, 1).view(np.float32)
     records.tofile(folder / "t.rows.f32")
     (folder / "t.changes.i64").write_bytes(changes)
-    mark = {"version": 5, "table_steps": {"t": 5}, "last_export": 3, "vocabulary_delta": 0}
-    previous = {"version": 4, "table_steps": {"t": 4}, "last_export": 3, "vocabulary_delta": 0}
-    meta = {"format": "tabstream.ParameterServer/2", "storage": "disk", "seed": 0,
-            "optimizer": "adagrad", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-10,
-            "init_scale": 0.05, "tables": [_table_dict("t", ROWS, DIM)], "mark": mark,
-            "previous": previous}
-    (folder / "_server.json").write_text(json.dumps(meta))
+    _write_old_meta(folder, 2)
     return states[4], states[5]
 
 
