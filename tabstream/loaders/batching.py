@@ -90,21 +90,46 @@ class Chunk:
         complete: one or two of their batches exist at a time instead of all the
         chunk's, and the buffers the consumer gives back are reused at once (see
         :class:`BatchPool`)."""
+        # shuffled batches whose rows all come from this chunk: assembled in storage
+        # order in a scratch buffer, then put in their own order with one take
+        # (see _fill_whole); the others' rows are scattered to their places
+        whole = {id(b) for b, rows in _rows_by_builder(segments).items()
+                 if b.order is not None and rows == b.size}
         per_part = self._per_part(segments)
         names = list(self.parts[0])
         first = self.parts[0]
         wide = [n for n in names if isinstance(first[n], np.ndarray)
                 and first[n].nbytes // max(1, len(first[n])) * self.num_rows > _WIDE_COLUMN_BYTES]
+        by_builder: dict[int, list[tuple[int, int, np.ndarray | slice]]] = {}
+        builders: dict[int, BatchBuilder] = {}
+        if whole:
+            for p, segs in enumerate(per_part):
+                for builder, at, rows in segs:
+                    if id(builder) in whole:
+                        by_builder.setdefault(id(builder), []).append((p, at, rows))
+                        builders[id(builder)] = builder
         for name in names:
             if name in wide:
                 continue
+            dense = isinstance(first[name], np.ndarray)
+            if dense and by_builder:
+                cols = [part[name] for part in self.parts]
+                for key, pieces in by_builder.items():
+                    _fill_whole(cols, builders[key], name, pieces)
+                del cols
             for part, segs in zip(self.parts, per_part, strict=True):
                 col = part.pop(name)
                 for builder, at, rows in segs:
-                    _copy_rows(col, builder, name, at, rows)
+                    if not dense:
+                        _copy_rows(col, builder, name, at, rows)
+                    elif id(builder) not in whole:
+                        # a batch across two chunks: its rows in storage order now,
+                        # in its own order when complete (BatchBuilder.permute)
+                        _copy_rows(col, builder, name, at, rows, in_order=True)
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
+        del by_builder, builders
         pending = set(map(id, done))
         if wide:
             # a batch's segments, part by part, in the order the batches are cut
@@ -131,6 +156,37 @@ class Chunk:
             del builders, by_batch
 
 
+def _rows_by_builder(segments: list[Segment]) -> dict[BatchBuilder, int]:
+    """How many of each batch's rows the segments hold."""
+    out: dict[BatchBuilder, int] = {}
+    for builder, _at, rows in segments:
+        n = (rows.stop - rows.start) if isinstance(rows, slice) else len(rows)
+        out[builder] = out.get(builder, 0) + n
+    return out
+
+
+def _fill_whole(cols: Sequence[np.ndarray], builder: BatchBuilder, name: str,
+                pieces: list[tuple[int, int, np.ndarray | slice]]) -> None:
+    """Column ``name`` of a shuffled batch whose rows all come from this chunk:
+    gathered in storage order into this thread's scratch buffer (``pieces``: the
+    chunk piece, where in the in-order assembly, which rows), then taken in the
+    batch's own order into the batch. Two gathers, both cache-friendly: the first
+    reads the chunk's column nearly in sequence, the second reads a batch-sized
+    buffer that is still in cache. Measured against the in-order gather plus a
+    scatter it replaces: 0.28-0.41 against 0.60-0.97 s per 2M rows of 40 columns
+    (benchmarks/RESULTS.md, session 19)."""
+    col0 = cols[0]
+    per_row = col0.size // max(1, len(col0))
+    scratch = _scratch(builder.size * per_row, col0.dtype).reshape((builder.size, *col0.shape[1:]))
+    for p, at, rows in pieces:
+        col = cols[p]
+        if isinstance(rows, slice):
+            scratch[at:at + rows.stop - rows.start] = col[rows]
+        else:
+            col.take(rows, axis=0, out=scratch[at:at + len(rows)], mode="clip")
+    scratch.take(builder.order, axis=0, out=builder.column(name), mode="clip")
+
+
 # A dense column whose rows in one chunk take more bytes than this is copied into
 # its batches batch by batch (see Chunk.fill): past the caches, the column-by-column
 # order saves nothing and holds every batch of the chunk at once.
@@ -138,8 +194,12 @@ _WIDE_COLUMN_BYTES = 16 * 2**20
 
 
 def _copy_rows(col: Any, builder: BatchBuilder, name: str, at: int,
-               rows: np.ndarray | slice) -> None:
-    """Rows ``rows`` of a chunk piece's column into ``builder`` from its row ``at``."""
+               rows: np.ndarray | slice, in_order: bool = False) -> None:
+    """Rows ``rows`` of a chunk piece's column into ``builder`` from its row ``at``;
+    ``in_order``: a dense column of a shuffled batch copied in storage order, to be
+    put in the batch's order when it is complete (see :meth:`BatchBuilder.permute`)."""
+    if in_order:
+        builder.in_order.add(name)
     if isinstance(col, pa.Array):
         if builder.order is not None and not isinstance(rows, slice):
             # shuffled: the rows are taken once, in the batch's own order, when the
@@ -150,7 +210,7 @@ def _copy_rows(col: Any, builder: BatchBuilder, name: str, at: int,
         else:
             builder.lists[name].append(col.slice(rows.start, rows.stop - rows.start)
                                        if isinstance(rows, slice) else take_lists(col, rows))
-    elif builder.dest is not None:
+    elif not in_order and builder.dest is not None:
         # shuffled within: the rows go straight to their places in the batch's own
         # order (an in-order gather, then a scatter inside the batch), one pass
         # less than gathering in order and permuting the complete batch
@@ -199,10 +259,10 @@ class BatchBuilder:
         # dense columns are filled: row ``j`` of the in-order assembly goes to
         # ``dest[j]``, so that ``column[i]`` is assembled row ``order[i]``
         self.order = order
-        self.dest: np.ndarray | None = None
-        if order is not None:
-            self.dest = np.empty_like(order)
-            self.dest[order] = np.arange(len(order), dtype=order.dtype)
+        self._dest: np.ndarray | None = None
+        # dense columns filled in storage order although ``order`` is given (the
+        # batch spans two chunks): permuted when the batch is complete
+        self.in_order: set[str] = set()
         self.dtypes = dtypes
         self.pool = pool
         # name -> (block, row, rows): scalar columns delivered as rows of one buffer
@@ -212,6 +272,15 @@ class BatchBuilder:
         self.out: dict[str, np.ndarray] = {}
         # list columns: arrow arrays, or (chunk column, at, rows) while shuffled (_copy_rows)
         self.lists: dict[str, list[Any]] = {n: [] for n in lists}
+
+    @property
+    def dest(self) -> np.ndarray | None:
+        """Where row ``j`` of the in-order assembly goes (the inverse of ``order``),
+        made when first needed: only wide columns scatter (see Chunk.fill)."""
+        if self._dest is None and self.order is not None:
+            self._dest = np.empty_like(self.order)
+            self._dest[self.order] = np.arange(len(self.order), dtype=self.order.dtype)
+        return self._dest
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if self.pool is not None:
@@ -239,16 +308,20 @@ class BatchBuilder:
         scratch buffer and copied back, list columns with arrow's take. In place,
         not into fresh buffers: those cost page faults and pool churn, 4x the
         gather itself (measured 29 against 7 ms CPU for 40 columns of 65,536 rows).
-        Dense columns of a builder given that ``order`` were filled in it already."""
+        Of a builder given that ``order``, only the dense columns filled in storage
+        order (``in_order``) are permuted: the others are in their places already."""
         # (array, the axis its rows are on): a block holds a batch row per column
-        dense = [] if self.order is not None else [(held, 1) for held in self.held.values()] + [
-            (col, 0) for name, col in self.out.items() if name not in self.blocks]
-        if dense:
-            scratch = empty(max(arr.nbytes for arr, _ in dense), np.dtype(np.uint8))
-            for arr, axis in dense:
-                tmp = scratch[:arr.nbytes].view(arr.dtype).reshape(arr.shape)
-                arr.take(order, axis=axis, out=tmp, mode="clip")
-                arr[...] = tmp
+        if self.order is None:
+            dense = [(held, 1) for held in self.held.values()] + [
+                (col, 0) for name, col in self.out.items() if name not in self.blocks]
+        else:  # only those filled in storage order (see Chunk.fill)
+            dense = [(self.out[name], 0) for name in sorted(self.in_order)]
+        for arr, axis in dense:
+            # copied out in sequence, then taken back: the random reads hit the
+            # fresh copy in cache, not the batch's column, written long before
+            tmp = _scratch(arr.size, arr.dtype).reshape(arr.shape)
+            tmp[...] = arr
+            tmp.take(order, axis=axis, out=arr, mode="clip")
         for name, parts in self.lists.items():
             if parts and isinstance(parts[0], tuple):  # (chunk column, at, rows): see _copy_rows
                 parts = sorted(parts, key=lambda part: part[1])
