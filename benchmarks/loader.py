@@ -18,8 +18,9 @@ in a fresh process (so peak RSS is the case's own, from the kernel's ``ru_maxrss
   ``DataLoader(batch_size=B, shuffle=True)``. It holds the whole frame in memory and
   is slow, so it runs on the first --handwritten-rows rows; its rate is compared.
 
-One-process mode (``--one-process``, issue 34 item 5): ``raw`` and ``torch``
-alternately in this process, ``--repeats`` times each after one warm-up of each,
+One-process mode (``--one-process``, issue 34 item 5): ``raw``, ``torch``
+(shuffled) and ``ordered`` (the torch loader with ``shuffle=False``) alternately
+in this process, ``--repeats`` times each after one warm-up of each,
 the ``Dataset`` and ``Loader`` built inside the timing (as a user's epoch loop
 does); medians of wall and CPU seconds and the torch/raw rate ratio. A fresh
 process per run (the default mode) charges the raw read with its first-touch page
@@ -456,16 +457,16 @@ def main_one_process(data: str, batch_size: int, repeats: int) -> None:
                 rows += len(arrays[0])
         return rows, 0.0
 
-    def loader() -> tuple[int, float]:
+    def loader(shuffle: bool) -> tuple[int, float]:
         start = time.perf_counter()
         rows, first = 0, 0.0
-        for _features, labels in Loader(Dataset(data), batch_size, shuffle=True, seed=0):
+        for _features, labels in Loader(Dataset(data), batch_size, shuffle=shuffle, seed=0):
             if not rows:
                 first = time.perf_counter() - start
             rows += len(labels)
         return rows, first
 
-    cases = {"raw": raw, "torch": loader}
+    cases = {"raw": raw, "torch": lambda: loader(True), "ordered": lambda: loader(False)}
     for fn in cases.values():  # warm-up: imports, page cache, allocator
         fn()
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
@@ -478,12 +479,13 @@ def main_one_process(data: str, batch_size: int, repeats: int) -> None:
     print(_load_note("after"), flush=True)
     wall = {name: median([r[0] for r in runs[name]]) for name in cases}
     for name in cases:
-        print(f"  {name:<6} batch {batch_size}: wall {wall[name]:.3f} s (runs: "
+        print(f"  {name:<7} batch {batch_size}: wall {wall[name]:.3f} s (runs: "
               + ", ".join(f"{r[0]:.3f}" for r in runs[name])
               + f"), CPU {median([r[1] for r in runs[name]]):.3f} s"
               + (f", set-up + first batch {median([r[2] for r in runs[name]]):.3f} s"
-                 if name == "torch" else ""), flush=True)
-    print(f"  torch / raw rate: {wall['raw'] / wall['torch']:.2f}x")
+                 if name != "raw" else ""), flush=True)
+    print(f"  torch / raw rate: {wall['raw'] / wall['torch']:.2f}x (shuffled), "
+          f"{wall['raw'] / wall['ordered']:.2f}x (shuffle=False)")
 
 
 def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
