@@ -92,7 +92,8 @@ class Chunk:
         :class:`BatchPool`)."""
         # shuffled batches whose rows all come from this chunk: assembled in storage
         # order in a scratch buffer, then put in their own order with one take
-        # (see _fill_whole); the others' rows are scattered to their places
+        # (see _fill_whole); a batch across two chunks is filled in storage order
+        # and permuted once complete; only wide columns scatter rows to their places
         whole = {id(b) for b, rows in _rows_by_builder(segments).items()
                  if b.order is not None and rows == b.size}
         per_part = self._per_part(segments)
@@ -172,9 +173,9 @@ def _fill_whole(cols: Sequence[np.ndarray], builder: BatchBuilder, name: str,
     chunk piece, where in the in-order assembly, which rows), then taken in the
     batch's own order into the batch. Two gathers, both cache-friendly: the first
     reads the chunk's column nearly in sequence, the second reads a batch-sized
-    buffer that is still in cache. Measured against the in-order gather plus a
-    scatter it replaces: 0.28-0.41 against 0.60-0.97 s per 2M rows of 40 columns
-    (benchmarks/RESULTS.md, session 19)."""
+    buffer that is still in cache. Against the in-order gather plus a scatter it
+    replaces, alone on 40 columns: 0.28-0.41 against 0.60-0.97 s per 2M rows; the
+    whole epoch in benchmarks/RESULTS.md (session 19)."""
     col0 = cols[0]
     per_row = col0.size // max(1, len(col0))
     scratch = _scratch(builder.size * per_row, col0.dtype).reshape((builder.size, *col0.shape[1:]))
