@@ -36,6 +36,27 @@ def test_yields_tensor_dicts_with_preserved_dtypes(shared_export: Path, testdata
     assert n == testdata.N
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_scalar_features_of_one_dtype_share_a_buffer_labels_do_not(
+        shared_export: Path, testdata: Any, shuffle: bool) -> None:
+    """row_id and C1 (both int64 features) are consecutive rows of one buffer per
+    batch, with the right values; the label lies outside it (its own buffer)."""
+    expected = testdata.read_all(shared_export)
+    loader = Loader(shared_export, 97, seed=3, shuffle=shuffle)
+    seen = 0
+    for features, labels in loader:
+        ids, c1 = features["row_id"], features["C1"]
+        n = len(ids)
+        assert c1.data_ptr() == ids.data_ptr() + 8 * n
+        block = range(ids.data_ptr(), ids.data_ptr() + 16 * n)
+        assert labels.data_ptr() not in block and labels.data_ptr() + 8 * n - 1 not in block
+        want = expected.take(ids.numpy())
+        assert torch.equal(c1, torch.tensor(want["C1"].to_numpy()))
+        assert torch.equal(labels, torch.tensor(want["label"].to_numpy()))
+        seen += n
+    assert seen == testdata.N
+
+
 def test_exactly_once_across_ranks(shared_export: Path, testdata: Any) -> None:
     loaders = [Loader(shared_export, 100, global_size=3, global_rank=r, shuffle=True)
                for r in range(3)]
