@@ -101,22 +101,20 @@ class Chunk:
         first = self.parts[0]
         wide = [n for n in names if isinstance(first[n], np.ndarray)
                 and first[n].nbytes // max(1, len(first[n])) * self.num_rows > _WIDE_COLUMN_BYTES]
-        by_builder: dict[int, list[tuple[int, int, np.ndarray | slice]]] = {}
-        builders: dict[int, BatchBuilder] = {}
-        if whole:
-            for p, segs in enumerate(per_part):
-                for builder, at, rows in segs:
-                    if id(builder) in whole:
-                        by_builder.setdefault(id(builder), []).append((p, at, rows))
-                        builders[id(builder)] = builder
+        # each whole batch's pieces: (builder, [(chunk piece, at, rows), ...])
+        by_builder: dict[int, tuple[BatchBuilder, list[tuple[int, int, np.ndarray | slice]]]] = {}
+        for p, segs in enumerate(per_part):
+            for builder, at, rows in segs:
+                if id(builder) in whole:
+                    by_builder.setdefault(id(builder), (builder, []))[1].append((p, at, rows))
         for name in names:
             if name in wide:
                 continue
             dense = isinstance(first[name], np.ndarray)
             if dense and by_builder:
                 cols = [part[name] for part in self.parts]
-                for key, pieces in by_builder.items():
-                    _fill_whole(cols, builders[key], name, pieces)
+                for builder, pieces in by_builder.values():
+                    _fill_whole(cols, builder, name, pieces)
                 del cols
             for part, segs in zip(self.parts, per_part, strict=True):
                 col = part.pop(name)
@@ -130,7 +128,7 @@ class Chunk:
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
-        del by_builder, builders
+        del by_builder
         pending = set(map(id, done))
         if wide:
             # a batch's segments, part by part, in the order the batches are cut
@@ -180,11 +178,7 @@ def _fill_whole(cols: Sequence[np.ndarray], builder: BatchBuilder, name: str,
     per_row = col0.size // max(1, len(col0))
     scratch = _scratch(builder.size * per_row, col0.dtype).reshape((builder.size, *col0.shape[1:]))
     for p, at, rows in pieces:
-        col = cols[p]
-        if isinstance(rows, slice):
-            scratch[at:at + rows.stop - rows.start] = col[rows]
-        else:
-            col.take(rows, axis=0, out=scratch[at:at + len(rows)], mode="clip")
+        _gather(cols[p], rows, scratch, at)
     scratch.take(builder.order, axis=0, out=builder.column(name), mode="clip")
 
 
@@ -224,12 +218,18 @@ def _copy_rows(col: Any, builder: BatchBuilder, name: str, at: int,
                 (n, *col.shape[1:]))
             col.take(rows, axis=0, out=gathered, mode="clip")
             builder.column(name)[where] = gathered
-    elif isinstance(rows, slice):
-        builder.column(name)[at:at + rows.stop - rows.start] = col[rows]
+    else:
+        _gather(col, rows, builder.column(name), at)
+
+
+def _gather(col: np.ndarray, rows: np.ndarray | slice, out: np.ndarray, at: int) -> None:
+    """Rows ``rows`` of ``col`` into ``out`` from its row ``at``, in their order."""
+    if isinstance(rows, slice):
+        out[at:at + rows.stop - rows.start] = col[rows]
     else:
         # mode="clip" writes straight into `out` ("raise" buffers a copy); the
         # indices are in range by construction.
-        col.take(rows, axis=0, out=builder.column(name)[at:at + len(rows)], mode="clip")
+        col.take(rows, axis=0, out=out[at:at + len(rows)], mode="clip")
 
 
 _SCRATCH = threading.local()
