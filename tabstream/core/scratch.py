@@ -107,14 +107,21 @@ def remove_leftovers(fs: Any, parent: str, pattern: re.Pattern[str],
     Nothing is raised: a folder that cannot be listed, or an entry that cannot be
     removed (another user's), is left as it is."""
     try:
-        entries = fs.ls(parent, detail=True)
+        # names first: only the matching entries are looked at further (a shared
+        # temporary folder of 2,500 entries took 0.14 s to list with every entry's
+        # details, in each fit and export)
+        names = fs.ls(parent, detail=False)
     except OSError:  # no folder yet, or not ours to list: nothing to clean
         return []
     removed = []
-    for entry in entries:
-        path = entry["name"].rstrip("/")
+    for name in names:
+        path = (name["name"] if isinstance(name, dict) else name).rstrip("/")
         m = pattern.fullmatch(posixpath.basename(path))
         if m is None or (keep is not None and keep(m)):
+            continue
+        try:
+            entry = fs.info(path)
+        except OSError:  # removed meanwhile, by its owner or another cleaner
             continue
         alive = owner_alive(m["host"], m["pid"], m["start"]) if by_owner else None
         if alive:
