@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # pip prints one warning per missing local index folder; keep the output readable
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-gpu lint bench docs clean
+.PHONY: demo test test-slow test-gpu lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,14 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check tabstream tests benchmarks examples tools
 	$(VENV)/bin/lint-imports
 
+# The tests not marked slow: about 20 minutes on 2 cores.
 test: $(VENV)/.dev-installed lint
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu and not slow" -q
+
+# The tests marked slow (several training processes, fresh interpreters, the examples
+# and benchmarks run end to end): about 20 more minutes on 2 cores. CI runs both.
+test-slow: $(VENV)/.dev-installed
+	$(PY) -m pytest -m "slow and not gpu" -q
 
 # On a machine with an NVIDIA GPU: the gpu extra, then every test marked gpu, which
 # includes the backend contract suite (tests/backends) on the cudf backend. Refuses to

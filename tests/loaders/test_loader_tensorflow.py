@@ -343,6 +343,7 @@ print("rows", int(labels.shape[0]), flush=True)
 """
 
 
+@pytest.mark.slow  # three fresh Python processes importing TensorFlow
 def test_a_script_that_stops_mid_epoch_exits(tmp_path: Path, testdata: Any) -> None:
     """A process that drops its iterator mid-epoch exits. Before, tf.data's prefetch
     thread, still calling into the loader when the interpreter shut down, hung the

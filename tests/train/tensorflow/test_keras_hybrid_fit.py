@@ -183,6 +183,7 @@ def test_fit_trains_hybrid_parallel_like_one_process_and_resumes_after_a_crash(t
         assert sorted(os.listdir(out / "ck" / part)) == ["step-3-0-3", "step-3-1-0"], part
 
 
+@pytest.mark.slow  # a stopped fit, then two resumed ones
 def test_one_worker_checkpoints_resume_mid_epoch_like_the_uninterrupted_run(tmp_path, capsys):
     """The per-worker checkpoint files on one worker (the default strategy): a fit
     that stops mid-epoch and a rebuilt model resuming it end where the plain model's

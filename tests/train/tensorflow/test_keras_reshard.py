@@ -107,6 +107,7 @@ def _batches():
     return [(as_tf(f), tf.constant(y)) for f, y in global_batches()]
 
 
+@pytest.mark.slow  # a stopped fit, then resharded offline and resumed
 def test_one_worker_checkpoint_reshards_offline_to_three_and_to_one(tmp_path, capsys):
     from hybrid_worker import MIXED, make_model
     from reshard_keras_worker import EPOCH_STEPS, EPOCHS, Epochs, make_optimizer

@@ -8,6 +8,7 @@ pytest.importorskip("tensorflow")
 SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "optimizers_tf.py"
 
 
+@pytest.mark.slow  # runs the benchmark script
 def test_optimizer_benchmark_runs_on_a_small_table(capsys):
     spec = importlib.util.spec_from_file_location("optimizers_tf_bench", SCRIPT)
     bench = importlib.util.module_from_spec(spec)

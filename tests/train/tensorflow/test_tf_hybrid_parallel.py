@@ -209,6 +209,7 @@ def _assert_comm(out: Path, world: int) -> None:
     assert 0 < sent["all_to_all"] < sent["all_gather"] / 2
 
 
+@pytest.mark.slow  # two TF workers, a mixed plan
 def test_two_workers_mixed_plan_multi_optimizer_like_one_process(reference, tmp_path):
     _run(2, tmp_path, ["mixed", "per_id", "comm"])
     _assert_like_one_process(reference, tmp_path, 2, "mixed")

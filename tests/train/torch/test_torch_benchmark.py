@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "optimizers_torch.py"
 
 
+@pytest.mark.slow  # runs the benchmark script
 def test_benchmark_runs_every_setup(capsys):
     spec = importlib.util.spec_from_file_location("optimizers_torch", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
