@@ -269,22 +269,96 @@ def _off_heap(table: pa.Table) -> pa.Table:
     cannot take it (full, read-only), keeps it on the heap as before."""
     if table.nbytes < _OFF_HEAP_BYTES:
         return table
-    try:
-        fd, path = tempfile.mkstemp(prefix="tabstream-candidates-", suffix=".arrow")
-    except OSError:
-        return table  # no temporary folder to write in: kept on the heap
-    try:
-        os.close(fd)
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        # the mapping keeps the unlinked file's pages for as long as the table lives
-        mapped = pa.ipc.open_file(pa.memory_map(path)).read_all()
-    except OSError:
-        return table  # a full temporary folder: kept on the heap
-    finally:
-        with contextlib.suppress(OSError):  # removed already, or never written
-            os.remove(path)
-    return mapped
+    writer = _OffHeapWriter()
+    writer.add(0, table)
+    return writer.table()
+
+
+class _OffHeapWriter:
+    """A table put together piece by piece (from any thread) off the heap: the pieces
+    are held until they pass :data:`_OFF_HEAP_BYTES`, then appended as an Arrow IPC
+    stream to an unlinked temporary file, which :meth:`table` maps (see
+    :func:`_off_heap`). The final merge of a spilled vocabulary puts each bucket's
+    values below ``freq_threshold`` here as it goes: held until ``finalize``, the
+    candidates of the 16M-row Criteo fit's five nearly unique columns (most of their
+    values) were its peak RSS. Where the temporary folder cannot take them (no folder,
+    full, read-only) they stay on the heap: what was written before the failure is
+    read back from the file, the rest is held."""
+
+    def __init__(self) -> None:
+        self.schema: pa.Schema | None = None  # the first piece's
+        self._lock = threading.Lock()
+        self._early: dict[int, pa.Table] = {}  # pieces that came before their turn
+        self._next = 0
+        self._held: list[pa.Table] = []
+        self._held_bytes = 0
+        self._path: str | None = None
+        self._sink: Any = None
+        self._writer: Any = None
+        self._written = 0  # rows in the file, in whole batches
+        self._failed = False
+
+    def add(self, index: int, table: pa.Table) -> None:
+        """Piece ``index`` (0, 1, 2, ... each once, in any order from any thread): the
+        table keeps the pieces in index order, whichever thread finished first."""
+        with self._lock:
+            if self.schema is None:
+                self.schema = table.schema
+            self._early[index] = table
+            while self._next in self._early:
+                piece = self._early.pop(self._next)
+                self._next += 1
+                if piece.num_rows:
+                    self._held.append(piece)
+                    self._held_bytes += piece.nbytes
+            if not self._failed and self._held_bytes >= _OFF_HEAP_BYTES:
+                self._write_held()
+
+    def _write_held(self) -> None:
+        try:
+            if self._writer is None:
+                fd, self._path = tempfile.mkstemp(prefix="tabstream-candidates-", suffix=".arrows")
+                os.close(fd)
+                self._sink = pa.OSFile(self._path, "wb")
+                self._writer = pa.ipc.new_stream(self._sink, self.schema)
+            while self._held:
+                self._writer.write_table(self._held[0])
+                self._written += self._held.pop(0).num_rows
+            self._held_bytes = 0
+        except OSError:  # no temporary folder, or a full one: the rest stays on the heap
+            self._failed = True
+
+    def table(self) -> pa.Table:
+        """Every piece added, in index order (chunked); the file, if any, is removed
+        (its mapping keeps the pages for as long as the table lives)."""
+        with self._lock:
+            assert not self._early, f"pieces {sorted(self._early)} came without piece {self._next}"
+            assert self.schema is not None, "no piece was added"
+            if not self._failed and self._held and self._writer is not None:
+                self._write_held()  # the last pieces join the file
+            mapped: list[pa.RecordBatch] = []
+            if self._path is not None:
+                for part in (self._writer, self._sink):
+                    if part is not None:
+                        with contextlib.suppress(OSError):  # the failure already seen
+                            part.close()
+                if self._written:
+                    reader = pa.ipc.open_stream(pa.memory_map(self._path))
+                    rows = 0
+                    while rows < self._written:  # whole batches only: not a write cut short
+                        mapped.append(reader.read_next_batch())
+                        rows += mapped[-1].num_rows
+                with contextlib.suppress(OSError):
+                    os.remove(self._path)
+                self._path = self._writer = self._sink = None
+            pieces = ([pa.Table.from_batches(mapped, self.schema)] if mapped else []) + self._held
+            self._held, self._held_bytes, self._written = [], 0, 0
+            if not pieces:
+                return self.schema.empty_table()
+            if len(pieces) == 1:
+                return pieces[0]
+            # on the heap in part (small, or no file): one chunk, as _off_heap left them
+            return pa.concat_tables(pieces) if mapped else pa.concat_tables(pieces).combine_chunks()
 
 
 def _bucket_slice(table: pa.Table, offsets: np.ndarray, bucket: int) -> pa.Table:
@@ -876,13 +950,17 @@ class Categorify(StatOperator):
                           "to spill less") from exc
         return _Spill(url, tuple(ends))
 
-    def _merge_spilled(self, name: str, counts: _Counts) -> pa.Table:
+    def _merge_spilled(self, name: str, counts: _Counts) -> tuple[pa.Table, pa.Table | None]:
         """Merge spilled tables bucket by bucket; equal values always share a bucket,
         so each bucket's merge is final. Within a bucket the spills' streams are folded
         into a running merge once the unmerged ones hold more than twice its rows (and
         more than ``4 * spill_rows``): memory stays about three times the bucket's
         distinct values however many partitions spilled, for at most 1.5 times the
-        merging work; with few partitions it is a single merge, as before."""
+        merging work; with few partitions it is a single merge, as before.
+
+        Returns the merged counts and, when the op keeps candidates (a fit, not an
+        update), the values below ``freq_threshold`` apart, off the heap (see
+        :class:`_OffHeapWriter`); else None and every value in the first table."""
         spills = list(counts.spilled)
         # the counts still in memory are split by bucket here rather than written out
         # and read back: this task holds them already
@@ -902,7 +980,18 @@ class Categorify(StatOperator):
                     merged, pending, pending_rows = [_sum_counts(merged + pending)], [], 0
             # always aggregated, even a single table: a spilled file may hold
             # unmerged partials, so one value can appear on several of its rows
-            return self._threshold(_sum_counts(merged + pending), name)
+            total = _sum_counts(merged + pending)
+            if below is None:
+                return self._threshold(total, name)
+            admit = pc.greater_equal(total["counts"], threshold)
+            below.add(b, total.filter(pc.invert(admit)))
+            return total.filter(admit)
+
+        # the values below freq_threshold (candidates) leave the heap bucket by bucket
+        threshold = self._setting(self.freq_threshold, name)
+        below = None
+        if self.keep_candidates and not self.fitted and threshold > 1:
+            below = _OffHeapWriter()
 
         # buckets are merged side by side, one per core (Arrow's reads and
         # aggregations release the GIL): memory is that of as many buckets at once.
@@ -921,7 +1010,7 @@ class Categorify(StatOperator):
                 group.close()  # no bucket still reading a spill removed below
             for spill in spills:
                 spill.remove()
-        return pa.concat_tables(kept)
+        return pa.concat_tables(kept), below.table() if below is not None else None
 
     def _threshold(self, counts: pa.Table, name: str) -> pa.Table:
         """``counts`` without the values below ``freq_threshold``, on the worker, where
@@ -935,21 +1024,23 @@ class Categorify(StatOperator):
             counts = counts.filter(pc.greater_equal(counts["counts"], threshold))
         return counts
 
-    def _merged(self, name: str, counts: _Counts) -> pa.Table:
-        """The counts of one vocabulary's partial as one table ``(values, counts)``."""
+    def _merged(self, name: str, counts: _Counts) -> tuple[pa.Table, pa.Table | None]:
+        """The counts of one vocabulary's partial as one table ``(values, counts)``, and
+        the values below ``freq_threshold`` apart where they were split off already
+        (see :meth:`_merge_spilled`; else None)."""
         if counts.spilled:
             return self._merge_spilled(name, counts)
         assert counts.table is not None
         # one partition's partial comes here unmerged
-        return self._threshold(counts.table if counts.distinct else _sum_counts([counts.table]), name)
+        return self._threshold(counts.table if counts.distinct else _sum_counts([counts.table]), name), None
 
     def finalize(self, partial: dict[str, _Counts]) -> None:
         tables, candidates = {}, {}
         for name, counts in partial.items():
-            table = self._merged(name, counts)
+            table, split = self._merged(name, counts)
+            below = split
             threshold = self._setting(self.freq_threshold, name)
-            below = None
-            if threshold > 1:
+            if threshold > 1 and split is None:
                 admit = pc.greater_equal(table["counts"], threshold)
                 below = table.filter(pc.invert(admit)) if self.keep_candidates else None
                 table = table.filter(admit)
@@ -963,7 +1054,9 @@ class Categorify(StatOperator):
                 # below freq_threshold or past max_size, in no order: counted on by
                 # Workflow.update
                 rest = [t for t in (below, table.slice(kept)) if t is not None and t.num_rows]
-                if rest:
+                if len(rest) == 1 and rest[0] is split:
+                    candidates[name] = split  # off the heap already where it is large
+                elif rest:
                     candidates[name] = _off_heap(pa.concat_tables(rest).combine_chunks())
         for name, values in (self.vocabs or {}).items():
             arr = backend().normalize_missing(pa.array(values))
@@ -1021,7 +1114,7 @@ class Categorify(StatOperator):
         tables, candidates = dict(self.tables), dict(self.candidates)
         for name, counts in partial.items():
             vocab = Vocabulary.fitted(self.tables[name], self.candidates.get(name), self.updates)
-            vocab, change = fold(vocab, self._merged(name, counts), self.policy(name))
+            vocab, change = fold(vocab, self._merged(name, counts)[0], self.policy(name))
             tables[name] = vocab.slots
             cand = vocab.candidates
             if self.keep_candidates and cand.num_rows:
