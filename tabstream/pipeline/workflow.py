@@ -50,6 +50,7 @@ from tabstream.core.graph import ColumnSelector, Node, as_node, concat_tables
 from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
+from tabstream.core.threads import release_freed_memory
 from tabstream.pipeline import execution
 from tabstream.pipeline.dataset import Dataset, arrow_to_pandas
 from tabstream.pipeline.execution import compute, num_workers, tree_reduce
@@ -202,7 +203,7 @@ class Workflow:
         # keeps their pages: handed back, the export after the fit (mapping the kept
         # partitions, see Dataset's cache) peaks at its own size, not on top of them
         # (2M Criteo-like rows: export peak RSS about 940 -> 750 MB, same CPU)
-        pa.default_memory_pool().release_unused()
+        release_freed_memory()
         self._fitted = True
         self.vocabulary_deltas = []  # a new fit starts a new chain
         return self
@@ -304,7 +305,7 @@ class Workflow:
                     op.discard_partials()
                     op.set_state(values, tables)  # nothing changes on an error
                 raise
-        pa.default_memory_pool().release_unused()
+        release_freed_memory()
         previous = self.vocabulary_deltas[-1].name if self.vocabulary_deltas else None
         delta = VocabularyDelta(len(self.vocabulary_deltas) + 1, changes, previous)
         if delta_dir is not None:

@@ -71,6 +71,7 @@ rows have been touched since the last release.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import inspect
 import json
@@ -540,6 +541,34 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _sync_folder(path.parent)
+
+
+def _save_synced(path: Path, array: np.ndarray) -> None:
+    """``np.save`` to ``path``, then its bytes forced to the disk: a snapshot folder is
+    renamed into place only once every file in it would survive a power loss (a
+    rename is ordered against a kill -9 by the page cache, not against a crash of the
+    machine)."""
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """Force ``folder``'s entries (files created, renamed into or out of it) to the
+    disk. Where a folder cannot be opened for that (not POSIX), nothing is done."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no descriptor for a folder here: the renames stay as durable as before
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise  # a failing disk, not a folder that cannot be synced here
+    finally:
+        os.close(fd)
 
 
 def _config_dict(cfg: TableConfig) -> dict[str, Any]:
@@ -1089,16 +1118,18 @@ class ParameterServer:
         for name, table in self._tables.items():
             ids = np.flatnonzero(table.version_array)
             w, s, v = table.split(table.read(ids))
-            np.save(tmp / f"{name}.ids.npy", ids, allow_pickle=False)
-            np.save(tmp / f"{name}.weight.npy", w, allow_pickle=False)
-            np.save(tmp / f"{name}.state.npy", s, allow_pickle=False)
-            np.save(tmp / f"{name}.version.npy", v, allow_pickle=False)
+            _save_synced(tmp / f"{name}.ids.npy", ids)
+            _save_synced(tmp / f"{name}.weight.npy", w)
+            _save_synced(tmp / f"{name}.state.npy", s)
+            _save_synced(tmp / f"{name}.version.npy", v)
         _write_json(tmp / "mark.json", self._mark_state())
+        _sync_folder(tmp)  # the files' names, before the folder is renamed into place
         final, old = self.path / _SNAPSHOT, self.path / f".{_SNAPSHOT}.old"
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
+        _sync_folder(self.path)  # the renames
         shutil.rmtree(old, ignore_errors=True)
 
     def _load_snapshot(self) -> None:

@@ -1,5 +1,7 @@
 """The tree reduction of a fit: its last combination and Categorify's use of it."""
 
+import threading
+
 import dask
 import numpy as np
 import pandas as pd
@@ -219,7 +221,7 @@ def test_fit_hands_the_allocators_unused_memory_back(tmp_path, monkeypatch):
 
     class Spy:
         def release_unused(self):
-            calls.append("release")
+            calls.append(threading.current_thread())
             pool.release_unused()
 
     frame = pd.DataFrame({"c": ["a", "b", "a"] * 50})
@@ -227,7 +229,15 @@ def test_fit_hands_the_allocators_unused_memory_back(tmp_path, monkeypatch):
     monkeypatch.setattr(pa, "default_memory_pool", lambda: Spy())
     op = ops.Categorify()
     ts.Workflow(["c"] >> op).fit(ts.Dataset(str(tmp_path / "a.parquet")))
-    assert calls == ["release"]
+    # once by the fit's end, in the main thread and in each thread of the shared pool
+    # (each thread's heap keeps its own freed pages)
+    from tabstream.core.threads import local_workers, shared_pool
+
+    fit_threads = set(shared_pool()._threads)  # the pool the fit ran on
+    assert len(fit_threads) == local_workers()
+    assert calls[0] is threading.main_thread()
+    # once in each thread (other tests' pools of other sizes included)
+    assert fit_threads <= set(calls[1:]) and len(set(calls[1:])) == len(calls) - 1
     assert op.tables["c"].to_pydict() == {"values": ["a", "b"], "counts": [100, 50]}
 
 

@@ -194,3 +194,51 @@ def test_a_full_disk_is_an_error_not_sigbus(tmp_path):
            "device); this update was not applied" in out.stdout, out.stdout
     assert "free space on that disk, or move the server (its path)" in out.stdout
     assert "REOPENED 1" in out.stdout
+
+
+def test_a_memory_snapshot_is_on_the_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    # power-loss safety cannot be staged here; what it rests on can be watched: every
+    # file of the snapshot is fsynced, then its folder, before the rename that publishes
+    # it, and the server folder after the renames; the reopened server has the rows
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", f"{src} -> {dst}"))
+        return real_replace(src, dst)
+
+    ps = ParameterServer(tmp_path / "ps", TABLES, storage="memory")
+    rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+    ps.apply("C1", [3, 7], rows)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    ps.flush()
+    monkeypatch.undo()
+    expected = ps.lookup("C1", np.array([3, 7]))
+    ps.close()
+
+    folder = str(tmp_path / "ps")
+    publish = next(i for i, (kind, what) in enumerate(events)
+                   if kind == "replace" and what.endswith(f"-> {folder}/_snapshot"))
+    synced_before = set()
+    for kind, what in events[:publish]:
+        if kind == "fsync":
+            synced_before.add(what)
+        else:  # a file synced, then renamed (the mark): synced under its new name
+            src, dst = what.split(" -> ")
+            if src in synced_before:
+                synced_before.add(dst)
+    tmp = f"{folder}/._snapshot.tmp"
+    written = {f"{tmp}/{name}" for name in os.listdir(f"{folder}/_snapshot")}
+    assert written and written <= synced_before  # every file, the mark included
+    assert tmp in synced_before  # the folder's entries
+    assert ("fsync", folder) in events[publish + 1:]  # the renames
+    again = ParameterServer.open(tmp_path / "ps")
+    got = again.lookup("C1", np.array([3, 7]))
+    again.close()
+    np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(got, ParameterServer(tmp_path / "fresh", TABLES, storage="memory").lookup("C1", np.array([3, 7])))
