@@ -240,6 +240,14 @@ class _Counts:
     distinct: bool = True
 
 
+#: results of combinations short of the last that wait for it at once, at most: the
+#: fit's largest fan-in (``FIT_FAN_IN_MAX`` in :mod:`tabstream.pipeline.workflow`). Each
+#: keeps ``spill_rows / _WAITING_RESULTS`` distinct values of a vocabulary in memory,
+#: so that they hold about ``spill_rows`` together, as one partial does. Before, each
+#: kept up to ``spill_rows``: the 16M-row Criteo fit from TSV (104 partitions) held 13
+#: results of 8.4 MB each for its last combination (benchmarks/RESULTS.md, session 20).
+_WAITING_RESULTS = 16
+
 #: partial counts with more distinct values than this are kept ordered by spill
 #: bucket, and merged bucket by bucket: a hash aggregation over one bucket's values
 #: works in the CPU cache, one over all of them does not. Measured on a 2M-row
@@ -790,6 +798,20 @@ class Categorify(StatOperator):
         return _Counts(pa.concat_tables(merged), [], np.cumsum(sizes))
 
     def combine(self, partials: Sequence[dict[str, _Counts]]) -> dict[str, _Counts]:
+        """A combination short of the last: its result waits, beside up to
+        :data:`_WAITING_RESULTS` others, for the last combination, so it keeps at most
+        ``spill_rows / _WAITING_RESULTS`` distinct values of a vocabulary in memory
+        and spills the rest. Not on a dask worker without ``spill_dir`` (it has nowhere
+        to spill that the others read: there ``spill_rows`` stays the bound), nor for a
+        single partial (``fit_table``: finalized at once, nothing waits)."""
+        held = self.spill_rows
+        if len(partials) > 1 and (self.spill_dir is not None or not _on_dask_worker()):
+            held = max(1, self.spill_rows // _WAITING_RESULTS)
+        return self._combine(partials, held)
+
+    def _combine(self, partials: Sequence[dict[str, _Counts]], held_rows: int) -> dict[str, _Counts]:
+        """The partials merged per vocabulary; a merged table of more than ``held_rows``
+        distinct values is spilled (see :meth:`_maybe_spill`)."""
         out = {}
         for name in partials[0]:
             parts = [p[name] for p in partials]
@@ -802,7 +824,7 @@ class Categorify(StatOperator):
                 out[name] = _Counts(None, spilled + [self._spill_parts(parts)])
                 continue
             merged = self._merge_tables(parts)
-            out[name] = self._maybe_spill(_Counts(merged.table, spilled, merged.offsets))
+            out[name] = self._maybe_spill(_Counts(merged.table, spilled, merged.offsets), held_rows)
         return out
 
     #: the last combination of a fit may run as several tasks side by side, each
@@ -825,7 +847,8 @@ class Categorify(StatOperator):
         for name in self._root_share(partials, shard, shards):
             parts = [p[name] for p in partials]
             if any(p.spilled for p in parts):
-                out.update(self.combine([{name: p} for p in parts]))
+                # straight to finalize, which merges the spills bucket by bucket
+                out.update(self._combine([{name: p} for p in parts], self.spill_rows))
                 continue
             merged = self._merge_tables(parts)
             out[name] = _Counts(self._threshold(merged.table, name) if merged.table is not None else None)
@@ -861,8 +884,10 @@ class Categorify(StatOperator):
         """Remove the spill files this op wrote in this process during a fit that failed."""
         _remove_written(id(self))
 
-    def _maybe_spill(self, counts: _Counts) -> _Counts:
-        if counts.table is None or counts.table.num_rows <= self.spill_rows:
+    def _maybe_spill(self, counts: _Counts, held_rows: int | None = None) -> _Counts:
+        """``counts`` with its table spilled when it holds more than ``held_rows``
+        (default ``spill_rows``) distinct values."""
+        if counts.table is None or counts.table.num_rows <= (self.spill_rows if held_rows is None else held_rows):
             return counts
         return _Counts(None, counts.spilled + [self._spill(counts.table, counts.offsets)])
 

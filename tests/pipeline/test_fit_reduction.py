@@ -302,3 +302,32 @@ def test_fit_combines_up_to_16_partitions_at_once_and_8_beyond(parts, monkeypatc
     counts = df["c"].value_counts()
     got = dict(zip(op.tables["c"]["values"].to_pylist(), op.tables["c"]["counts"].to_pylist()))
     assert got == counts.to_dict()
+
+
+def test_combinations_short_of_the_last_keep_a_share_of_spill_rows(tmp_path, monkeypatch):
+    # a fit in two levels: each first-level result waits for the last combination beside
+    # the others, so it keeps at most spill_rows / 16 distinct values of a vocabulary in
+    # memory (the rest spilled); the vocabulary is still pandas' count
+    from tabstream.ops import categorify
+
+    rng = np.random.default_rng(4)
+    values = [f"v{x}" for x in rng.integers(0, 3000, 24_000)]
+    frame = pd.DataFrame({"c": values})
+    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // 40 + 1)
+    assert ds.npartitions > 16  # two levels
+    held: list[tuple[int, int]] = []
+    original = categorify.Categorify._combine
+    monkeypatch.setattr(categorify.Categorify, "_combine",
+                        lambda self, partials, rows: held.append((len(partials), rows)) or original(self, partials, rows))
+    spills: list[int] = []
+    spill = categorify.Categorify._spill
+    monkeypatch.setattr(categorify.Categorify, "_spill",
+                        lambda self, table, offsets=None: spills.append(table.num_rows) or spill(self, table, offsets))
+    op = ops.Categorify(freq_threshold=2, spill_rows=1600, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> op).fit(ds, progress=False)
+    assert (8, 100) in held  # the first level: 1600 / 16
+    assert spills and min(spills) > 100  # first-level results past 100 values went to disk
+    counts = pd.Series(values).value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 2), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
