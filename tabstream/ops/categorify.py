@@ -53,7 +53,13 @@ Statistics are per-partition value counts merged by a tree reduction. A partial
 count table that grows beyond ``spill_rows`` distinct values is hash-partitioned
 into ``spill_buckets`` buckets, written as one file of Arrow IPC streams (one per
 bucket, read back by byte range) in a temporary folder, and merged bucket by bucket
-at the end, so memory is bounded by one bucket, not by the cardinality.
+at the end, so memory is bounded by one bucket, not by the cardinality. A fit of
+more than 16 partitions combines them in two levels or more; there each result of a
+combination short of the last waits for it beside up to 16 others, so it keeps at
+most ``spill_rows / 16`` distinct values in memory (``spill_rows`` on a dask worker
+without ``spill_dir``). In the final merge, each bucket's values below
+``freq_threshold`` (the candidates kept for ``Workflow.update``) go to a
+memory-mapped temporary file as the bucket is done.
 Partials with many distinct values are kept in memory in the same bucket order and
 merged bucket by bucket too (each bucket's hash aggregation fits the CPU cache), and
 the final merge of spilled buckets runs one bucket per core.
