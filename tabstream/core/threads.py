@@ -91,7 +91,8 @@ def release_freed_memory() -> None:
                 pass
             pool.release_unused()
 
-        concurrent.futures.wait([executor.submit(release) for _ in range(workers)])
+        # not waited for long: threads busy with another pass release when they get to it
+        concurrent.futures.wait([executor.submit(release) for _ in range(workers)], timeout=2.0)
 
 
 class TaskGroup(Executor):
