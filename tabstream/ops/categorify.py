@@ -1088,7 +1088,10 @@ class Categorify(StatOperator):
                 if len(rest) == 1 and rest[0] is split:
                     candidates[name] = split  # off the heap already where it is large
                 elif rest:
-                    candidates[name] = _off_heap(pa.concat_tables(rest).combine_chunks())
+                    # split candidates are mapped: written on as they are, never gathered
+                    # into one chunk on the heap
+                    together = pa.concat_tables(rest)
+                    candidates[name] = _off_heap(together if split is not None else together.combine_chunks())
         for name, values in (self.vocabs or {}).items():
             arr = backend().normalize_missing(pa.array(values))
             if arr.null_count:

@@ -86,11 +86,12 @@ def test_a_temporary_folder_that_cannot_take_them_keeps_them_on_the_heap(tmp_pat
     assert _categorify(_fit(tmp_path, "b")).candidates["C1"].equals(heap)
 
 
-def _spilled_fit(tmp_path, name: str, values: list) -> ops.Categorify:
+def _spilled_fit(tmp_path, name: str, values: list, max_size: int = 0) -> ops.Categorify:
     tmp_path.mkdir()
     path = tmp_path / f"{name}.parquet"
     pd.DataFrame({"C1": pd.array(values, dtype="str")}).to_parquet(path, row_group_size=2_000)
-    op = ops.Categorify(freq_threshold=3, spill_rows=500, spill_buckets=7, spill_dir=str(tmp_path / "spill"))
+    op = ops.Categorify(freq_threshold=3, max_size=max_size, spill_rows=500, spill_buckets=7,
+                        spill_dir=str(tmp_path / "spill"))
     ts.Workflow(["C1"] >> op).fit(ts.Dataset(str(path), part_size="40kB"), progress=False)
     assert not list((tmp_path / "spill").iterdir())
     return op
@@ -126,6 +127,26 @@ def test_a_spilled_fit_moves_its_candidates_off_the_heap_bucket_by_bucket(tmp_pa
     assert mapped.candidates["C1"].equals(heap.candidates["C1"])  # the same order too
     assert pa.total_allocated_bytes() - allocated < mapped.candidates["C1"].nbytes
     assert set(_leftovers()) == before
+
+
+def test_a_spilled_fit_cut_by_max_size_keeps_every_other_value_as_a_candidate(tmp_path, monkeypatch):
+    # the values past max_size join the candidates split off per bucket: every counted
+    # value is either in the vocabulary or a candidate, with pandas' count, off the heap
+    rng = np.random.default_rng(6)
+    values = [f"{int(x):08x}" for x in rng.zipf(1.2, 30_000) % 20_000]
+    monkeypatch.setattr(categorify, "_OFF_HEAP_BYTES", 2_000)
+    allocated = pa.total_allocated_bytes()
+    op = _spilled_fit(tmp_path / "a", "a", values, max_size=40)
+    counts = pd.Series(values).value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))[:37]
+    assert op.tables["C1"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    cand = op.candidates["C1"]
+    rest = {v: int(c) for v, c in counts.items()}
+    for v, _ in kept:
+        del rest[v]
+    assert dict(zip(cand["values"].to_pylist(), cand["counts"].to_pylist(), strict=True)) == rest
+    assert cand.num_rows == len(rest)
+    assert pa.total_allocated_bytes() - allocated < cand.nbytes
 
 
 class _FailingStream:
