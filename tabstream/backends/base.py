@@ -173,6 +173,14 @@ class Backend(abc.ABC):
         null mask: the exact function of :func:`tabstream.core.hashing.murmur3_32`
         (pinned by known-answer tests), so ids agree on every backend."""
 
+    def spill_buckets(self, column: Column, buckets: int) -> np.ndarray:
+        """The bucket in ``[0, buckets)`` (numpy ``int64``) of each value, for the
+        hash-partitioned spills of a fit: a function of the value alone, so that every
+        partial of the fit puts a value in the same bucket (null: bucket 0). Here
+        :meth:`murmur3` modulo ``buckets``; a backend may hash faster, since buckets
+        live only within one fit."""
+        return self.murmur3(column).hashes.astype(np.int64) % buckets
+
     # -- relational ------------------------------------------------------------
     @abc.abstractmethod
     def groupby_aggregate(self, table: pa.Table, keys: Sequence[str],

@@ -9,6 +9,7 @@ beside what the earlier ones kept (benchmarks/RESULTS.md, session 13).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -85,10 +86,9 @@ def release_freed_memory() -> None:
         barrier = threading.Barrier(workers)  # one call on each of the pool's threads
 
         def release(barrier: threading.Barrier = barrier) -> None:
-            try:
+            # a thread busy elsewhere breaks the barrier: the others release anyway
+            with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=1.0)
-            except threading.BrokenBarrierError:  # a thread busy: the others release anyway
-                pass
             pool.release_unused()
 
         # not waited for long: threads busy with another pass release when they get to it

@@ -380,71 +380,6 @@ def _bucket_slice(table: pa.Table, offsets: np.ndarray, bucket: int) -> pa.Table
     return table.slice(int(offsets[bucket]), int(offsets[bucket + 1] - offsets[bucket]))
 
 
-#: odd 64-bit multiplier of the spill buckets' hash (2**64 over the golden ratio)
-_BUCKET_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
-
-#: offsets' numpy type of the string and binary types whose values
-#: :func:`_spill_bucket_ids` reads as 8-byte keys
-_KEY_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32,
-                pa.large_string(): np.int64, pa.large_binary(): np.int64}
-
-
-def _multiplied_buckets(keys: np.ndarray, buckets: int) -> np.ndarray:
-    """Bucket in ``[0, buckets)`` of each ``uint64`` key: the top 32 bits of the key
-    times :data:`_BUCKET_MULTIPLIER` (they depend on every bit of the key), scaled to
-    ``buckets``."""
-    h = keys * _BUCKET_MULTIPLIER  # wraps modulo 2**64
-    h >>= np.uint64(32)
-    h *= np.uint64(buckets)
-    h >>= np.uint64(32)
-    return h
-
-
-def _spill_bucket_ids(values: pa.ChunkedArray | pa.Array, buckets: int) -> np.ndarray:
-    """The spill bucket (``[0, buckets)``, numpy ``int64``) of each value, a function of the value
-    alone, so that every partial of a fit, in any process, puts a value in the same
-    bucket:
-
-    * an integer, and a string or binary value of exactly 8 bytes (read as a
-      little-endian ``uint64``): a multiplicative hash (:func:`_multiplied_buckets`);
-    * any other value: the project's murmur3 modulo ``buckets``;
-    * null: bucket 0.
-
-    Criteo's ids are 8 hex characters: the murmur3 of the five nearly unique columns'
-    values was about 20 ns per value (numpy, block by block), the multiplication about
-    1 ns. The hash need not be stable across releases: buckets live only within a fit."""
-    column = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    t = column.type
-    n = len(column)
-    if pa.types.is_integer(t):
-        keys = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
-        # the value modulo 2**64, whatever the width and signedness: 5 is 5 in every type
-        keys = keys.astype(np.int64, copy=False).view(np.uint64) if keys.dtype.kind == "i" else \
-            keys.astype(np.uint64, copy=False)
-        out = _multiplied_buckets(keys, buckets)
-    elif t in _KEY_OFFSETS and n:
-        offset_type = _KEY_OFFSETS[t]
-        buffers = column.buffers()
-        offsets = np.frombuffer(buffers[1], offset_type, n + 1, column.offset * np.dtype(offset_type).itemsize)
-        eight = np.diff(offsets) == 8  # a null's slot holds no bytes
-        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
-        if eight.all() and not column.null_count:  # contiguous 8-byte values
-            first = int(offsets[0])
-            return _multiplied_buckets(data[first:first + 8 * n].view("<u8"), buckets).view(np.int64)
-        out = backend().murmur3(column).hashes.astype(np.uint64) % np.uint64(buckets)
-        if column.null_count:
-            eight &= column.is_valid().to_numpy(zero_copy_only=False)
-        if eight.any():
-            starts = offsets[:-1][eight]
-            keys = np.ascontiguousarray(data[starts[:, None] + np.arange(8)]).view("<u8").ravel()
-            out[eight] = _multiplied_buckets(keys, buckets)
-    else:
-        out = backend().murmur3(column).hashes.astype(np.uint64) % np.uint64(buckets)
-    if column.null_count:
-        out[~column.is_valid().to_numpy(zero_copy_only=False)] = 0
-    return out.view(np.int64)  # below 2**32: the same numbers, a type bincount takes
-
-
 def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
     parts, all_null = [], None
     for name in group:
@@ -921,9 +856,9 @@ class Categorify(StatOperator):
         return tempfile.gettempdir()
 
     def _bucket_order(self, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
-        """``table`` reordered by spill bucket (see :func:`_spill_bucket_ids`) and the
+        """``table`` reordered by spill bucket (see the backend's ``spill_buckets``) and the
         start offset of each bucket (``spill_buckets + 1``)."""
-        bucket = _spill_bucket_ids(table["values"], self.spill_buckets)
+        bucket = backend().spill_buckets(table["values"], self.spill_buckets)
         offsets = np.zeros(self.spill_buckets + 1, dtype=np.int64)
         np.cumsum(np.bincount(bucket, minlength=self.spill_buckets), out=offsets[1:])
         # Arrow's sort of small integers is a counting sort: 0.5 ms for 125k bucket

@@ -1,4 +1,4 @@
-"""Categorify's spill bucket of a value depends on the value alone: every partial of a
+"""The spill bucket of a value (``ArrowBackend.spill_buckets``, Categorify's spills) depends on the value alone: every partial of a
 fit (any width mix, nulls, chunks, slices, string or binary, 32- or 64-bit offsets)
 puts it in the bucket a plain-Python reference computes for that value."""
 
@@ -9,10 +9,11 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tabstream.backends.arrow import ArrowBackend
 from tabstream.core.hashing import murmur3_32
-from tabstream.ops.categorify import _spill_bucket_ids
 
 MULTIPLIER = 0x9E3779B97F4A7C15
+_spill_bucket_ids = ArrowBackend().spill_buckets
 
 
 def reference_bucket(value, arrow_type: pa.DataType, buckets: int) -> int:
