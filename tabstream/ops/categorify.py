@@ -531,6 +531,10 @@ class Categorify(StatOperator):
         self.cardinality_memory_limit = cardinality_memory_limit
         self.eviction, self.window, self.decay = eviction, int(window), float(decay)
         self.keep_candidates = bool(keep_candidates)
+        # set by a fit or an update for its pass (see Workflow._reduce_level): the
+        # partials one combination short of the last merges; None: the partitions'
+        # partials go straight to the last combination
+        self.partials_per_combination: int | None = None
         # living vocabulary (Workflow.update): per vocabulary, the values counted but
         # not in it, and how many updates were folded in
         self.candidates: dict[str, pa.Table] = {}
@@ -683,8 +687,26 @@ class Categorify(StatOperator):
             raw = self._raw_counts(keys[0]) if len(keys) == 1 else None
             counts = _Counts(raw, distinct=False) if raw is not None else \
                 _Counts(merge_counts([value_counts(k) for k in keys]))
-            out[name] = self._maybe_spill(self._bucketed(counts))
+            counts = self._bucketed(counts)
+            if self._spills_early(counts):
+                counts = _Counts(None, [self._spill(counts.table, counts.offsets)])
+            out[name] = self._maybe_spill(counts)
         return out
+
+    def _spills_early(self, counts: _Counts) -> bool:
+        """Whether a partition's partial is spilled at once, as it is: when the
+        combination that takes it (short of the last, see ``partials_per_combination``)
+        would spill its partials unmerged anyway, since together they pass twice
+        ``spill_rows`` (see :meth:`_combine`). Written by the task that made it, a
+        partial no longer waits in memory for its combination: the 16M-row Criteo fit
+        from TSV held about 16 such partials of 17.7 MB (its five nearly unique
+        columns) for its combinations of 8 (benchmarks/RESULTS.md, session 21).
+        Not where a spill has nowhere to go that the others read (a dask worker
+        without ``spill_dir``)."""
+        fan_in = self.partials_per_combination
+        if fan_in is None or counts.table is None or counts.table.num_rows * fan_in <= 2 * self.spill_rows:
+            return False
+        return self.spill_dir is not None or not _on_dask_worker()
 
     @staticmethod
     def _raw_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table | None:

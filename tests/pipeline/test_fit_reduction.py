@@ -331,3 +331,58 @@ def test_combinations_short_of_the_last_keep_a_share_of_spill_rows(tmp_path, mon
     kept = sorted(((v, c) for v, c in counts.items() if c >= 2), key=lambda kv: (-kv[1], kv[0]))
     assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_partials_a_combination_would_spill_unmerged_are_spilled_by_their_partition(tmp_path, monkeypatch):
+    # a fit in two levels whose combinations of 8 would pass twice spill_rows: each
+    # partition's task spills its own partial (nothing waits in memory for the
+    # combination); each partial alone is under spill_rows. The vocabulary is pandas'.
+    from tabstream.ops import categorify
+
+    rng = np.random.default_rng(7)
+    values = [f"v{x}" for x in rng.integers(0, 5000, 12_000)]
+    frame = pd.DataFrame({"c": values})
+    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // 24 + 1)
+    assert ds.npartitions > 16  # two levels
+    per_part = [pa.compute.count_distinct(ds.read_piece(p)["c"]).as_py() for p in ds.pieces]
+    spill_rows = max(per_part) + 1  # no partial passes it alone
+    assert 8 * min(per_part) > 2 * spill_rows  # eight of them together pass twice
+
+    spilled_in: list[str] = []
+    spill = categorify.Categorify._spill
+
+    def record(self, table, offsets=None):
+        import inspect
+
+        spilled_in.append(inspect.stack()[1].function)
+        return spill(self, table, offsets)
+
+    monkeypatch.setattr(categorify.Categorify, "_spill", record)
+    op = ops.Categorify(freq_threshold=2, spill_rows=spill_rows, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> op).fit(ds, progress=False)
+    assert spilled_in.count("fit_partition") == ds.npartitions
+    assert "_spill_parts" not in spilled_in  # no combination had partials left to spill
+    assert op.partials_per_combination is None  # the fit's setting is not kept
+    counts = pd.Series(values).value_counts()
+    kept = sorted(((v, c) for v, c in counts.items() if c >= 2), key=lambda kv: (-kv[1], kv[0]))
+    assert op.tables["c"].to_pydict() == {"values": [v for v, _ in kept], "counts": [int(c) for _, c in kept]}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_partials_are_not_spilled_early_where_the_last_combination_takes_them(tmp_path, monkeypatch):
+    # up to 16 partitions go straight to the last combination, which merges them in
+    # memory: a partition's partial is kept, however large the combination
+    from tabstream.ops import categorify
+
+    values = [f"v{i}" for i in range(4000)]
+    frame = pd.DataFrame({"c": values})
+    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // 10 + 1)
+    assert 8 < ds.npartitions <= 16
+    spills: list[int] = []
+    spill = categorify.Categorify._spill
+    monkeypatch.setattr(categorify.Categorify, "_spill",
+                        lambda self, table, offsets=None: spills.append(table.num_rows) or spill(self, table, offsets))
+    op = ops.Categorify(spill_rows=1000, spill_dir=str(tmp_path))
+    ts.Workflow(["c"] >> op).fit(ds, progress=False)
+    assert spills == []
+    assert op.tables["c"]["values"].to_pylist() == sorted(values)
