@@ -310,10 +310,10 @@ def _validity(column: Column) -> np.ndarray:
 
 
 def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str, str]]) -> pa.Table | None:
-    """Integer sums per distinct key (a group-by of ``sum`` aggregations only) by a
-    hash kernel and ``np.bincount``; None (use Arrow's group-by) unless the key is a
-    string, binary or integer column without nulls and the values are signed integers
-    without nulls whose sums stay exact in float64 (below 2**53).
+    """Integer sums per distinct key (a group-by of ``sum`` and ``size`` aggregations
+    only) by a hash kernel and ``np.bincount``; None (use Arrow's group-by) unless the
+    key is a string, binary or integer column without nulls and the summed values are
+    signed integers without nulls whose sums stay exact in float64 (below 2**53).
 
     The merge of partial value counts is such a group-by. Arrow's group-by (acero's
     grouper) costs more per call and hashes fixed-width keys poorly when values share
@@ -324,8 +324,11 @@ def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str
     keys = table.column(key)
     if keys.null_count or len(keys) == 0 or not (keys.type in _OFFSETS or pa.types.is_integer(keys.type)):
         return None
-    weights = []
-    for column, _, _ in aggregations:
+    weights: list[np.ndarray | None] = []
+    for column, agg, _ in aggregations:
+        if agg == "size":  # rows per key: no weights
+            weights.append(None)
+            continue
         values = table.column(column)
         if not pa.types.is_signed_integer(values.type) or values.null_count:  # Arrow: int64 sums
             return None
@@ -338,7 +341,8 @@ def _sum_by_key(table: pa.Table, key: str, aggregations: Sequence[tuple[str, str
     indices, distinct = encoded.indices.to_numpy(), encoded.dictionary
     data = {key: _variable_width(distinct, keys.type) if fixed is not None else distinct}
     for (_, _, out_name), values in zip(aggregations, weights, strict=True):
-        data[out_name] = pa.array(np.bincount(indices, weights=values, minlength=len(distinct)).astype(np.int64))
+        summed = np.bincount(indices, weights=values, minlength=len(distinct))
+        data[out_name] = pa.array(summed if values is None else summed.astype(np.int64))
     return pa.table(data)
 
 
@@ -600,7 +604,7 @@ class ArrowBackend(Backend):
                 specs.append((column, _ARROW_AGG[agg], _ARROW_OPTIONS[agg]))
             else:
                 specs.append((column, _ARROW_AGG[agg]))
-        if len(keys) == 1 and all(agg == "sum" for _, agg, _ in aggregations):
+        if len(keys) == 1 and all(agg in ("sum", "size") for _, agg, _ in aggregations):
             summed = _sum_by_key(table, keys[0], aggregations)
             if summed is not None:
                 return summed

@@ -196,22 +196,27 @@ def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
 def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     """Sum the counts of equal values over several ``(values, counts)`` tables."""
     nonempty = [t for t in tables if t.num_rows]
-    if len(nonempty) <= 1:
-        return nonempty[0] if nonempty else tables[0]
-    kernels = backend()
-    return kernels.groupby_aggregate(kernels.concat(nonempty), ["values"], [("counts", "sum", "counts")])
+    if len(nonempty) == 1 and "counts" in nonempty[0].column_names:
+        return nonempty[0]
+    return _sum_counts(tables)
 
 
 def _sum_counts(tables: Sequence[pa.Table]) -> pa.Table:
     """Like :func:`merge_counts`, but a single table is aggregated too (its values may
-    repeat)."""
+    repeat). A table of ``values`` alone (a partition's values as they are, see
+    :meth:`Categorify._raw_counts`) counts each row once, beside the others too."""
     nonempty = [t for t in tables if t.num_rows]
-    if len(nonempty) > 1:
-        return merge_counts(nonempty)
     if not nonempty:
-        return tables[0]
+        empty = tables[0]
+        return empty if "counts" in empty.column_names else empty.append_column("counts", pa.array([], pa.int64()))
     kernels = backend()
-    return kernels.groupby_aggregate(nonempty[0], ["values"], [("counts", "sum", "counts")])
+    table = nonempty[0] if len(nonempty) == 1 else kernels.concat(nonempty)  # absent counts: null
+    if "counts" not in table.column_names:
+        return kernels.groupby_aggregate(table, ["values"], [("values", "size", "counts")])
+    counts = table.column("counts")
+    if counts.null_count:  # rows of values alone among counted ones: one each
+        table = table.set_column(table.column_names.index("counts"), "counts", pc.fill_null(counts, 1))
+    return kernels.groupby_aggregate(table, ["values"], [("counts", "sum", "counts")])
 
 
 def _on_dask_worker() -> bool:
@@ -237,8 +242,9 @@ class _Counts:
     ordered by spill bucket: merges then add up each bucket apart (see
     :data:`_BUCKETED_ROWS`) and a spill writes the buckets without ordering again.
     ``distinct=False``: ``table`` may list a value on several rows (a partition's
-    values taken as they are, see :meth:`Categorify._raw_counts`); every merge
-    aggregates it, even alone. Spilled files are always aggregated when merged."""
+    values taken as they are, see :meth:`Categorify._raw_counts`: a table of
+    ``values`` alone, each row one occurrence); every merge aggregates it, even
+    alone. Spilled files are always aggregated when merged."""
 
     table: pa.Table | None
     spilled: list[_Spill] = field(default_factory=list)
@@ -710,7 +716,8 @@ class Categorify(StatOperator):
 
     @staticmethod
     def _raw_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table | None:
-        """A partition's values with a count of 1 each, not aggregated, when nearly
+        """A partition's values as they are (a table of ``values`` alone: a count of
+        one per row), not aggregated, when nearly
         every value is distinct (its first :data:`_SAMPLE_ROWS` values are over
         :data:`_RAW_SHARE` distinct): else None, and the partition counts its values.
 
@@ -728,8 +735,9 @@ class Categorify(StatOperator):
         head = kernels.normalize_missing(column.slice(0, _SAMPLE_ROWS)).drop_null()
         if len(head) < _SAMPLE_ROWS // 2 or len(pc.unique(head)) <= _RAW_SHARE * len(head):
             return None
-        values = kernels.normalize_missing(column).drop_null()
-        return pa.table({"values": values, "counts": pa.array(np.ones(len(values), dtype=np.int64))})
+        # values alone: a count of one per row is implied (see _sum_counts); a column
+        # of ones was a third of the partial's bytes, held and spilled
+        return pa.table({"values": kernels.normalize_missing(column).drop_null()})
 
     def _bucketed(self, counts: _Counts, min_rows: int = _BUCKETED_ROWS) -> _Counts:
         """``counts`` ordered by spill bucket (with its offsets) when its table has
@@ -746,7 +754,7 @@ class Categorify(StatOperator):
         held = [p for p in parts if p.table is not None and p.table.num_rows]
         if not held:
             tables = [p.table for p in parts if p.table is not None]
-            return _Counts(tables[0] if tables else None)
+            return _Counts(_sum_counts(tables) if tables else None)  # empty, with its counts column
         distinct = all(p.distinct for p in held)
         merge = merge_counts if distinct else _sum_counts  # _sum_counts: a lone table too
         if len(held) == 1 or sum(p.table.num_rows for p in held) <= _BUCKETED_ROWS:

@@ -8,6 +8,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tabstream as ts
 from tabstream import ops
@@ -112,8 +114,7 @@ def test_merging_raw_partials_aggregates_every_bucket(rows):
     are aggregated too (merging counted partials may pass a lone table through)."""
     cat = ops.Categorify(spill_buckets=8)
     values = ["a", "b", "a"] * (rows // 3)
-    raw = categorify._Counts(pa.table({"values": pa.array(values), "counts": pa.array([1] * len(values))}),
-                             distinct=False)
+    raw = categorify._Counts(pa.table({"values": pa.array(values)}), distinct=False)  # as _raw_counts makes them
     counted = categorify._Counts(pa.table({"values": pa.array(["b", "zz"]), "counts": pa.array([5, 1])}))
     for parts, expected in (([raw], {"a": 2 * rows // 3, "b": rows // 3}),
                             ([raw, counted], {"a": 2 * rows // 3, "b": rows // 3 + 5, "zz": 1})):
@@ -153,3 +154,43 @@ def test_nearly_distinct_numbers_match_pandas(tmp_path, raw_calls, kind):
     expected_values, expected_counts = reference_vocabulary(values)
     assert cat.tables["hi"]["values"].to_pylist() == expected_values
     assert cat.tables["hi"]["counts"].to_pylist() == expected_counts
+
+
+def test_raw_partials_hold_their_values_alone():
+    rng = np.random.default_rng(9)
+    column = pa.array(high_cardinality(rng, 50_000, 10**7))
+    raw = categorify.Categorify._raw_counts(column)
+    assert raw.column_names == ["values"]  # one occurrence per row, no column of ones
+    assert raw["values"].to_pylist() == [v for v in column.to_pylist() if v is not None]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from("abcdefghij"), max_size=30)),
+                      min_size=1, max_size=12),
+       spill_rows=st.integers(1, 40), buckets=st.integers(1, 5), per_combination=st.integers(2, 4))
+def test_raw_and_counted_partials_through_any_merge_and_spill(tmp_path, parts, spill_rows, buckets,
+                                                               per_combination):
+    """Partials of values alone (raw) and counted ones, combined in levels as a fit
+    does, spilled as they are or merged (both kinds in one spill: the raw rows' counts
+    are absent there), then finalized: every value's count is the plain count."""
+    from collections import Counter
+
+    op = ops.Categorify(spill_rows=spill_rows, spill_buckets=buckets, spill_dir=str(tmp_path))
+    level = []
+    for raw, values in parts:
+        if raw:
+            level.append({"c": categorify._Counts(pa.table({"values": pa.array(values, pa.string())}),
+                                                  distinct=False)})
+        else:
+            counted = Counter(values)
+            level.append({"c": categorify._Counts(pa.table({
+                "values": pa.array(list(counted), pa.string()),
+                "counts": pa.array(list(counted.values()), pa.int64())}))})
+    while len(level) > per_combination:
+        level = [op.combine(level[i:i + per_combination]) for i in range(0, len(level), per_combination)]
+    op.finalize(op.combine_root(level))
+    expected = Counter(v for _, values in parts for v in values)
+    got = op.tables["c"].to_pydict()
+    assert dict(zip(got["values"], got["counts"])) == dict(expected)
+    assert len(got["values"]) == len(expected)
+    assert list(tmp_path.iterdir()) == []
