@@ -13,16 +13,19 @@ tabstream.core.errors.DataError: x.json: JSON nested 5000 levels deep; no test f
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import json
 import os
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from tabstream.core.errors import DataError
 
-__all__ = ["MAX_DEPTH", "json_depth", "loads_json", "read_json_file"]
+__all__ = ["MAX_DEPTH", "json_depth", "loads_json", "read_json_file", "sync_folder", "write_json_file"]
 
 #: deepest nesting of arrays and objects accepted; tabstream's own files stay
 #: below 20 (a schema column's properties, a checkpoint's optimizer state)
@@ -80,3 +83,41 @@ def _too_deep(where: str, what: str, depth: int | None) -> DataError:
     levels = f"{depth} levels deep" if depth is not None else "too deep for the parser"
     return DataError(f"{where}: JSON nested {levels}; no {what} is nested more than "
                      f"{MAX_DEPTH} levels (the file is damaged or was made to break readers)")
+
+
+def write_json_file(path: str | os.PathLike[str], value: Any, indent: int = 1) -> None:
+    """``value`` as JSON into the local file ``path``, whole or not at all, and durably:
+    written beside it under a name of its own (writers of the same file do not meet),
+    forced to the disk, renamed into place, then the rename forced to the disk too
+    (:func:`sync_folder`). A reader sees the old file or the new one, after a kill -9
+    or a power loss alike."""
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=indent)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the write's own error is the one to see
+            os.remove(tmp)
+        raise
+    sync_folder(folder or ".")
+
+
+def sync_folder(folder: str | os.PathLike[str]) -> None:
+    """Force ``folder``'s entries (files created, renamed into or out of it) to the
+    disk. Where a folder cannot be opened for that (not POSIX), nothing is done."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no descriptor for a folder here: the renames stay as durable as before
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise  # a failing disk, not a folder that cannot be synced here
+    finally:
+        os.close(fd)

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 import tabstream
 from tabstream.core.errors import DataError, ExportError
-from tabstream.core.jsonfile import loads_json, read_json_file
+from tabstream.core.jsonfile import loads_json, read_json_file, write_json_file
 from tabstream.core.schema import Schema
 from tabstream.core.scratch import (
     STALE_SECONDS,
@@ -504,14 +504,6 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
     return "into"
 
 
-def _write_json(path: str, value: Any) -> None:
-    """``value`` into ``path``, whole or not at all (written beside, then renamed)."""
-    tmp = f"{path}.{uuid.uuid4().hex[:12]}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2)
-    os.replace(tmp, path)
-
-
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
@@ -686,10 +678,10 @@ class PublishInto:
                        key=lambda n: (n.startswith("_"), n))
         self._in_the_way(set(names))
         aside = posixpath.join(self.root, f".tabstream-old-{self.owner}")
-        _write_json(self.journal, {"format": "tabstream.publish", "owner": self.owner,
-                                   "export_id": self.export_id, "replaces": self.previous_id,
-                                   "moving": names, "previous": sorted(self.previous),
-                                   "aside": posixpath.basename(aside), "tmp": posixpath.basename(self.tmp)})
+        write_json_file(self.journal, {"format": "tabstream.publish", "owner": self.owner,
+                                      "export_id": self.export_id, "replaces": self.previous_id,
+                                      "moving": names, "previous": sorted(self.previous),
+                                      "aside": posixpath.basename(aside), "tmp": posixpath.basename(self.tmp)})
         try:
             if self.previous:
                 os.mkdir(aside)

@@ -71,7 +71,6 @@ rows have been touched since the last release.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import inspect
 import json
@@ -93,7 +92,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tabstream.core.errors import DataError, SchemaError
-from tabstream.core.jsonfile import read_json_file
+from tabstream.core.jsonfile import read_json_file, sync_folder, write_json_file
 from tabstream.train.ps_layout import SlotIndex
 from tabstream.train.tables import TableConfig
 
@@ -534,16 +533,6 @@ def _compact_segments(path: Path | None, upto: int) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_folder(path.parent)
-
-
 def _save_synced(path: Path, array: np.ndarray) -> None:
     """``np.save`` to ``path``, then its bytes forced to the disk: a snapshot folder is
     renamed into place only once every file in it would survive a power loss (a
@@ -553,22 +542,6 @@ def _save_synced(path: Path, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _sync_folder(folder: Path) -> None:
-    """Force ``folder``'s entries (files created, renamed into or out of it) to the
-    disk. Where a folder cannot be opened for that (not POSIX), nothing is done."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # no descriptor for a folder here: the renames stay as durable as before
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise  # a failing disk, not a folder that cannot be synced here
-    finally:
-        os.close(fd)
 
 
 def _config_dict(cfg: TableConfig) -> dict[str, Any]:
@@ -756,7 +729,7 @@ class ParameterServer:
         meta = self._settings()
         meta["mark"] = self._committed
         meta["previous"] = self._previous_state
-        _write_json(self.path / _META, meta)
+        write_json_file(self.path / _META, meta)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], release_bytes: int = 256 << 20) -> ParameterServer:
@@ -1122,14 +1095,14 @@ class ParameterServer:
             _save_synced(tmp / f"{name}.weight.npy", w)
             _save_synced(tmp / f"{name}.state.npy", s)
             _save_synced(tmp / f"{name}.version.npy", v)
-        _write_json(tmp / "mark.json", self._mark_state())
-        _sync_folder(tmp)  # the files' names, before the folder is renamed into place
+        write_json_file(tmp / "mark.json", self._mark_state())
+        sync_folder(tmp)  # the files' names, before the folder is renamed into place
         final, old = self.path / _SNAPSHOT, self.path / f".{_SNAPSHOT}.old"
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
-        _sync_folder(self.path)  # the renames
+        sync_folder(self.path)  # the renames
         shutil.rmtree(old, ignore_errors=True)
 
     def _load_snapshot(self) -> None:
@@ -1516,7 +1489,7 @@ class ParameterServer:
             tmp.mkdir(parents=True)
             for cfg in self.configs:
                 counts[cfg.name] = self._export_table(cfg, tmp / cfg.name)
-            _write_json(tmp / "_delta.json", {"from_version": self.last_export,
+            write_json_file(tmp / "_delta.json", {"from_version": self.last_export,
                                              "to_version": self.version, "rows": counts})
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1531,7 +1504,7 @@ class ParameterServer:
         meta["mark"] = self._committed
         meta["previous"] = self._previous_state
         meta["pending_export"] = {"dir": str(out.resolve()), "version": self.version}
-        _write_json(self.path / _META, meta)
+        write_json_file(self.path / _META, meta)
         os.replace(tmp, out)
         self.last_export = self.version
         self._committed = self._mark_state()

@@ -25,7 +25,6 @@ and only records the list.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tabstream.core.errors import DataError
-from tabstream.core.jsonfile import read_json_file
+from tabstream.core.jsonfile import read_json_file, write_json_file
 
 __all__ = ["LISTS_FILE", "fit_lists_with", "lists_done", "train_lists"]
 
@@ -59,13 +58,7 @@ def lists_done(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def _record(checkpoint_dir: Path, done: list[str]) -> None:
-    path = checkpoint_dir / LISTS_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"format": _FORMAT, "done": done}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_file(checkpoint_dir / LISTS_FILE, {"format": _FORMAT, "done": done})
 
 
 def train_lists(
