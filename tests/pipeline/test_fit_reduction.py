@@ -304,17 +304,24 @@ def test_fit_combines_up_to_16_partitions_at_once_and_8_beyond(parts, monkeypatc
     assert got == counts.to_dict()
 
 
+def _two_level_fit_data(seed, spread, rows, parts):
+    """Random values of one column in about ``parts`` partitions: more than 16, so a
+    fit combines them in two levels."""
+    rng = np.random.default_rng(seed)
+    values = [f"v{x}" for x in rng.integers(0, spread, rows)]
+    frame = pd.DataFrame({"c": values})
+    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // parts + 1)
+    assert ds.npartitions > 16  # two levels
+    return values, ds
+
+
 def test_combinations_short_of_the_last_keep_a_share_of_spill_rows(tmp_path, monkeypatch):
     # a fit in two levels: each first-level result waits for the last combination beside
     # the others, so it keeps at most spill_rows / 16 distinct values of a vocabulary in
     # memory (the rest spilled); the vocabulary is still pandas' count
     from tabstream.ops import categorify
 
-    rng = np.random.default_rng(4)
-    values = [f"v{x}" for x in rng.integers(0, 3000, 24_000)]
-    frame = pd.DataFrame({"c": values})
-    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // 40 + 1)
-    assert ds.npartitions > 16  # two levels
+    values, ds = _two_level_fit_data(seed=4, spread=3000, rows=24_000, parts=40)
     held: list[tuple[int, int]] = []
     original = categorify.Categorify._combine
     monkeypatch.setattr(categorify.Categorify, "_combine",
@@ -339,11 +346,7 @@ def test_partials_a_combination_would_spill_unmerged_are_spilled_by_their_partit
     # combination); each partial alone is under spill_rows. The vocabulary is pandas'.
     from tabstream.ops import categorify
 
-    rng = np.random.default_rng(7)
-    values = [f"v{x}" for x in rng.integers(0, 5000, 12_000)]
-    frame = pd.DataFrame({"c": values})
-    ds = ts.Dataset(frame, part_size=int(frame.memory_usage(deep=True).sum()) // 24 + 1)
-    assert ds.npartitions > 16  # two levels
+    values, ds = _two_level_fit_data(seed=7, spread=5000, rows=12_000, parts=24)
     per_part = [pa.compute.count_distinct(ds.read_piece(p)["c"]).as_py() for p in ds.pieces]
     spill_rows = max(per_part) + 1  # no partial passes it alone
     assert 8 * min(per_part) > 2 * spill_rows  # eight of them together pass twice
