@@ -717,9 +717,9 @@ class Categorify(StatOperator):
     @staticmethod
     def _raw_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table | None:
         """A partition's values as they are (a table of ``values`` alone: a count of
-        one per row), not aggregated, when nearly
-        every value is distinct (its first :data:`_SAMPLE_ROWS` values are over
-        :data:`_RAW_SHARE` distinct): else None, and the partition counts its values.
+        one per row), not aggregated, when nearly every value is distinct (its first
+        :data:`_SAMPLE_ROWS` values are over :data:`_RAW_SHARE` distinct): else None,
+        and the partition counts its values.
 
         The merges hash every partial value again to add the counts up, so counting
         such a column in the partition buys little (Criteo's five largest columns:

@@ -222,19 +222,20 @@ class Workflow:
         """The combined partials of ``nodes`` over ``ds``: a tree reduction of
         per-partition partials (every statistics op's pass over the data)."""
         fan_in = fit_fan_in(len(ds.pieces))
-        partials = [
-            delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
-            for piece in ds.pieces
-        ]
-        reduced = tree_reduce(partials, _Combine(nodes), fan_in=fan_in,
-                              root=_Combine(nodes, root=True),
-                              shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
         # ops that spill learn whether a partition's partial waits for a combination
-        # short of the last (which may spill it as it is: see Categorify)
+        # short of the last (which may spill it as it is: see Categorify); set before
+        # the tasks are made, so that a cluster's copies of the ops carry it
         spillers = [n.op for n in nodes if getattr(n.op, "spills", False)]
         for op in spillers:
             op.partials_per_combination = fan_in if len(ds.pieces) > fan_in else None
         try:
+            partials = [
+                delayed(_fit_piece, pure=False)(ds, piece, columns, nodes, self.input_schema, dictionary)
+                for piece in ds.pieces
+            ]
+            reduced = tree_reduce(partials, _Combine(nodes), fan_in=fan_in,
+                                  root=_Combine(nodes, root=True),
+                                  shards=_root_shards(self.client, nodes), join=_Combine(nodes).join)
             (stats,) = compute([reduced], self.client, desc=desc, progress=progress)
         finally:
             for op in spillers:
