@@ -266,3 +266,62 @@ def test_workers_fit_and_export_with_small_pages(real_cluster, tmp_path):
     from tests.pipeline.test_small_pages import check_fit_and_export
 
     check_fit_and_export(tmp_path, client=real_cluster)
+
+
+def _record_spills_into(path: str) -> None:
+    """Run on each worker: Categorify's spills append the caller's name to ``path``."""
+    import inspect
+
+    from tabstream.ops import categorify
+
+    original = categorify.Categorify.__dict__["_spill"]
+
+    def recording(self, table, offsets=None):
+        with open(path, "a") as f:
+            f.write(inspect.stack()[1].function + "\n")
+        return original(self, table, offsets)
+
+    recording.original = original
+    categorify.Categorify._spill = recording
+
+
+def _stop_recording_spills() -> None:
+    from tabstream.ops import categorify
+
+    current = categorify.Categorify.__dict__["_spill"]
+    categorify.Categorify._spill = getattr(current, "original", current)
+
+
+def test_partials_spilled_by_their_partition_on_cluster_workers(real_cluster, raw_tsv, tmp_path):
+    """A fit of more than 16 partitions on the cluster: each worker spills the partials
+    its combination would have spilled unmerged from the partition's own task, into the
+    shared spill folder; the vocabulary is the threaded fit's and pandas'."""
+    from tabstream.datasets.synthetic import CRITEO_COLUMNS, CRITEO_DTYPES
+
+    def dataset() -> ts.Dataset:
+        return ts.Dataset(raw_tsv, sep="\t", names=CRITEO_COLUMNS, dtypes=CRITEO_DTYPES, part_size="40KiB")
+
+    def graph(spill_dir):
+        return ["C1", "C2"] >> ops.Categorify(spill_rows=20, spill_buckets=3, spill_dir=spill_dir)
+
+    ds = dataset()
+    assert ds.npartitions > 16
+    shared = tmp_path / "shared-spill"
+    shared.mkdir()
+    log = tmp_path / "spills.log"
+    real_cluster.run(_record_spills_into, str(log))
+    try:
+        wf = ts.Workflow(graph(str(shared)), client=real_cluster).fit(ds)
+    finally:
+        real_cluster.run(_stop_recording_spills)
+    callers = log.read_text().split()
+    assert callers.count("fit_partition") >= ds.npartitions // 2  # the partitions' own tasks
+    assert "_spill_parts" not in callers  # no combination was left partials to spill
+    local = ts.Workflow(graph(None)).fit(dataset())
+    frame = dataset().to_ddf().compute()
+    for col in ("C1", "C2"):
+        assert wf.output_node.op.tables[col].equals(local.output_node.op.tables[col])
+        expected = frame[col].dropna().value_counts()
+        vocab = wf.output_node.op.tables[col].to_pydict()
+        assert dict(zip(vocab["values"], vocab["counts"])) == {str(k): int(v) for k, v in expected.items()}
+    assert list(shared.iterdir()) == []  # spill files removed after the merge
