@@ -265,28 +265,45 @@ class Node:
 
     def transform(self, table: pa.Table, input_schema: Schema,
                   cache: dict[int, pa.Table] | None = None,
-                  schema_cache: dict[int, Schema] | None = None) -> pa.Table:
-        """Evaluate this node on one partition (an Arrow table of input columns)."""
-        cache = {} if cache is None else cache
+                  schema_cache: dict[int, Schema] | None = None,
+                  uses: dict[int, int] | None = None,
+                  rows: dict[int, int] | None = None) -> pa.Table:
+        """Evaluate this node on one partition (an Arrow table of input columns).
+
+        Each node's output is kept in ``cache`` for the nodes that read it. ``uses``
+        (see :func:`consumer_counts`) says how many reads each output has left: an
+        output is dropped from the cache at its last, so the intermediate tables of a
+        chain (FillMissing, Clip, LogOp before Normalize) do not all live until the
+        partition is done. A call without ``cache`` counts its own. ``rows`` gets the
+        row count of every node evaluated."""
+        if cache is None:
+            cache = {}
+            uses = consumer_counts([self]) if uses is None else uses
         schema_cache = {} if schema_cache is None else schema_cache
         if self.id in cache:
             return cache[self.id]
         expected = self.schema_for(input_schema, schema_cache)
+
+        def parent_outputs() -> list[pa.Table]:
+            return [p.transform(table, input_schema, cache, schema_cache, uses, rows) for p in self.parents]
+
         if self.kind == "select":
             out = table.select(expected.column_names)
         elif self.kind == "op":
-            inp = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
-            out = self.op.transform(inp)
+            out = self.op.transform(concat_tables(parent_outputs()))
             check_produced(self.op, expected, out)
-        elif self.kind == "concat":
-            out = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
-        elif self.kind == "union":
-            out = concat_tables([p.transform(table, input_schema, cache, schema_cache) for p in self.parents])
+        elif self.kind in ("concat", "union"):
+            out = concat_tables(parent_outputs())
         elif self.kind == "pick":
-            out = self.parents[0].transform(table, input_schema, cache, schema_cache).select(self.names)
+            out = parent_outputs()[0].select(self.names)
         else:
-            out = self.parents[0].transform(table, input_schema, cache, schema_cache).drop_columns(self.names)
+            out = parent_outputs()[0].drop_columns(self.names)
         cache[self.id] = out
+        if rows is not None:
+            rows[self.id] = out.num_rows
+        if uses is not None:
+            for p in self.parents:
+                release(p, cache, uses)
         return out
 
     def __repr__(self) -> str:
@@ -301,6 +318,35 @@ class Node:
         if self.kind == "union":
             return f"Node({' | '.join(repr(p) for p in self.parents)})"
         return f"Node({' + '.join(repr(p) for p in self.parents)})"
+
+
+def consumer_counts(requests: Sequence[Node]) -> dict[int, int]:
+    """How many times each node's output is read when the nodes ``requests`` (in the
+    order a caller asks for them, repeats included) are evaluated with one cache: once
+    per request, and once per edge from each node reached (evaluated once) to it. The
+    caller calls :func:`release` for each request once it is done with its output."""
+    uses: dict[int, int] = {}
+    for node in requests:
+        uses[node.id] = uses.get(node.id, 0) + 1
+    seen: set[int] = set()
+    stack = list(requests)
+    while stack:
+        node = stack.pop()
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        for parent in node.parents:
+            uses[parent.id] = uses.get(parent.id, 0) + 1
+            stack.append(parent)
+    return uses
+
+
+def release(node: Node, cache: dict[int, pa.Table], uses: dict[int, int]) -> None:
+    """One read of ``node``'s output is done: at the last, it leaves ``cache``."""
+    left = uses.get(node.id, 0) - 1
+    uses[node.id] = left
+    if left <= 0:
+        cache.pop(node.id, None)
 
 
 def as_node(obj: Any) -> Node:

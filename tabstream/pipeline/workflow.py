@@ -46,7 +46,14 @@ from dask import delayed
 import tabstream
 from tabstream import backends
 from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
-from tabstream.core.graph import ColumnSelector, Node, as_node, concat_tables
+from tabstream.core.graph import (
+    ColumnSelector,
+    Node,
+    as_node,
+    concat_tables,
+    consumer_counts,
+    release,
+)
 from tabstream.core.jsonfile import loads_json
 from tabstream.core.pages import small_pages
 from tabstream.core.schema import Schema
@@ -729,12 +736,18 @@ def _fit_piece(ds: Dataset, piece: Any, columns: list[str], nodes: list[Node],
     table = ds.read_piece(piece, columns, dictionary, keep=True)
     cache: dict[int, pa.Table] = {}
     schema_cache: dict[int, Schema] = {}
+    # each node's output leaves the cache once its last reader has it
+    uses = consumer_counts([p for node in nodes for p in node.parents])
+    rows: dict[int, int] = {}
     out = []
     with backends.use(ds.backend_name):
         for node in nodes:
-            parents = [p.transform(table, input_schema, cache, schema_cache) for p in node.parents]
+            parents = [p.transform(table, input_schema, cache, schema_cache, uses, rows) for p in node.parents]
             out.append(node.op.fit_partition(concat_tables(parents)))
-    out.append({_INPUT_ROWS: table.num_rows, **{nid: t.num_rows for nid, t in cache.items()}})
+            del parents
+            for p in node.parents:
+                release(p, cache, uses)
+    out.append({_INPUT_ROWS: table.num_rows, **rows})
     return out
 
 
