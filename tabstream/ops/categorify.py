@@ -241,15 +241,20 @@ class _Counts:
     ``offsets`` (``spill_buckets + 1`` row offsets), when set, says that ``table`` is
     ordered by spill bucket: merges then add up each bucket apart (see
     :data:`_BUCKETED_ROWS`) and a spill writes the buckets without ordering again.
-    ``distinct=False``: ``table`` may list a value on several rows (a partition's
-    values taken as they are, see :meth:`Categorify._raw_counts`: a table of
-    ``values`` alone, each row one occurrence); every merge aggregates it, even
-    alone. Spilled files are always aggregated when merged."""
+    A ``table`` of ``values`` alone lists a partition's values as they are, a value
+    on as many rows as it occurs (see :meth:`Categorify._raw_counts`); every merge
+    aggregates it, even alone (:func:`merge_counts`). A table with ``counts`` holds
+    each value once. Spilled files are always aggregated when merged: a spill may
+    hold counted partials unmerged."""
 
     table: pa.Table | None
     spilled: list[_Spill] = field(default_factory=list)
     offsets: np.ndarray | None = None
-    distinct: bool = True
+
+    @property
+    def distinct(self) -> bool:
+        """Whether each value of ``table`` is on one row (it has its ``counts``)."""
+        return self.table is None or "counts" in self.table.column_names
 
 
 #: results of combinations short of the last that wait for it at once, at most: the
@@ -691,8 +696,7 @@ class Categorify(StatOperator):
                 continue
             keys = self._keys(table, group)
             raw = self._raw_counts(keys[0]) if len(keys) == 1 else None
-            counts = _Counts(raw, distinct=False) if raw is not None else \
-                _Counts(merge_counts([value_counts(k) for k in keys]))
+            counts = _Counts(raw if raw is not None else merge_counts([value_counts(k) for k in keys]))
             counts = self._bucketed(counts)
             if self._spills_early(counts):
                 counts = _Counts(None, [self._spill(counts.table, counts.offsets)])
@@ -712,6 +716,12 @@ class Categorify(StatOperator):
         fan_in = self.partials_per_combination
         if fan_in is None or counts.table is None or counts.table.num_rows * fan_in <= 2 * self.spill_rows:
             return False
+        return self._spills_reach_the_merge()
+
+    def _spills_reach_the_merge(self) -> bool:
+        """Whether a spill made here can be read by the process that merges: always
+        with ``spill_dir``; without it, not from a dask worker (its temporary folder is
+        its own), where holding in memory is the only choice (see :meth:`_spill_root`)."""
         return self.spill_dir is not None or not _on_dask_worker()
 
     @staticmethod
@@ -746,7 +756,7 @@ class Categorify(StatOperator):
         if table is None or counts.offsets is not None or table.num_rows <= min_rows:
             return counts
         table, offsets = self._bucket_order(table)
-        return _Counts(table, counts.spilled, offsets, counts.distinct)
+        return _Counts(table, counts.spilled, offsets)
 
     def _merge_tables(self, parts: Sequence[_Counts]) -> _Counts:
         """The in-memory counts of ``parts`` summed: bucket by bucket when there are
@@ -755,16 +765,14 @@ class Categorify(StatOperator):
         if not held:
             tables = [p.table for p in parts if p.table is not None]
             return _Counts(_sum_counts(tables) if tables else None)  # empty, with its counts column
-        distinct = all(p.distinct for p in held)
-        merge = merge_counts if distinct else _sum_counts  # _sum_counts: a lone table too
         if len(held) == 1 or sum(p.table.num_rows for p in held) <= _BUCKETED_ROWS:
-            if len(held) == 1 and distinct:
+            if len(held) == 1 and held[0].distinct:
                 return _Counts(held[0].table, [], held[0].offsets)
-            return _Counts(merge([p.table for p in held]))
+            return _Counts(merge_counts([p.table for p in held]))
         held = [self._bucketed(p, 0) for p in held]
         merged, sizes = [], np.zeros(self.spill_buckets + 1, dtype=np.int64)
         for b in range(self.spill_buckets):
-            merged.append(merge([_bucket_slice(p.table, p.offsets, b) for p in held]))
+            merged.append(merge_counts([_bucket_slice(p.table, p.offsets, b) for p in held]))
             sizes[b + 1] = merged[-1].num_rows
         return _Counts(pa.concat_tables(merged), [], np.cumsum(sizes))
 
@@ -776,7 +784,7 @@ class Categorify(StatOperator):
         to spill that the others read: there ``spill_rows`` stays the bound), nor for a
         single partial (``fit_table``: finalized at once, nothing waits)."""
         held = self.spill_rows
-        if len(partials) > 1 and (self.spill_dir is not None or not _on_dask_worker()):
+        if len(partials) > 1 and self._spills_reach_the_merge():
             held = max(1, self.spill_rows // _WAITING_RESULTS)
         return self._combine(partials, held)
 
@@ -1028,7 +1036,7 @@ class Categorify(StatOperator):
             return self._merge_spilled(name, counts)
         assert counts.table is not None
         # one partition's partial comes here unmerged
-        return self._threshold(counts.table if counts.distinct else _sum_counts([counts.table]), name), None
+        return self._threshold(merge_counts([counts.table]), name), None
 
     def finalize(self, partial: dict[str, _Counts]) -> None:
         tables, candidates = {}, {}

@@ -114,7 +114,7 @@ def test_merging_raw_partials_aggregates_every_bucket(rows):
     are aggregated too (merging counted partials may pass a lone table through)."""
     cat = ops.Categorify(spill_buckets=8)
     values = ["a", "b", "a"] * (rows // 3)
-    raw = categorify._Counts(pa.table({"values": pa.array(values)}), distinct=False)  # as _raw_counts makes them
+    raw = categorify._Counts(pa.table({"values": pa.array(values)}))  # as _raw_counts makes them
     counted = categorify._Counts(pa.table({"values": pa.array(["b", "zz"]), "counts": pa.array([5, 1])}))
     for parts, expected in (([raw], {"a": 2 * rows // 3, "b": rows // 3}),
                             ([raw, counted], {"a": 2 * rows // 3, "b": rows // 3 + 5, "zz": 1})):
@@ -179,8 +179,7 @@ def test_raw_and_counted_partials_through_any_merge_and_spill(tmp_path, parts, s
     level = []
     for raw, values in parts:
         if raw:
-            level.append({"c": categorify._Counts(pa.table({"values": pa.array(values, pa.string())}),
-                                                  distinct=False)})
+            level.append({"c": categorify._Counts(pa.table({"values": pa.array(values, pa.string())}))})
         else:
             counted = Counter(values)
             level.append({"c": categorify._Counts(pa.table({
