@@ -144,8 +144,19 @@ class _Spill:
     offsets: tuple[int, ...]
 
     def read(self, bucket: int) -> pa.Table:
-        fs, path = fsspec.core.url_to_fs(self.path)
-        data = fs.cat_file(path, start=self.offsets[bucket], end=self.offsets[bucket + 1])
+        start, end = self.offsets[bucket], self.offsets[bucket + 1]
+        if "://" in self.path:
+            fs, path = fsspec.core.url_to_fs(self.path)
+            data = fs.cat_file(path, start=start, end=end)
+        else:
+            # a local file read directly: fsspec's URL parsing and file object cost
+            # about 50 us a read, and a final merge reads every spill once per bucket
+            # (17,888 reads in the 16M-row Criteo fit)
+            with open(self.path, "rb", buffering=0) as f:
+                data = os.pread(f.fileno(), end - start, start)
+            if len(data) != end - start:
+                raise OSError(f"Categorify: the spill {self.path} is shorter than written "
+                              f"({start + len(data):,} of {end:,} bytes)")
         return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
     def remove(self) -> None:

@@ -287,3 +287,30 @@ def test_a_failing_spill_write_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         op._spill(table)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_spill_reads_back_each_bucket_and_refuses_a_cut_file(tmp_path):
+    """A spill on a local path is read with plain file reads (not fsspec): each bucket
+    holds exactly the rows whose bucket the backend computes, and a file cut short
+    (a full disk, another process) is an error naming it, never fewer counts."""
+    from tabstream.backends.arrow import ArrowBackend
+
+    rng = np.random.default_rng(3)
+    values = pa.array([f"{x:08x}" for x in rng.integers(0, 2**32, 3000)] + ["short", "longer-value"])
+    table = pa.table({"values": values, "counts": pa.array(rng.integers(1, 9, len(values)))})
+    op = ops.Categorify(spill_buckets=5, spill_dir=str(tmp_path))
+    spill = op._spill(table)
+    buckets = ArrowBackend().spill_buckets(values, 5)
+    for b in range(5):
+        expected = table.filter(pa.array(buckets == b))
+        got = spill.read(b)
+        assert sorted(zip(got["values"].to_pylist(), got["counts"].to_pylist())) == \
+            sorted(zip(expected["values"].to_pylist(), expected["counts"].to_pylist()))
+    with open(spill.path, "r+b") as f:
+        f.truncate(spill.offsets[4] + 10)
+    assert spill.read(3).num_rows == int((buckets == 3).sum())
+    with pytest.raises(OSError, match="shorter than written") as err:
+        spill.read(4)
+    assert spill.path in str(err.value)
+    spill.remove()
+    assert list(tmp_path.iterdir()) == []
