@@ -1,6 +1,7 @@
 """Categorify beyond the basics: groups, given vocabularies, lists, buckets, spilling."""
 
 import os
+import threading
 
 import numpy as np
 import pandas as pd
@@ -314,3 +315,34 @@ def test_a_local_spill_reads_back_each_bucket_and_refuses_a_cut_file(tmp_path):
     assert spill.path in str(err.value)
     spill.remove()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_vocabularies_merged_in_memory_are_finalized_side_by_side(monkeypatch):
+    """finalize runs the in-memory vocabularies on two threads at once (a barrier of two
+    that only passes when two run together), and each vocabulary and its candidates are
+    what pandas counts."""
+    monkeypatch.setattr("dask.system.CPU_COUNT", 2)
+    rng = np.random.default_rng(5)
+    df = pd.DataFrame({f"c{i}": [f"v{x}" for x in rng.zipf(1.5, 3000) % (50 + 400 * i)] for i in range(4)})
+    barrier = threading.Barrier(2, timeout=20)
+    threads = set()
+    original = ops.Categorify._finalize_one
+
+    def spy(self, name, counts):
+        threads.add(threading.get_ident())
+        if len(threads) <= 2 and not barrier.broken:
+            barrier.wait()  # raises BrokenBarrierError when the other never comes
+        return original(self, name, counts)
+
+    monkeypatch.setattr(ops.Categorify, "_finalize_one", spy)
+    op = ops.Categorify(freq_threshold=3)
+    ts.Workflow(list(df.columns) >> op).fit(ts.Dataset(df, part_size=20000), progress=False)
+    assert len(threads) >= 2
+    for col in df.columns:
+        counts = df[col].value_counts()
+        kept = sorted(((v, c) for v, c in counts.items() if c >= 3), key=lambda kv: (-kv[1], kv[0]))
+        assert op.tables[col]["values"].to_pylist() == [v for v, _ in kept]
+        assert op.tables[col]["counts"].to_pylist() == [c for _, c in kept]
+        below = op.candidates[col].to_pandas() if col in op.candidates else pd.DataFrame({"values": [], "counts": []})
+        assert dict(zip(below["values"], below["counts"])) == {v: c for v, c in counts.items() if c < 3}
+    assert op.candidates  # some vocabulary has values below the threshold
