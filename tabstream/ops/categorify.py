@@ -177,6 +177,7 @@ class _Spill:
 _SPILL_NAME = owner_pattern(r"tabstream-categorify-", r"[0-9a-f]{32}\.arrow")
 _WRITTEN: dict[int, set[str]] = {}  # id(op) -> its spills not removed yet, in this process
 _WRITTEN_LOCK = threading.Lock()
+_INDEX_BUILD_LOCK = threading.Lock()  # see Categorify._vocabulary_index
 _CLEANED: set[str] = set()  # spill folders whose dead owners' spills were removed
 
 
@@ -1261,14 +1262,18 @@ class Categorify(StatOperator):
         and kept for every later partition (see
         :meth:`~tabstream.backends.base.Backend.vocabulary_index`); dropped with the
         vocabularies when the op is fitted or loaded again, rebuilt when a vocabulary
-        table is replaced. Two threads may both build it at first: the same index,
-        one kept."""
+        table is replaced. One thread builds it; others asking meanwhile wait for it."""
         table = self.tables[name]
         key = (type(kernels), vocab.type)
         indexes = lookup_indexes(self, name)
         held = indexes.get(key)
         if held is None or held[0] is not table:
-            held = indexes[key] = (table, kernels.vocabulary_index(vocab))
+            # built once: the export's first partitions all ask at once, and an index
+            # built by each of them was that much memory twice at the export's start
+            with _INDEX_BUILD_LOCK:
+                held = indexes.get(key)
+                if held is None or held[0] is not table:
+                    held = indexes[key] = (table, kernels.vocabulary_index(vocab))
         return held[1]
 
     # -- state --------------------------------------------------------------

@@ -396,3 +396,45 @@ def test_no_index_when_the_address_space_limit_leaves_no_room_for_it():
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "False"]
+
+
+def test_threads_transforming_at_once_build_each_index_once(small_index_floor, monkeypatch):
+    """The export's first partitions ask for the indexes together: the first thread
+    builds each one (slowly here) while the other waits for it and uses it, instead of
+    building a second copy; both threads' ids equal a dict lookup."""
+    import threading
+    import time
+
+    rng = np.random.default_rng(8)
+    pool = np.array(hex_ids(rng, 400), dtype=object)
+    frame = pd.DataFrame({"a": rng.choice(pool, 4000), "b": rng.choice(pool[:90], 4000)})
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    op = Categorify()
+    op.finalize(op.combine_root([op.fit_partition(table)]))
+    builds = []
+    original = ArrowBackend.vocabulary_index
+
+    def slow_build(self, vocabulary):
+        builds.append(len(vocabulary))
+        time.sleep(0.3)  # the other thread arrives while this one builds
+        return original(self, vocabulary)
+
+    monkeypatch.setattr(ArrowBackend, "vocabulary_index", slow_build)
+    start = threading.Barrier(2)
+    out = [None, None]
+
+    def run(i):
+        start.wait()
+        out[i] = op.transform(table)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(builds) == sorted(op.tables[name].num_rows for name in ("a", "b"))
+    for column in ("a", "b"):
+        vocab = op.tables[column]["values"].to_pylist()
+        expected = reference_ids(frame[column].tolist(), vocab)
+        assert out[0][column].to_pylist() == expected
+        assert out[1][column].to_pylist() == expected
