@@ -19,10 +19,11 @@ import abc
 import inspect
 import math
 import string
+import threading
 import types
 import typing
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Union
 
 import pyarrow as pa
@@ -198,6 +199,25 @@ def lookup_indexes(op: Any, group: str) -> dict:
 
 def drop_lookup_indexes(op: Any) -> None:
     _LOOKUP_INDEXES.pop(op, None)
+
+
+_INDEX_BUILD_LOCK = threading.Lock()  # see held_index
+
+
+def held_index(indexes: dict, key: Any, source: Any, build: Callable[[], Any]) -> Any:
+    """The index ``indexes`` (of :func:`lookup_indexes`) keeps under ``key`` for the
+    fitted object ``source``, made by ``build()`` when it has none for that very
+    object (a replaced vocabulary gets a new one). Built once: the export's first
+    partitions ask together, and an index built by each of them was that much memory
+    twice (at 16M Criteo rows about 30 MB a copy); the others wait for the first. An
+    error of ``build`` reaches its caller and nothing is kept."""
+    held = indexes.get(key)
+    if held is None or held[0] is not source:
+        with _INDEX_BUILD_LOCK:
+            held = indexes.get(key)
+            if held is None or held[0] is not source:
+                held = indexes[key] = (source, build())
+    return held[1]
 
 
 class Operator(metaclass=_OpMeta):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 import dask.config
 import dask.system
 
-__all__ = ["TaskGroup", "local_workers", "release_freed_memory", "shared_pool"]
+__all__ = ["TaskGroup", "local_workers", "map_shared", "release_freed_memory", "shared_pool"]
 
 
 def local_workers() -> int:
@@ -93,6 +94,24 @@ def release_freed_memory() -> None:
 
         # not waited for long: threads busy with another pass release when they get to it
         concurrent.futures.wait([executor.submit(release) for _ in range(workers)], timeout=2.0)
+
+
+def map_shared(fn: Callable[[Any], Any], items: Any, workers: int) -> list[Any]:
+    """``[fn(item) for item in items]``, up to ``workers`` calls at once on this
+    process's shared threads (on threads of their own where :func:`shared_pool` has
+    none here), each in a copy of the caller's context (the backend in use); one
+    worker or one item: in the calling thread. Returns once no call runs any more,
+    also when one failed (its error is raised; those not started are dropped)."""
+    items = list(items)
+    workers = min(workers, len(items))
+    if workers <= 1:
+        return [fn(item) for item in items]
+    group = TaskGroup(shared_pool(), workers)
+    try:
+        futures = [group.submit(contextvars.copy_context().run, fn, item) for item in items]
+        return [future.result() for future in futures]
+    finally:
+        group.close()
 
 
 class TaskGroup(Executor):

@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
 import os
 import posixpath
 import sys
@@ -111,10 +110,10 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort_indices, widen_half
-from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
+from tabstream.core.operators import StatOperator, drop_lookup_indexes, held_index, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
-from tabstream.core.threads import TaskGroup, shared_pool
+from tabstream.core.threads import map_shared
 from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
 from tabstream.ops.vocabulary_policy import (
     Vocabulary,
@@ -177,7 +176,6 @@ class _Spill:
 _SPILL_NAME = owner_pattern(r"tabstream-categorify-", r"[0-9a-f]{32}\.arrow")
 _WRITTEN: dict[int, set[str]] = {}  # id(op) -> its spills not removed yet, in this process
 _WRITTEN_LOCK = threading.Lock()
-_INDEX_BUILD_LOCK = threading.Lock()  # see Categorify._vocabulary_index
 _CLEANED: set[str] = set()  # spill folders whose dead owners' spills were removed
 
 
@@ -1015,16 +1013,10 @@ class Categorify(StatOperator):
         # On the process's shared threads where it can: a pool of its own per column
         # left its freed memory behind for the export (16M Criteo rows peaked at
         # 714-718 MB against 634-646 on the shared threads)
-        workers = max(1, min(self.spill_buckets, dask.system.CPU_COUNT or 1))  # the CPUs it may use
-        group = TaskGroup(shared_pool(), workers) if workers > 1 else None
         try:
-            if group is None:
-                kept = [merge_bucket(b) for b in range(self.spill_buckets)]
-            else:
-                kept = list(group.map(merge_bucket, range(self.spill_buckets)))
+            # returns once no bucket reads a spill any more, also on a failure
+            kept = map_shared(merge_bucket, range(self.spill_buckets), dask.system.CPU_COUNT or 1)
         finally:
-            if group is not None:
-                group.close()  # no bucket still reading a spill removed below
             for spill in spills:
                 spill.remove()
         return pa.concat_tables(kept), below.table() if below is not None else None
@@ -1091,18 +1083,8 @@ class Categorify(StatOperator):
         spilled = [name for name, counts in partial.items() if counts.spilled]
         held = [name for name in partial if name not in spilled]
         done = {name: self._finalize_one(name, partial[name]) for name in spilled}
-        workers = max(1, min(len(held), dask.system.CPU_COUNT or 1))
-        if workers > 1:
-            group = TaskGroup(shared_pool(), workers)
-            try:
-                # each task in a copy of this thread's context: the backend in use
-                futures = {name: group.submit(contextvars.copy_context().run, self._finalize_one,
-                                              name, partial[name]) for name in held}
-                done.update((name, future.result()) for name, future in futures.items())
-            finally:
-                group.close()
-        else:
-            done.update((name, self._finalize_one(name, partial[name])) for name in held)
+        done.update(zip(held, map_shared(lambda name: self._finalize_one(name, partial[name]), held,
+                                         dask.system.CPU_COUNT or 1)))
         for name in partial:
             tables[name], candidate = done[name]
             if candidate is not None:
@@ -1263,18 +1245,8 @@ class Categorify(StatOperator):
         :meth:`~tabstream.backends.base.Backend.vocabulary_index`); dropped with the
         vocabularies when the op is fitted or loaded again, rebuilt when a vocabulary
         table is replaced. One thread builds it; others asking meanwhile wait for it."""
-        table = self.tables[name]
-        key = (type(kernels), vocab.type)
-        indexes = lookup_indexes(self, name)
-        held = indexes.get(key)
-        if held is None or held[0] is not table:
-            # built once: the export's first partitions all ask at once, and an index
-            # built by each of them was that much memory twice at the export's start
-            with _INDEX_BUILD_LOCK:
-                held = indexes.get(key)
-                if held is None or held[0] is not table:
-                    held = indexes[key] = (table, kernels.vocabulary_index(vocab))
-        return held[1]
+        return held_index(lookup_indexes(self, name), (type(kernels), vocab.type), self.tables[name],
+                          lambda: kernels.vocabulary_index(vocab))
 
     # -- state --------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

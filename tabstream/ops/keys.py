@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import widen_half
 from tabstream.core.errors import SchemaError
+from tabstream.core.operators import held_index
 from tabstream.core.schema import Schema
 from tabstream.ops.numeric import plain
 
@@ -116,16 +117,12 @@ def _indexed_lookup(table_keys: pa.Table, keys: pa.Table, indexes: dict, source:
     if common is None:
         return None
     kernels = backend()
-    cache_key = (type(kernels), field.name, common)
-    held = indexes.get(cache_key)
-    if held is None or held[0] is not source:
-        try:
-            mine = plain(table_keys.column(0)).cast(common)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None  # the coded lookup casts again and raises the TypeError naming the column
+    try:
         # a fitted missing key (null) or float keys get no index: they are coded instead
-        held = indexes[cache_key] = (source, kernels.vocabulary_index(mine))
-    index = held[1]
+        index = held_index(indexes, (type(kernels), field.name, common), source,
+                           lambda: kernels.vocabulary_index(plain(table_keys.column(0)).cast(common)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None  # the coded lookup casts again and raises the TypeError naming the column
     if index is None:
         return None
     try:

@@ -398,43 +398,76 @@ def test_no_index_when_the_address_space_limit_leaves_no_room_for_it():
     assert out.stdout.split() == ["False", "True", "False"]
 
 
-def test_threads_transforming_at_once_build_each_index_once(small_index_floor, monkeypatch):
-    """The export's first partitions ask for the indexes together: the first thread
-    builds each one (slowly here) while the other waits for it and uses it, instead of
-    building a second copy; both threads' ids equal a dict lookup."""
+def _two_threads_at_once(fn):
+    """``fn()`` in two threads released together; their results."""
     import threading
-    import time
 
-    rng = np.random.default_rng(8)
-    pool = np.array(hex_ids(rng, 400), dtype=object)
-    frame = pd.DataFrame({"a": rng.choice(pool, 4000), "b": rng.choice(pool[:90], 4000)})
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    op = Categorify()
-    op.finalize(op.combine_root([op.fit_partition(table)]))
-    builds = []
-    original = ArrowBackend.vocabulary_index
-
-    def slow_build(self, vocabulary):
-        builds.append(len(vocabulary))
-        time.sleep(0.3)  # the other thread arrives while this one builds
-        return original(self, vocabulary)
-
-    monkeypatch.setattr(ArrowBackend, "vocabulary_index", slow_build)
-    start = threading.Barrier(2)
-    out = [None, None]
+    start, out = threading.Barrier(2), [None, None]
 
     def run(i):
         start.wait()
-        out[i] = op.transform(table)
+        out[i] = fn()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(builds) == sorted(op.tables[name].num_rows for name in ("a", "b"))
+    return out
+
+
+@pytest.fixture
+def slow_builds(monkeypatch):
+    """Sizes of the vocabularies indexes were built for; each build slowed, so that
+    a second thread arrives while the first builds."""
+    import time
+
+    builds = []
+    original = ArrowBackend.vocabulary_index
+
+    def slow_build(self, vocabulary):
+        builds.append(len(vocabulary))
+        time.sleep(0.3)
+        return original(self, vocabulary)
+
+    monkeypatch.setattr(ArrowBackend, "vocabulary_index", slow_build)
+    return builds
+
+
+def test_threads_transforming_at_once_build_each_index_once(small_index_floor, slow_builds):
+    """The export's first partitions ask for the indexes together: the first thread
+    builds each one while the other waits for it and uses it, instead of building a
+    second copy; both threads' ids equal a dict lookup."""
+    rng = np.random.default_rng(8)
+    pool = np.array(hex_ids(rng, 400), dtype=object)
+    frame = pd.DataFrame({"a": rng.choice(pool, 4000), "b": rng.choice(pool[:90], 4000)})
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    op = Categorify()
+    op.finalize(op.combine_root([op.fit_partition(table)]))
+    slow_builds.clear()
+    out = _two_threads_at_once(lambda: op.transform(table))
+    assert sorted(slow_builds) == sorted(op.tables[name].num_rows for name in ("a", "b"))
     for column in ("a", "b"):
-        vocab = op.tables[column]["values"].to_pylist()
-        expected = reference_ids(frame[column].tolist(), vocab)
+        expected = reference_ids(frame[column].tolist(), op.tables[column]["values"].to_pylist())
         assert out[0][column].to_pylist() == expected
         assert out[1][column].to_pylist() == expected
+
+
+def test_key_lookups_at_once_build_each_index_once(small_index_floor, slow_builds):
+    """The same for the key columns of JoinGroupby (TargetEncoding shares the lookup):
+    one build, and both threads' counts equal pandas'."""
+    import tabstream as ts
+    from tabstream.ops import JoinGroupby
+
+    rng = np.random.default_rng(31)
+    train, pool = _key_frame(rng, 2000, "string")
+    wf = ts.Workflow(["k", "price"] >> JoinGroupby(cont_cols=["price"], stats=["count"])).fit(ts.Dataset(train))
+    probe = pd.DataFrame({"k": pd.array(list(pool[:250]), dtype="str"), "price": 0.0})
+    slow_builds.clear()
+    out = _two_threads_at_once(lambda: wf.transform(probe))
+    assert len(slow_builds) == 1
+    counts = train["k"].value_counts()
+    expected = [counts.get(k, 0) for k in probe["k"]]
+    for got in out:
+        column = [c for c in got.columns if c.endswith("count")][0]
+        assert got[column].fillna(0).astype(int).tolist() == expected

@@ -237,3 +237,45 @@ def test_a_child_forked_after_a_fit_fits_and_exports(tmp_path):
     child = pd.read_parquet(tmp_path / "child").sort_values("x", ignore_index=True)
     pd.testing.assert_frame_equal(parent, child)
     assert sorted(child["c"].unique()) == list(range(3, 10))  # 7 values after the reserved ids
+
+
+def test_map_shared_keeps_order_and_context_and_ends_every_call_on_a_failure():
+    """map_shared: results in the items' order whatever finishes first; each call sees
+    the caller's context (a ContextVar set before, as the backend in use is); when a
+    call fails its error is raised only once no other call runs, and the calls not
+    started are dropped."""
+    import contextvars
+
+    from tabstream.core.threads import map_shared
+
+    var = contextvars.ContextVar("probe", default="unset")
+    var.set("caller's")
+
+    def slow_first(i):
+        time.sleep(0.2 if i == 0 else 0.0)
+        return i * i, var.get(), threading.current_thread() is threading.main_thread()
+
+    out = map_shared(slow_first, range(6), 2)
+    assert [r[0] for r in out] == [i * i for i in range(6)]
+    assert {r[1] for r in out} == {"caller's"}
+    assert not all(r[2] for r in out)  # ran on other threads
+    assert [r[0] for r in map_shared(slow_first, range(3), 1)] == [0, 1, 4]
+
+    running, started, ended = threading.Lock(), [], []
+
+    def fail_second(i):
+        started.append(i)
+        if i == 1:
+            raise ValueError("item 1")
+        time.sleep(0.3)
+        with running:
+            ended.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="item 1"):
+        map_shared(fail_second, range(40), 2)
+    with running:
+        at_the_raise = list(ended)
+    assert sorted(at_the_raise) == sorted(i for i in started if i != 1)  # none still running
+    time.sleep(0.4)
+    assert ended == at_the_raise and len(started) < 40  # none started after
