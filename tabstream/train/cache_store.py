@@ -531,6 +531,9 @@ def _compact_segments(path: Path | None, upto: int) -> None:
         if tag > upto:
             _append_segment(tmp, tag, ids)
     os.replace(tmp, path)
+    # the rename too: later commits append to the merged file, and a power loss that
+    # brought the old name back would lose their segments
+    sync_folder(path.parent)
 
 
 def _save_synced(path: Path, array: np.ndarray) -> None:
@@ -1474,7 +1477,8 @@ class ParameterServer:
         """Write the rows updated since the previous export, per table, to
         ``directory/<table>/part_00000.parquet`` (columns ``key`` int64, ``value``
         list<float32>), plus ``directory/_delta.json``. The folder is written under a
-        temporary name and renamed: it is complete or absent. Commits first
+        temporary name, forced to the disk and renamed: it is complete or absent, after
+        a kill -9 or a power loss alike. Commits first
         (:meth:`flush`). Returns ``{table: rows written}``."""
         out = Path(directory)
         if out.exists():
@@ -1506,6 +1510,9 @@ class ParameterServer:
         meta["pending_export"] = {"dir": str(out.resolve()), "version": self.version}
         write_json_file(self.path / _META, meta)
         os.replace(tmp, out)
+        # on the disk before the meta says the export is done: after a power loss the
+        # rows are exported again rather than counted done in a folder that is not there
+        sync_folder(out.parent)
         self.last_export = self.version
         self._committed = self._mark_state()
         self._write_meta()
@@ -1525,14 +1532,21 @@ class ParameterServer:
         folder.mkdir()
         schema = pa.schema([("key", pa.int64()), ("value", pa.list_(pa.float32()))])
         block = max(1, (64 << 20) // (4 * cfg.dim))  # 64 MB of rows at a time
-        with pq.ParquetWriter(folder / "part_00000.parquet", schema) as writer:
-            for i in range(0, max(len(ids), 1), block):
-                part = ids[i:i + block]
-                rows = self.lookup(cfg.name, part)
-                values = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), cfg.dim)
-                writer.write_table(pa.table({"key": pa.array(part, pa.int64()),
-                                             "value": values.cast(pa.list_(pa.float32()))},
-                                            schema=schema))
+        with open(folder / "part_00000.parquet", "wb") as f:
+            with pq.ParquetWriter(f, schema) as writer:
+                for i in range(0, max(len(ids), 1), block):
+                    part = ids[i:i + block]
+                    rows = self.lookup(cfg.name, part)
+                    values = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), cfg.dim)
+                    writer.write_table(pa.table({"key": pa.array(part, pa.int64()),
+                                                 "value": values.cast(pa.list_(pa.float32()))},
+                                                schema=schema))
+            # forced to the disk, as the snapshot's files are (_save_synced): the folder
+            # is renamed into place and counted done only once it would survive a
+            # power loss whole
+            f.flush()
+            os.fsync(f.fileno())
+        sync_folder(folder)
         return len(ids)
 
     def close(self) -> None:

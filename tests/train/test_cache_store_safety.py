@@ -242,3 +242,60 @@ def test_a_memory_snapshot_is_on_the_disk_before_it_is_renamed_into_place(tmp_pa
     again.close()
     np.testing.assert_array_equal(got, expected)
     assert not np.array_equal(got, ParameterServer(tmp_path / "fresh", TABLES, storage="memory").lookup("C1", np.array([3, 7])))
+
+
+def test_exports_and_merged_logs_reach_the_disk_before_they_count(tmp_path, monkeypatch):
+    """What is forced to the disk, in order (a power loss keeps only that): every file
+    of an export before its folder is renamed into place, that rename before the meta
+    says the export is done, and the rename of a merged change log before anything
+    appends to it again. Recorded from the fsync and rename calls themselves."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst, **kw):
+        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        return real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    ps = ParameterServer(tmp_path / "ps", TABLES, storage="disk")
+    for step in range(4):  # commits whose change-log segments the second export merges
+        ps.apply("C1", [step, 10 + step], np.full((2, 4), step, np.float32))
+        ps.flush()
+    ps.export_delta(tmp_path / "d0")
+    ps.apply("C1", [7], np.ones((1, 4), np.float32))
+    ps.export_delta(tmp_path / "d1")
+    ps.apply("C1", [8], np.ones((1, 4), np.float32))
+    ps.flush()
+    ps.close()
+    root = os.path.realpath(tmp_path)
+    meta = os.path.join(root, "ps", "_server.json")
+    for name in ("d0", "d1"):
+        out = os.path.join(root, name)
+        [at] = [i for i, e in enumerate(events) if e[0] == "replace" and e[2] == out]
+        tmp = events[at][1]
+        synced_before = set()  # forced to the disk under that name (or then renamed to it)
+        for e in events[:at]:
+            if e[0] == "fsync" or e[1] in synced_before:
+                synced_before.add(e[-1])
+        for folder, _, files in os.walk(out):
+            before = folder.replace(out, tmp, 1)
+            assert before in synced_before, folder
+            for f in files:
+                assert os.path.join(before, f) in synced_before, (folder, f)
+        done = next(i for i, e in enumerate(events) if i > at and e[0] == "replace" and e[2] == meta)
+        assert ("fsync", root) in events[at + 1:done]
+    log = os.path.join(root, "ps", "C1.changes.i64")
+    merged = [i for i, e in enumerate(events) if e[0] == "replace" and e[2] == log]
+    assert merged, "the second export merges the change log's old segments"
+    for at in merged:
+        appended = next((i for i, e in enumerate(events) if i > at and e == ("fsync", log)), len(events))
+        assert ("fsync", os.path.join(root, "ps")) in events[at + 1:appended]
+    # and the exports hold the rows: the first the 4 commits' 8 ids, the second id 7
+    got = pq.read_table(tmp_path / "d0" / "C1" / "part_00000.parquet").to_pandas()
+    assert got["key"].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert pq.read_table(tmp_path / "d1" / "C1" / "part_00000.parquet").column("key").to_pylist() == [7]
