@@ -28,8 +28,8 @@ same Arrow readers and options tabstream uses, string columns that the parquet f
 store dictionary-encoded read as dictionaries, no decoding of them) and write an
 output of the same size and encoding (tabstream's own export of this run, loaded
 before the clock starts: the same columns and types, the same row groups, snappy,
-pyarrow's writer with the export's options), no transform; two threads, as the
-machine has two cores. Its "fit" is the read, its "export" the write. The table
+pyarrow's writer with the export's options, its delta-packed id columns included),
+no transform; two threads, as the machine has two cores. Its "fit" is the read, its "export" the write. The table
 prints tabstream's ratio to it.
 
 ``--profile`` runs the tabstream case once on dask's synchronous scheduler under
@@ -302,7 +302,7 @@ def case_floor(fmt: str, files: list[str], out: str, source: str) -> dict[str, A
         import pyarrow.parquet as pq
 
         from tabstream.datasets.synthetic import CRITEO_COLUMNS, CRITEO_DTYPES
-        from tabstream.pipeline.export import DEFAULT_ROW_GROUP_SIZE
+        from tabstream.pipeline.export import DEFAULT_ROW_GROUP_SIZE, parquet_encodings
 
     outputs = sorted(glob.glob(os.path.join(source, "part_*.parquet")))
     if not outputs:
@@ -311,7 +311,11 @@ def case_floor(fmt: str, files: list[str], out: str, source: str) -> dict[str, A
     written = [[pq.ParquetFile(p).read_row_group(g) for g in range(pq.ParquetFile(p).num_row_groups)]
                for p in outputs]
     written = [[t.replace_schema_metadata(None) for t in groups] for groups in written]
-    compression = pq.ParquetFile(outputs[0]).metadata.row_group(0).column(0).compression.lower()
+    first = pq.ParquetFile(outputs[0]).metadata.row_group(0)
+    compression = first.column(0).compression.lower()
+    # the columns the export wrote delta-packed, written so again (its other options)
+    delta = [first.column(i).path_in_schema for i in range(first.num_columns)
+             if "DELTA_BINARY_PACKED" in first.column(i).encodings]
     arrow_types = {"int64": pa.int64(), "string": pa.string()}
     csv_types = {c: arrow_types[CRITEO_DTYPES[c]] for c in CRITEO_COLUMNS}
 
@@ -340,7 +344,7 @@ def case_floor(fmt: str, files: list[str], out: str, source: str) -> dict[str, A
     def write(index: int) -> int:
         groups = written[index]
         with pq.ParquetWriter(os.path.join(out, f"part_{index:05d}.parquet"), groups[0].schema,
-                              compression=compression) as writer:
+                              compression=compression, **parquet_encodings(groups[0].schema, delta)) as writer:
             for table in groups:
                 writer.write_table(table, row_group_size=DEFAULT_ROW_GROUP_SIZE)
         return sum(t.num_rows for t in groups)

@@ -235,3 +235,47 @@ def test_a_partition_is_dropped_before_the_next_is_read(small_raw, tmp_path, mon
     assert len(held_during_read) == ds.npartitions and not any(held_during_read)
     manifest, frames = read_export(str(tmp_path / "out"))
     assert sum(len(f) for f in frames) == len(wf.transform(small_raw))
+
+
+def test_categorical_ids_are_delta_packed_and_read_back_exactly(small_raw, tmp_path):
+    # Categorify's and HashBucket's ids (known range) are written DELTA_BINARY_PACKED;
+    # an integer column tagged categorical without a known range, the label and the
+    # floats keep pyarrow's dictionary
+    df = small_raw.assign(raw_id=np.random.default_rng(1).integers(0, 2**62, len(small_raw)))
+    node = ((["C1", "C2"] >> ops.Categorify()) + (["C2"] >> ops.HashBucket(7) >> ops.Rename(postfix="_h"))
+            + (["I2"] >> ops.Normalize()) + (["raw_id"] >> ops.AddTags(["categorical"])) + ["label"])
+    wf = ts.Workflow(node).fit(ts.Dataset(df))
+    wf.transform(ts.Dataset(df)).to_parquet(str(tmp_path / "out"), out_files_per_proc=1, shuffle=None)
+    _, frames = read_export(str(tmp_path / "out"))
+    got = pd.concat(frames, ignore_index=True)
+    path = os.path.join(str(tmp_path / "out"), "part_00000.parquet")
+    md = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {md.column(i).path_in_schema: md.column(i).encodings for i in range(md.num_columns)}
+    for name in ("C1", "C2", "C2_h"):
+        assert "DELTA_BINARY_PACKED" in encodings[name] and "RLE_DICTIONARY" not in encodings[name], name
+    for name in ("raw_id", "label", "I2"):
+        assert "RLE_DICTIONARY" in encodings[name] and "DELTA_BINARY_PACKED" not in encodings[name], name
+    # the ids as pandas computes them: Categorify's by frequency, then by value
+    for name in ("C1", "C2"):
+        counts = df[name].value_counts(dropna=True)
+        order = sorted(counts.index, key=lambda v: (-counts[v], v))
+        expected = df[name].map({v: i + 3 for i, v in enumerate(order)}).fillna(1).astype("int64")
+        np.testing.assert_array_equal(got[name].to_numpy(), expected.to_numpy())
+    np.testing.assert_array_equal(got["raw_id"].to_numpy(), df["raw_id"].to_numpy())
+    assert got["C2_h"].between(0, 6).all()
+    assert wf.transform(ts.Dataset(df)).to_ddf().compute()["C2_h"].tolist() == got["C2_h"].tolist()
+
+
+def test_delta_packed_only_for_scalar_categorical_ids_of_known_range():
+    from tabstream.core.schema import ColumnSchema, Schema
+    from tabstream.pipeline.export import delta_encoded_columns
+
+    def col(name, dtype="int64", tags=("categorical",), low=0, high=99, is_list=False):
+        domain = {} if low is None else {"domain": {"min": low, "max": high}}
+        return ColumnSchema(name, dtype, frozenset(tags), domain, is_list)
+
+    schema = Schema([col("ids"), col("ids32", "int32"), col("u", "uint64", high=2**32 - 1),
+                     col("wide", high=2**32), col("negative", low=-1), col("unknown", low=None),
+                     col("listed", is_list=True), col("untagged", tags=()), col("name", "string"),
+                     col("f", "float32")])
+    assert delta_encoded_columns(schema) == ["ids", "ids32", "u"]
