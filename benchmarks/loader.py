@@ -81,13 +81,26 @@ ROWS_PER_FILE, ROW_GROUP_SIZE = 1_000_000, 100_000
 MH_ROWS_PER_FILE, MH_ROW_GROUP_SIZE = 62_500, 16_384
 
 
-def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed: int = 0) -> None:
-    """A Criteo-like export written directly (no workflow), atomically."""
+def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed: int = 0,
+             dictionary_ids: bool = False) -> None:
+    """A Criteo-like export written directly (no workflow), atomically, its id columns
+    encoded as ``to_parquet`` writes them (delta-packed; ``dictionary_ids``: as pyarrow's
+    default writer does, the layout of exports before session 23)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tabstream.core.schema import ColumnSchema, Schema, Tags
+    from tabstream.pipeline.export import delta_encoded_columns, parquet_encodings
+
+    vocab = {c: 10 ** (1 + j % 7) for j, c in enumerate(CATEGORICAL)}
+    schema = Schema(
+        [ColumnSchema("label", "int64", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])]
+        + [ColumnSchema(c, "float32", tags=[Tags.CONTINUOUS]) for c in CONTINUOUS]
+        + [ColumnSchema(c, "int64", tags=[Tags.CATEGORICAL],
+                        properties={"domain": {"min": 0, "max": vocab[c] - 1}}) for c in CATEGORICAL]
+    )
+    delta = [] if dictionary_ids else delta_encoded_columns(schema)
 
     tmp = path + ".tmp"
     os.makedirs(tmp, exist_ok=True)
@@ -98,18 +111,14 @@ def generate(path: str, rows: int, rows_per_file: int, row_group_size: int, seed
         cols: dict[str, pa.Array] = {"label": pa.array(rng.integers(0, 2, n))}
         for c in CONTINUOUS:
             cols[c] = pa.array(rng.standard_normal(n, dtype=np.float32))
-        for j, c in enumerate(CATEGORICAL):
+        for c in CATEGORICAL:
             # Zipf-like ids over vocabularies from 10 to 10M, as in Criteo
-            vocab = 10 ** (1 + j % 7)
-            cols[c] = pa.array(np.minimum(rng.zipf(1.2, n), vocab) - 1)
+            cols[c] = pa.array(np.minimum(rng.zipf(1.2, n), vocab[c]) - 1)
         name = f"part_{i:05d}.parquet"
-        pq.write_table(pa.table(cols), os.path.join(tmp, name), row_group_size=row_group_size)
+        table = pa.table(cols)
+        pq.write_table(table, os.path.join(tmp, name), row_group_size=row_group_size,
+                       **parquet_encodings(table.schema, delta))
         files.append({"path": name, "num_rows": n})
-    schema = Schema(
-        [ColumnSchema("label", "int64", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION])]
-        + [ColumnSchema(c, "float32", tags=[Tags.CONTINUOUS]) for c in CONTINUOUS]
-        + [ColumnSchema(c, "int64", tags=[Tags.CATEGORICAL]) for c in CATEGORICAL]
-    )
     schema.to_json(os.path.join(tmp, "schema.json"))
     with open(os.path.join(tmp, "_manifest.json"), "w") as f:
         json.dump({"num_rows": rows, "files": files}, f)
@@ -523,6 +532,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="raw and torch alternately in this process (see the module doc)")
     parser.add_argument("--child", choices=CASES + MH_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dictionary-ids", action="store_true",
+                        help="write the id columns dictionary-encoded (exports before session 23) "
+                             "instead of delta-packed as to_parquet does")
     args = parser.parse_args(argv)
     if args.rows_per_file is None:
         args.rows_per_file = MH_ROWS_PER_FILE if args.multi_hot else ROWS_PER_FILE
@@ -533,7 +545,8 @@ def main(argv: list[str] | None = None) -> None:
         generate_multi_hot(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)
         return
     if args.generate:
-        generate(args.data_dir, args.rows, args.rows_per_file, args.row_group_size)
+        generate(args.data_dir, args.rows, args.rows_per_file, args.row_group_size,
+                 dictionary_ids=args.dictionary_ids)
         return
     if args.child:
         fn = globals()[f"case_{args.child}"]
@@ -544,14 +557,18 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    data = args.data_dir or os.path.join(root, "bench_data", f"loader-{args.rows}")
+    # "-delta": the ids delta-packed as exports write them since session 23 (a folder
+    # written before holds dictionaries)
+    layout = "dictionary" if args.dictionary_ids else "delta"
+    data = args.data_dir or os.path.join(root, "bench_data", f"loader-{args.rows}-{layout}")
     if not os.path.exists(data):
         # In a child process: a child's ru_maxrss starts from its parent's RSS at
         # fork time, so this process must stay small for the cases' peaks to be theirs.
         print(f"writing {args.rows:,} rows to {data} ...", flush=True)
         subprocess.run([sys.executable, os.path.abspath(__file__), "--generate", "--rows",
                         str(args.rows), "--rows-per-file", str(args.rows_per_file),
-                        "--row-group-size", str(args.row_group_size), "--data-dir", data],
+                        "--row-group-size", str(args.row_group_size), "--data-dir", data,
+                        *(["--dictionary-ids"] if args.dictionary_ids else [])],
                        check=True)
     print(machine_note())
     if args.one_process:
