@@ -496,7 +496,13 @@ def parquet_encodings(schema: pa.Schema, delta: list[str]) -> dict[str, Any]:
     delta = [name for name in delta if name in schema.names]
     if not delta:
         return {}
-    return {"use_dictionary": [name for name in schema.names if name not in delta],
+    # the writer takes the dictionary's columns by their parquet leaf paths (a list
+    # column's is "<name>.list.element"): an empty file of the schema says them exactly
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    leaves = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    paths = [leaves.column(i).path for i in range(len(leaves))]
+    return {"use_dictionary": [path for path in paths if path not in delta],
             "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED")}
 
 

@@ -241,8 +241,11 @@ def test_categorical_ids_are_delta_packed_and_read_back_exactly(small_raw, tmp_p
     # Categorify's and HashBucket's ids (known range) are written DELTA_BINARY_PACKED;
     # an integer column tagged categorical without a known range, the label and the
     # floats keep pyarrow's dictionary
-    df = small_raw.assign(raw_id=np.random.default_rng(1).integers(0, 2**62, len(small_raw)))
-    node = ((["C1", "C2"] >> ops.Categorify()) + (["C2"] >> ops.HashBucket(7) >> ops.Rename(postfix="_h"))
+    rng = np.random.default_rng(1)
+    df = small_raw.assign(raw_id=rng.integers(0, 2**62, len(small_raw)),
+                          tags=[list(rng.choice(["x", "y", "z"], rng.integers(0, 4))) for _ in range(len(small_raw))])
+    node = ((["C1", "C2", "tags"] >> ops.Categorify())
+            + (["C2"] >> ops.HashBucket(7) >> ops.Rename(postfix="_h"))
             + (["I2"] >> ops.Normalize()) + (["raw_id"] >> ops.AddTags(["categorical"])) + ["label"])
     wf = ts.Workflow(node).fit(ts.Dataset(df))
     wf.transform(ts.Dataset(df)).to_parquet(str(tmp_path / "out"), out_files_per_proc=1, shuffle=None)
@@ -253,7 +256,8 @@ def test_categorical_ids_are_delta_packed_and_read_back_exactly(small_raw, tmp_p
     encodings = {md.column(i).path_in_schema: md.column(i).encodings for i in range(md.num_columns)}
     for name in ("C1", "C2", "C2_h"):
         assert "DELTA_BINARY_PACKED" in encodings[name] and "RLE_DICTIONARY" not in encodings[name], name
-    for name in ("raw_id", "label", "I2"):
+    # a list column's ids (multi-hot) keep the dictionary: the writer names it by its leaf
+    for name in ("raw_id", "label", "I2", "tags.list.element"):
         assert "RLE_DICTIONARY" in encodings[name] and "DELTA_BINARY_PACKED" not in encodings[name], name
     # the ids as pandas computes them: Categorify's by frequency, then by value
     for name in ("C1", "C2"):
@@ -263,6 +267,9 @@ def test_categorical_ids_are_delta_packed_and_read_back_exactly(small_raw, tmp_p
         np.testing.assert_array_equal(got[name].to_numpy(), expected.to_numpy())
     np.testing.assert_array_equal(got["raw_id"].to_numpy(), df["raw_id"].to_numpy())
     assert got["C2_h"].between(0, 6).all()
+    tag_ids = {v: i + 3 for i, v in enumerate(sorted(["x", "y", "z"],
+                                                      key=lambda v: (-sum(t.count(v) for t in df["tags"]), v)))}
+    assert [list(v) for v in got["tags"]] == [[tag_ids[v] for v in t] for t in df["tags"]]
     assert wf.transform(ts.Dataset(df)).to_ddf().compute()["C2_h"].tolist() == got["C2_h"].tolist()
 
 
