@@ -29,8 +29,8 @@ store dictionary-encoded read as dictionaries, no decoding of them) and write an
 output of the same size and encoding (tabstream's own export of this run, loaded
 before the clock starts: the same columns and types, the same row groups, snappy,
 pyarrow's writer with the export's options, its delta-packed id columns included),
-no transform; two threads, as the machine has two cores. Its "fit" is the read, its "export" the write. The table
-prints tabstream's ratio to it.
+no transform; two threads, as the machine has two cores. Its "fit" is the read, its
+"export" the write. The table prints tabstream's ratio to it.
 
 ``--profile`` runs the tabstream case once on dask's synchronous scheduler under
 cProfile (the threaded scheduler runs tasks on threads cProfile does not see),

@@ -368,6 +368,14 @@ def test_a_key_that_does_not_fit_the_fitted_type_is_reported_as_before(small_ind
     with pytest.raises(TypeError, match="key column 'k' is uint64, but the fitted statistics' key 'k' is int64"):
         lookup(stored, pa.table({"k": pa.array([2, 2**63 + 5], pa.uint64())}), "JoinGroupby",
                indexes=indexes, source=stored)
+    # a fitted key the common type cannot hold: the index is not built (nothing kept),
+    # and the coded lookup reports the column rather than Arrow's cast error
+    wide = pa.table({"k": pa.array([1, 2**63 + 5], pa.uint64())})
+    wide_indexes = {}
+    with pytest.raises(TypeError, match="key column 'k' is int64, but the fitted statistics' key 'k' is uint64"):
+        lookup(wide, pa.table({"k": pa.array([1], pa.int64())}), "JoinGroupby",
+               indexes=wide_indexes, source=wide)
+    assert [entry[1] for entry in wide_indexes.values()] in ([], [None])
 
 
 def test_no_index_when_the_address_space_limit_leaves_no_room_for_it():
