@@ -29,7 +29,8 @@ from tabstream.pipeline.paths import hive_partitions
 from tabstream.pipeline.stores import is_local
 from tabstream.pipeline.unify import check_schema_gaps, is_text, unify_schemas
 
-__all__ = ["Fragment", "ParquetFiles", "ParquetPiece", "RowGroup", "read_schema_kv"]
+__all__ = ["READ_GROUP_BYTES", "Fragment", "ParquetFiles", "ParquetPiece", "RowGroup", "column_groups",
+           "read_schema_kv"]
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,23 @@ class ParquetFiles:
                 out.append(name)
         return out
 
+    def _read_in_groups(self, pf: pq.ParquetFile, piece: ParquetPiece, cols: list[str]) -> pa.Table:
+        """``cols`` of the piece's row groups, decoded a few columns at a time (see
+        :func:`column_groups`) and put side by side: Arrow's reader keeps each
+        column's decoding buffers until the call returns, so one call for every
+        column held about 2.5x the decoded table at its peak (65 MB for a 26 MB
+        row group of 100k Criteo rows; 37 MB in groups of about 4 MiB), in every
+        partition a fit or an export reads, at no measurable cost in CPU."""
+        groups = column_groups(self.file_metadata[piece.path], self.file_schemas[piece.path],
+                               piece.row_groups, cols, READ_GROUP_BYTES)
+        row_groups = list(piece.row_groups)
+        if len(groups) <= 1:
+            return pf.read_row_groups(row_groups, columns=cols, use_threads=False)
+        parts = [pf.read_row_groups(row_groups, columns=group, use_threads=False) for group in groups]
+        fields = [field for part in parts for field in part.schema]
+        return pa.Table.from_arrays([column for part in parts for column in part.columns],
+                                    schema=pa.schema(fields, metadata=parts[0].schema.metadata))
+
     def _read_with(self, backend: Any, piece: ParquetPiece, columns: list[str]) -> pa.Table:
         """A piece's row groups decoded by ``backend``'s own parquet reader, as Arrow."""
         if is_local(self.fs):
@@ -204,11 +222,11 @@ class ParquetFiles:
                 # Arrow's own file reader: no Python file object in the hot path.
                 # Threads off: dask already runs one partition per core.
                 pf = pq.ParquetFile(piece.path, read_dictionary=as_dictionary or None)
-                table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
+                table = self._read_in_groups(pf, piece, cols)
             else:
                 with self.fs.open(piece.path, "rb") as f:
                     pf = pq.ParquetFile(f, read_dictionary=as_dictionary or None)
-                    table = pf.read_row_groups(list(piece.row_groups), columns=cols, use_threads=False)
+                    table = self._read_in_groups(pf, piece, cols)
         except (OSError, pa.ArrowException) as exc:
             if not is_local(self.fs) and (err := stores.store_error(piece.path, exc)) is not None:
                 raise err from exc
@@ -241,6 +259,48 @@ class ParquetFiles:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
                 raise DataError(f"{piece.path}: cannot convert to the dataset's schema {target}: {exc}") from exc
         return table
+
+
+#: a piece's columns are decoded in groups of about this many bytes (the footer's
+#: uncompressed sizes of their pages): small enough that the reader's buffers stay
+#: a fraction of the decoded table, large enough that the calls cost nothing (about
+#: 0.2 ms a call, a group of 4 MiB decodes in 10 ms or more)
+READ_GROUP_BYTES = 4 << 20
+
+
+def _leaf_count(type_: pa.DataType) -> int:
+    """How many parquet leaf columns a field of ``type_`` is stored as."""
+    if pa.types.is_struct(type_):
+        return sum(_leaf_count(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_map(type_):
+        return _leaf_count(type_.key_type) + _leaf_count(type_.item_type)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return _leaf_count(type_.value_type)
+    return 1
+
+
+def column_groups(md: pq.FileMetaData, file_schema: pa.Schema, row_groups: Sequence[int],
+                  columns: Sequence[str], group_bytes: int) -> list[list[str]]:
+    """``columns`` (top-level columns of the file), in order, cut into groups of at
+    least ``group_bytes`` uncompressed bytes in ``row_groups`` (the last may hold
+    less); one group when the file's schema does not map onto its leaf columns."""
+    leaves = [_leaf_count(field.type) for field in file_schema]
+    if sum(leaves) != md.num_columns or len(set(file_schema.names)) != len(file_schema.names):
+        return [list(columns)]
+    first = np.cumsum([0, *leaves])
+    position = {name: i for i, name in enumerate(file_schema.names)}
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in columns:
+        i = position.get(name)
+        if i is not None:
+            size += sum(md.row_group(g).column(leaf).total_uncompressed_size
+                        for g in row_groups for leaf in range(first[i], first[i + 1]))
+        groups[-1].append(name)
+        if size >= group_bytes:
+            groups.append([])
+            size = 0
+    return [group for group in groups if group]
 
 
 def _parquet_footer(fs: Any, path: str) -> tuple[pq.FileMetaData, pa.Schema]:
