@@ -11,8 +11,10 @@ once copied. :func:`finish_batch` turns a complete batch's columns into the
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,52 @@ from tabstream.loaders.memory import BatchPool, Recycler, empty, permutation
 
 __all__ = ["BatchBuilder", "Chunk", "Segment", "batch_rows_rng", "column_block", "finish_batch",
            "flat_names", "flatten_lists", "shuffle_within", "within_order"]
+
+
+def _fill_threads() -> int:
+    """Threads copying a chunk's narrow columns into its batches, a column each at a
+    time (numpy's take and slice copies release the GIL). The copies of a shuffled
+    2M-row Criteo epoch take about 0.6 s of CPU on one thread, while Arrow decodes
+    the row groups on every core: on a machine of many cores that one thread would
+    set the pace (not measured yet: the benchmark machine has 2). Half the cores, at most 4 (the copies are bound by memory); one below
+    4 cores, where the decoding keeps the cores busy anyway (on 2 cores, 2 threads
+    gave the same epoch time for 5% more CPU: benchmarks/RESULTS.md, session 24)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores < 4 else min(4, cores // 2)
+
+
+_FILL_THREADS = _fill_threads()
+_FILL_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the pool)
+_FILL_POOL_LOCK = threading.Lock()
+
+
+def _fill_pool() -> ThreadPoolExecutor | None:
+    """The process's column-copying threads (made on first use; shared by every
+    loader; a forked child, which has none of its parent's threads, makes its own);
+    None when :data:`_FILL_THREADS` is 1."""
+    global _FILL_POOL
+    if _FILL_THREADS <= 1:
+        return None
+    with _FILL_POOL_LOCK:
+        if _FILL_POOL is None or _FILL_POOL[0] != os.getpid():
+            _FILL_POOL = (os.getpid(), ThreadPoolExecutor(_FILL_THREADS, thread_name_prefix="tabstream-fill"))
+        return _FILL_POOL[1]
+
+
+def _each(fn: Callable[[str], None], names: list[str]) -> None:
+    """``fn(name)`` for every name, on the fill threads when there are several
+    (the first error is raised once all calls have ended)."""
+    pool = _fill_pool() if len(names) > 1 else None
+    if pool is None:
+        for name in names:
+            fn(name)
+        return
+    futures = [pool.submit(fn, name) for name in names]
+    errors = [f.exception() for f in futures]  # waits for every call
+    for error in errors:
+        if error is not None:
+            raise error
+
 
 # The key that sets the within-batch generators apart from the epoch plan's
 # (tabstream.loaders.plan draws from (seed, epoch, stream, ...) with small streams).
@@ -107,9 +155,8 @@ class Chunk:
             for builder, at, rows in segs:
                 if id(builder) in whole:
                     by_builder.setdefault(id(builder), (builder, []))[1].append((p, at, rows))
-        for name in names:
-            if name in wide:
-                continue
+
+        def fill_column(name: str) -> None:
             dense = isinstance(first[name], np.ndarray)
             if dense and by_builder:
                 cols = [part[name] for part in self.parts]
@@ -128,7 +175,10 @@ class Chunk:
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
-        del by_builder
+
+        # each column on its own (its batches' buffers, its scratch buffer per thread)
+        _each(fill_column, [n for n in names if n not in wide])
+        by_builder.clear()
         pending = set(map(id, done))
         if wide:
             # a batch's segments, part by part, in the order the batches are cut
@@ -271,6 +321,8 @@ class BatchBuilder:
         self.blocks = blocks or {}
         self.held: dict[int, np.ndarray] = {}
         self.out: dict[str, np.ndarray] = {}
+        # columns are filled on several threads (Chunk.fill): one allocates a block
+        self._lock = threading.Lock()
         # list columns: arrow arrays, or (chunk column, at, rows) while shuffled (_copy_rows)
         self.lists: dict[str, list[Any]] = {n: [] for n in lists}
 
@@ -297,9 +349,10 @@ class BatchBuilder:
                 col = self.out[name] = self._allocate((self.size, *shape), dtype)
             else:
                 key, row, rows = block
-                held = self.held.get(key)
-                if held is None:
-                    held = self.held[key] = self._allocate((rows, self.size), dtype)
+                with self._lock:  # the block's columns are filled on several threads
+                    held = self.held.get(key)
+                    if held is None:
+                        held = self.held[key] = self._allocate((rows, self.size), dtype)
                 col = self.out[name] = held[row]
         return col
 

@@ -176,7 +176,8 @@ class BatchPool:
         except IndexError:
             # a buffer object, not a numpy array (see `owner` below)
             buffer = pa.allocate_buffer(nbytes)
-            self.allocated += 1
+            with self._lock:  # batches are filled on several threads
+                self.allocated += 1
         # a fresh array over a buffer object that is no numpy array: numpy makes every
         # view of `owner` refer to `owner` itself (over an array, to that array)
         owner = np.frombuffer(buffer, np.uint8, count=nbytes)

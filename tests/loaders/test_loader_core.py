@@ -689,3 +689,44 @@ def test_column_blocks_are_checked(shared_export: Path) -> None:
         loader.set_column_blocks([["C1", "I1"]])
     with pytest.raises(ValueError, match="'C1' is in two column blocks"):
         loader.set_column_blocks([["C1", "row_id"], ["C1"]])
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("blocks", [False, True])
+def test_columns_copied_on_several_threads_keep_their_rows(shared_export: Path, testdata: Any,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           shuffle: bool, blocks: bool) -> None:
+    """With the chunk's columns copied on several threads (machines of 4 cores or
+    more), every batch's columns hold the rows of its ``row_id`` (against pyarrow),
+    also when scalar columns share one buffer per batch (allocated by whichever
+    thread comes first), and the epoch is the one a single thread delivers."""
+    import tabstream.loaders.batching as batching
+
+    def epoch(threads: int) -> list[tuple[dict[str, Any], Any]]:
+        monkeypatch.setattr(batching, "_FILL_THREADS", threads)
+        monkeypatch.setattr(batching, "_FILL_POOL", None)
+        loader = Loader(shared_export, 97, shuffle=shuffle, seed=3, parts_per_chunk=3)
+        if blocks:
+            loader.set_column_blocks([["row_id", "C1"]])
+        loader.set_epoch(1)
+        out = list(loader)
+        assert (batching._FILL_POOL is not None) == (threads > 1)
+        return out
+
+    expected = testdata.read_all(shared_export)
+    several, one = epoch(3), epoch(1)
+    assert len(several) == len(one) == len(Loader(shared_export, 97))
+    seen = []
+    for (features, labels), (features1, labels1) in zip(several, one, strict=True):
+        ids = features["row_id"]
+        seen.append(ids)
+        want = expected.take(pa.array(ids))
+        np.testing.assert_array_equal(features["C1"], want["C1"].to_numpy())
+        np.testing.assert_array_equal(features["I1"], want["I1"].to_numpy())
+        np.testing.assert_array_equal(labels, want["label"].to_numpy())
+        values, offsets = features["tags"]
+        assert [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(ids))] == \
+            want["tags"].to_pylist()
+        np.testing.assert_array_equal(ids, features1["row_id"])
+        np.testing.assert_array_equal(labels, labels1)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(testdata.N))
