@@ -41,9 +41,10 @@ def _fill_threads() -> int:
     time (numpy's take and slice copies release the GIL). The copies of a shuffled
     2M-row Criteo epoch take about 0.6 s of CPU on one thread, while Arrow decodes
     the row groups on every core: on a machine of many cores that one thread would
-    set the pace (not measured yet: the benchmark machine has 2). Half the cores, at most 4 (the copies are bound by memory); one below
-    4 cores, where the decoding keeps the cores busy anyway (on 2 cores, 2 threads
-    gave the same epoch time for 5% more CPU: benchmarks/RESULTS.md, session 24)."""
+    set the pace (not measured yet: the benchmark machine has 2 cores). Half the
+    cores, at most 4 (the copies are bound by memory); one below 4 cores, where the
+    decoding keeps the cores busy anyway (on 2 cores, 2 threads gave the same epoch
+    time for 5% more CPU: benchmarks/RESULTS.md, session 24)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return 1 if cores < 4 else min(4, cores // 2)
 

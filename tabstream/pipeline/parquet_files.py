@@ -285,7 +285,7 @@ def column_groups(md: pq.FileMetaData, file_schema: pa.Schema, row_groups: Seque
     least ``group_bytes`` uncompressed bytes in ``row_groups`` (the last may hold
     less); one group when the file's schema does not map onto its leaf columns."""
     leaves = [_leaf_count(field.type) for field in file_schema]
-    if sum(leaves) != md.num_columns or len(set(file_schema.names)) != len(file_schema.names):
+    if sum(leaves) != md.num_columns:  # (a file of repeated names is refused when planned)
         return [list(columns)]
     first = np.cumsum([0, *leaves])
     position = {name: i for i, name in enumerate(file_schema.names)}
