@@ -730,3 +730,26 @@ def test_columns_copied_on_several_threads_keep_their_rows(shared_export: Path, 
         np.testing.assert_array_equal(ids, features1["row_id"])
         np.testing.assert_array_equal(labels, labels1)
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(testdata.N))
+
+
+def test_a_failed_column_copy_is_raised_once_every_copy_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On several threads, an error of one column's copy reaches the batch maker (the
+    first in column order) only after the other columns' copies have ended: none is
+    left writing into a batch that is being dropped."""
+    import time
+
+    import tabstream.loaders.batching as batching
+
+    monkeypatch.setattr(batching, "_FILL_THREADS", 3)
+    monkeypatch.setattr(batching, "_FILL_POOL", None)
+    ended: list[str] = []
+
+    def copy(name: str) -> None:
+        if name in ("b", "d"):
+            raise ValueError(f"column {name}")
+        time.sleep(0.05)
+        ended.append(name)
+
+    with pytest.raises(ValueError, match="column b"):
+        batching._each(copy, ["a", "b", "c", "d", "e"])
+    assert sorted(ended) == ["a", "c", "e"]
