@@ -29,7 +29,7 @@ from tabstream.pipeline.paths import hive_partitions
 from tabstream.pipeline.stores import is_local
 from tabstream.pipeline.unify import check_schema_gaps, is_text, unify_schemas
 
-__all__ = ["READ_GROUP_BYTES", "Fragment", "ParquetFiles", "ParquetPiece", "RowGroup", "column_groups",
+__all__ = ["Fragment", "ParquetFiles", "ParquetPiece", "READ_GROUP_BYTES", "RowGroup", "column_groups",
            "read_schema_kv"]
 
 
