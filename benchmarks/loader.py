@@ -28,6 +28,10 @@ faults; a warm process does not, which is the comparison a training loop sees::
 
     python benchmarks/loader.py --rows 2000000 --batch-sizes 65536 --one-process --repeats 5
 
+On 4 cores or more the loader copies columns into batches on several threads
+(``tabstream.loaders.batching``); ``torch-1t`` then runs the shuffled epoch with
+one beside it (``--fill-threads N`` sets the count, e.g. 2 on a 2-core machine).
+
 Multi-hot mode (``--multi-hot``, issue 14): ``generate_data("multi-hot", rows,
 slots=100, nnz=10, vocabulary=8192)`` written once as plain ``list<list<int64>>``
 parquet, seen through two schemas: one giving the shape ``[None, 100, 10]``
@@ -448,15 +452,30 @@ def _load_note(when: str) -> str:
     return f"load average {when}: {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
-def main_one_process(data: str, batch_size: int, repeats: int) -> None:
-    """``raw`` and ``torch`` alternately in this process (see the module doc)."""
+def main_one_process(data: str, batch_size: int, repeats: int, fill_threads: int | None = None) -> None:
+    """``raw`` and ``torch`` alternately in this process (see the module doc);
+    ``fill_threads``: the loader's column-copying threads (default: its own choice,
+    one below 4 cores); when more than one, ``torch-1t`` (the shuffled epoch with
+    one) runs beside them."""
     import pyarrow.parquet as pq
     import torch
 
+    import tabstream.loaders.batching as batching
     from tabstream import Dataset
     from tabstream.loaders.torch import Loader
 
     torch.set_num_threads(1)
+    threads = batching._FILL_THREADS if fill_threads is None else fill_threads
+    print(f"loader fill threads: {threads}", flush=True)
+
+    def with_threads(n: int, fn: Callable[[], tuple[int, float]]) -> Callable[[], tuple[int, float]]:
+        def run() -> tuple[int, float]:
+            batching._FILL_THREADS = n
+            try:
+                return fn()
+            finally:
+                batching._FILL_THREADS = threads
+        return run
 
     def raw() -> tuple[int, float]:
         rows = 0
@@ -475,7 +494,10 @@ def main_one_process(data: str, batch_size: int, repeats: int) -> None:
             rows += len(labels)
         return rows, first
 
-    cases = {"raw": raw, "torch": lambda: loader(True), "ordered": lambda: loader(False)}
+    cases = {"raw": raw, "torch": with_threads(threads, lambda: loader(True)),
+             "ordered": with_threads(threads, lambda: loader(False))}
+    if threads > 1:
+        cases["torch-1t"] = with_threads(1, lambda: loader(True))
     for fn in cases.values():  # warm-up: imports, page cache, allocator
         fn()
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
@@ -494,7 +516,9 @@ def main_one_process(data: str, batch_size: int, repeats: int) -> None:
               + (f", set-up + first batch {median([r[2] for r in runs[name]]):.3f} s"
                  if name != "raw" else ""), flush=True)
     print(f"  torch / raw rate: {wall['raw'] / wall['torch']:.2f}x (shuffled), "
-          f"{wall['raw'] / wall['ordered']:.2f}x (shuffle=False)")
+          f"{wall['raw'] / wall['ordered']:.2f}x (shuffle=False)"
+          + (f", {wall['raw'] / wall['torch-1t']:.2f}x (shuffled, one fill thread)"
+             if "torch-1t" in wall else ""))
 
 
 def run_case(case: str, data: str, batch_size: int, limit: int) -> dict:
@@ -530,6 +554,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--one-process", action="store_true",
                         help="raw and torch alternately in this process (see the module doc)")
+    parser.add_argument("--fill-threads", type=int, default=None,
+                        help="--one-process: the loader's column-copying threads (default: its own "
+                             "choice, one below 4 cores); above one, the shuffled epoch with one "
+                             "runs beside it (torch-1t)")
     parser.add_argument("--child", choices=CASES + MH_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dictionary-ids", action="store_true",
@@ -575,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} alternating runs "
               "in one process", flush=True)
         for batch_size in args.batch_sizes:
-            main_one_process(data, batch_size, args.repeats)
+            main_one_process(data, batch_size, args.repeats, args.fill_threads)
         return
     print(f"data: {data} ({args.rows:,} rows); medians of {args.repeats} runs, each in a fresh "
           "process", flush=True)
