@@ -3,7 +3,10 @@
 One set per process (per worker count) for the passes started from its main thread:
 the fit's dask tasks, the export's, Categorify's merges of spilled buckets. Arrow's
 allocator keeps freed memory per thread, so every fresh pool held memory of its own
-beside what the earlier ones kept (benchmarks/RESULTS.md, session 13).
+beside what the earlier ones kept (benchmarks/RESULTS.md, session 13). Work started
+many times over from another thread (the loader's column copies) runs on a pool kept
+for that use (:func:`kept_pool`). Importing this module does not import dask (the
+loaders use it).
 """
 
 from __future__ import annotations
@@ -17,10 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
-import dask.config
-import dask.system
-
-__all__ = ["TaskGroup", "local_workers", "map_shared", "release_freed_memory", "shared_pool"]
+__all__ = ["TaskGroup", "kept_pool", "local_workers", "map_shared", "release_freed_memory", "shared_pool"]
 
 
 def local_workers() -> int:
@@ -28,11 +28,15 @@ def local_workers() -> int:
     the CPUs the process may use (dask's count honours CPU affinity and a
     container's CPU quota, as its threaded scheduler does; ``os.cpu_count()`` is the
     machine's)."""
+    import dask.config  # here: the loaders use this module without dask
+    import dask.system
+
     configured = dask.config.get("num_workers", None)
     return int(configured or dask.system.CPU_COUNT or 1)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+_KEPT: dict[str, ThreadPoolExecutor] = {}  # kept_pool's, by use
 _POOLS_LOCK = threading.Lock()
 
 
@@ -42,6 +46,7 @@ def _forget_pools() -> None:
     run), so the child makes its own."""
     global _POOLS_LOCK
     _POOLS.clear()
+    _KEPT.clear()
     _POOLS_LOCK = threading.Lock()
 
 
@@ -60,6 +65,8 @@ def shared_pool() -> Executor | None:
     (its own pool, as before) held the fit's freed pages and its own: 10M Criteo
     rows peaked at 800-804 MB against 707-722 MB on the fit's threads, and 16M rows,
     whose Categorify merges had a pool per column too, 714-718 against 634-646 MB."""
+    import dask.config
+
     if threading.current_thread() is not threading.main_thread() or dask.config.get("pool", None):
         return None
     workers = local_workers()
@@ -68,6 +75,19 @@ def shared_pool() -> Executor | None:
         if pool is None:
             pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tabstream")
     return pool
+
+
+def kept_pool(use: str, workers: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads kept for ``use`` for the life of the process
+    (remade in a forked child), for work started off the main thread many times over,
+    where :func:`shared_pool` has none: a pool made and shut down per call cost
+    about 0.5 ms more (40 small tasks on 2 threads, from a thread of its own: 1.64
+    against 1.13 ms a call)."""
+    with _POOLS_LOCK:
+        pool = _KEPT.get(use)
+        if pool is None or pool._max_workers != workers:
+            pool = _KEPT[use] = ThreadPoolExecutor(workers, thread_name_prefix=f"tabstream-{use}")
+        return pool
 
 
 def release_freed_memory() -> None:
@@ -96,17 +116,19 @@ def release_freed_memory() -> None:
         concurrent.futures.wait([executor.submit(release) for _ in range(workers)], timeout=2.0)
 
 
-def map_shared(fn: Callable[[Any], Any], items: Any, workers: int) -> list[Any]:
+def map_shared(fn: Callable[[Any], Any], items: Any, workers: int,
+               pool: Executor | None = None) -> list[Any]:
     """``[fn(item) for item in items]``, up to ``workers`` calls at once on this
-    process's shared threads (on threads of their own where :func:`shared_pool` has
-    none here), each in a copy of the caller's context (the backend in use); one
-    worker or one item: in the calling thread. Returns once no call runs any more,
-    also when one failed (its error is raised; those not started are dropped)."""
+    process's shared threads (``pool`` when given, e.g. a :func:`kept_pool`; on threads
+    of their own where :func:`shared_pool` has none here), each in a copy of the
+    caller's context (the backend in use); one worker or one item: in the calling
+    thread. Returns once no call runs any more, also when one failed (its error is
+    raised; those not started are dropped)."""
     items = list(items)
     workers = min(workers, len(items))
     if workers <= 1:
         return [fn(item) for item in items]
-    group = TaskGroup(shared_pool(), workers)
+    group = TaskGroup(pool if pool is not None else shared_pool(), workers)
     try:
         futures = [group.submit(contextvars.copy_context().run, fn, item) for item in items]
         return [future.result() for future in futures]

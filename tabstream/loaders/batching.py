@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from tabstream.core.threads import kept_pool, map_shared
 from tabstream.loaders.layout import (
     Batch,
     Layout,
@@ -45,41 +45,13 @@ def _fill_threads() -> int:
     cores, at most 4 (the copies are bound by memory); one below 4 cores, where the
     decoding keeps the cores busy anyway (on 2 cores, 2 threads gave the same epoch
     time for 5% more CPU: benchmarks/RESULTS.md, session 24)."""
+    # the CPUs the process may use (not core.threads.local_workers: it asks dask, which
+    # a plain loader does not import)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return 1 if cores < 4 else min(4, cores // 2)
 
 
 _FILL_THREADS = _fill_threads()
-_FILL_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the pool)
-_FILL_POOL_LOCK = threading.Lock()
-
-
-def _fill_pool() -> ThreadPoolExecutor | None:
-    """The process's column-copying threads (made on first use; shared by every
-    loader; a forked child, which has none of its parent's threads, makes its own);
-    None when :data:`_FILL_THREADS` is 1."""
-    global _FILL_POOL
-    if _FILL_THREADS <= 1:
-        return None
-    with _FILL_POOL_LOCK:
-        if _FILL_POOL is None or _FILL_POOL[0] != os.getpid():
-            _FILL_POOL = (os.getpid(), ThreadPoolExecutor(_FILL_THREADS, thread_name_prefix="tabstream-fill"))
-        return _FILL_POOL[1]
-
-
-def _each(fn: Callable[[str], None], names: list[str]) -> None:
-    """``fn(name)`` for every name, on the fill threads when there are several
-    (the first error is raised once all calls have ended)."""
-    pool = _fill_pool() if len(names) > 1 else None
-    if pool is None:
-        for name in names:
-            fn(name)
-        return
-    futures = [pool.submit(fn, name) for name in names]
-    errors = [f.exception() for f in futures]  # waits for every call
-    for error in errors:
-        if error is not None:
-            raise error
 
 
 # The key that sets the within-batch generators apart from the epoch plan's
@@ -178,7 +150,14 @@ class Chunk:
                 del col
 
         # each column on its own (its batches' buffers, its scratch buffer per thread)
-        _each(fill_column, [n for n in names if n not in wide])
+        narrow = [n for n in names if n not in wide]
+        threads = min(_FILL_THREADS, len(narrow))
+        if threads <= 1:
+            for name in narrow:
+                fill_column(name)
+        else:  # a task per thread, every threads-th column each: a task costs about 25 us
+            map_shared(lambda share: [fill_column(name) for name in share],
+                       [narrow[i::threads] for i in range(threads)], threads, kept_pool("fill", _FILL_THREADS))
         by_builder.clear()
         pending = set(map(id, done))
         if wide:

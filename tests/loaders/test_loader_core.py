@@ -702,15 +702,25 @@ def test_columns_copied_on_several_threads_keep_their_rows(shared_export: Path, 
     thread comes first), and the epoch is the one a single thread delivers."""
     import tabstream.loaders.batching as batching
 
+    original = batching._copy_rows
+    copiers: set[str] = set()
+
+    def copy_rows(*args: Any, **kwargs: Any) -> None:
+        copiers.add(threading.current_thread().name)
+        original(*args, **kwargs)
+
+    monkeypatch.setattr(batching, "_copy_rows", copy_rows)
+
     def epoch(threads: int) -> list[tuple[dict[str, Any], Any]]:
         monkeypatch.setattr(batching, "_FILL_THREADS", threads)
-        monkeypatch.setattr(batching, "_FILL_POOL", None)
+        copiers.clear()
         loader = Loader(shared_export, 97, shuffle=shuffle, seed=3, parts_per_chunk=3)
         if blocks:
             loader.set_column_blocks([["row_id", "C1"]])
         loader.set_epoch(1)
         out = list(loader)
-        assert (batching._FILL_POOL is not None) == (threads > 1)
+        on_fill_threads = {name for name in copiers if name.startswith("tabstream-fill")}
+        assert bool(on_fill_threads) == (threads > 1)
         return out
 
     expected = testdata.read_all(shared_export)
@@ -732,24 +742,34 @@ def test_columns_copied_on_several_threads_keep_their_rows(shared_export: Path, 
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(testdata.N))
 
 
-def test_a_failed_column_copy_is_raised_once_every_copy_ended(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On several threads, an error of one column's copy reaches the batch maker (the
-    first in column order) only after the other columns' copies have ended: none is
-    left writing into a batch that is being dropped."""
+def test_a_failed_column_copy_is_raised_once_no_copy_runs(shared_export: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On several threads, an error of one column's copy reaches the consumer only once
+    no other copy of the chunk still runs: none is left writing into a batch that is
+    being dropped."""
     import time
 
     import tabstream.loaders.batching as batching
 
     monkeypatch.setattr(batching, "_FILL_THREADS", 3)
-    monkeypatch.setattr(batching, "_FILL_POOL", None)
-    ended: list[str] = []
+    original = batching._copy_rows
+    running: list[int] = [0]
+    lock = threading.Lock()
 
-    def copy(name: str) -> None:
-        if name in ("b", "d"):
-            raise ValueError(f"column {name}")
-        time.sleep(0.05)
-        ended.append(name)
+    def copy_rows(col: Any, builder: Any, name: str, *args: Any, **kwargs: Any) -> None:
+        with lock:
+            running[0] += 1
+        try:
+            if name == "I1":
+                raise ValueError(f"column {name}")
+            time.sleep(0.01)
+            original(col, builder, name, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
 
-    with pytest.raises(ValueError, match="column b"):
-        batching._each(copy, ["a", "b", "c", "d", "e"])
-    assert sorted(ended) == ["a", "c", "e"]
+    monkeypatch.setattr(batching, "_copy_rows", copy_rows)
+    loader = Loader(shared_export, 97, shuffle=False, parts_per_chunk=3)
+    with pytest.raises(ValueError, match="column I1"):
+        list(loader)
+    assert running[0] == 0

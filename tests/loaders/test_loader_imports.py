@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import tabstream.loaders
 
@@ -28,18 +29,23 @@ def test_public_names() -> None:
     ]
 
 
-def test_plain_loader_skips_the_workflow_import(tmp_path) -> None:
+@pytest.mark.parametrize("fill_threads", [1, 2])
+def test_plain_loader_skips_the_workflow_import(tmp_path, fill_threads) -> None:
     # A loader over exported files never needs the workflow (and dask, which it
     # imports): that import alone was about a third of a second before the first batch.
+    # Also where it copies columns on several threads (machines of 4 cores or more).
     code = f"""
 import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 ids = np.arange(1000, dtype=np.int64)
 pq.write_table(pa.table({{"x": ids, "label": ids % 2}}), {str(tmp_path / "part.parquet")!r},
                row_group_size=300)
 from tabstream.loaders.core import Loader
+import tabstream.loaders.batching as batching
+batching._FILL_THREADS = {fill_threads}
 seen = np.concatenate([f["x"] for f, _ in Loader({str(tmp_path)!r}, 128, labels=["label"])])
 assert np.array_equal(np.sort(seen), ids), "not every row exactly once"
 heavy = [m for m in ("tabstream.pipeline.workflow", "dask") if m in sys.modules]

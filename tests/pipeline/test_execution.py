@@ -279,3 +279,46 @@ def test_map_shared_keeps_order_and_context_and_ends_every_call_on_a_failure():
     assert sorted(at_the_raise) == sorted(i for i in started if i != 1)  # none still running
     time.sleep(0.4)
     assert ended == at_the_raise and len(started) < 40  # none started after
+
+
+KEPT_FORKED = """
+import multiprocessing
+import threading
+from tabstream.core.threads import kept_pool, map_shared
+
+def squares():
+    pool = kept_pool("probe", 2)
+    out = map_shared(lambda i: (i * i, threading.current_thread().name), range(8), 2, pool)
+    assert [r[0] for r in out] == [i * i for i in range(8)]
+    assert any(r[1].startswith("tabstream-probe") for r in out)
+
+if __name__ == "__main__":
+    squares()  # the kept pool's threads exist now
+    child = multiprocessing.get_context("fork").Process(target=squares)
+    child.start()
+    child.join(60)
+    print("alive" if child.is_alive() else f"exit {child.exitcode}")
+    if child.is_alive():
+        child.kill()
+"""
+
+
+def test_kept_pool_is_one_per_use_and_remade_in_a_forked_child(tmp_path):
+    """kept_pool: the same threads for a use on every call (a new pool when the count
+    changes); a child forked after the parent used them runs its calls on threads
+    of its own instead of waiting for ever."""
+    from tabstream.core.threads import kept_pool, map_shared
+
+    first = kept_pool("probe-test", 2)
+    assert kept_pool("probe-test", 2) is first
+    assert kept_pool("probe-test", 3) is not first
+    names = map_shared(lambda _: threading.current_thread().name, range(6), 3, kept_pool("probe-test", 3))
+    assert all(n.startswith("tabstream-probe-test") for n in names)
+    if not hasattr(os, "fork"):
+        return
+    script = tmp_path / "kept_forked.py"
+    script.write_text(KEPT_FORKED)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "exit 0"
