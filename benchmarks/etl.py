@@ -18,8 +18,8 @@ format are compared (integer ids exactly, normalized values to float32 precision
     python benchmarks/etl.py --ts-cache default,none --json bench_data/etl-2M.json   # + Dataset(cache=None)
     python benchmarks/etl.py --rows 10000000 --only tabstream --baseline-json bench_data/etl-2M.json
     python benchmarks/etl.py --profile bench_data/ts.prof --formats parquet --repeats 1 --only tabstream
-    python benchmarks/etl.py --rows 1000000,4000000,16000000 --only tabstream --repeats 1 \
-        --formats parquet --json bench_data/etl-scaling.json   # scaling curve: time per row, peak RSS
+    python benchmarks/etl.py --rows 1000000,16000000 --only tabstream --repeats 3 --no-floor \
+        --formats parquet,tsv --json bench_data/etl-scaling.json   # scaling: sizes alternated
     python benchmarks/etl.py --backend arrow,cudf      # on a GPU machine: both backends and polars
 
 The I/O FLOOR (engine ``floor``, run after tabstream in every repeat unless
@@ -645,44 +645,65 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def scaling(args: argparse.Namespace, p: argparse.ArgumentParser, sizes: list[int]) -> None:
-    """Run every size in turn, then compare each size's time per row and peak RSS with
-    the smallest size's (issue 34, item 6: time per row within 15%, peak RSS within 10%)."""
+    """Compare each size's time per row and peak RSS with the smallest size's (issue 34,
+    item 6: time per row within 15%, peak RSS within 10%). The sizes alternate inside
+    each repeat (smallest first), so that every repeat's runs see the same background
+    load; the table gives the ratios of the medians and, per repeat, the ratios of
+    that repeat's runs (pairwise)."""
     json_path = args.json
-    per_size = {}
-    for rows in sorted(sizes):
-        sub = argparse.Namespace(**vars(args))
-        sub.rows = rows
-        sub.json = (None if json_path is None
-                    else f"{os.path.splitext(json_path)[0]}-{rows}.json")
-        print(f"\n===== {rows:,} rows =====", flush=True)
-        per_size[rows] = run_size(sub, p)
-    base = min(per_size)
+    runs: dict[int, list[dict]] = {rows: [] for rows in sorted(sizes)}
+    for r in range(args.repeats):
+        for rows in sorted(sizes):
+            sub = argparse.Namespace(**vars(args))
+            sub.rows, sub.repeats = rows, 1
+            sub.json = (None if json_path is None
+                        else f"{os.path.splitext(json_path)[0]}-{rows}-r{r + 1}.json")
+            print(f"\n===== {rows:,} rows, repeat {r + 1}/{args.repeats} =====", flush=True)
+            runs[rows].append(run_size(sub, p))
+    base = min(runs)
     headers = ["engine", "format", "rows", "total s", "s per M rows", "vs smallest", "CPU s",
-               "peak RSS MB", "RSS vs smallest", f"linear (<={SCALING_TIME_TOLERANCE:g}x)",
-               f"flat (<={SCALING_RSS_TOLERANCE:g}x)"]
+               "peak RSS MB", "RSS vs smallest", "pairwise time", "pairwise RSS",
+               f"linear (<={SCALING_TIME_TOLERANCE:g}x)", f"flat (<={SCALING_RSS_TOLERANCE:g}x)"]
     table, doc = [], []
-    for (engine, fmt), first in per_size[base].items():
-        for rows, med in sorted(per_size.items()):
-            v = med.get((engine, fmt))
-            if v is None:
+    for key in runs[base][0]:
+        first = _scaling_medians(runs[base], key)
+        for rows in sorted(runs):
+            v = _scaling_medians(runs[rows], key)
+            if v is None or first is None:
                 continue
             per_row = (v["total_s"] / rows) / (first["total_s"] / base)
             rss = v["peak_rss_mb"] / first["peak_rss_mb"]
-            table.append([engine, fmt, f"{rows:,}", f"{v['total_s']:.2f}",
+            # each repeat's run of this size against the smallest size's run beside it
+            pairs = [(a[key]["total_s"] / rows / (b[key]["total_s"] / base),
+                      a[key]["peak_rss_mb"] / b[key]["peak_rss_mb"])
+                     for a, b in zip(runs[rows], runs[base], strict=True) if key in a and key in b]
+            table.append([key[0], key[1], f"{rows:,}", f"{v['total_s']:.2f}",
                           f"{v['total_s'] / rows * 1e6:.2f}", f"{per_row:.2f}x", f"{v['cpu_s']:.2f}",
                           f"{v['peak_rss_mb']:.0f}", f"{rss:.2f}x",
+                          ", ".join(f"{t:.2f}" for t, _ in pairs), ", ".join(f"{m:.2f}" for _, m in pairs),
                           "yes" if per_row <= SCALING_TIME_TOLERANCE else "NO",
                           "yes" if rss <= SCALING_RSS_TOLERANCE else "NO"])
-            doc.append({"engine": engine, "format": fmt, "rows": rows, **v,
-                        "time_per_row_vs_smallest": per_row, "rss_vs_smallest": rss})
-    print(f"\nscaling curve (medians of {args.repeats}; 'vs smallest' compares time per row "
-          f"and peak RSS with the {base:,}-row run)")
+            doc.append({"engine": key[0], "format": key[1], "rows": rows, **v,
+                        "time_per_row_vs_smallest": per_row, "rss_vs_smallest": rss,
+                        "pairwise_time_per_row": [t for t, _ in pairs], "pairwise_rss": [m for _, m in pairs]})
+    print(f"\nscaling curve (medians of {args.repeats}, sizes alternated in each repeat; 'vs smallest' "
+          f"compares the medians' time per row and peak RSS with the {base:,}-row ones, 'pairwise' "
+          "each repeat's runs)")
     print(format_table(headers, table))
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
-            json.dump({"sizes": sorted(sizes), "machine": machine_note(),
+            json.dump({"sizes": sorted(sizes), "repeats": args.repeats, "machine": machine_note(),
                        "command": " ".join(sys.argv), "scaling": doc}, f, indent=2)
+
+
+def _scaling_medians(runs: list[dict], key: tuple[str, str]) -> dict[str, float] | None:
+    """The medians over repeats of one size's ``(engine, format)`` results (each repeat
+    one run: :func:`run_size` with ``repeats=1``)."""
+    values = [r[key] for r in runs if key in r]
+    if not values:
+        return None
+    return {k: median([v[k] for v in values]) for k in ("total_s", "cpu_s", "peak_rss_mb")}
 
 
 def run_size(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict:
