@@ -14,13 +14,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import math
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["TaskGroup", "kept_pool", "local_workers", "map_shared", "release_freed_memory", "shared_pool"]
+__all__ = ["TaskGroup", "kept_pool", "local_workers", "map_shared", "release_freed_memory", "shared_pool",
+           "usable_cpus"]
 
 
 def local_workers() -> int:
@@ -33,6 +35,61 @@ def local_workers() -> int:
 
     configured = dask.config.get("num_workers", None)
     return int(configured or dask.system.CPU_COUNT or 1)
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """The CPUs this process may keep busy, without asking dask (the loaders do not
+    import it): the CPUs of its affinity mask, fewer where a cgroup CPU quota (a
+    container's CPU limit) allows less, rounded up (dask's count, which
+    :func:`local_workers` uses, does the same). A container limited to 2 CPUs on a
+    64-core host sees 64 CPUs in its affinity mask.
+
+    The quota is cgroup v2's ``cpu.max`` of the process's group and of each group above
+    it (the smallest counts), else cgroup v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``. A file that is absent, unreadable or not understood sets no
+    limit."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quotas = [q for q in (_cgroup2_quota(cgroup_root, proc_cgroup), _cgroup1_quota(cgroup_root)) if q is not None]
+    return max(1, min([cpus, *(math.ceil(q) for q in quotas)]))
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:  # absent or unreadable: no limit from this file
+        return None
+
+
+def _cgroup2_quota(root: str, proc_cgroup: str) -> float | None:
+    """The smallest ``quota / period`` in ``cpu.max`` along the process's cgroup v2 path
+    (``0::/path`` in ``proc_cgroup``), or None."""
+    text = _read_text(proc_cgroup)
+    if text is None:
+        return None
+    paths = [line[3:] for line in text.splitlines() if line.startswith("0::")]
+    if not paths:
+        return None
+    parts = [p for p in paths[0].strip().split("/") if p]
+    limits = []
+    for depth in range(len(parts), -1, -1):  # the process's group, then each one above
+        fields = (_read_text(os.path.join(root, *parts[:depth], "cpu.max")) or "").split()
+        if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit() \
+                and int(fields[1]) > 0:
+            limits.append(int(fields[0]) / int(fields[1]))
+    return min(limits) if limits else None
+
+
+def _cgroup1_quota(root: str) -> float | None:
+    """cgroup v1's ``cpu.cfs_quota_us / cpu.cfs_period_us`` (the controller's folder
+    under ``root`` is named ``cpu``, ``cpu,cpuacct`` or ``cpuacct,cpu``), or None
+    (a quota of -1: no limit)."""
+    for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        quota = (_read_text(os.path.join(root, name, "cpu.cfs_quota_us")) or "").strip()
+        period = (_read_text(os.path.join(root, name, "cpu.cfs_period_us")) or "").strip()
+        if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:
+            return int(quota) / int(period)
+    return None
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

@@ -11,7 +11,6 @@ once copied. :func:`finish_batch` turns a complete batch's columns into the
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabstream.core.threads import kept_pool, map_shared
+from tabstream.core.threads import kept_pool, map_shared, usable_cpus
 from tabstream.loaders.layout import (
     Batch,
     Layout,
@@ -36,7 +35,7 @@ __all__ = ["BatchBuilder", "Chunk", "Segment", "batch_rows_rng", "column_block",
            "flat_names", "flatten_lists", "shuffle_within", "within_order"]
 
 
-def _fill_threads() -> int:
+def _fill_threads(cores: int | None = None) -> int:
     """Threads copying a chunk's narrow columns into its batches, a column each at a
     time (numpy's take and slice copies release the GIL). The copies of a shuffled
     2M-row Criteo epoch take about 0.6 s of CPU on one thread, while Arrow decodes
@@ -44,10 +43,10 @@ def _fill_threads() -> int:
     set the pace (not measured yet: the benchmark machine has 2 cores). Half the
     cores, at most 4 (the copies are bound by memory); one below 4 cores, where the
     decoding keeps the cores busy anyway (on 2 cores, 2 threads gave the same epoch
-    time for 5% more CPU: benchmarks/RESULTS.md, session 24)."""
-    # the CPUs the process may use (not core.threads.local_workers: it asks dask, which
-    # a plain loader does not import)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    time for 5% more CPU: benchmarks/RESULTS.md, session 24). ``cores``: the CPUs the
+    process may use (default: :func:`~tabstream.core.threads.usable_cpus`, which
+    counts a container's CPU limit, not the host's cores)."""
+    cores = usable_cpus() if cores is None else cores
     return 1 if cores < 4 else min(4, cores // 2)
 
 
