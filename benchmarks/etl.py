@@ -651,7 +651,9 @@ def scaling(args: argparse.Namespace, p: argparse.ArgumentParser, sizes: list[in
     load; the table gives the ratios of the medians and, per repeat, the ratios of
     that repeat's runs (pairwise)."""
     json_path = args.json
+    # each repeat's results by size (one run each), and all runs by size
     runs: dict[int, list[dict]] = {rows: [] for rows in sorted(sizes)}
+    every: dict[int, list[dict[str, Any]]] = {rows: [] for rows in sorted(sizes)}
     for r in range(args.repeats):
         for rows in sorted(sizes):
             sub = argparse.Namespace(**vars(args))
@@ -659,17 +661,21 @@ def scaling(args: argparse.Namespace, p: argparse.ArgumentParser, sizes: list[in
             sub.json = (None if json_path is None
                         else f"{os.path.splitext(json_path)[0]}-{rows}-r{r + 1}.json")
             print(f"\n===== {rows:,} rows, repeat {r + 1}/{args.repeats} =====", flush=True)
-            runs[rows].append(run_size(sub, p))
+            med, done = run_size(sub, p)
+            runs[rows].append(med)
+            every[rows].extend(done)
     base = min(runs)
+    labels = list(dict.fromkeys(engine for engine, _ in runs[base][0]))
+    formats = list(dict.fromkeys(fmt for _, fmt in runs[base][0]))
+    medians = {rows: summarize(every[rows], labels, formats) for rows in runs}
     headers = ["engine", "format", "rows", "total s", "s per M rows", "vs smallest", "CPU s",
                "peak RSS MB", "RSS vs smallest", "pairwise time", "pairwise RSS",
                f"linear (<={SCALING_TIME_TOLERANCE:g}x)", f"flat (<={SCALING_RSS_TOLERANCE:g}x)"]
     table, doc = [], []
-    for key in runs[base][0]:
-        first = _scaling_medians(runs[base], key)
+    for key, first in medians[base].items():
         for rows in sorted(runs):
-            v = _scaling_medians(runs[rows], key)
-            if v is None or first is None:
+            v = medians[rows].get(key)
+            if v is None:
                 continue
             per_row = (v["total_s"] / rows) / (first["total_s"] / base)
             rss = v["peak_rss_mb"] / first["peak_rss_mb"]
@@ -697,18 +703,9 @@ def scaling(args: argparse.Namespace, p: argparse.ArgumentParser, sizes: list[in
                        "command": " ".join(sys.argv), "scaling": doc}, f, indent=2)
 
 
-def _scaling_medians(runs: list[dict], key: tuple[str, str]) -> dict[str, float] | None:
-    """The medians over repeats of one size's ``(engine, format)`` results (each repeat
-    one run: :func:`run_size` with ``repeats=1``)."""
-    values = [r[key] for r in runs if key in r]
-    if not values:
-        return None
-    return {k: median([v[k] for v in values]) for k in ("total_s", "cpu_s", "peak_rss_mb")}
-
-
-def run_size(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict:
+def run_size(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[dict, list[dict[str, Any]]]:
     """One size: run the cases, check agreement, print medians and targets; returns
-    the medians by ``(engine, format)``."""
+    the medians by ``(engine, format)`` and the runs."""
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
@@ -803,7 +800,7 @@ def run_size(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict:
             json.dump(doc, f, indent=2)
     if checks and not all(c["pass"] for c in checks.values()):
         raise SystemExit(1)
-    return med
+    return med, runs
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import math
 import os
 import threading
@@ -27,30 +28,37 @@ __all__ = ["TaskGroup", "kept_pool", "local_workers", "map_shared", "release_fre
 
 def local_workers() -> int:
     """Threads that run local tasks side by side: dask's ``num_workers`` setting, or
-    the CPUs the process may use (dask's count honours CPU affinity and a
-    container's CPU quota, as its threaded scheduler does; ``os.cpu_count()`` is the
+    the CPUs the process may use (:func:`usable_cpus`: CPU affinity and a container's
+    CPU quota, as dask's threaded scheduler counts them; ``os.cpu_count()`` is the
     machine's)."""
     import dask.config  # here: the loaders use this module without dask
-    import dask.system
 
     configured = dask.config.get("num_workers", None)
-    return int(configured or dask.system.CPU_COUNT or 1)
+    return int(configured or usable_cpus())
 
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
-    """The CPUs this process may keep busy, without asking dask (the loaders do not
-    import it): the CPUs of its affinity mask, fewer where a cgroup CPU quota (a
-    container's CPU limit) allows less, rounded up (dask's count, which
-    :func:`local_workers` uses, does the same). A container limited to 2 CPUs on a
-    64-core host sees 64 CPUs in its affinity mask.
+    """The CPUs this process may keep busy: the CPUs of its affinity mask, fewer where a
+    cgroup CPU quota (a container's CPU limit) allows less, rounded up, as dask counts
+    them for its scheduler (read here without importing dask: the loaders use it).
+    A container limited to 2 CPUs on a 64-core host sees 64 CPUs in its affinity mask.
 
     The quota is cgroup v2's ``cpu.max`` of the process's group and of each group above
     it (the smallest counts), else cgroup v1's ``cpu.cfs_quota_us`` over
     ``cpu.cfs_period_us``. A file that is absent, unreadable or not understood sets no
     limit."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quotas = [q for q in (_cgroup2_quota(cgroup_root, proc_cgroup), _cgroup1_quota(cgroup_root)) if q is not None]
-    return max(1, min([cpus, *(math.ceil(q) for q in quotas)]))
+    quota = _cpu_quota(cgroup_root, proc_cgroup)
+    return max(1, min(cpus, cpus if quota is None else quota))
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_quota(root: str, proc_cgroup: str) -> int | None:
+    """The CPUs a cgroup quota allows (rounded up), or None: read once per process
+    (the files cost about 0.17 ms a call, and every pass asks for the thread count
+    several times), as dask reads its count once."""
+    quotas = [q for q in (_cgroup2_quota(root, proc_cgroup), _cgroup1_quota(root)) if q is not None]
+    return math.ceil(min(quotas)) if quotas else None
 
 
 def _read_text(path: str) -> str | None:
@@ -143,6 +151,8 @@ def kept_pool(use: str, workers: int) -> ThreadPoolExecutor:
     with _POOLS_LOCK:
         pool = _KEPT.get(use)
         if pool is None or pool._max_workers != workers:
+            if pool is not None:  # its threads end once idle, its running work done
+                pool.shutdown(wait=False)
             pool = _KEPT[use] = ThreadPoolExecutor(workers, thread_name_prefix=f"tabstream-{use}")
         return pool
 

@@ -102,7 +102,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask.system
 import fsspec
 import numpy as np
 import pyarrow as pa
@@ -113,7 +112,7 @@ from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, held_index, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
-from tabstream.core.threads import map_shared
+from tabstream.core.threads import local_workers, map_shared
 from tabstream.ops.nvt_params import check_nvt_knobs, write_stats_files
 from tabstream.ops.vocabulary_policy import (
     Vocabulary,
@@ -1015,7 +1014,7 @@ class Categorify(StatOperator):
         # 714-718 MB against 634-646 on the shared threads)
         try:
             # returns once no bucket reads a spill any more, also on a failure
-            kept = map_shared(merge_bucket, range(self.spill_buckets), dask.system.CPU_COUNT or 1)
+            kept = map_shared(merge_bucket, range(self.spill_buckets), local_workers())
         finally:
             for spill in spills:
                 spill.remove()
@@ -1084,7 +1083,7 @@ class Categorify(StatOperator):
         held = [name for name in partial if name not in spilled]
         done = {name: self._finalize_one(name, partial[name]) for name in spilled}
         done.update(zip(held, map_shared(lambda name: self._finalize_one(name, partial[name]), held,
-                                         dask.system.CPU_COUNT or 1)))
+                                         local_workers())))
         for name in partial:
             tables[name], candidate = done[name]
             if candidate is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import dask.system
+from tabstream.core.threads import usable_cpus
 
 __all__ = ["MODELS", "train_on_export"]
 
@@ -60,7 +60,7 @@ def train_on_export(train: str, valid: str | None = None, model: str = "dlrm", e
     if model not in builders:
         raise ValueError(f"unknown model {model!r}; choose one of {list(builders)}")
     torch.manual_seed(seed)
-    torch.set_num_threads(threads or dask.system.CPU_COUNT or 1)  # the CPUs the process may use
+    torch.set_num_threads(threads or usable_cpus())  # the CPUs the process may use
     train_ds = Dataset(train, engine="parquet")  # an export: never read raw text logs as CSV
     net = builders[model](train_ds.schema)
     train_loader = Loader(train_ds, batch_size=batch_size, shuffle=True, seed=seed)

@@ -9,7 +9,7 @@ import importlib.util
 import os
 import tempfile
 
-import dask.system
+import dask.config
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -116,7 +116,7 @@ def test_a_spilled_fit_moves_its_candidates_off_the_heap_bucket_by_bucket(tmp_pa
     # one thread, so that the 7 buckets finish in their order: with two, a slow first
     # bucket holds the later ones back and they are written together (seen in CI: 3
     # writes), which is right but says nothing about writing as the buckets come
-    monkeypatch.setattr(dask.system, "CPU_COUNT", 1)
+    monkeypatch.setitem(dask.config.config, "num_workers", 1)
     allocated = pa.total_allocated_bytes()
     mapped = _spilled_fit(tmp_path / "b", "b", values)
     assert written == [1] * 7  # each of the 7 buckets written as it came, not at the end

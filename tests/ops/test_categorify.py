@@ -3,6 +3,7 @@
 import os
 import threading
 
+import dask.config
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -321,7 +322,7 @@ def test_vocabularies_merged_in_memory_are_finalized_side_by_side(monkeypatch):
     """finalize runs the in-memory vocabularies on two threads at once (a barrier of two
     that only passes when two run together), and each vocabulary and its candidates are
     what pandas counts."""
-    monkeypatch.setattr("dask.system.CPU_COUNT", 2)
+    monkeypatch.setitem(dask.config.config, "num_workers", 2)
     rng = np.random.default_rng(5)
     df = pd.DataFrame({f"c{i}": [f"v{x}" for x in rng.zipf(1.5, 3000) % (50 + 400 * i)] for i in range(4)})
     barrier = threading.Barrier(2, timeout=20)

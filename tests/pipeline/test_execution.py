@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import dask.config
 import numpy as np
 import pandas as pd
 import pytest
@@ -142,7 +143,7 @@ def test_categorify_merges_spills_on_the_shared_threads(tmp_path, monkeypatch, m
         return original(self, bucket)
 
     monkeypatch.setattr(categorify._Spill, "read", read)
-    monkeypatch.setattr("dask.system.CPU_COUNT", 2)  # merged side by side on any machine
+    monkeypatch.setitem(dask.config.config, "num_workers", 2)  # merged side by side on any machine
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"c": rng.choice([f"v{i}" for i in range(300)], 6000)})
     ds = ts.Dataset(df, part_size=df.memory_usage(deep=True).sum() // 6 + 1)
@@ -311,7 +312,10 @@ def test_kept_pool_is_one_per_use_and_remade_in_a_forked_child(tmp_path):
 
     first = kept_pool("probe-test", 2)
     assert kept_pool("probe-test", 2) is first
+    first.submit(time.sleep, 0).result()  # a thread of it runs
     assert kept_pool("probe-test", 3) is not first
+    with pytest.raises(RuntimeError):  # the replaced pool is shut down: its threads end
+        first.submit(time.sleep, 0)
     names = map_shared(lambda _: threading.current_thread().name, range(6), 3, kept_pool("probe-test", 3))
     assert all(n.startswith("tabstream-probe-test") for n in names)
     if not hasattr(os, "fork"):
@@ -322,3 +326,16 @@ def test_kept_pool_is_one_per_use_and_remade_in_a_forked_child(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "exit 0"
+
+
+def test_local_workers_is_the_setting_else_the_usable_cpus(monkeypatch):
+    """One count of the CPUs in the project: dask's ``num_workers`` when set, else
+    usable_cpus (affinity mask and cgroup quota), which the loaders use too."""
+    from tabstream.core.threads import local_workers, usable_cpus
+
+    monkeypatch.delitem(dask.config.config, "num_workers", raising=False)
+    assert local_workers() == usable_cpus()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(48)))
+    assert local_workers() == usable_cpus() <= 48
+    monkeypatch.setitem(dask.config.config, "num_workers", 3)
+    assert local_workers() == 3
