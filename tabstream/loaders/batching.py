@@ -113,7 +113,9 @@ class Chunk:
         # shuffled batches whose rows all come from this chunk: assembled in storage
         # order in a scratch buffer, then put in their own order with one take
         # (see _fill_whole); a batch across two chunks is filled in storage order
-        # and permuted once complete; only wide columns scatter rows to their places
+        # and permuted once complete, whatever its columns' width; only the wide
+        # columns of a batch whose rows all come from this chunk scatter its rows
+        # to their places
         whole = {id(b) for b, rows in _rows_by_builder(segments).items()
                  if b.order is not None and rows == b.size}
         per_part = self._per_part(segments)
@@ -169,9 +171,14 @@ class Chunk:
                     builders[id(builder)] = builder
             for key, pieces in by_batch.items():
                 builder = builders[key]
+                # a batch across two chunks goes in storage order here too, to be
+                # permuted once complete: the other chunk may find the column narrow
+                # and copy its rows so, and a permutation of rows already scattered
+                # to their places would move them again (rows of other rows)
+                spans = builder.order is not None and key not in whole
                 for name in wide:
                     for p, at, rows in pieces:
-                        _copy_rows(self.parts[p][name], builder, name, at, rows)
+                        _copy_rows(self.parts[p][name], builder, name, at, rows, in_order=spans)
                 if key in pending:
                     pending.discard(key)
                     yield builder

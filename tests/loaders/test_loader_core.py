@@ -558,14 +558,17 @@ def test_shuffled_batches_follow_the_plan(shared_export: Path, monkeypatch: pyte
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(layout=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 40)), min_size=1, max_size=3),
        w=st.integers(1, 3), batch_size=st.integers(1, 60), seed=st.integers(0, 2**31),
-       wide=st.booleans(), data=st.data())
+       wide=st.one_of(st.none(), st.integers(0, 320)), data=st.data())
 def test_shuffled_batches_follow_the_plan_for_any_layout(
         tmp_path_factory: pytest.TempPathFactory, testdata: Any, layout: list[tuple[int, int]],
-        w: int, batch_size: int, seed: int, wide: bool, data: st.DataObject) -> None:
+        w: int, batch_size: int, seed: int, wide: int | None, data: st.DataObject) -> None:
     """Every shuffled batch, rows and order, is the plan's (rebuilt with plain numpy)
     for any files, row groups and batch size: batches inside one chunk, across two,
     larger than a chunk; every dense column keeps its row (C1 and I1 against the
-    data read by pyarrow), also when the columns are copied batch by batch."""
+    data read by pyarrow), also when the columns are copied batch by batch (``wide``:
+    the bytes past which a chunk's column is, 0 for every one), and when a column is
+    wide in one chunk and narrow in the next (a threshold between two chunks' sizes;
+    a batch across them once got other rows' values)."""
     import tabstream.loaders.batching as batching
 
     path = testdata.write_export(tmp_path_factory.mktemp("plan"), file_rows=[n for n, _ in layout],
@@ -573,7 +576,7 @@ def test_shuffled_batches_follow_the_plan_for_any_layout(
     rank = data.draw(st.integers(0, w - 1))
     everything = testdata.read_all(path)
     old = batching._WIDE_COLUMN_BYTES
-    batching._WIDE_COLUMN_BYTES = 0 if wide else old
+    batching._WIDE_COLUMN_BYTES = old if wide is None else wide
     try:
         try:
             loader = Loader(path, batch_size, seed=seed, parts_per_chunk=1, global_size=w,
@@ -593,6 +596,32 @@ def test_shuffled_batches_follow_the_plan_for_any_layout(
         np.testing.assert_array_equal(features["C1"], want["C1"].to_numpy())
         np.testing.assert_array_equal(features["I1"], want["I1"].to_numpy())
         np.testing.assert_array_equal(labels, want["label"].to_numpy())
+
+
+@pytest.mark.parametrize("threshold", [0, 200, 2**40])
+def test_a_column_wide_in_one_chunk_and_narrow_in_the_next(
+        tmp_path: Path, testdata: Any, monkeypatch: pytest.MonkeyPatch, threshold: int) -> None:
+    """Chunks of 40 and 20 rows: C1 takes 320 and 160 bytes in them, so with a
+    threshold of 200 it is copied batch by batch in the first chunk and column by
+    column in the second. The batches across the two keep every row's own values
+    (they came out with other rows' values once), and every threshold gives the
+    same batches, as planned."""
+    import tabstream.loaders.batching as batching
+
+    path = testdata.write_export(tmp_path, file_rows=[40, 20], row_groups=[40, 20], with_lists=False)
+    everything = testdata.read_all(path)
+    monkeypatch.setattr(batching, "_WIDE_COLUMN_BYTES", threshold)
+    for seed in range(6):
+        loader = Loader(path, 25, seed=seed, parts_per_chunk=1, features=["row_id", "C1", "I1"], shuffle=True)
+        expected = _expected_shuffled_batches(loader, 0)
+        got = list(loader)
+        assert len(got) == len(expected) == 3
+        for (features, labels), ids in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(features["row_id"], ids)
+            want = everything.take(pa.array(ids))
+            np.testing.assert_array_equal(features["C1"], want["C1"].to_numpy())
+            np.testing.assert_array_equal(features["I1"], want["I1"].to_numpy())
+            np.testing.assert_array_equal(labels, want["label"].to_numpy())
 
 
 def test_huge_pages_are_off_while_an_epoch_is_read(shared_export: Path, testdata: Any,
