@@ -128,7 +128,13 @@ PAD_ID = 0
 NULL_ID = 1
 OOV_ID = 2
 _COMBO_SEP = "\x1f"  # unit separator: joins the parts of a combo key
-_COMBO_NULL = "\x00"
+_COMBO_NULL = "\x00"  # a null part
+# A string part holding the separator, or being the null part's "\x00", would make two
+# combinations one key: a part's own "\x1b", "\x1f" and "\x00" are written "\x1be",
+# "\x1bs" and "\x1bn" (in that order, so the escapes themselves stay one-to-one). A
+# string without them, nearly every one, is its own key part, as before the escaping.
+_COMBO_ESCAPES = (("\x1b", "\x1be"), (_COMBO_SEP, "\x1bs"), (_COMBO_NULL, "\x1bn"))
+_COMBO_SPECIAL = "[\\x00\\x1b\\x1f]"  # RE2 syntax
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,23 @@ atexit.register(_remove_written)
 
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _without_views(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A ``string_view``/``binary_view`` column (or a list of them) as ``large_string``/
+    ``large_binary``: pyarrow has no ``take``, ``filter`` or ``index_in`` kernels for
+    the view types, which Categorify's counts and lookups use. Others unchanged."""
+    t = column.type
+    inner = t.value_type if _is_list(t) else t
+    if pa.types.is_string_view(inner):
+        plain: pa.DataType = pa.large_string()
+    elif pa.types.is_binary_view(inner):
+        plain = pa.large_binary()
+    else:
+        return column
+    if _is_list(t):
+        plain = pa.large_list(plain) if pa.types.is_large_list(t) else pa.list_(plain)
+    return column.cast(plain)
 
 
 def value_counts(column: pa.ChunkedArray | pa.Array) -> pa.Table:
@@ -408,10 +431,23 @@ def _combo_key(table: pa.Table, group: Sequence[str]) -> pa.Array:
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
         col = backend().normalize_missing(col)  # NaN is a missing part, -0.0 is "0"
-        parts.append(pc.fill_null(col.cast(pa.string()), _COMBO_NULL))
+        part = col.cast(pa.string())
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+            part = _escaped_combo_part(part)
+        parts.append(pc.fill_null(part, _COMBO_NULL))
         all_null = col.is_null() if all_null is None else pc.and_(all_null, col.is_null())
     key = pc.binary_join_element_wise(*parts, _COMBO_SEP)
     return pc.if_else(all_null, pa.scalar(None, pa.string()), key)
+
+
+def _escaped_combo_part(part: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """``part`` with the characters a combo key gives a meaning escaped (see
+    :data:`_COMBO_ESCAPES`); unchanged, without a copy, when it holds none of them."""
+    if not pc.any(pc.match_substring_regex(part, _COMBO_SPECIAL)).as_py():
+        return part
+    for char, escape in _COMBO_ESCAPES:
+        part = pc.replace_substring(part, char, escape)
+    return part
 
 
 class Categorify(StatOperator):
@@ -623,6 +659,26 @@ class Categorify(StatOperator):
                 out.append([n])
         return out
 
+    def _checked_groups(self, names: Sequence[str]) -> list[list[str]]:
+        """:meth:`_groups` of the columns ``names`` of a table or schema, refused when
+        two of them would share a vocabulary (see :meth:`_distinctly_named`)."""
+        return self._distinctly_named(self._groups(names))
+
+    def _distinctly_named(self, groups: list[list[str]]) -> list[list[str]]:
+        """``groups``, refused when two of them would share a vocabulary (its name is
+        the group's columns joined by ``"_"``: the joint group ``["a", "b"]`` beside a
+        column ``"a_b"``); one vocabulary would otherwise encode both, silently."""
+        seen: dict[str, list[str]] = {}
+        for group in groups:
+            name = self._vocab_name(group)
+            if name in seen:
+                raise ValueError(
+                    f"Categorify: the column groups {seen[name]} and {group} would share the "
+                    f"vocabulary {name!r} (a group's vocabulary is named by its columns joined "
+                    f"with '_'); rename one of the columns")
+            seen[name] = group
+        return groups
+
     def _fitted_columns(self) -> list[str]:
         names = list(self.tables)
         if self.column_groups:
@@ -659,7 +715,7 @@ class Categorify(StatOperator):
     # -- schema -------------------------------------------------------------
     def compute_output_schema(self, input_schema: Schema) -> Schema:
         cols = []
-        groups = self._groups(input_schema.column_names)
+        groups = self._checked_groups(input_schema.column_names)
         self._order = [self._vocab_name(g) for g in groups]
         for group in groups:
             vocab = self._vocab_name(group)
@@ -696,11 +752,11 @@ class Categorify(StatOperator):
     def _keys(self, table: pa.Table, group: Sequence[str]) -> list[pa.ChunkedArray | pa.Array]:
         if self.encode_type == "combo" and len(group) > 1:
             return [_combo_key(table, group)]
-        return [table.column(n) for n in group]  # value_counts normalizes missing values
+        return [_without_views(table.column(n)) for n in group]  # value_counts normalizes missing values
 
     def fit_partition(self, table: pa.Table) -> dict[str, _Counts]:
         out = {}
-        for group in self._groups(table.column_names):
+        for group in self._checked_groups(table.column_names):
             name = self._vocab_name(group)
             if self.vocabs and name in self.vocabs:
                 continue
@@ -1169,7 +1225,7 @@ class Categorify(StatOperator):
     def transform(self, table: pa.Table) -> pa.Table:
         self.check_fitted()
         out: dict[str, Any] = {}
-        for group in self._groups(table.column_names):
+        for group in self._checked_groups(table.column_names):
             name = self._vocab_name(group)
             if name not in self.tables:
                 raise KeyError(f"Categorify has no vocabulary for {name!r}; it was fitted on {sorted(self.tables)}")
@@ -1181,6 +1237,7 @@ class Categorify(StatOperator):
         return pa.table(out)
 
     def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        column = _without_views(column)
         if pa.types.is_dictionary(column.type) and not _is_list(column.type.value_type):
             return self._encode_dictionary(name, column)
         if isinstance(column, pa.ChunkedArray):
@@ -1264,7 +1321,9 @@ class Categorify(StatOperator):
     def reverse_mapping(self, name: str) -> pa.Table:
         """``(id, value, counts)`` of every vocabulary entry of ``name`` (a column, a
         joint group's first column, or a combo column); combo values are the
-        group's values joined by ``"\\x1f"`` (``"\\x00"`` for a null part)."""
+        group's values joined by ``"\\x1f"`` (``"\\x00"`` for a null part; a string
+        value's own ``"\\x1b"``, ``"\\x1f"`` and ``"\\x00"`` are written ``"\\x1be"``,
+        ``"\\x1bs"`` and ``"\\x1bn"``)."""
         self.check_fitted()
         key = name if name in self.tables else next(
             (self._vocab_name(g) for g in self._groups(self._fitted_columns()) if name in g), None)

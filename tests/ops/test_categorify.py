@@ -139,6 +139,62 @@ def test_combo_groups_and_single_names_are_all_encoded(pairs):
     assert out["seller"].tolist() == encode_reference(list(df["seller"]), df["seller"])
 
 
+def test_combo_keys_stay_distinct_when_values_hold_the_separator():
+    """A combination's key joins its parts with "\\x1f" and writes a null part as
+    "\\x00": values holding those characters (or the escape "\\x1b") must not make
+    two combinations one. Each combination is repeated a different number of times,
+    so its id follows from its count alone."""
+    combos = [("x\x1fy", "z"), ("x", "y\x1fz"), (None, "k"), ("\x00", "k"), ("\x1bs", "k"),
+              ("\x1f", "k"), ("a\x1bn", "b"), ("a\x00", "b"), ("plain", "b"), ("plain", None)]
+    rows = [c for i, c in enumerate(combos) for _ in range(i + 1)]
+    df = pd.DataFrame({"a": pd.array([a for a, _ in rows], dtype="str"),
+                       "b": pd.array([b for _, b in rows], dtype="str")})
+    op = ops.Categorify(encode_type="combo")
+    wf, out = fit_apply([["a", "b"]] >> op, df)
+    keys = [(a, b) for a, b in rows]
+    expected = {c: 2 + len(combos) - i for i, c in enumerate(combos)}  # most frequent first, from 3
+    assert out["a_b"].tolist() == [expected[k] for k in keys]
+    assert len(set(out["a_b"])) == len(combos)
+    # strings without those characters keep the key they always had (saved vocabularies)
+    mapping = op.reverse_mapping("a_b").to_pydict()
+    by_id = dict(zip(mapping["id"], mapping["value"]))
+    assert by_id[expected[("plain", "b")]] == "plain\x1fb"
+    assert by_id[expected[("plain", None)]] == "plain\x1f\x00"
+    assert by_id[expected[("x\x1fy", "z")]] == "x\x1bsy\x1fz"
+
+
+@pytest.mark.parametrize("encode_type", ["joint", "combo"])
+def test_a_group_and_a_column_named_like_it_are_refused(encode_type):
+    """The joint group ["a", "b"] and a column "a_b" would share the vocabulary "a_b":
+    refused with the names, instead of encoding a and b with a_b's values."""
+    df = pd.DataFrame({"a": ["x", "y"], "b": ["p", "q"], "a_b": ["m", "n"]})
+    with pytest.raises(ValueError, match=r"\['a', 'b'\] and \['a_b'\] would share the vocabulary 'a_b'"):
+        ts.Workflow([["a", "b"], "a_b"] >> ops.Categorify(encode_type=encode_type)).fit(ts.Dataset(df))
+    # apart, each has its own vocabulary
+    out = ts.Workflow([["a", "b"]] >> ops.Categorify(encode_type=encode_type)).fit(ts.Dataset(df)).transform(df)
+    assert len(out.columns) == (2 if encode_type == "joint" else 1)
+
+
+def test_string_view_columns_encode_as_strings():
+    """string_view columns (and lists of them): pyarrow has no take, filter or index_in
+    kernels for them; they are fitted and encoded as the same strings would be."""
+    values = ["aaaaaaaa", "b", "aaaaaaaa", None, "ccc", "b", "aaaaaaaa"]
+    lists = [["b", "aaaaaaaa"], None, [], ["ccc"], ["b"], ["b", None], ["z"]]
+    view = pa.table({"c": pa.array(values, pa.string_view()),
+                     "l": pa.array(lists, pa.list_(pa.string_view()))})
+    plain = pa.table({"c": pa.array(values, pa.string()), "l": pa.array(lists, pa.list_(pa.string()))})
+    op = ops.Categorify()
+    wf = ts.Workflow(["c", "l"] >> op).fit(ts.Dataset(view))
+    out = wf.transform(view)
+    assert out["c"].to_pylist() == encode_reference(values, values)
+    flat = [v for row in lists if row for v in row]
+    assert out["l"].to_pylist() == [None if row is None else encode_reference(flat, row) for row in lists]
+    # a vocabulary fitted on plain strings encodes the view column, and the reverse
+    other = ts.Workflow(["c", "l"] >> ops.Categorify()).fit(ts.Dataset(plain))
+    assert other.transform(view)["c"].to_pylist() == out["c"].to_pylist()
+    assert wf.transform(plain)["l"].to_pylist() == out["l"].to_pylist()
+
+
 def test_given_vocabulary_is_used_in_order(pairs):
     op = ops.Categorify(vocabs={"buyer": ["u3", "u1", "u2"]})
     _, out = fit_apply(["buyer"] >> op, pairs)
