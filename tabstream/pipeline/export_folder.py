@@ -186,15 +186,22 @@ def refuse_unpublished(fs: Any, files: list[str], schemas: list[pa.Schema]) -> N
     """On an object store an export publishes by writing ``_manifest.json`` last (there
     is no rename): files written by a tabstream export (their key-value metadata holds
     ``tabstream.schema``) in a prefix without a manifest belong to an export that is
-    still running or failed, and are refused rather than read half-written."""
+    still running or failed, and are refused rather than read half-written. A file in
+    hive folders (``partition_on``) belongs to the manifest above them."""
     checked: dict[str, bool] = {}
+
+    def published(folder: str) -> bool:
+        # an export with partition_on writes its files into hive folders
+        # ("<column>=<value>", nested) under the folder that holds its manifest
+        if folder not in checked:
+            checked[folder] = fs.exists(posixpath.join(folder, MANIFEST_FILE)) or (
+                "=" in posixpath.basename(folder) and published(posixpath.dirname(folder)))
+        return checked[folder]
+
     for url, schema in zip(files, schemas, strict=True):
         if SCHEMA_KEY not in (schema.metadata or {}):
             continue
-        folder = posixpath.dirname(fs._strip_protocol(url))
-        if folder not in checked:
-            checked[folder] = fs.exists(posixpath.join(folder, MANIFEST_FILE))
-        if not checked[folder]:
+        if not published(posixpath.dirname(fs._strip_protocol(url))):
             raise DataError(
                 f"{url}: written by a tabstream export, but its prefix has no {MANIFEST_FILE}; on "
                 "an object store the manifest is written last and marks the export complete, so "

@@ -145,6 +145,33 @@ def test_prefix_without_manifest_is_refused(s3):
     assert ts.Dataset("s3://bkt/plain", storage_options=options).num_rows == len(frame)
 
 
+def test_partition_on_export_on_s3_reads_back(s3):
+    """An export with ``partition_on`` writes its files into hive folders under the
+    prefix that gets the manifest: read back whole (it was refused as unpublished,
+    the manifest being looked for beside each file), while the same hive folders
+    without a manifest above them are still refused."""
+    fs, options = s3
+    frame = _frame(seed=6)
+    wf = ts.Workflow(_graph()).fit(ts.Dataset(frame))
+    wf.transform(ts.Dataset(frame)).to_parquet("s3://bkt/parted", partition_on=["label"],
+                                               storage_options=options)
+    assert {k.rsplit("/", 2)[-2] for k in _keys(fs, "bkt/parted") if k.endswith(".parquet")} == {
+        "label=0", "label=1"}
+    back = ts.Dataset("s3://bkt/parted", storage_options=options)
+    got = pa.concat_tables([back.read_piece(p) for p in back.pieces])
+    expected = _expected(frame)
+    assert got.num_rows == len(frame)
+    keys = [("C1", "ascending"), ("C2", "ascending"), ("I1", "ascending"), ("label", "ascending")]
+    got = got.select(expected.column_names).cast(expected.schema).sort_by(keys)
+    assert got.equals(expected.sort_by(keys))
+    # a partitioned export still being written: its hive folders, no manifest yet
+    for key in _keys(fs, "bkt/parted/label=1"):
+        fs.copy(key, key.replace("bkt/parted/", "bkt/halfparted/"))
+    with pytest.raises(DataError, match=r"s3://bkt/halfparted/label=1/part_00000\.parquet: written by "
+                                        r"a tabstream export, but its prefix has no _manifest\.json"):
+        ts.Dataset("s3://bkt/halfparted", storage_options=options)
+
+
 def test_workflow_save_load_and_loader_on_s3(s3):
     fs, options = s3
     frame = _frame(seed=5)
