@@ -292,8 +292,10 @@ class Node:
         elif self.kind == "op":
             out = self.op.transform(concat_tables(parent_outputs()))
             check_produced(self.op, expected, out)
-        elif self.kind in ("concat", "union"):
+        elif self.kind == "concat":
             out = concat_tables(parent_outputs())
+        elif self.kind == "union":
+            out = union_tables(parent_outputs())
         elif self.kind == "pick":
             out = parent_outputs()[0].select(self.names)
         else:
@@ -411,6 +413,21 @@ def concat_tables(tables: list[pa.Table]) -> pa.Table:
                 names.append(name)
                 arrays.append(col)
     return pa.table(arrays, names=names)
+
+
+def union_tables(tables: list[pa.Table]) -> pa.Table:
+    """An op's input and its dependencies: each later table adds only the columns the
+    ones before it lack, and one that adds none is left out, its row count unchecked
+    (a dependency the selection already holds, after a Filter or Dropna that kept
+    fewer rows than the raw column has)."""
+    names = set(tables[0].column_names)
+    kept = [tables[0]]
+    for table in tables[1:]:
+        new = [n for n in table.column_names if n not in names]
+        if new:
+            kept.append(table.select(new))
+            names.update(new)
+    return concat_tables(kept)
 
 
 def check_produced(op: Any, expected: Schema, table: pa.Table) -> None:
