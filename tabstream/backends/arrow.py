@@ -459,11 +459,14 @@ class ArrowBackend(Backend):
         n = len(x)
         if not n:
             return 0, 0.0, 0.0
-        mean = float(x.mean())
-        # the same sums as ((x - mean) ** 2).sum(), in one scratch array
-        deviations = np.subtract(x, mean)
+        # shifted by the first value: a constant column's mean is then that value
+        # exactly and its m2 exactly 0 (x.mean() of 0.3s lands a rounding step off,
+        # and the leftover deviations made a std of 1e-17 that Normalize divided by)
+        deviations = np.subtract(x, x[0])
+        offset = float(deviations.mean())
+        deviations -= offset
         np.square(deviations, out=deviations)
-        return n, mean, float(deviations.sum())
+        return n, float(x[0]) + offset, float(deviations.sum())
 
     def standardize(self, column: Column, mean: float, std: float) -> Column:
         x = pc.subtract(column.cast(pa.float64()), mean)

@@ -204,8 +204,9 @@ class CudfBackend(Backend):
         n = int(x.size)
         if n == 0:
             return 0, 0.0, 0.0
-        mean = float(x.mean())
-        return n, mean, float(((x - mean) ** 2).sum())
+        y = x - x[0]  # shifted, as the arrow backend's: a constant column's m2 is exactly 0
+        offset = float(y.mean())
+        return n, float(x[0]) + offset, float(((y - offset) ** 2).sum())
 
     def standardize(self, column: Column, mean: float, std: float) -> Column:
         x = _series(column).astype("float64") - mean

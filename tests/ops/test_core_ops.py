@@ -110,6 +110,23 @@ def test_normalize_constant_column_is_centred():
     assert out["x"].tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("value", [0.3, 0.1, 1 / 3, 1e10 + 0.1, -7.7e-5])
+@pytest.mark.parametrize("part_size", [None, 4_000])
+def test_normalize_constant_column_of_any_value_is_centred(value, part_size):
+    """A constant whose float mean lands a rounding step off itself (0.3 x 1000): std
+    exactly 0 and every row 0, on one partition and on several (before, a std of
+    1e-17 was divided by: rows of about +-1, different per partitioning)."""
+    df = pd.DataFrame({"x": np.full(1000, value), "y": value * (1 + np.arange(1000) * 1e-9)})
+    op = ops.Normalize()
+    wf = ts.Workflow(["x", "y"] >> op).fit(ts.Dataset(df, part_size=part_size))
+    out = wf.transform(df)
+    assert op.stds["x"] == 0.0 and op.means["x"] == value
+    assert out["x"].tolist() == [0.0] * 1000
+    # a column that only nearly is constant keeps its (tiny) std, as numpy has it
+    assert op.stds["y"] == pytest.approx(df["y"].std(ddof=1), rel=1e-6)
+    assert op.means["y"] == pytest.approx(df["y"].mean(), rel=1e-12)
+
+
 def test_logop_negative_values_documented_behaviour():
     _, out = fit_transform(["x"] >> ops.LogOp(), pd.DataFrame({"x": [0.0, 1.0, -1.0, -2.0]}))
     with np.errstate(divide="ignore", invalid="ignore"):
