@@ -90,8 +90,9 @@ class FillMissing(ColumnOperator):
     Null and NaN are both missing and both filled; ±inf is a value and is kept (as
     ``pandas.Series.fillna``). An integer column keeps its dtype when ``fill_val``
     is a whole number in its range (out of range is a ``ValueError``) and becomes
-    float64 for a fractional or infinite ``fill_val``. ``fill_val=NaN`` is refused:
-    it would leave every missing value missing.
+    float64 for a fractional or infinite ``fill_val``. A bool column takes 1 (True) or
+    0 (False); another number is a ``ValueError``. ``fill_val=NaN`` is
+    refused: it would leave every missing value missing.
 
     With ``add_binary_cols=True`` a bool column ``<name>_filled`` marks filled rows.
     """
@@ -115,6 +116,11 @@ class FillMissing(ColumnOperator):
                         f"FillMissing: fill_val {self.fill_val} does not fit column {col.name!r} of "
                         f"dtype {dtype} (range {lo}..{hi}); pick a value in range or cast the column "
                         "to a wider dtype first")
+            elif dtype == "bool" and self.fill_val not in (0, 1):
+                # a cast to bool would make any other number True, silently
+                raise ValueError(
+                    f"FillMissing: fill_val {self.fill_val!r} does not fit the bool column {col.name!r}; "
+                    "give 1 (True) or 0 (False), or cast the column to a number first")
             cols.append(col.with_dtype(dtype))
             if self.add_binary_cols:
                 cols.append(ColumnSchema(f"{col.name}_filled", "bool"))

@@ -409,6 +409,22 @@ def test_fill_missing_int_columns_like_pandas(fill):
     assert out["i"].type == (pa.int8() if float(fill).is_integer() else pa.float64())
 
 
+@pytest.mark.parametrize("fill", [1, 0, 1.0])
+def test_fill_missing_bool_columns_take_a_bool(fill):
+    t = pa.table({"b": pa.array([True, None, False, None], pa.bool_())})
+    _, out = fit_transform(["b"] >> ops.FillMissing(fill), t)
+    assert out["b"].type == pa.bool_()
+    assert out["b"].to_pylist() == [True, bool(fill), False, bool(fill)]
+
+
+@pytest.mark.parametrize("fill", [0.5, -7, 2, math.inf])
+def test_fill_missing_refuses_a_number_a_bool_column_cannot_hold(fill):
+    """pandas refuses them; a cast to bool made each of them True, silently."""
+    t = pa.table({"b": pa.array([True, None, False], pa.bool_())})
+    with pytest.raises(ValueError, match=r"FillMissing: fill_val .* does not fit the bool column 'b'"):
+        fit_transform(["b"] >> ops.FillMissing(fill), t)
+
+
 def float32_and_bool_table(seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     return pa.table({"f": pa.array(mixed_floats(seed), pa.float32()),
