@@ -423,6 +423,13 @@ class ArrowBackend(Backend):
     def clip(self, column: Column, lower: Any | None, upper: Any | None) -> Column:
         # skip_nulls=False keeps nulls null; Arrow's min/max treat NaN as missing and
         # would replace it with the bound, so NaN is put back (as pandas' clip keeps it).
+        if column.type == pa.float16():
+            # no half-float min/max in Arrow: on float32 with the bounds as float16
+            # has them, rounded back (every value is a float16 one, so exactly)
+            def half(bound: Any | None) -> Any | None:
+                return None if bound is None else pa.scalar(bound).cast(pa.float16()).cast(pa.float32()).as_py()
+
+            return self.clip(column.cast(pa.float32()), half(lower), half(upper)).cast(pa.float16())
         out = column
         if lower is not None:
             out = pc.max_element_wise(out, pa.scalar(lower).cast(column.type), skip_nulls=False)

@@ -79,8 +79,10 @@ class DifferenceLag(Operator):
             if name in self.partition_cols:
                 continue
             x = plain(table.column(name))
-            if not pa.types.is_floating(x.type):
-                x = x.cast(pa.int64())
+            out_type = x.type if pa.types.is_floating(x.type) else pa.int64()
+            # float16 subtracted as float32 (Arrow has no half-float arithmetic), the
+            # differences rounded back to float16 below
+            x = x.cast(pa.float32() if x.type == pa.float16() else out_type)
             for s in self.shifts:
                 out = pa.nulls(n, x.type)
                 if abs(s) < n:
@@ -91,5 +93,5 @@ class DifferenceLag(Operator):
                     diff = pc.if_else(same, pc.subtract_checked(x[cur], x[prev]), pa.scalar(None, x.type))
                     pad = pa.nulls(abs(s), x.type)
                     out = pa.concat_arrays([pad, diff] if s > 0 else [diff, pad])
-                data[f"{name}_difference_lag_{s}"] = out
+                data[f"{name}_difference_lag_{s}"] = out.cast(out_type) if out.type != out_type else out
         return pa.table(data)

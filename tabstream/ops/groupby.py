@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
-from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type
+from tabstream.core.dtypes import dtype_to_arrow_type, is_list_type, widen_half
 from tabstream.core.errors import SchemaError
 from tabstream.core.hashing import hash_combine, murmur3_32, normalize_missing
 from tabstream.core.operators import Operator
@@ -236,6 +236,10 @@ class Groupby(Operator):
     def transform(self, table: pa.Table) -> pa.Table:
         from tabstream.core.dtypes import arrow_type_to_dtype
 
+        # dictionary columns (pandas' category, parquet's dictionary pages) decoded:
+        # Arrow's group-by, sorts and min/max take their values, not dictionaries
+        table = pa.table({n: c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
+                          for n, c in zip(table.column_names, table.columns)})
         schema = Schema(ColumnSchema(n, *arrow_type_to_dtype(t)[:1], is_list=is_list_type(t))
                         for n, t in zip(table.column_names, table.schema.types))
         plan = self._plan(schema)
@@ -257,7 +261,9 @@ class Groupby(Operator):
         for j, (name, aggs) in enumerate(plan):
             for agg in aggs:
                 if agg in ("count", "sum", "mean", "std", "var", "min", "max"):
-                    work.setdefault(f"v{j}", backend().normalize_missing(table.column(name)))
+                    # float16 as float32 (exact): Arrow has no half-float aggregations;
+                    # the results are cast to the declared types below
+                    work.setdefault(f"v{j}", widen_half(backend().normalize_missing(table.column(name))))
                     specs.append((f"v{j}", agg, f"v{j}_{agg}"))
         grouped = backend().groupby_aggregate(pa.table(work), key_names, specs)
         # rows sorted by key, the missing key last

@@ -442,3 +442,35 @@ def test_median_and_nunique_match_pandas(seed):
     assert out.schema.field("price-median").type == pa.float64()
     assert out.schema.field("name-nunique").type == pa.int64()
     assert math.isnan(got["price-median"].iloc[-1]) and got["price-nunique"].iloc[-1] == 0
+
+
+@pytest.mark.parametrize("source", ["dataframe", "parquet"])
+def test_category_columns_as_keys_sort_columns_and_min_max(tmp_path, source):
+    """pandas' category columns (Arrow dictionaries, also as parquet writes them back)
+    as the key, a sort column and a min/max value: decoded first (they crashed in
+    Arrow's group-by and sorts); the same as pandas on the plain strings."""
+    rng = np.random.default_rng(2)
+    n = 400
+    df = pd.DataFrame({
+        "s": pd.Categorical(rng.choice(["b", "a", "c", None], n)),
+        "t": pd.Categorical(rng.choice(["x", "z", "y"], n)),
+        "p": rng.normal(size=n).round(3),
+    })
+    if source == "parquet":
+        df.to_parquet(tmp_path / "x.parquet")
+        ds = ts.Dataset(str(tmp_path))
+        assert pa.types.is_dictionary(ds.arrow_schema.field("s").type)
+    else:
+        ds = ts.Dataset(df)
+    node = ["s", "t", "p"] >> ops.Groupby("s", sort_cols="t", aggs={"p": ["sum"], "t": ["min", "max", "first"]})
+    out = ts.Workflow(node).fit(ds).transform(ds).compute()
+    plain = df.astype({"s": object, "t": object})
+    grouped = plain.sort_values("t", kind="stable").groupby("s", dropna=False, sort=True)
+    expected = pd.DataFrame({"p-sum": grouped["p"].sum(), "t-min": grouped["t"].min(),
+                             "t-max": grouped["t"].max(), "t-first": grouped["t"].first()})
+    got = out.set_index("s")
+    assert got.index.tolist()[:-1] == expected.index.tolist()[:-1] == ["a", "b", "c"]
+    assert pd.isna(got.index[-1]) and pd.isna(expected.index[-1])
+    np.testing.assert_allclose(got["p-sum"].to_numpy(), expected["p-sum"].to_numpy())
+    for col in ("t-min", "t-max", "t-first"):
+        assert got[col].tolist() == expected[col].tolist()
