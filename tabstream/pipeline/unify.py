@@ -111,7 +111,8 @@ def plain_type(t: pa.DataType) -> pa.DataType:
 def _safely_castable(src: pa.DataType, dst: pa.DataType) -> bool:
     if pa.types.is_dictionary(src):
         src = src.value_type
-    if src == dst:
+    if src == dst or pa.types.is_null(src):
+        # a null column (pandas writes an all-None column so) is nulls of any type
         return True
     if is_list_type(src) and is_list_type(dst):  # list<int32> and list<int64> widen as scalars do
         return _safely_castable(src.value_type, dst.value_type)
