@@ -46,6 +46,8 @@ def _criteo_read_kwargs(path: str, engine: str | None) -> dict[str, Any]:
 
     if engine == "parquet" or str(path).rstrip("/").endswith((".parquet", ".pq")):
         return {}
+    if engine is None and not _text_files(path, engine)[1]:
+        return {}  # a folder of parquet files (an export): the raw-log options do not apply
     return {"names": CRITEO_COLUMNS, "dtypes": CRITEO_DTYPES, "sep": "\t"}
 
 

@@ -98,6 +98,29 @@ __all__ = ["Dataset", "DatasetWarning", "parse_bytes"]
 MAX_CSV_COLUMNS = 100_000
 
 
+
+#: the keyword arguments CSV/TSV reading takes (see :class:`Dataset`'s ``read_kwargs``)
+CSV_OPTIONS = ("names", "dtypes", "dtype", "sep", "header", "block_size")
+
+
+def _check_read_options(engine: str, options: dict[str, Any], npartitions: Any) -> None:
+    """Refuse keyword arguments the Dataset would not use (they were taken and
+    ignored: ``Dataset(df, no_such_option=1)``); ``npartitions`` is for in-memory
+    data only, a positive integer."""
+    if npartitions is not None:
+        if engine != "dataframe":
+            raise TypeError(f"Dataset: npartitions applies to a DataFrame or Arrow table; the {engine} "
+                            "engine cuts its files by part_size (e.g. part_size='64MB')")
+        if isinstance(npartitions, bool) or not isinstance(npartitions, (int, np.integer)) or npartitions < 1:
+            raise ValueError(f"Dataset: npartitions must be a positive integer, got {npartitions!r}")
+    unknown = sorted(set(options) - set(CSV_OPTIONS if engine == "csv" else ()))
+    if unknown:
+        taken = (f"CSV/TSV reading takes {', '.join(CSV_OPTIONS)}" if engine == "csv"
+                 else f"they are CSV/TSV reading options or unknown, and this Dataset's engine is {engine!r}")
+        raise TypeError(f"Dataset got unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(map(repr, unknown))}: {taken}")
+
+
 class Dataset:
     """A lazily read, partitioned dataset.
 
@@ -149,6 +172,10 @@ class Dataset:
         the files (once per Dataset); ``True`` refuses them instead, with a
         :class:`~tabstream.core.errors.SchemaError` naming a file, the columns it
         lacks and a file that has them.
+    npartitions:
+        For a DataFrame or Arrow table (NVTabular's argument): its rows in this many
+        ranges, their sizes within one row of each other, instead of ranges of about
+        ``part_size`` bytes.
     **read_kwargs:
         For CSV: ``names`` (column names, required for headerless raw logs),
         ``dtypes`` (name -> dtype; other columns are inferred from the first block,
@@ -156,6 +183,8 @@ class Dataset:
         ``header`` (``False`` by default when ``names`` is given), ``block_size``
         (default ``"2MB"``: the bytes the parser takes at a time; a line longer
         than it can hold is an error naming its line and the size that reads it).
+        Any other keyword, or one of these for data that is not CSV, is a
+        ``TypeError``.
 
     A folder's data are its own files, its hive partition folders (``col=value``)
     and the exports in it (subfolders with a ``_manifest.json``); other subfolders
@@ -203,6 +232,8 @@ class Dataset:
         self._parquet: ParquetFiles | None = None  # the parquet files (engine "parquet")
         self._csv: CsvFiles | None = None  # the CSV/TSV files (engine "csv")
 
+        # NVTabular's Dataset(df, npartitions=n): in-memory data in n row ranges
+        npartitions = read_kwargs.pop("npartitions", None)
         if is_pandas_dataframe(path_or_df):
             self.engine = "dataframe"
             self._table = pandas_to_arrow(path_or_df)
@@ -216,6 +247,8 @@ class Dataset:
             with stores.translate_store_errors(first_path(path_or_df)):
                 self._open_files(path_or_df, engine)
 
+        _check_read_options(self.engine, read_kwargs, npartitions)
+        self._npartitions = npartitions
         self._cache = PartitionCache(cache_dir, auto=cache == "auto")
         if self._cache.auto:
             self.cache = "disk" if self.engine == "csv" else None
@@ -275,7 +308,12 @@ class Dataset:
     def _plan(self) -> pa.Schema:
         if self.engine == "dataframe":
             assert self._table is not None
-            self._pieces = table_pieces(self._table, self.part_size)
+            if self._npartitions is not None:
+                n = self._table.num_rows
+                bounds = [n * i // self._npartitions for i in range(self._npartitions + 1)]
+                self._pieces = [TablePiece(a, b) for a, b in zip(bounds, bounds[1:]) if b > a] or [TablePiece(0, 0)]
+            else:
+                self._pieces = table_pieces(self._table, self.part_size)
             return self._table.schema
         if self.engine == "dask":
             self._pieces = list(range(self._ddf.npartitions))

@@ -223,6 +223,35 @@ def test_parquet_column_of_the_null_type_reads_as_nulls_of_the_others_type(tmp_p
         None if v is None else list(v) for v in expected["tags"]]
 
 
+@pytest.mark.parametrize(("rows", "n"), [(10, 4), (10, 1), (3, 5), (1000, 7)])
+def test_npartitions_cuts_in_memory_data_in_equal_row_ranges(rows, n):
+    """NVTabular's Dataset(df, npartitions=n) (it was taken and ignored: one partition)."""
+    df = pd.DataFrame({"x": np.arange(rows), "s": [f"v{i}" for i in range(rows)]})
+    for source in (df, pa.Table.from_pandas(df, preserve_index=False)):
+        ds = ts.Dataset(source, npartitions=n)
+        assert ds.npartitions == min(n, rows)
+        sizes = [p.stop - p.start for p in ds.pieces]
+        assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1
+        assert read_all(ds)["x"].tolist() == list(range(rows))
+
+
+def test_keyword_arguments_a_dataset_would_not_use_are_refused(tmp_path):
+    df = pd.DataFrame({"x": np.arange(5)})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'no_such_option'.*engine is 'dataframe'"):
+        ts.Dataset(df, no_such_option=1)
+    df.to_parquet(tmp_path / "x.parquet")
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'names', 'sep'.*engine is 'parquet'"):
+        ts.Dataset(str(tmp_path / "x.parquet"), names=["x"], sep="\t")
+    with pytest.raises(TypeError, match=r"npartitions applies to a DataFrame.*part_size"):
+        ts.Dataset(str(tmp_path / "x.parquet"), npartitions=3)
+    with pytest.raises(ValueError, match=r"npartitions must be a positive integer, got 0"):
+        ts.Dataset(df, npartitions=0)
+    (tmp_path / "x.tsv").write_text("1\t2\n3\t4\n")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'delimiter': CSV/TSV reading takes names, "):
+        ts.Dataset(str(tmp_path / "x.tsv"), names=["a", "b"], delimiter="\t")
+    assert ts.Dataset(str(tmp_path / "x.tsv"), names=["a", "b"], sep="\t", block_size="1MB").num_rows == 2
+
+
 def test_parquet_incompatible_types(tmp_path):
     (tmp_path / "d").mkdir()
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "d" / "a.parquet")
