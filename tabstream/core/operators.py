@@ -26,13 +26,14 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Union
 
+import numpy as np
 import pyarrow as pa
 
 from tabstream.core.call_forms import wrap_schema, wrap_transform
 from tabstream.core.errors import NotFittedError
 from tabstream.core.schema import ColumnSchema, Schema
 
-__all__ = ["ColumnOperator", "Operator", "StatOperator", "get_op_class", "registered_ops"]
+__all__ = ["ColumnOperator", "Operator", "StatOperator", "check_flag", "get_op_class", "registered_ops"]
 
 
 def registered_ops() -> dict[str, type[Operator]]:
@@ -195,6 +196,14 @@ def lookup_indexes(op: Any, group: str) -> dict:
     """The dict of lookup indexes ``op`` keeps for ``group`` (a vocabulary, a key
     column group); :func:`drop_lookup_indexes` empties them when the op fits again."""
     return _LOOKUP_INDEXES.setdefault(op, {}).setdefault(group, {})
+
+
+def check_flag(value: Any, op: str, name: str) -> bool:
+    """``value`` of the flag parameter ``name`` of ``op``: True or False (numpy's too);
+    anything else is a ``TypeError`` (``bool("no")`` would be True, silently)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def drop_lookup_indexes(op: Any) -> None:

@@ -109,7 +109,13 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort_indices, widen_half
-from tabstream.core.operators import StatOperator, drop_lookup_indexes, held_index, lookup_indexes
+from tabstream.core.operators import (
+    StatOperator,
+    check_flag,
+    drop_lookup_indexes,
+    held_index,
+    lookup_indexes,
+)
 from tabstream.core.schema import ColumnSchema, Schema, Tags, embedding_dim
 from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers, write_failure
 from tabstream.core.threads import local_workers, map_shared
@@ -568,7 +574,7 @@ class Categorify(StatOperator):
         self.vocabs = {k: list(v) for k, v in (vocabs or {}).items()} or None
         self.encode_type = encode_type
         self.column_groups = _normalize_groups(column_groups) if column_groups else None
-        self.single_table = bool(single_table)
+        self.single_table = check_flag(single_table, "Categorify", "single_table")
         self.dtype = dtype
         self.spill_rows = int(spill_rows)
         self.spill_buckets = int(spill_buckets)

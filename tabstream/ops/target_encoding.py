@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import sort_indices
-from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
+from tabstream.core.operators import StatOperator, check_flag, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     FOLD,
@@ -119,7 +119,7 @@ class TargetEncoding(StatOperator):
         self.fold_seed = fold_seed
         self.p_smooth = p_smooth
         self.out_dtype = out_dtype
-        self.drop_folds = bool(drop_folds)
+        self.drop_folds = check_flag(drop_folds, "TargetEncoding", "drop_folds")
         self.cat_groups = check_groups(cat_groups, op)
         self.fold_col = fold_col
         self.stats: dict[str, pa.Table] = {}
@@ -265,6 +265,13 @@ class TargetEncoding(StatOperator):
         return values, {f"stats.{k}": v for k, v in self.stats.items()}
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        for field in ("global_sums", "global_counts"):
+            missing = [t for t in self.targets if t not in values[field]]
+            if missing:
+                raise ValueError(f"{field} lacks the targets {missing}")
+        bad = {t: n for t, n in values["global_counts"].items() if n < 1}
+        if bad:
+            raise ValueError(f"global_counts must be at least 1 (the rows the fit saw), got {bad}")
         self.stats = {k: tables[f"stats.{k}"] for k in values["groups"]}
         self.global_sums = {k: float(v) for k, v in values["global_sums"].items()}
         self.global_counts = {k: int(v) for k, v in values["global_counts"].items()}

@@ -854,13 +854,14 @@ def _load_node(entry: Any, built: dict[int, Node], fs: Any, root: str) -> Node:
         raise _EntryError(f"field 'id' must be an integer, found {_short(node_id)}")
     if node_id in built:
         raise _EntryError("field 'id' repeats an earlier node's id")
-    if kind not in _NODE_FIELDS:
+    if not isinstance(kind, str) or kind not in _NODE_FIELDS:
         raise _EntryError(f"unknown kind {kind!r}; known kinds: {sorted(_NODE_FIELDS)}")
     unknown = sorted(set(entry) - _NODE_FIELDS[kind])
     if unknown:
         raise _EntryError(f"unknown fields {unknown} for a {kind!r} node; it has {sorted(_NODE_FIELDS[kind])}")
     parent_ids = entry.get("parents")
-    if not isinstance(parent_ids, list) or any(isinstance(p, bool) or p not in built for p in parent_ids):
+    if not isinstance(parent_ids, list) or any(
+            isinstance(p, bool) or not isinstance(p, int) or p not in built for p in parent_ids):
         raise _EntryError(f"field 'parents' must list ids of earlier nodes {sorted(built)}, "
                           f"found {_short(parent_ids)}")
     parents = [built[p] for p in parent_ids]
@@ -906,7 +907,9 @@ def _load_op(entry: dict[str, Any]) -> Any:
         return Operator.from_config(config)  # type: ignore[arg-type]
     except TabstreamError:
         raise  # already names the op and what to do (e.g. a user function not found)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+        # AttributeError, OverflowError: a parameter of the wrong JSON type that the op's
+        # constructor took as the right one (a string for a mapping, Infinity for a count)
         field = "op.class" if "unknown op" in str(exc) or name is None else "op.params"
         raise _EntryError(f"field {field!r} ({name}): {exc}") from exc
 

@@ -221,6 +221,56 @@ def test_op_parameter_the_constructor_refuses(frame, tmp_path):
                "DropLowCardinality: min_cardinality must be an integer >= 1, got -4")
 
 
+@pytest.mark.parametrize(("field", "value", "pattern"), [
+    ("kind", [], "unknown kind \\[\\]"),
+    ("kind", {"op": 1}, "unknown kind \\{'op': 1\\}"),
+    ("parents", [[0]], "field 'parents' must list ids of earlier nodes"),
+    ("parents", [{"a": 1}], "field 'parents' must list ids of earlier nodes"),
+])
+def test_node_fields_of_unhashable_json_types(saved, field, value, pattern):
+    """A list or an object where a kind or a node id goes (they escaped as a raw
+    TypeError: unhashable type)."""
+    folder, _ = saved
+    doc = edit(folder, lambda d: d["nodes"][1].update({field: value}))
+    load_fails(folder, DataError, WF + f"node {doc['nodes'][1]['id']}: " + pattern)
+
+
+@pytest.mark.parametrize(("cls", "param", "value", "pattern"), [
+    ("Categorify", "vocabs", "x", "'str' object has no attribute 'items'"),
+    ("Categorify", "spill_rows", float("inf"), "cannot convert float infinity to integer"),
+    ("Categorify", "single_table", "no", "Categorify: single_table must be True or False, got 'no'"),
+    ("TargetEncoding", "drop_folds", [], "TargetEncoding: drop_folds must be True or False, got \\[\\]"),
+])
+def test_op_parameters_of_the_wrong_json_type(frame, tmp_path, cls, param, value, pattern):
+    """Parameters the constructor once took as they came ("no" as True) or failed on
+    with a raw AttributeError/OverflowError: a DataError naming the node and field."""
+    wf = ts.Workflow((["C1"] >> ops.Categorify()) + (["C1"] >> ops.TargetEncoding("label", kfold=1))).fit(
+        ts.Dataset(frame))
+    wf.save(str(tmp_path / "wf"))
+    doc = doc_of(tmp_path / "wf")
+    entry = node_of(doc, cls)
+    entry["op"]["params"][param] = value
+    write_doc(tmp_path / "wf", doc)
+    load_fails(tmp_path / "wf", DataError, f"node {entry['id']}: field 'op.params' \\({cls}\\): .*{pattern}")
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    (lambda state: state.update(global_counts={}), "global_counts lacks the targets \\['label'\\]"),
+    (lambda state: state["global_counts"].update(label=-5), "global_counts must be at least 1"),
+    (lambda state: state.update(global_sums={}), "global_sums lacks the targets \\['label'\\]"),
+])
+def test_target_encoding_global_statistics_are_checked(frame, tmp_path, change, pattern):
+    """An emptied or negative count gave NaN or nonsense encodings, silently."""
+    wf = ts.Workflow(["C1"] >> ops.TargetEncoding("label", kfold=1)).fit(ts.Dataset(frame))
+    wf.save(str(tmp_path / "wf"))
+    doc = doc_of(tmp_path / "wf")
+    entry = node_of(doc, "TargetEncoding")
+    change(entry["state"])
+    write_doc(tmp_path / "wf", doc)
+    load_fails(tmp_path / "wf", DataError, f"node {entry['id']}: TargetEncoding: the saved state does not "
+               f"restore \\(ValueError: {pattern}")
+
+
 def test_params_not_an_object(saved):
     folder, _ = saved
     doc = doc_of(folder)
