@@ -21,6 +21,7 @@ from tabstream.core.dtypes import sort_indices
 from tabstream.core.operators import StatOperator, drop_lookup_indexes, lookup_indexes
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
+    check_distinct_keys,
     check_groups,
     check_scalar_categories,
     dependencies_of,
@@ -234,6 +235,9 @@ class JoinGroupby(StatOperator):
         return {"groups": list(self.tables)}, {f"stats.{k}": v for k, v in self.tables.items()}
 
     def set_state(self, values: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        for k in values["groups"]:
+            table, outputs = tables[f"stats.{k}"], {out for out, _, _ in self._outputs(k)}
+            check_distinct_keys(table, [c for c in table.column_names if c not in outputs], f"stats table 'stats.{k}'")
         self.tables = {k: tables[f"stats.{k}"] for k in values["groups"]}
         drop_lookup_indexes(self)
         self.fitted = True

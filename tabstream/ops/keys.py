@@ -61,6 +61,21 @@ def group_codes(keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return pa.table(cols).take(first), codes
 
 
+def check_distinct_keys(table: pa.Table, columns: list[str], what: str) -> None:
+    """Refuse a saved statistics table that lists a key (the values of ``columns``)
+    more than once: lookups would find one of its rows and leave the others' keys
+    without statistics. ``ValueError`` naming ``what`` and the first repeated key."""
+    if not columns or table.num_rows == 0:
+        return
+    _, codes = group_codes(table.select(columns))
+    counts = np.bincount(codes)
+    if len(counts) < table.num_rows:
+        row = int(np.flatnonzero(counts[codes] > 1)[0])
+        key = {c: table.column(c)[row].as_py() for c in columns}
+        raise ValueError(f"{what} lists the key {key} more than once ({table.num_rows} rows, "
+                         f"{len(counts)} distinct keys); each key is listed once")
+
+
 def common_key_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """Type both key columns are compared in: numbers as numbers, strings as strings."""
     if a == b:

@@ -20,6 +20,7 @@ from tabstream.core.operators import StatOperator, check_flag, drop_lookup_index
 from tabstream.core.schema import ColumnSchema, Schema, Tags
 from tabstream.ops.keys import (
     FOLD,
+    check_distinct_keys,
     check_groups,
     check_scalar_categories,
     dependencies_of,
@@ -272,6 +273,10 @@ class TargetEncoding(StatOperator):
         bad = {t: n for t, n in values["global_counts"].items() if n < 1}
         if bad:
             raise ValueError(f"global_counts must be at least 1 (the rows the fit saw), got {bad}")
+        for k in values["groups"]:
+            table = tables[f"stats.{k}"]  # a (category, fold) pair once
+            check_distinct_keys(table, [c for c in table.column_names if not c.startswith(("__sum__", "__count__"))],
+                                f"stats table 'stats.{k}'")
         self.stats = {k: tables[f"stats.{k}"] for k in values["groups"]}
         self.global_sums = {k: float(v) for k, v in values["global_sums"].items()}
         self.global_counts = {k: int(v) for k, v in values["global_counts"].items()}

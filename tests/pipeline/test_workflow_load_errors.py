@@ -271,6 +271,28 @@ def test_target_encoding_global_statistics_are_checked(frame, tmp_path, change, 
                f"restore \\(ValueError: {pattern}")
 
 
+@pytest.mark.parametrize(("graph", "key"), [
+    (lambda: ["C1"] >> ops.JoinGroupby(cont_cols=["I1"], stats=["mean"]), "\\{'C1': 'c'\\}"),
+    (lambda: ["C1"] >> ops.TargetEncoding("label", kfold=1), "\\{'C1': 'c', '__fold__': 0\\}"),
+])
+def test_statistics_listing_a_key_twice_are_refused(frame, tmp_path, graph, key):
+    """A JoinGroupby or TargetEncoding stats file whose key repeats (a row's key
+    overwritten with another's) loaded, and the key that lost its row came out null."""
+    wf = ts.Workflow(graph()).fit(ts.Dataset(frame))
+    wf.save(str(tmp_path / "wf"))
+    (path,) = (tmp_path / "wf" / "stats").glob("*.parquet")
+    table = pq.read_table(path)
+    keys = table.column("C1").to_pylist()
+    assert sorted(k for k in keys if k is not None) == ["a", "b", "c"]
+    keys[keys.index("a")] = "c"
+    pq.write_table(table.set_column(0, "C1", pa.array(keys, table.schema.field("C1").type)), path)
+    doc = doc_of(tmp_path / "wf")
+    entry = next(n for n in doc["nodes"] if n["kind"] == "op")
+    entry.pop("table_rows", None)
+    write_doc(tmp_path / "wf", doc)
+    load_fails(tmp_path / "wf", DataError, f"stats table 'stats.C1' lists the key {key} more than once")
+
+
 def test_params_not_an_object(saved):
     folder, _ = saved
     doc = doc_of(folder)
