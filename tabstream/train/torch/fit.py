@@ -417,7 +417,7 @@ class _TorchTrainer:
         _check_same_model(path, _checkpointed(model), ckpt)
         _checkpointed(model).load_state_dict(ckpt["model"])
         try:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.optimizer.load_state_dict(self._optimizer_state(ckpt, model))
         except (ValueError, KeyError, RuntimeError) as exc:
             raise SchemaError(
                 f"checkpoint {path}: its optimizer state does not fit this "
@@ -425,6 +425,17 @@ class _TorchTrainer:
                 "checkpoint was written with, or start over with resume=False (--no-resume)"
             ) from exc
         return ckpt
+
+    def _optimizer_state(self, ckpt: Mapping[str, Any], model: nn.Module) -> Any:
+        """The checkpoint's optimizer state; that of a torch optimizer renumbered by
+        parameter name where the checkpoint names its ids (``reshard`` to 1 rank)."""
+        from tabstream.train.torch.reshard import OPTIMIZER_PARAMS, optimizer_state_by_name
+
+        names = ckpt.get(OPTIMIZER_PARAMS)
+        if names is None or not isinstance(self.optimizer, torch.optim.Optimizer):
+            return ckpt["optimizer"]
+        return optimizer_state_by_name(ckpt["optimizer"], names, _checkpointed(model),
+                                       self.optimizer)
 
     def save(self, state: dict[str, Any]) -> None:
         assert self.checkpoint_path is not None

@@ -349,11 +349,26 @@ class MultiOptimizer:
                     f"MultiOptimizer.load_state_dict: optimizer {key!r} parameters differ; "
                     f"not in the saved state: {missing}, only in the saved state: {extra}"
                 )
+            if len(entry["param_groups"]) != len(opt.param_groups):
+                raise ValueError(
+                    f"MultiOptimizer.load_state_dict: optimizer {key!r} had "
+                    f"{len(entry['param_groups'])} parameter group(s), now "
+                    f"{len(opt.param_groups)}"
+                )
+            # torch pairs saved ids with parameters by position: list each group's
+            # parameters in this optimizer's order, so each state goes to its name
+            live = [[self._names[p] for p in g["params"]] for g in opt.param_groups]
+            for gi, (g, names) in enumerate(zip(entry["param_groups"], live)):
+                if set(g["params"]) != set(names):
+                    raise ValueError(
+                        f"MultiOptimizer.load_state_dict: optimizer {key!r} group {gi} "
+                        "holds other parameters than the saved one"
+                    )
             opt.load_state_dict({
                 "state": {index[n]: s for n, s in entry["state"].items()},
                 "param_groups": [
-                    {**g, "params": [index[n] for n in g["params"]]}
-                    for g in entry["param_groups"]
+                    {**g, "params": [index[n] for n in names]}
+                    for g, names in zip(entry["param_groups"], live)
                 ],
             })
 

@@ -24,6 +24,7 @@ part (rank r's, for the ranks both runs have); torch's RNG state from rank r (ra
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,10 +48,14 @@ from tabstream.train.torch.sharded_checkpoint import (
     write_parts,
 )
 
-__all__ = ["LAYOUT", "Restored", "checkpoint_state", "reshard", "restore"]
+__all__ = ["LAYOUT", "OPTIMIZER_PARAMS", "Restored", "checkpoint_state", "optimizer_state_by_name",
+           "reshard", "restore"]
 
 #: the version of the whole-table layout a part's "layout" describes
 LAYOUT = "tabstream.whole-tables/1"
+#: the key of a 1-rank ``checkpoint.pt`` (:func:`reshard`) that names the parameter of
+#: each id of its torch optimizer state: ``names[id]``
+OPTIMIZER_PARAMS = "optimizer_params"
 _OWN = ("layout", "model", "optimizer")
 
 
@@ -89,9 +94,12 @@ def _optimizer_state(model: Any, optimizer: Any, pieces: Mapping[str, Any]) -> d
                 "state": optimizer.state_dict()}
     kind, leaves = found
     names = {id(p): n for n, p in model.module.named_parameters()}
+    # each leaf's group_of lists its parameters in the optimizer's order; param_order
+    # is this rank's module's own order, which reshard compares it with
     out: dict[str, Any] = {"kind": kind, "leaves": {},
                            "format": optimizer.state_dict().get("format") if kind == "multi"
-                           else None}
+                           else None,
+                           "param_order": [pieces[n].key for n in names.values()]}
     for key, opt in leaves.items():
         sd = opt.state_dict()
         group_of: dict[str, int] = {}
@@ -129,8 +137,9 @@ def _is_whole_table_layout(doc: Mapping[str, Any], parts: list[Any]) -> bool:
 
 
 def _merge_leaves(parts: list[Any]) -> tuple[str, str | None, dict[str, dict[str, Any]]]:
-    """Every rank's optimizer leaves as one: groups, each parameter's group, each
-    parameter's slots (from the first rank holding it)."""
+    """Every rank's optimizer leaves as one: groups, each parameter's group (in the
+    order of :func:`_merge_order`), each parameter's slots (from the first rank
+    holding it)."""
     kinds = {p["optimizer"]["kind"] for p in parts}
     kind = parts[0]["optimizer"]["kind"]
     if len(kinds) > 1:
@@ -138,14 +147,60 @@ def _merge_leaves(parts: list[Any]) -> tuple[str, str | None, dict[str, dict[str
     merged: dict[str, dict[str, Any]] = {}
     if kind == "opaque":
         return kind, None, merged
+    before: dict[str, set[tuple[str, str]]] = {}
     for part in parts:
+        own = part["optimizer"].get("param_order")
         for key, leaf in part["optimizer"]["leaves"].items():
             m = merged.setdefault(key, {"class": leaf["class"], "groups": leaf["groups"],
                                         "group_of": {}, "state": {}})
             m["group_of"].update(leaf["group_of"])
+            before.setdefault(key, set()).update(_reordered(leaf["group_of"], own or []))
             for fqn, slots in leaf["state"].items():
                 m["state"].setdefault(fqn, slots)
+    named = list(parts[0]["layout"].get("params", []))
+    for key, m in merged.items():
+        m["group_of"] = {f: m["group_of"][f]
+                         for f in _merge_order(list(m["group_of"]), before[key], named)}
     return kind, parts[0]["optimizer"].get("format"), merged
+
+
+def _reordered(group_of: Mapping[str, int], own: list[str]) -> set[tuple[str, str]]:
+    """The pairs ``(a, b)`` of one group that a rank's optimizer lists ``a`` first
+    although its module (``own``) has ``b`` first: the order its user chose."""
+    position = {f: i for i, f in enumerate(own)}
+    order = [f for f in group_of if f in position]
+    return {(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+            if group_of[a] == group_of[b] and position[a] > position[b]}
+
+
+def _merge_order(params: list[str], before: set[tuple[str, str]],
+                 named: list[str]) -> list[str]:
+    """``params`` in the unwrapped model's ``named_parameters`` order (``named``),
+    except that ``a`` comes before ``b`` for each pair of ``before`` (the orders the
+    ranks' optimizers chose, see :func:`_reordered`; ignored where they conflict)."""
+    position = {f: i for i, f in enumerate(named)}
+
+    def rank(f: str) -> tuple[int, str]:
+        return position.get(f, len(position)), f
+
+    after: dict[str, list[str]] = {}
+    waits = dict.fromkeys(params, 0)
+    for a, b in before:
+        if a in waits and b in waits:
+            after.setdefault(a, []).append(b)
+            waits[b] += 1
+    ready = [rank(f) for f, n in waits.items() if n == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        f = heapq.heappop(ready)[1]
+        out.append(f)
+        for b in after.get(f, ()):
+            waits[b] -= 1
+            if waits[b] == 0:
+                heapq.heappush(ready, rank(b))
+    done = set(out)
+    return out + sorted((f for f in params if f not in done), key=rank)
 
 
 def _refuse(cls: type[TabstreamError], message: str, fix: str | None = None) -> TabstreamError:
@@ -374,7 +429,11 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
     accepts (tensors and plain values only: ``torch.load(weights_only=True)``); any
     other size writes a sharded checkpoint whose ranks each read their own regions
     only. Optimizer state (a torch optimizer or a :class:`MultiOptimizer` over the
-    model's parameters) moves with its rows. One process reads every tensor of
+    model's parameters) moves with its rows. In ``checkpoint.pt`` a torch
+    optimizer's parameters are in the order the training run's optimizer listed them
+    (where its ranks tell; else in ``named_parameters`` order) and named under
+    :data:`OPTIMIZER_PARAMS`, by which ``fit(resume=True)`` matches them; a
+    MultiOptimizer's state is keyed by name. One process reads every tensor of
     ``src`` once and holds them in memory while it writes. For example,
     ``reshard("ck/", "ck3/", world_size=3)`` returns the folder written, such as
     ``PosixPath('ck3/checkpoint-000000120.dcp')``.
@@ -478,8 +537,42 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
                        "tables": _describe(target, layout)}
         rest = rests[r] if r < len(rests) else rests[0]
         out.append({**rest, "layout": part_layout, "model": model_part,
-                    "optimizer": {"kind": kind, "format": fmt, "leaves": leaves}})
+                    "optimizer": {"kind": kind, "format": fmt, "leaves": leaves,
+                                  "param_order": [f for f in layout["params"]
+                                                  if regions.get(f) is not None]}})
     return write_parts(dst, out, tag=Path(doc["folder"]).stem)
+
+
+def optimizer_state_by_name(state: Mapping[str, Any], names: list[str], model: torch.nn.Module,
+                            optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``state`` (a torch optimizer's ``state_dict`` whose id ``i`` stands for the
+    parameter ``names[i]`` of ``model``) renumbered in ``optimizer``'s order, so that
+    ``optimizer.load_state_dict`` puts each slot on the parameter of its name. Raises
+    ValueError when a group holds other parameters than the saved one."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    saved_groups = state["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"{len(saved_groups)} parameter group(s) saved, "
+                         f"{len(optimizer.param_groups)} now")
+    if sorted(i for g in saved_groups for i in g["params"]) != list(range(len(names))):
+        raise ValueError(f"the saved ids are not the {len(names)} named ones")
+    slots: dict[int, Any] = {}
+    groups: list[dict[str, Any]] = []
+    index = 0
+    for gi, (saved, live) in enumerate(zip(saved_groups, optimizer.param_groups)):
+        id_of = {names[i]: i for i in saved["params"]}
+        here = [name_of.get(id(p), "") for p in live["params"]]
+        if len(set(here)) != len(here) or set(here) != set(id_of):
+            raise ValueError(f"parameter group {gi} holds other parameters than the saved "
+                             f"one ({len(here)} now, {len(id_of)} saved)")
+        ids = []
+        for n in here:
+            if id_of[n] in state["state"]:
+                slots[index] = state["state"][id_of[n]]
+            ids.append(index)
+            index += 1
+        groups.append({**saved, "params": ids})
+    return {**state, "state": slots, "param_groups": groups}
 
 
 def _write_single(dst: Path, layout: Mapping[str, Any], kind: str, fmt: str | None,
@@ -487,31 +580,34 @@ def _write_single(dst: Path, layout: Mapping[str, Any], kind: str, fmt: str | No
                   rest: Mapping[str, Any], value: Any) -> Path:
     from tabstream.train.torch.fit import CHECKPOINT_FILE
 
-    order = list(layout["params"])
     model_state = {fqn: whole["model/" + fqn] for fqn in layout["shapes"]}
+    extra: dict[str, Any] = {}
     if kind == "torch":
+        # torch pairs saved ids with parameters by position: number them in the order
+        # the training run's optimizer had (_merge_order), and name them for fit
         leaf = merged["optimizer"]
-        state, groups, index = {}, [], 0
+        state, groups, names = {}, [], []
         for gi, g in enumerate(leaf["groups"]):
             ids = []
-            for fqn in (f for f in order if leaf["group_of"].get(f) == gi):
+            for fqn in (f for f, i in leaf["group_of"].items() if i == gi):
                 if fqn in leaf["state"]:
-                    state[index] = {s: value(v) for s, v in leaf["state"][fqn].items()}
-                ids.append(index)
-                index += 1
+                    state[len(names)] = {s: value(v) for s, v in leaf["state"][fqn].items()}
+                ids.append(len(names))
+                names.append(fqn)
             groups.append({**g, "params": ids})
         optimizer: dict[str, Any] = {"state": state, "param_groups": groups}
+        extra[OPTIMIZER_PARAMS] = names
     else:
         optimizer = {"format": fmt, "optimizers": {
             key: {"class": leaf["class"],
                   "state": {f: {s: value(v) for s, v in slots.items()}
                             for f, slots in leaf["state"].items()},
-                  "param_groups": [{**g, "params": [f for f in order
-                                                    if leaf["group_of"].get(f) == gi]}
+                  "param_groups": [{**g, "params": [f for f, i in leaf["group_of"].items()
+                                                    if i == gi]}
                                    for gi, g in enumerate(leaf["groups"])]}
             for key, leaf in merged.items()}}
     payload = {**rest, "model_class": layout["model_class"], "model": model_state,
-               "optimizer": optimizer}
+               "optimizer": optimizer, **extra}
     path = dst / CHECKPOINT_FILE
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
