@@ -225,3 +225,55 @@ def test_keras_tables_reset_rows_and_optimizer_slots() -> None:
             if v.name.startswith("C1_"):
                 want[3] = 0.25 if "accumulator" in v.name else 0.0
             np.testing.assert_array_equal(v.numpy(), want)
+
+
+def _keras_optimizer(kind, tables):
+    import keras
+
+    from tabstream.train.tensorflow.optimizers import LazyAdam, MultiOptimizer
+
+    if kind == "multi-ftrl":  # C1 under an Ftrl entry of a MultiOptimizer
+        return MultiOptimizer(keras.optimizers.Adam(0.1), [
+            (keras.optimizers.Ftrl(0.1, initial_accumulator_value=0.1), [tables.tables["C1"]])])
+    return {"ftrl": lambda: keras.optimizers.Ftrl(0.1, initial_accumulator_value=0.1),
+            "adamax": lambda: keras.optimizers.Adamax(0.1),
+            "rmsprop-centered": lambda: keras.optimizers.RMSprop(0.1, momentum=0.5, centered=True),
+            "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+            "adam-amsgrad": lambda: keras.optimizers.Adam(0.1, amsgrad=True),
+            "adam-ema": lambda: keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.5),
+            "adagrad": lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25),
+            "lazyadam": lambda: LazyAdam(0.1)}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["ftrl", "adamax", "rmsprop-centered", "adadelta", "adam-amsgrad",
+                                  "adam-ema", "adagrad", "lazyadam", "multi-ftrl"])
+def test_keras_reset_row_steps_like_a_row_never_trained(kind) -> None:
+    """After reset_rows, every per-row slot of the row is what a fresh row has: one
+    step on it equals one step, with the same weights and gradient, on a row the
+    optimizer never saw (row 5). An EMA's average of a fresh row is its weight."""
+    import tensorflow as tf
+
+    from tabstream.train.tensorflow.embeddings import EmbeddingTables
+
+    tables = EmbeddingTables([TableConfig("C1", 6, 2, ("C1",)), TableConfig("C2", 6, 2, ("C2",))], seed=1)
+    opt = _keras_optimizer(kind, tables)
+    variables = tables.trainable_variables
+    var = tables.tables["C1"].embeddings
+
+    def step(ids, scale):  # a linear loss: the gradient of each row looked up is `scale`
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tables.lookup("C1", {"C1": tf.constant(ids)}) * scale) + \
+                tf.reduce_sum(tables.lookup("C2", {"C2": tf.constant(ids)}))
+        opt.apply(tape.gradient(loss, variables), variables)
+
+    step([3, 4], tf.constant([[0.5, -1.5], [2.0, 0.25]]))
+    step([3, 4], tf.constant([[-1.0, 0.75], [0.5, 1.0]]))
+    tables.reset_rows("C1", [3], optimizer=opt)
+    if kind == "adam-ema":
+        average = next(v for v in opt.variables if v.name == "C1_embeddings_average")
+        np.testing.assert_array_equal(average.numpy()[3], var.numpy()[3])
+    w = var.numpy()
+    w[5] = w[3]
+    var.assign(w)
+    step([3, 5], tf.constant([[0.3, -0.7], [0.3, -0.7]]))
+    np.testing.assert_allclose(var.numpy()[3], var.numpy()[5], rtol=1e-6, atol=1e-7)

@@ -340,8 +340,18 @@ def _flat_list_ids(
     return None
 
 
-#: the per-row slots of Keras' optimizers and LazyAdam that reset_rows resets
-_ROW_SLOTS = ("momentum", "velocity", "velocity_hat", "accumulator")
+def _fresh_slot_rows(optimizer: Any, var: Any, rows: int) -> dict[str, Any]:
+    """``{slot name: initial value}`` of the slots ``optimizer`` keeps for ``var``
+    shaped like it, for ``rows`` rows: what a fresh copy of the optimizer (same
+    config) builds for a variable of that many rows (Ftrl's and Adagrad's
+    ``initial_accumulator_value``, zeros for most)."""
+    stand_in = keras.Variable(tf.zeros((rows, int(var.shape[1])), var.dtype), name="rows")
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    fresh.build([stand_in])
+    # Keras names a slot "<variable path, / as _>_<slot>" (add_variable_from_reference)
+    prefix, real = stand_in.path.replace("/", "_") + "_", var.path.replace("/", "_") + "_"
+    return {real + v.name[len(prefix):]: v.value for v in fresh.variables
+            if v.name.startswith(prefix) and tuple(v.shape) == tuple(stand_in.shape)}
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
@@ -431,10 +441,11 @@ class EmbeddingTables(keras.layers.Layer):
 
     def reset_rows(self, table: str, ids: Any, optimizer: Any = None) -> None:
         """Rows ``ids`` of ``table`` back to fresh values of the table's initializer,
-        and the optimizer's slots of those rows (Adam's moments, LazyAdam's,
-        Adagrad's accumulators) to their initial values: for ids a vocabulary delta
+        and those rows of every optimizer slot shaped like the table (Adam's moments,
+        LazyAdam's, Adagrad's and Ftrl's accumulators, RMSprop's averages...) to the
+        values a fresh copy of the optimizer starts from: for ids a vocabulary delta
         recycled. ``optimizer``: a Keras optimizer built with the table's variable
-        (slots of other variables are left alone)."""
+        (slots of other variables are left alone; the step count stays)."""
         import numpy as np
 
         tables = self.tables
@@ -459,18 +470,17 @@ class EmbeddingTables(keras.layers.Layer):
         var.value.scatter_nd_update(index, tf.cast(fresh, var.dtype))
         if optimizer is None:
             return
-        # Keras names a slot "<variable path with _>_<slot>" (add_variable_from_reference)
-        slot_names = {f"{var.path.replace('/', '_')}_{kind}" for kind in _ROW_SLOTS}
-        # a MultiOptimizer's slots belong to its entries: each resets to its own
-        # initial value (Adagrad's initial_accumulator_value, not 0)
+        # a MultiOptimizer's slots belong to its entries, each with its own initial values
         for owner in getattr(optimizer, "optimizers", None) or [optimizer]:
-            for slot in owner.variables:
-                if tuple(slot.shape) != tuple(var.shape) or slot.name not in slot_names:
-                    continue
-                value = owner.initial_accumulator_value if "accumulator" in slot.name \
-                    and isinstance(owner, keras.optimizers.Adagrad) else 0.0
-                slot.value.scatter_nd_update(index, tf.fill((len(arr), int(var.shape[1])),
-                                                            tf.cast(value, slot.dtype)))
+            slots = [v for v in owner.variables if tuple(v.shape) == tuple(var.shape)]
+            if not slots:
+                continue
+            initial = _fresh_slot_rows(owner, var, len(arr))
+            if getattr(owner, "use_ema", False):  # a fresh row's average is its weight
+                initial[var.path.replace("/", "_") + "_average"] = tf.gather(var.value, arr)
+            for slot in slots:
+                if slot.name in initial:
+                    slot.value.scatter_nd_update(index, tf.cast(initial[slot.name], slot.dtype))
 
     def apply_vocabulary_delta(self, delta: Any, optimizer: Any = None) -> dict[str, int]:
         """:meth:`reset_rows` for every id a vocabulary delta recycled (``delta``: a
