@@ -5,18 +5,22 @@ one piece); a piece starts at the first line at or after its offset. Columns wit
 a declared dtype take the type Arrow's CSV reader infers from the first parse block
 (``block_size`` bytes) of the first file with rows, as pandas and NVTabular infer
 from the data: ``int64``, ``float64`` or ``bool``, else ``string`` (dates and times
-too, and a column empty in the sample). That type is then fixed for every piece, so
-two partitions never disagree; a later value that does not fit it is a DataError
-naming the file, line, column and value, and the ``dtypes=`` that reads it. Unlike
-pandas, an integer column with missing values stays ``int64`` (with nulls) rather
-than becoming ``float64``. Every failure of the parser is turned into a
-:class:`~tabstream.core.errors.DataError` naming the file, the line and the column
-(bad values, wrong field counts, blank lines, invalid UTF-8, NUL bytes, lines longer
-than ``block_size``, truncated compressed files).
+too, and a column empty in the sample); as in pandas, integers past int64 give
+``uint64`` and hexadecimal literals (``0x1F``) ``string``. That type is then fixed
+for every piece, so two partitions never disagree; a later value that does not fit
+it is a DataError naming the file, line, column and value, and the ``dtypes=`` that
+reads it. Unlike pandas, an integer column with missing values stays ``int64`` (with
+nulls) rather than becoming ``float64``. With a header, every file starts with the
+same header line (a CSV header's names may be quoted). Every failure of the parser
+is turned into a :class:`~tabstream.core.errors.DataError` naming the file, the line
+and the column (bad values, hexadecimal integers, wrong field counts, blank lines,
+invalid UTF-8, NUL bytes, lines longer than ``block_size``, a quoted value cut by a
+piece's end, truncated compressed files).
 """
 
 from __future__ import annotations
 
+import csv
 import lzma
 import mmap
 import os
@@ -28,6 +32,7 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from fsspec.utils import read_block
 
@@ -40,6 +45,7 @@ from tabstream.pipeline.stores import is_local
 __all__ = ["CsvFiles", "CsvPiece"]
 
 _BOM = b"\xef\xbb\xbf"
+_NOT_BLANK = re.compile(rb"[^\r\n]")
 
 
 # Arrow's CSV reader parses a block in chunks of this many bytes. Small chunks keep
@@ -138,18 +144,19 @@ class CsvFiles:
         self.block_size = _block_size(self.read_kwargs.get("block_size"))
         if names is not None:
             _check_names(names, self.files)
+        # With a header, every file starts with the same header line: the first
+        # file's (an empty file's is skipped), checked as each file is read.
+        self.header_raw: bytes | None = None
+        if self.header:
+            for path in self.files:
+                raw = self._header_line(path, sep, max_columns)
+                if raw:
+                    break
+            self.header_path, self.header_raw = (path, raw) if raw else (self.files[0], raw)
+            self.header_fields = self._split_header(self.header_path, raw, strict=names is None)
         if names is None:
-            raw = self._header_line(self.files[0], sep, max_columns)
-            try:
-                first = raw.decode()
-            except UnicodeDecodeError as exc:
-                raise _data_error(
-                    f"{self.files[0]}, line 1: the header line is not valid UTF-8 text "
-                    f"(byte {exc.start}: {raw[exc.start:exc.end]!r})",
-                    "raw logs must be UTF-8 text; pass names=[...] and header=True to skip a bad header",
-                ) from exc
-            names = first.split(sep)
-            _check_header_names(self.files[0], names)
+            names = self.header_fields
+            _check_header_names(self.header_path, names)
         unknown = sorted(set(dtypes) - set(names))
         if unknown:
             raise SchemaError(f"dtypes given for columns {unknown} that are not in names={list(names)}")
@@ -163,6 +170,7 @@ class CsvFiles:
             inferred, source = self._infer_types(undeclared)
             self.types.update(inferred)
             self.inferred = {n: source for n in undeclared}
+        self.int_columns = [n for n in self.names if pa.types.is_integer(self.types[n])]
         fields = [pa.field(n, self.types[n]) for n in names]
         pieces: list[CsvPiece] = []
         for path in self.files:
@@ -190,7 +198,7 @@ class CsvFiles:
         ``bool`` are kept; anything else is ``string``. A sample that does not parse
         (bad lines, bad text) leaves its columns strings: reading the piece reports
         the fault, by file and line."""
-        keep = (pa.int64(), pa.float64(), pa.bool_())
+        keep = (pa.int64(), pa.uint64(), pa.float64(), pa.bool_())
         for path in self.files:
             try:
                 with self.fs.open(path, "rb", compression="infer") as f:
@@ -203,21 +211,74 @@ class CsvFiles:
             lines = sample.strip(b"\r\n").count(b"\n") + 1 if sample.strip(b"\r\n") else 0
             if lines <= (1 if self.header else 0):
                 continue  # no rows here: the next file's
-            declared = dict(self.types)
-            try:
-                table = self._read_csv(sample, self.header, declared)
-            except pa.ArrowInvalid:
-                try:
-                    table = self._read_csv(sample, self.header, declared,
-                                           invalid_row_handler=lambda _row: "skip")
-                except pa.ArrowInvalid:
-                    return {n: pa.string() for n in names}, path
+            table = self._read_sample(sample, dict(self.types))
+            if table is None:
+                return {n: pa.string() for n in names}, path
             types = {}
             for n in names:
                 t = table.schema.field(n).type
                 types[n] = t if t in keep else pa.string()
+            self._fix_integer_types(path, sample, types)
             return types, path
         return {n: pa.string() for n in names}, self.files[0]
+
+    def _read_sample(self, sample: bytes, column_types: dict[str, pa.DataType],
+                     include_columns: list[str] | None = None) -> pa.Table | None:
+        """The inference sample parsed (lines that do not parse left out); None if
+        even that fails."""
+        for handler in (None, lambda _row: "skip"):
+            try:
+                return self._read_csv(sample, self.header, column_types, invalid_row_handler=handler,
+                                      include_columns=include_columns)
+            except pa.ArrowInvalid:
+                pass
+        return None
+
+    def _fix_integer_types(self, path: str, sample: bytes, types: dict[str, pa.DataType]) -> None:
+        """Correct two of Arrow's inferences from ``sample`` (the first block of
+        ``path``), in ``types``: integers past int64 make a column float64, losing
+        digits (pandas reads them as uint64, as here when all are in 0 .. 2**64-1;
+        others are refused, as are those past 2**53 with a '+' sign); hexadecimal literals ("0x1F") make it int64 (pandas
+        keeps them as text, as here)."""
+        floats = [n for n, t in types.items() if t == pa.float64()]
+        ints = [n for n, t in types.items() if t == pa.int64()]
+        if not (b"0x" in sample or b"0X" in sample):
+            ints = []
+        if not floats and not ints:
+            return
+        text = self._read_sample(sample, {n: pa.string() for n in floats + ints}, floats + ints)
+        if text is None:
+            return
+        for n in ints:
+            if pc.any(pc.match_substring_regex(text.column(n), r"^[ \t]*0[xX]")).as_py():
+                types[n] = pa.string()
+        for n in floats:
+            column = text.column(n).drop_null()
+            if not pc.all(pc.match_substring_regex(column, r"^[ \t]*[+-]?[0-9]+[ \t]*$")).as_py():
+                continue  # decimals or exponents: a float column, as pandas reads it
+            strings = column.to_pylist()
+            values = [int(v) for v in strings]
+            if not values:
+                continue
+            low, high = min(values), max(values)
+            if any("+" in v for v in strings):  # Arrow reads "+5" as a float only
+                if max(-low, high) <= 2**53:
+                    continue  # exact in float64
+                why = f"{max(-low, high)} (past 2**53), and a '+' sign, which int64 does not read"
+            elif low >= 0 and high < 2**64:
+                types[n] = pa.uint64()
+                continue
+            elif high >= 2**64:
+                why = f"{high}, more than uint64 holds (2**64 - 1)"
+            elif low < -2**63:
+                why = f"{low}, less than int64 holds (-2**63)"
+            else:
+                why = f"{high} (past int64) and {low} (negative, so not uint64)"
+            fix = f"pass dtypes={{{n!r}: 'string'}} to keep the digits (or 'float64' to round them)"
+            raise _data_error(
+                f"{path}: column {n!r} (inferred from the file's first block) holds integers "
+                f"that would lose digits as float64, and that no integer type reads: {why}; {fix}",
+                f"{fix} to Dataset")
 
     def _header_line(self, path: str, sep: str, max_columns: int) -> bytes:
         """The first line of ``path``, read no further than the parse block: a header
@@ -244,15 +305,66 @@ class CsvFiles:
                 "raise tabstream.pipeline.dataset.MAX_CSV_COLUMNS")
         return raw
 
+    def _split_header(self, path: str, raw: bytes, strict: bool) -> list[str]:
+        """The names of the header line ``raw`` of ``path``, split by the rules of the
+        rows: in a CSV a name may be quoted (``"city, state"``), in a TSV a quote is
+        data. ``strict``: the names become the columns, so must be UTF-8 text (else
+        bytes that are not are kept, for comparing header lines only)."""
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
+            if strict:
+                raise _data_error(
+                    f"{path}, line 1: the header line is not valid UTF-8 text "
+                    f"(byte {exc.start}: {raw[exc.start:exc.end]!r})",
+                    "raw logs must be UTF-8 text; pass names=[...] and header=True to skip a bad header",
+                ) from exc
+            text = raw.decode(errors="surrogateescape")
+        fields = _header_fields(text, self.sep)
+        if fields is None:
+            raise _data_error(
+                f"{path}, line 1: a quoted name of the header line does not end on the line "
+                f"({text[:200]!r}); a header line spanning several lines is not supported",
+                "close the quote on line 1, or remove the line breaks inside the header's names")
+        return fields
+
+    def _check_same_header(self, piece: CsvPiece, line: bytes) -> None:
+        """``header=True``: the first line of every file is its header, and is dropped;
+        it must name the columns of the first file's header, in the same order (a
+        headerless file would lose its first row, a reordered header would swap
+        columns). Quoting may differ (``a`` and ``"a"`` are one name)."""
+        line = line.rstrip(b"\r")
+        if line == self.header_raw:
+            return
+        text = line.decode(errors="surrogateescape")
+        if _header_fields(text, self.sep) == self.header_fields:
+            return
+        ours = self.header_raw.decode(errors="replace") if self.header_raw else ""
+        raise _data_error(
+            f"{piece.path}, line 1: read as the header line (header=True), it is "
+            f"{line.decode(errors='replace')[:200]!r}, expected the header of "
+            f"{self.header_path}: {ours[:200]!r}; the file's columns would be read in the "
+            "first file's order, or its first row dropped",
+            "every file of a Dataset must start with the same header line: read a headerless "
+            "file, or one with other columns, as its own Dataset (names=[...], header=False)")
+
     def read(self, piece: CsvPiece) -> pa.Table:
         """One piece parsed: every column, as the schema of :meth:`plan`."""
         block = self._csv_block(piece)
+        if piece.offset == 0 and block.buf[block.start:block.start + 3] == _BOM:
+            block = _Block(block.buf, block.start + 3, block.end)  # a file of a BOM only: empty
         skip_header = self.header and piece.offset == 0
-        if piece.offset == 0 and not skip_header:
-            self._check_header_line(piece, block.first_line(self.block_size))
         several = len(self.names) > 1
         if several:
-            block = self._trim_blank_lines(piece, block, skip_header)
+            block = self._trim_blank_lines(piece, block)
+        # With one column a blank line is a row (an empty field), so only a block of no
+        # bytes is empty; with several it is a line without its fields.
+        empty = block.no_lines() if several else not len(block)
+        if piece.offset == 0 and not empty:
+            if skip_header:
+                self._check_same_header(piece, block.first_line(self.block_size))
+            else:
+                self._check_header_line(piece, block.first_line(self.block_size))
         # A NUL byte is valid UTF-8, so Arrow would keep it inside a string value:
         # text logs never hold one, a binary (or UTF-16) line does. memchr-fast.
         nul = block.find(b"\0")
@@ -268,12 +380,12 @@ class CsvFiles:
             # Arrow skips a UTF-8 BOM at the start of the block and reads CRLF endings.
             # Arrow's UTF-8 check of every string costs ~10% of the parse: it is
             # skipped for a block of ASCII text, which is valid UTF-8 throughout.
-            table = self._parse_csv(b"" if block.no_lines() else block.arrow(), skip_header,
+            table = self._parse_csv(b"" if empty else block.arrow(), skip_header,
                                     check_utf8=not block.isascii())
         except pa.ArrowInvalid as exc:
             data = block.data()
             pos = self._blank_line_at(block) if several else -1
-            raise (self._blank_line_error(piece, data, skip_header, pos) if pos >= 0
+            raise (self._blank_line_error(piece, data, pos) if pos >= 0
                    else self._csv_error(piece, data, skip_header, exc)) from exc
         # Arrow reads a blank line inside the block as a row of nulls. The block is
         # searched for one only when every column has a null: a search of every block
@@ -281,20 +393,60 @@ class CsvFiles:
         if several and all(column.null_count for column in table.columns):
             pos = self._blank_line_at(block)
             if pos >= 0:
-                raise self._blank_line_error(piece, block.data(), skip_header, pos)
+                raise self._blank_line_error(piece, block.data(), pos)
+        # Arrow reads "0x10" as the integer 16 (and wraps "0xFFFFFFFFFFFFFFFF" to -1).
+        # Two memchr scans (~3 ms per 38 MB) rule it out for a block without an "x"
+        # or "X", as a Criteo log is; only a block with "0x" or "0X" is read again.
+        if self.int_columns and not empty and (
+                block.find(b"x") >= 0 and block.find(b"0x") >= 0
+                or block.find(b"X") >= 0 and block.find(b"0X") >= 0):
+            self._check_no_hex(piece, block, skip_header)
+        if self.sep != "\t" and table.num_rows and pa.types.is_string(table.schema[-1].type):
+            self._check_quote_closed(piece, block, table.column(-1)[-1].as_py())
         return table
+
+    def _check_quote_closed(self, piece: CsvPiece, block: _Block, last: str | None) -> None:
+        """A quoted value still open at the end of the block, which Arrow reads as
+        the rest of the block: the block ends inside a value holding a line break
+        (the next block would read its second half as rows), or the file ends inside
+        quotes. ``last``: the last value of the block; only one ending in a line
+        break (as the block does) is looked at, so this costs nothing otherwise."""
+        if not last or last[-1] != "\n":
+            return
+        quoted = last.encode().replace(b'"', b'""')
+        start = block.end - len(quoted) - 1  # where the value's opening quote would be
+        if start < block.start or block.buf[start:block.end] != b'"' + quoted:
+            return  # the quote closes: a value that ends in a line break
+        line = self._line_at(piece, block.data(), start - block.start)
+        raise self._open_quote_error(piece, block, f"line {line}, column {self.names[-1]!r}")
+
+    def _open_quote_error(self, piece: CsvPiece, block: _Block | None, where: str) -> DataError:
+        """A quoted value that starts at ``where`` (line and column) and is still open at
+        the end of the block of ``piece``."""
+        where = f"{piece.path}, {where}: a quoted value starts here"
+        if not self._rows_after(piece, block):
+            return _data_error(f"{where} and its closing quote is missing: the file ends inside it",
+                               "close the quote (was the file cut short?)")
+        size = self.fs.size(piece.path)
+        return _data_error(
+            f"{where} and holds a line break on which the file is cut into parts (part_size="
+            f"{self.part_size:,} reads blocks of {piece.length:,} bytes): the value cannot be "
+            "split; pass a larger part_size (the cuts fall elsewhere) or "
+            f"part_size={-(-size * 5 // 3):,} or more to read the file as one part",
+            "quoted values that hold line breaks are read whole only within one part: "
+            "pass a larger part_size, or remove the line breaks from the values")
 
     def _check_header_line(self, piece: CsvPiece, line: bytes) -> None:
         """``header=False`` but the file starts with the column names: refuse rather
         than read the names as a row of data."""
         first = line.removeprefix(_BOM).rstrip(b"\r")
-        if first.count(self.sep.encode()) + 1 != len(self.names):
-            return  # not the names (a line of millions of fields is not split here)
-        fields = first.split(self.sep.encode())
-        if self.sep != "\t":  # CSV headers are often quoted
-            fields = [f.strip(b'"') for f in fields]
-        names = [n.encode() for n in self.names]
-        if len(fields) == len(names) and sorted(fields) == sorted(names):
+        # Not the names, by its length or field count (quoted names may hold the
+        # separator): a line of millions of fields is not split here.
+        longest = sum(2 * len(n.encode()) + 3 for n in self.names)
+        if len(first) > longest or first.count(self.sep.encode()) + 1 < len(self.names):
+            return
+        fields = _header_fields(first.decode(errors="surrogateescape"), self.sep)
+        if fields is not None and sorted(fields) == sorted(self.names):
             raise _data_error(
                 f"{piece.path}, line 1: the line holds the column names "
                 f"({first.decode(errors='replace')[:200]!r}), but header=False: "
@@ -311,20 +463,46 @@ class CsvFiles:
         index = data.count(self.sep.encode(), start, pos)
         return self.names[index] if index < len(self.names) else f"field {index + 1}"
 
-    def _trim_blank_lines(self, piece: CsvPiece, block: _Block, skip_header: bool) -> _Block:
-        """Blank lines at the end of the block carry nothing and are dropped. A blank
+    def _trim_blank_lines(self, piece: CsvPiece, block: _Block) -> _Block:
+        """Blank lines at the end of the file carry nothing and are dropped. A blank
         line inside the data is a line without its fields: an error (see
-        :meth:`_blank_line_at`); one at the very start is refused here, since with
-        ``header=True`` Arrow would take it for the header and read on."""
+        :meth:`_blank_line_at`), also at the end of a block with rows after it; one at
+        the very start is refused here, since with ``header=True`` Arrow would take
+        it for the header and read on."""
         end = block.end
         while end > block.start and block.buf[end - 1] in (10, 13):  # b"\n", b"\r"
             end -= 1
         tail = block.buf[end:block.end]
-        if tail.count(b"\n") > 1:  # keep the last line's own ending only
-            block = _Block(block.buf, block.start, end + tail.index(b"\n") + 1)
+        if tail.count(b"\n") > (1 if end > block.start else 0):
+            # where the first blank line starts: a block of blank lines starts with one
+            at = end - block.start + tail.index(b"\n") if end > block.start else 0
+            if self._rows_after(piece, block):
+                raise self._blank_line_error(piece, block.data(), at)
+            block = _Block(block.buf, block.start, end + tail.index(b"\n") + 1)  # the last line's ending
         if end > block.start and block.buf[block.start] in (10, 13):
-            raise self._blank_line_error(piece, block.data(), skip_header, 0)
+            raise self._blank_line_error(piece, block.data(), 0)
         return block
+
+    def _rows_after(self, piece: CsvPiece, block: _Block | None) -> bool:
+        """Whether the file has a line that is not blank after the block of ``piece``
+        (the next piece starts where this one ends). Runs only for a block ending in
+        blank lines or an open quote; stops at the first byte that is not a line ending."""
+        if piece.length is None:
+            return False  # a compressed file is one piece
+        if block is not None and isinstance(block.buf, mmap.mmap):  # the whole file
+            return _NOT_BLANK.search(block.buf, block.end) is not None
+        with self.fs.open(piece.path, "rb") as f:
+            f.seek(piece.offset + piece.length)  # the block ends after the next newline
+            started = False
+            while chunk := f.read(1 << 16):
+                if not started:
+                    nl = chunk.find(b"\n")
+                    if nl < 0:
+                        continue
+                    chunk, started = chunk[nl + 1:], True
+                if chunk.strip(b"\r\n"):
+                    return True
+        return False
 
     @staticmethod
     def _blank_line_at(block: _Block) -> int:
@@ -332,10 +510,10 @@ class CsvFiles:
         found = [p for p in (block.find(b"\n\n"), block.find(b"\n\r\n")) if p >= 0]
         return min(found) if found else -1
 
-    def _blank_line_error(self, piece: CsvPiece, data: bytes, skip_header: bool, pos: int) -> DataError:
-        """The blank line at ``pos`` of the block (0: the block starts with one), by
-        its line in the file."""
-        first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
+    def _blank_line_error(self, piece: CsvPiece, data: bytes, pos: int) -> DataError:
+        """The blank line after the line ending at ``pos`` of the block (0: the block
+        may start with one), by its line in the file (``data`` holds any header)."""
+        first_line = 1 + self._lines_before(piece)
         line = first_line + data.count(b"\n", 0, pos + 1) if pos or data[:1] != b"\n" else first_line
         return DataError(
             f"{piece.path}, line {line}: expected {len(self.names)} fields separated by "
@@ -401,9 +579,9 @@ class CsvFiles:
 
     def _read_csv(self, data: bytes | pa.Buffer, skip_header: bool,
                   column_types: dict[str, pa.DataType], invalid_row_handler: Any = None,
-                  check_utf8: bool = True) -> pa.Table:
+                  check_utf8: bool = True, include_columns: list[str] | None = None) -> pa.Table:
         """Arrow's CSV reader over ``data`` with this source's options; columns not in
-        ``column_types`` are inferred by Arrow."""
+        ``column_types`` are inferred by Arrow (``include_columns``: only those)."""
         names = self.names
         return pacsv.read_csv(
             pa.BufferReader(data),
@@ -419,7 +597,7 @@ class CsvFiles:
             convert_options=pacsv.ConvertOptions(
                 column_types=column_types,
                 null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
-                check_utf8=check_utf8,
+                check_utf8=check_utf8, include_columns=include_columns or [],
             ),
         )
 
@@ -450,6 +628,12 @@ class CsvFiles:
                 pass  # the handler has recorded the bad rows; a parse error past them says no more
             if bad:
                 row = bad[0]
+                rest = data.rstrip(b"\r\n")
+                if (self.sep != "\t" and row.text.count('"') % 2
+                        and rest.endswith(row.text.encode(errors="surrogateescape"))):
+                    # the block's last row, cut short inside a quoted value
+                    start = len(rest) - len(row.text.encode(errors="surrogateescape"))
+                    return self._open_quote_error(piece, None, f"line {self._line_at(piece, data, start)}")
                 # Arrow numbers the rows it skipped (the header) too
                 line = (first_line if row.number is None
                         else 1 + self._lines_before(piece) + row.number - 1)
@@ -474,19 +658,45 @@ class CsvFiles:
                 try:
                     pa.array([value]).cast(target)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    what = arrow_type_to_dtype(target)[0]
-                    message = (f"{piece.path}, line {first_line + i}, column {name!r}: value "
-                               f"{value!r} is not a valid {what}")
-                    source = self.inferred.get(name)
-                    if source is None:
-                        return DataError(message)
-                    fix = f"pass dtypes={{{name!r}: 'string'}} (or the type the column holds)"
-                    return _data_error(
-                        f"{message}: the column's type was inferred as {what} from the first "
-                        f"block of {source} and is fixed for every block; {fix}",
-                        f"{fix} to Dataset")
+                    return self._value_error(piece, first_line + i, name, value)
             return DataError(f"{piece.path}, column {name!r}: {msg}")
         return DataError(f"{piece.path} (from line {first_line}): {msg}")
+
+    def _value_error(self, piece: CsvPiece, line: int, name: str, value: str,
+                     why: str = "") -> DataError:
+        """``value`` of column ``name`` on ``line`` does not fit the column's type
+        (``why``: what else to say of it); for an inferred type, the ``dtypes=``
+        that reads it."""
+        what = arrow_type_to_dtype(self.types[name])[0]
+        message = (f"{piece.path}, line {line}, column {name!r}: value {value!r} is not a "
+                   f"valid {what}{why}")
+        source = self.inferred.get(name)
+        if source is None:
+            return DataError(message)
+        fix = f"pass dtypes={{{name!r}: 'string'}} (or the type the column holds)"
+        return _data_error(
+            f"{message}: the column's type was inferred as {what} from the first "
+            f"block of {source} and is fixed for every block; {fix}",
+            f"{fix} to Dataset")
+
+    def _check_no_hex(self, piece: CsvPiece, block: _Block, skip_header: bool) -> None:
+        """Refuse a hexadecimal literal ("0x1F") in an integer column, which Arrow
+        would read as a number (pandas refuses it for an integer dtype). Runs only
+        for a block holding "0x" or "0X": its integer columns are read as text."""
+        data = block.data()
+        try:
+            text = self._read_csv(data, skip_header, {n: pa.string() for n in self.int_columns},
+                                  include_columns=self.int_columns, check_utf8=False)
+        except pa.ArrowInvalid:
+            return  # the block parsed with its types: not expected; nothing more to find
+        first_line = 1 + self._lines_before(piece) + (1 if skip_header else 0)
+        for name in self.int_columns:
+            hex_ = pc.match_substring_regex(text.column(name), r"^[ \t]*0[xX]")
+            if pc.any(hex_).as_py():
+                i = pc.index(hex_, True).as_py()
+                value = text.column(name)[i].as_py()
+                raise self._value_error(piece, first_line + i, name, value,
+                                        " (a hexadecimal literal; integers are read in decimal only)")
 
     def _long_line_error(self, piece: CsvPiece, data: bytes) -> DataError:
         """The longest line of the block, by its line in the file and its length: Arrow
@@ -547,6 +757,20 @@ def _check_header_names(path: str, names: list[str]) -> None:
                 "on the command line for Criteo TSV logs",
             )
         seen.add(name)
+
+
+def _header_fields(text: str, sep: str) -> list[str] | None:
+    """A header line split into names; quoted (``"a"``, ``"x, y"``, ``"a""b"``) unless
+    ``sep`` is a tab, as Arrow reads the rows. None: a quote does not end on the line."""
+    if sep == "\t":
+        return text.split(sep)
+    try:
+        return next(csv.reader([text], delimiter=sep, strict=True), [""])
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            return None
+    # a quote inside a name (a"b), or text after a closing quote: kept, as Arrow does
+    return next(csv.reader([text], delimiter=sep), [""])
 
 
 def _block_size(value: Any) -> int:
