@@ -369,7 +369,8 @@ def _to_float64(column: Column) -> np.ndarray:
             out[at:at + len(chunk)] = chunk.to_numpy()
             at += len(chunk)
         return out
-    return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    # integers past 2**53 rounded to the nearest float64, as numpy converts them
+    return np.asarray(pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 #: integers below this have their float32 log1p in a table (see _log1p_float32)
@@ -476,7 +477,9 @@ class ArrowBackend(Backend):
         return n, float(x[0]) + offset, float(deviations.sum())
 
     def standardize(self, column: Column, mean: float, std: float) -> Column:
-        x = pc.subtract(column.cast(pa.float64()), mean)
+        # integers past 2**53 rounded to the nearest float64 (numpy's conversion;
+        # Arrow's safe cast refuses them)
+        x = pc.subtract(pc.cast(column, pa.float64(), safe=False), mean)
         if std > 0:
             x = pc.divide(x, std)
         return x.cast(pa.float32())

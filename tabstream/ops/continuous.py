@@ -198,7 +198,7 @@ class Clip(ColumnOperator):
         if pa.types.is_integer(column.type):
             bounds = self._int_bounds(name, np.dtype(column.type.to_pandas_dtype()).name)
             if bounds is None:
-                column = column.cast(pa.float64())
+                column = column.cast(pa.float64(), safe=False)  # past 2**53: rounded, as numpy
             else:
                 lo, hi = bounds
         return backend().clip(column, lo, hi)

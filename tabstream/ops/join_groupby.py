@@ -136,7 +136,7 @@ class JoinGroupby(StatOperator):
         kernels = backend()
         # normalize_missing makes NaN null (left out of every statistic) and folds
         # -0.0 into 0.0, so min/max never depend on which zero came first
-        xs = {c: kernels.normalize_missing(plain(table.column(c)).cast(pa.float64())) for c in self.cont_cols}
+        xs = {c: kernels.normalize_missing(plain(table.column(c)).cast(pa.float64(), safe=False)) for c in self.cont_cols}
         out = {}
         for g in self._groups_of(table.column_names):
             key_names = [f"__key{i}__" for i in range(len(g))]

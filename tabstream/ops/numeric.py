@@ -40,8 +40,10 @@ def plain(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def to_float64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Values as a float64 numpy array, nulls as NaN."""
-    return np.asarray(pc.cast(plain(column), pa.float64()).to_numpy(zero_copy_only=False),
+    """Values as a float64 numpy array, nulls as NaN; integers past 2**53 rounded to
+    the nearest float64, as numpy and pandas convert them (Arrow's safe cast refuses
+    them)."""
+    return np.asarray(pc.cast(plain(column), pa.float64(), safe=False).to_numpy(zero_copy_only=False),
                       dtype=np.float64)
 
 

@@ -82,6 +82,21 @@ def test_normalize_minmax_matches_numpy(seed, part_size):
     assert ts.Tags.CONTINUOUS in wf.output_schema["x"].tags
 
 
+@pytest.mark.parametrize("op", [NormalizeMinMax, ts.ops.Normalize])
+def test_int64_values_past_2_53_are_scaled_as_numpy_converts_them(op):
+    """Integers past 2**53 (ids, timestamps in ns) are rounded to the nearest float64,
+    as numpy converts them; Arrow's safe cast refused them with a raw ArrowInvalid."""
+    values = np.array([2**63 - 1, 0, 7, 2**53 + 1, -(2**62)], dtype=np.int64)
+    t = pa.table({"big": pa.array(values)})
+    out = fit(["big"] >> op(), t, None).transform(t)
+    x = values.astype(np.float64)
+    if op is NormalizeMinMax:
+        expected = (x - x.min()) / (x.max() - x.min())
+    else:
+        expected = (x - x.mean()) / x.std(ddof=1)
+    np.testing.assert_allclose(out["big"].to_numpy(), expected.astype(np.float32), rtol=1e-5, atol=1e-12)
+
+
 def test_normalize_minmax_constant_and_empty_columns():
     t = pa.table({"c": [4.0, None, 4.0, float("inf")], "e": pa.array([None, float("nan"), None, None])})
     out = NormalizeMinMax().fit_table(t).transform(pa.table({"c": [4.0, 6.0, None, 1.0],
