@@ -71,6 +71,7 @@ rows have been touched since the last release.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import inspect
 import json
@@ -550,7 +551,12 @@ def _save_synced(path: Path, array: np.ndarray) -> None:
 def _config_dict(cfg: TableConfig) -> dict[str, Any]:
     return {"name": cfg.name, "cardinality": cfg.cardinality, "dim": cfg.dim,
             "feature_names": list(cfg.feature_names), "is_list": cfg.is_list,
-            "combiner": cfg.combiner}
+            "combiner": cfg.combiner,
+            "list_features": None if cfg.list_features is None else list(cfg.list_features)}
+
+
+def _list_features(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
 
 
 class _FolderLock:
@@ -747,7 +753,8 @@ class ParameterServer:
         try:
             meta = read_json_file(meta_path, "parameter server file")
             configs = [TableConfig(t["name"], int(t["cardinality"]), int(t["dim"]),
-                                   tuple(t["feature_names"]), bool(t["is_list"]), t["combiner"])
+                                   tuple(t["feature_names"]), bool(t["is_list"]), t["combiner"],
+                                   _list_features(t.get("list_features")))
                        for t in meta["tables"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{meta_path} is not a readable parameter server file: {exc}") from exc
@@ -793,8 +800,10 @@ class ParameterServer:
         ps = cls.open(path, **({"release_bytes": settings["release_bytes"]}
                                if "release_bytes" in settings else {}))
         diffs = []
-        have = {c.name: _config_dict(c) for c in ps.configs}
-        asked = {c.name: _config_dict(c) for c in configs}
+        # which features are lists describes the batches, not the rows: not compared,
+        # and the given configs' say is kept (a folder of an older version has none)
+        have = {c.name: _config_dict(c) | {"list_features": None} for c in ps.configs}
+        asked = {c.name: _config_dict(c) | {"list_features": None} for c in configs}
         for name in sorted(set(have) | set(asked)):
             if have.get(name) != asked.get(name):
                 diffs.append(f"table {name!r}: folder {have.get(name)}, given {asked.get(name)}")
@@ -815,6 +824,10 @@ class ParameterServer:
                 + "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""),
                 hint="pass the tables and settings it was created with, or use another folder",
             )
+        given = {c.name: c for c in configs}
+        ps.configs = tuple(dataclasses.replace(c, list_features=given[c.name].list_features)
+                           for c in ps.configs)
+        ps._by_name = {c.name: c for c in ps.configs}
         return ps
 
     def _restore(self, meta: dict[str, Any]) -> None:

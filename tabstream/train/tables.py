@@ -21,7 +21,13 @@ class TableConfig:
     """One embedding table: ``cardinality`` rows of ``dim`` floats, looked up by the
     columns in ``feature_names`` (several when a vocabulary is shared). Multi-hot
     (list) features are pooled with ``combiner`` ("sum" or "mean"), or with
-    ``combiner=None`` looked up per id: ``(B, L, dim)`` plus the ``(B, L)`` mask."""
+    ``combiner=None`` looked up per id: ``(B, L, dim)`` plus the ``(B, L)`` mask.
+
+    ``list_features`` names the features of ``feature_names`` that are list columns
+    (a single-hot ``item_id`` may share its table with a list ``history_item_ids``);
+    ``is_list`` is then whether any is. With ``list_features=None`` (configs written
+    by hand or by older versions) every feature is a list exactly when ``is_list``.
+    Ask :meth:`is_list_feature` rather than ``is_list`` about one feature."""
 
     name: str
     cardinality: int
@@ -29,6 +35,7 @@ class TableConfig:
     feature_names: tuple[str, ...]
     is_list: bool = False
     combiner: str | None = "sum"
+    list_features: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.cardinality <= 0 or self.dim <= 0:
@@ -39,6 +46,21 @@ class TableConfig:
         if self.combiner not in ("sum", "mean", None):
             raise ValueError(f"table {self.name!r}: combiner must be 'sum', 'mean' or None "
                              f"(one vector per id), got {self.combiner!r}")
+        if self.list_features is not None:
+            extra = sorted(set(self.list_features) - set(self.feature_names))
+            if extra:
+                raise ValueError(f"table {self.name!r}: list_features {extra} are not among "
+                                 f"its feature_names {list(self.feature_names)}")
+            if self.is_list != bool(self.list_features):
+                raise ValueError(f"table {self.name!r}: is_list={self.is_list} disagrees with "
+                                 f"list_features={self.list_features!r}; is_list must be True "
+                                 "exactly when some feature is a list")
+
+    def is_list_feature(self, feature: str) -> bool:
+        """Whether ``feature`` (one of ``feature_names``) is a list column."""
+        if self.list_features is None:
+            return self.is_list
+        return feature in self.list_features
 
 
 def table_configs_from_schema(
@@ -88,6 +110,7 @@ def table_configs_from_schema(
                 feature_names=tuple(c.name for c in cols),
                 is_list=any(c.is_list for c in cols),
                 combiner=combiner,
+                list_features=tuple(c.name for c in cols if c.is_list),
             )
         )
     return configs
@@ -104,5 +127,5 @@ def wide_table_configs(schema: Schema, combiner: str = "sum") -> list[TableConfi
     from tabstream.train.spec import feature_spec
 
     return [TableConfig(cfg.name + WIDE_SUFFIX, cfg.cardinality, 1, cfg.feature_names,
-                        cfg.is_list, cfg.combiner)
+                        cfg.is_list, cfg.combiner, cfg.list_features)
             for cfg in feature_spec(schema, dim=1, combiner=combiner).tables]

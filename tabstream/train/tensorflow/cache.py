@@ -138,8 +138,8 @@ class CachedEmbeddings(keras.layers.Layer):
         tables: the server's tables this layer serves; by default, for each
             feature, the first table that lists it (Wide&Deep's wide tables are
             served by a second layer with ``tables=``, which the model makes).
-        list_features: the multi-hot features; by default those of tables with
-            ``is_list=True``.
+        list_features: the multi-hot features; by default those each table's
+            config marks as lists (:meth:`TableConfig.is_list_feature`).
 
     ``hit_rate`` (cache hits over lookups since construction), ``cached_rows``
     and ``table_names``/``feature_names``/``output_dims`` describe it. Train it
@@ -157,7 +157,7 @@ class CachedEmbeddings(keras.layers.Layer):
         self.configs: tuple[TableConfig, ...]
         self.configs, self._feature_to_table = served_tables(ps, tables)
         if list_features is None:
-            list_features = [f for c in self.configs if c.is_list for f in c.feature_names]
+            list_features = [f for c in self.configs for f in c.feature_names if c.is_list_feature(f)]
         self.list_features = frozenset(list_features)
         unknown = sorted(self.list_features - set(self._feature_to_table))
         if unknown:

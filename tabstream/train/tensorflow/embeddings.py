@@ -78,11 +78,14 @@ def _config_to_dict(config: TableConfig) -> dict[str, Any]:
         "feature_names": list(config.feature_names),
         "is_list": config.is_list,
         "combiner": config.combiner,
+        "list_features": None if config.list_features is None else list(config.list_features),
     }
 
 
 def _config_from_dict(d: Mapping[str, Any]) -> TableConfig:
-    return TableConfig(**{**d, "feature_names": tuple(d["feature_names"])})
+    lists = d.get("list_features")
+    return TableConfig(**{**d, "feature_names": tuple(d["feature_names"]),
+                          "list_features": None if lists is None else tuple(lists)})
 
 
 @keras.saving.register_keras_serializable(package="tabstream")
@@ -359,8 +362,8 @@ class EmbeddingTables(keras.layers.Layer):
     """Embedding tables for several features: ``features -> {feature: [B, dim]}``.
 
     ``configs`` is a list of :class:`TableConfig` (one table may serve several
-    features). ``list_features`` names the multi-hot features; by default the
-    features of tables whose config has ``is_list=True``.
+    features). ``list_features`` names the multi-hot features; by default those
+    each config marks as lists (:meth:`TableConfig.is_list_feature`).
 
     >>> configs = [TableConfig("C1", 100, 8, ("C1",)), TableConfig("tags", 50, 8, ("tags",), is_list=True)]
     >>> out = EmbeddingTables(configs)({"C1": tf.constant([3, 7]),
@@ -397,7 +400,7 @@ class EmbeddingTables(keras.layers.Layer):
                     )
                 self._feature_to_table[f] = c.name
         if list_features is None:
-            list_features = [f for c in configs if c.is_list for f in c.feature_names]
+            list_features = [f for c in configs for f in c.feature_names if c.is_list_feature(f)]
         self.list_features = frozenset(list_features)
         unknown = sorted(self.list_features - set(self._feature_to_table))
         if unknown:

@@ -27,7 +27,9 @@ through a bounded cache of hot rows, for tables larger than memory.
 
 ``CachedEmbeddings`` takes batches in every layout :class:`EmbeddingTables` takes
 (single-hot ids, ragged ``(values, offsets)``, padded ``(ids, mask)``, the
-``__values``/``__offsets``/``__mask`` keys) and returns ``{feature: (B, dim)}``.
+``__values``/``__offsets``/``__mask`` keys) and returns ``{feature: (B, dim)}``;
+list features of a ``combiner=None`` table come out per id, ``(vectors, mask)``
+as there.
 
 Per batch and table, the distinct ids are looked up in the cache (misses are
 read from the server) and gathered into a small leaf tensor; its gradient,
@@ -143,7 +145,7 @@ class CachedEmbeddings(nn.Module):
     def cached_rows(self) -> dict[str, int]:
         return {name: len(c) for name, c in self._caches.items()}
 
-    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+    def forward(self, features: Features) -> dict[str, Any]:
         return self._embed(features, self.feature_to_table)
 
     def prefetch(self, features: Features) -> None:
@@ -186,12 +188,12 @@ class CachedEmbeddings(nn.Module):
                               f"it serves {self.feature_names}")
         return _CachedSubset(self, {f: self.feature_to_table[f] for f in names})
 
-    def _embed(self, features: Features, feature_to_table: Mapping[str, str]) -> dict[str, torch.Tensor]:
+    def _embed(self, features: Features, feature_to_table: Mapping[str, str]) -> dict[str, Any]:
         by_table: dict[str, list[tuple[str, tuple[torch.Tensor, ...]]]] = {}
         for feature, table in feature_to_table.items():
             by_table.setdefault(table, []).append(
                 (feature, _parse(feature, self._config_by_name[table], features)))
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, Any] = {}
         for table, parsed in by_table.items():
             cfg = self._config_by_name[table]
             ids = [p[1][0] for p in parsed]
@@ -217,6 +219,8 @@ class CachedEmbeddings(nn.Module):
                 start += n
                 if len(tensors) == 1:
                     out[feature] = F.embedding(mapped.reshape(-1), weight)
+                elif cfg.combiner is None:
+                    out[feature] = _per_id(mapped, weight, tensors[1])
                 else:
                     out[feature] = F.embedding_bag(mapped, weight, tensors[1].to(torch.long),
                                                    mode=cfg.combiner, include_last_offset=True)
@@ -315,11 +319,35 @@ def refuse_cached_under_ranks(model: nn.Module, who: str) -> None:
 
 
 def _parse(feature: str, cfg: TableConfig, features: Features) -> tuple[torch.Tensor, ...]:
-    """``(ids,)`` for single-hot features, ``(values, offsets)`` for lists."""
+    """``(ids,)`` for single-hot features, ``(values, offsets)`` for lists (only the
+    values the offsets cover, offsets from 0); for a padded list of a per-id table
+    (``combiner=None``), ``(ids[mask], mask)``, which keeps the padded shape."""
     x = parse_feature(feature, cfg, features)
     if isinstance(x, torch.Tensor):
         return (x,)
-    return to_ragged(feature, cfg, {feature: x})
+    if cfg.combiner is None and x[0].dim() > 1:
+        mask = x[1].to(torch.bool)
+        return x[0][mask], mask
+    values, offsets = to_ragged(feature, cfg, {feature: x})
+    if offsets.numel() and (int(offsets[0]) != 0 or int(offsets[-1]) != values.numel()):
+        # an arrow slice: ids outside it are neither looked up nor updated
+        values, offsets = values[int(offsets[0]):int(offsets[-1])], offsets - offsets[0]
+    return values, offsets
+
+
+def _per_id(ids: torch.Tensor, weight: torch.Tensor, layout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``weight`` per id, as :class:`EmbeddingTables` gives them with
+    ``combiner=None``: ``(vectors, mask)``, zeros where the mask is false. ``layout``
+    is the ragged offsets (``(B, L)``, ``L`` the longest list) or the padded mask."""
+    if layout.dim() == 1:
+        lengths = layout[1:] - layout[:-1]
+        width = int(lengths.max()) if lengths.numel() else 0
+        mask = torch.arange(width, device=layout.device) < lengths[:, None]
+    else:
+        mask = layout
+    rows = F.embedding(ids.reshape(-1), weight)
+    out = rows.new_zeros((*mask.shape, weight.shape[1]))
+    return out.index_put((mask,), rows), mask
 
 
 class _CachedSubset(nn.Module):
@@ -341,5 +369,5 @@ class _CachedSubset(nn.Module):
         dims = self.base.output_dims
         return {f: dims[f] for f in self.feature_to_table}
 
-    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+    def forward(self, features: Features) -> dict[str, Any]:
         return self.base._embed(features, self.feature_to_table)

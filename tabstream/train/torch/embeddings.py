@@ -300,8 +300,9 @@ def parse_feature(
             f"categorical feature {feature!r}: expected an int64 tensor or a "
             f"(values, offsets) tuple, got {type(x).__name__}"
         )
-    if x.dim() == 2 and (cfg.is_list or x.shape[1] != 1):
-        if not cfg.is_list:
+    is_list = cfg.is_list_feature(feature)  # a table may serve single-hot and list features
+    if x.dim() == 2 and (is_list or x.shape[1] != 1):
+        if not is_list:
             raise ValueError(
                 f"categorical feature {feature!r} is not a list column in the schema "
                 f"but arrived with shape {tuple(x.shape)}; expected (B,) or (B, 1)"
