@@ -68,7 +68,10 @@ class HashBucket(ColumnOperator):
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         n = self._buckets(col.name)
-        props: dict[str, Any] = {**col.properties, **_hashed_properties(n, col.name)}
+        # no domain name (as NVTabular's): tables are then named by the column, so a
+        # hashed copy of a column Categorify also encodes gets a table of its own (the
+        # column's name here made both share one, hashed ids on vocabulary rows)
+        props: dict[str, Any] = {**col.properties, **_hashed_properties(n)}
         out = col.with_dtype("int64").with_tags(Tags.CATEGORICAL).without_tags(Tags.CONTINUOUS)
         return ColumnSchema(out.name, "int64", out.tags, props, is_list=col.is_list, is_ragged=col.is_ragged)
 
@@ -99,11 +102,12 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
-def _hashed_properties(n: int, name: str) -> dict[str, Any]:
-    """Schema properties of a hashed column: ids ``[0, n)`` plus the missing id ``n``."""
+def _hashed_properties(n: int, name: str | None = None) -> dict[str, Any]:
+    """Schema properties of a hashed column: ids ``[0, n)`` plus the missing id ``n``
+    (``name``: the domain's name, when given)."""
     return {
         "num_buckets": n,
-        "domain": {"min": 0, "max": n, "name": name},
+        "domain": {"min": 0, "max": n, **({"name": name} if name is not None else {})},
         "embedding_sizes": {"cardinality": n + 1, "dimension": embedding_dim(n + 1)},
     }
 

@@ -103,3 +103,19 @@ def test_list_slice_adds_the_list_tag_and_groupby_lists_keep_their_tags():
     grouped = ts.Workflow(["s", "x"] >> ops.AddTags(["continuous"]) >> ops.Groupby("s", aggs=["list"]))
     out = grouped.fit(ts.Dataset(df)).output_schema["x-list"]
     assert out.is_list and out.is_ragged and out.tags == frozenset({ts.Tags.CONTINUOUS})
+
+
+def test_a_hashed_copy_of_a_categorified_column_gets_its_own_table():
+    """["user"] >> Categorify() beside ["user"] >> HashBucket(7) >> Rename(postfix="_hashed"):
+    two tables (NVTabular's HashBucket names no domain); both were named "user" and
+    shared one table, hashed ids landing on vocabulary rows."""
+    from tabstream.train.tables import table_configs_from_schema
+
+    df = pd.DataFrame({"user": [f"u{i % 30}" for i in range(300)]})
+    node = (["user"] >> ops.Categorify()) + (["user"] >> ops.HashBucket(7) >> ops.Rename(postfix="_hashed"))
+    wf = ts.Workflow(node).fit(ts.Dataset(df))
+    configs = {c.name: c for c in table_configs_from_schema(wf.output_schema)}
+    assert sorted(configs) == ["user", "user_hashed"]
+    out = wf.transform(df)
+    assert configs["user"].cardinality > out["user"].max() and configs["user"].feature_names == ("user",)
+    assert configs["user_hashed"].cardinality == 8 and configs["user_hashed"].feature_names == ("user_hashed",)
