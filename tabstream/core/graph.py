@@ -83,8 +83,21 @@ class ColumnSelector:
     def __rshift__(self, op: Any) -> Node:
         return as_node(self) >> op
 
-    def __add__(self, other: Any) -> Node:
+    def __add__(self, other: Any) -> Any:
+        # NVTabular's selector arithmetic: selector + selector (or column names) is one
+        # selector of both's names, each once (a node of the two had no .names); not
+        # when both select by different tags (a selector's tags are all required)
+        if isinstance(other, (ColumnSelector, str, list, tuple)):
+            more = other if isinstance(other, ColumnSelector) else ColumnSelector(other)
+            if not self.tags or not more.tags or self.tags == more.tags:
+                return ColumnSelector(self.groups + [g for g in more.groups if g not in self.groups],
+                                      tags=self.tags | more.tags)
         return as_node(self) + other
+
+    def __radd__(self, other: Any) -> Any:
+        if isinstance(other, (str, list, tuple)):
+            return ColumnSelector(other) + self
+        return as_node(other) + self
 
     def __repr__(self) -> str:
         parts = []

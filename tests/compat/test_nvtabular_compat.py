@@ -352,3 +352,20 @@ def test_top_level_names_are_tabstreams_own():
                            "AddMetadata", "DataStats", "get_embedding_sizes")
                if getattr(ops, n, None) is not getattr(native, n)]
     assert missing == []
+
+
+def test_selector_plus_selector_is_one_selector_of_both_names():
+    """NVTabular's selector arithmetic: ColumnSelector + ColumnSelector (or names) is one
+    ColumnSelector (it was a node whose .names was empty); by-tag selectors with
+    different tags stay a node of the two (a selector's tags are all required)."""
+    from tabstream.core.graph import ColumnSelector, Node
+
+    both = ColumnSelector(["a", "b"]) + ColumnSelector(["c", "a"])
+    assert isinstance(both, ColumnSelector) and both.names == ["a", "b", "c"]
+    assert (ColumnSelector(["a"]) + "d").names == ["a", "d"]
+    assert (["x"] + ColumnSelector(["a"])).names == ["x", "a"]
+    assert isinstance(ColumnSelector(tags=["categorical"]) + ColumnSelector(tags=["continuous"]), Node)
+    df = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [2.0, 2.0, 4.0], "c": [0.0, 1.0, 0.0]})
+    out = nvt.Workflow(both >> ops.Normalize()).fit(nvt.Dataset(df)).transform(df)
+    assert list(out.columns) == ["a", "b", "c"]
+    np.testing.assert_allclose(out["b"], (df["b"] - df["b"].mean()) / df["b"].std(ddof=1), rtol=1e-6)
