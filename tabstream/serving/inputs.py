@@ -89,6 +89,8 @@ def _elements(out: dict[str, np.ndarray], spec: InputSpec, col: pa.Array, framew
     elif spec.kind == "float":
         out[spec.name] = np.asarray(col.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False),
                                     dtype=np.float64)
+    elif pa.types.is_uint64(col.type):  # the bits as int64: 2**63 and up too (hashes read the bytes)
+        out[spec.name] = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), np.uint64).view(np.int64)
     else:
         out[spec.name] = np.asarray(col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
                                     dtype=np.int64)

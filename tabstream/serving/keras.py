@@ -34,13 +34,13 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.serving import murmur
-from tabstream.serving.plan import ServingPlan
+from tabstream.serving.plan import ServingPlan, float_width
 
 __all__ = ["RawFeatures", "export", "input_signature", "signature_outputs"]
 
 _DTYPES = {"float32": tf.float32, "float64": tf.float64, "float16": tf.float16,
            "int64": tf.int64, "int32": tf.int32, "int16": tf.int16, "int8": tf.int8,
-           "uint8": tf.uint8, "bool": tf.bool}
+           "uint8": tf.uint8, "uint16": tf.uint16, "uint32": tf.uint32, "uint64": tf.uint64, "bool": tf.bool}
 
 
 def _i64(v: Any) -> Any:
@@ -205,7 +205,10 @@ class RawFeatures(keras.layers.Layer):
     # -- steps (one per plan op) ---------------------------------------------
     @staticmethod
     def _round(values: Any, dtype: str) -> Any:
-        return tf.cast(tf.cast(values, tf.float32), tf.float64) if dtype == "float32" else values
+        """float64 ``values`` rounded to the float dtype ``dtype`` (float16, float32)."""
+        if dtype in ("float16", "float32"):
+            return tf.cast(tf.cast(values, _DTYPES[dtype]), tf.float64)
+        return values
 
     @staticmethod
     def _all(col: _Column) -> Any:
@@ -214,24 +217,25 @@ class RawFeatures(keras.layers.Layer):
     def _fill(self, step, col):
         missing = col.missing()
         if step["dtype"].startswith("float"):
-            values = tf.where(missing, tf.constant(step["value"], tf.float64), tf.cast(col.values, tf.float64))
+            value = float_width(step["value"], step["dtype"])
+            values = tf.where(missing, tf.constant(value, tf.float64), tf.cast(col.values, tf.float64))
             return _Column(self._round(values, step["dtype"]), self._all(col), "float")
         values = tf.where(missing, _i64(int(step["value"])), col.values)
         return _Column(values, self._all(col), "int")
 
+    # bool columns hold int64 0/1, as raw bool inputs do (hashes and lookups take int64)
     def _missing_flag(self, step, col):
-        return _Column(col.missing(), self._all(col), "bool")
+        return _Column(tf.cast(col.missing(), tf.int64), self._all(col), "bool")
 
     def _const_false(self, step, col):
-        return _Column(tf.zeros_like(col.present), self._all(col), "bool")
+        return _Column(tf.zeros(tf.shape(col.present), tf.int64), self._all(col), "bool")
 
     def _clip(self, step, col):
         lo, hi = step["min"], step["max"]
         if step["dtype"].startswith("float"):
-            values = tf.cast(col.values, tf.float64)
-            if step["dtype"] == "float32":
-                lo = None if lo is None else float(np.float32(lo))
-                hi = None if hi is None else float(np.float32(hi))
+            values = self._round(tf.cast(col.values, tf.float64), step["dtype"])
+            lo = None if lo is None else float_width(lo, step["dtype"])
+            hi = None if hi is None else float_width(hi, step["dtype"])
             if lo is not None:
                 values = tf.where(values < lo, tf.constant(lo, tf.float64), values)
             if hi is not None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from tabstream.core.errors import ExportError
 from tabstream.core.graph import Node
@@ -254,11 +255,24 @@ def _fill(op: Any, b: _Builder, slots: dict[str, int], in_schema: Schema, out_sc
 
 
 def _clip(op, b, name, slot, col, out):
+    if _kind(out.dtype) == "int":
+        # the op's own rule: a bound no value of the dtype can cross is dropped
+        lo, hi = op._int_bounds(name, col.dtype)
+        return b.step("clip", [slot], "int", min=lo, max=hi, dtype=out.dtype)
     return b.step("clip", [slot], _kind(out.dtype), min=_num(op.min_value), max=_num(op.max_value), dtype=out.dtype)
 
 
 def _num(v: Any) -> float | None:
     return None if v is None else float(v)
+
+
+def float_width(value: float, dtype: str) -> float:
+    """``value`` rounded to the float dtype ``dtype`` (float16, float32), as the
+    Workflow casts a fill value or a Clip bound to its column's type."""
+    if dtype in ("float16", "float32"):
+        with np.errstate(over="ignore"):
+            return float(np.asarray(value, np.float64).astype(dtype))
+    return value
 
 
 def _log(op, b, name, slot, col, out):
@@ -315,12 +329,15 @@ def _categorify(op: Any, b: _Builder, slots: dict[str, int], in_schema: Schema, 
         mapping = op.reverse_mapping(name)
         ids = mapping.column("id").to_numpy().astype(np.int64)
         values = mapping.column("value").combine_chunks()
-        step: dict[str, Any] = {"num_buckets": op.num_buckets, "dtype": out_schema[name].dtype,
-                                "ids": ids.tolist()}
+        # the column's own num_buckets (op.buckets_of of its vocabulary; a dict names some)
+        step: dict[str, Any] = {"num_buckets": out_schema[name].properties.get("num_buckets"),
+                                "dtype": out_schema[name].dtype, "ids": ids.tolist()}
         if kind == "string":
             step["vocab"] = values.cast("string").to_pylist()
         elif kind == "float":
             step["vocab"] = float_bits(values.cast("float64").to_numpy(zero_copy_only=False)).tolist()
+        elif pa.types.is_uint64(values.type):
+            step["vocab"] = values.view(pa.int64()).to_pylist()  # the bits, as raw_arrays sends them
         else:
             step["vocab"] = values.cast("int64").to_pylist()
         out[name] = b.step("categorify", [slots[name]], "int", **step)
@@ -335,8 +352,6 @@ def float_bits(x: np.ndarray) -> np.ndarray:
 def string_keys(values: Iterable[str]) -> np.ndarray:
     """The 64-bit lookup key of each string, ``murmur3(b, 0) << 32 | murmur3(b, KEY_SEED)``,
     as int64 (what the torch artifact computes in-graph)."""
-    import pyarrow as pa
-
     arr = pa.array(list(values), pa.string())
     h0 = murmur3_32(arr).astype(np.uint64)
     h1 = murmur3_32(arr, KEY_SEED).astype(np.uint64)
@@ -420,6 +435,11 @@ def build_plan(workflow: Any, exclude: Iterable[str] | None = None) -> ServingPl
     node = workflow.output_node - sorted(exclude) if exclude else workflow.output_node
     b = _Builder(workflow.input_schema)
     slots = _node_slots(node, b, {}, {})
+    strings = [c.name for c in served if b.kinds[slots[c.name]] == "string"]
+    if strings:
+        raise ExportError(f"serving: output columns {strings} are strings (or lists of strings), which the "
+                          "artifact does not return; encode them in the workflow (Categorify or HashBucket "
+                          "after them), or leave them out (exclude=..., Workflow.remove_inputs)")
     steps, needed = _prune(b.steps, [slots[c.name] for c in served])
     inputs = [InputSpec(n, b.kinds[b.input_slots[n]], workflow.input_schema[n].dtype,
                         b.input_slots[n] in b.lists)

@@ -37,13 +37,14 @@ from torch import nn
 
 from tabstream.core.errors import ExportError
 from tabstream.serving import murmur
-from tabstream.serving.plan import KEY_SEED, ServingPlan, string_keys
+from tabstream.serving.plan import KEY_SEED, ServingPlan, float_width, string_keys
 
 __all__ = ["RawFeatures", "export"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
-           "uint8": torch.uint8, "bool": torch.bool}
+           "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+           "bool": torch.bool}
 
 
 class _K:
@@ -340,12 +341,16 @@ class RawFeatures(nn.Module):
     # -- steps (one per plan op) ---------------------------------------------
     @staticmethod
     def _round(values: Any, dtype: str) -> Any:
-        return values.to(torch.float32).to(torch.float64) if dtype == "float32" else values
+        """float64 ``values`` rounded to the float dtype ``dtype`` (float16, float32)."""
+        if dtype in ("float16", "float32"):
+            return values.to(_DTYPES[dtype]).to(torch.float64)
+        return values
 
     def _fill(self, step, col):
         missing = col.missing()
         if step["dtype"].startswith("float"):
-            values = torch.where(missing, step["value"], _as(col.values, torch.float64))
+            value = float_width(step["value"], step["dtype"])
+            values = torch.where(missing, value, _as(col.values, torch.float64))
             values = self._round(values, step["dtype"])
             return _Column(values, torch.ones_like(col.present), "float")
         values = torch.where(missing, int(step["value"]), col.values)
@@ -360,10 +365,9 @@ class RawFeatures(nn.Module):
     def _clip(self, step, col):
         lo, hi = step["min"], step["max"]
         if step["dtype"].startswith("float"):
-            values = _as(col.values, torch.float64)
-            if step["dtype"] == "float32":
-                lo = None if lo is None else float(np.float32(lo))
-                hi = None if hi is None else float(np.float32(hi))
+            values = self._round(_as(col.values, torch.float64), step["dtype"])
+            lo = None if lo is None else float_width(lo, step["dtype"])
+            hi = None if hi is None else float_width(hi, step["dtype"])
             if lo is not None:
                 values = torch.where(values < lo, lo, values)
             if hi is not None:

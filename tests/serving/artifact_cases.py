@@ -132,7 +132,7 @@ def _numbers(col: pa.Array) -> np.ndarray:
         return col.to_numpy(zero_copy_only=False).astype(col.type.to_pandas_dtype())
     if pa.types.is_boolean(col.type):
         return np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-    return col.fill_null(-1).to_numpy()
+    return (col.fill_null(-1) if col.null_count else col).to_numpy()  # -1 has no unsigned form
 
 
 def expected_features(wf: ts.Workflow, rows: pa.Table, names: list[str]) -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""Small workflows at the edges of the artifact's dtypes and op settings: each
+served by the torch module and the Keras layer (eager), equal to
+``Workflow.transform`` on the same rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from artifact_cases import assert_same, expected_features, flat_outputs, nested_outputs  # noqa: E402
+
+import tabstream as ts  # noqa: E402
+from tabstream import ops  # noqa: E402
+from tabstream.core.errors import ExportError  # noqa: E402
+from tabstream.serving import build_plan  # noqa: E402
+from tabstream.serving.inputs import raw_arrays  # noqa: E402
+
+
+def _features(wf: ts.Workflow, rows: pa.Table, framework: str) -> dict:
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        module = wf.to_torch()
+        arrays = raw_arrays(rows, module.plan.inputs, "torch")
+        with torch.no_grad():
+            out = module({k: torch.from_numpy(v) for k, v in arrays.items()})
+        return nested_outputs(flat_outputs(out, lambda t: t.numpy()))
+    tf = pytest.importorskip("tensorflow")
+    layer = wf.to_keras()
+    out = layer({k: tf.constant(v) for k, v in raw_arrays(rows, layer.plan.inputs, "keras").items()})
+    return nested_outputs(flat_outputs(out, lambda t: t.numpy()))
+
+
+def _check(node, rows, framework: str, fit_rows=None) -> None:
+    """``node`` fitted on ``fit_rows`` (default ``rows``), served on ``rows``."""
+    if not isinstance(rows, pa.Table):
+        rows = pa.Table.from_pandas(rows, preserve_index=False)
+    wf = ts.Workflow(node).fit(ts.Dataset(rows if fit_rows is None else fit_rows))
+    expected = expected_features(wf, rows, [o.name for o in build_plan(wf).outputs])
+    assert_same(_features(wf, rows, framework), expected)
+
+
+@pytest.fixture(params=["torch", "keras"])
+def framework(request):
+    return request.param
+
+
+def _half() -> pa.Table:
+    # 0.0999755859375 is float16(0.1): a bound or fill value of 0.1 rounds to it
+    x = pa.array(np.array([0.5, 0.0999755859375, 2.0, 0.0, -1.0], np.float16), mask=np.array([0, 0, 0, 1, 0], bool))
+    return pa.table({"h": x})
+
+
+def test_float16_fill_value_and_clip_bounds_are_rounded_to_float16(framework):
+    _check(["h"] >> ops.FillMissing(0.1) >> ops.HashBucket(1000), _half(), framework)
+    _check(["h"] >> ops.FillMissing(0.1) >> ops.Categorify(), _half(), framework)
+    _check(["h"] >> ops.Clip(min_value=0.1, max_value=1.9) >> ops.Bucketize([0.1, 1.9]), _half(), framework)
+    _check(["h"] >> ops.Clip(min_value=0.1) >> ops.HashBucket(1000), _half(), framework)
+
+
+def test_filled_flag_feeds_encoders(framework):
+    rows = pd.DataFrame({"i": pd.array([1, None, 3, 3], "Int64"), "s": ["a", "b", None, "a"]})
+    _check(["i"] >> ops.FillMissing(0, add_binary_cols=True) >> ops.HashBucket(7), rows, framework)
+    _check(["i"] >> ops.FillMedian(add_binary_cols=True) >> ops.Categorify(), rows, framework)
+    # i_filled of a column without nulls at fit: FillMedian has nothing to fill (always False)
+    _check(((["i"] >> ops.FillMissing(0, add_binary_cols=True)) + ["s"])
+           >> ops.HashedCross(50, column_groups=[["i_filled", "s"]]), rows, framework)
+
+
+def test_categorify_num_buckets_per_column(framework):
+    fit = pa.Table.from_pandas(pd.DataFrame({"a": ["x", "y", "x", None], "b": ["p", "q", "p", "r"]}))
+    rows = pd.DataFrame({"a": ["x", "zz", None, "new"], "b": ["p", "new", None, "q"]})
+    _check(["a", "b"] >> ops.Categorify(num_buckets={"a": 5}), rows, framework, fit_rows=fit)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64"])
+def test_categorify_unsigned_id_dtypes(framework, dtype):
+    fit = pa.table({"a": ["x", "y", "x"]})
+    _check(["a"] >> ops.Categorify(dtype=dtype, num_buckets=3), pd.DataFrame({"a": ["x", "zz", None, "y"]}),
+           framework, fit_rows=fit)
+
+
+@pytest.mark.parametrize("bounds", [(-1e30, 10), (0, 1e19), (-1e19, 1e30)])
+def test_int_clip_ignores_bounds_no_value_can_cross(framework, bounds):
+    rows = pd.DataFrame({"i": pd.array([1, None, 50, -7], "Int64")})
+    _check(["i"] >> ops.Clip(min_value=bounds[0], max_value=bounds[1]), rows, framework)
+    rows = pd.DataFrame({"i": pd.array([1, None, 50, -7], "Int32")})
+    _check(["i"] >> ops.Clip(min_value=-1e10, max_value=3e9) >> ops.HashBucket(97), rows, framework)
+
+
+def test_uint64_values_past_int64_hash_and_encode_as_the_workflow(framework):
+    rows = pa.table({"u": pa.array([1, 2**63 + 5, None, 3, 2**64 - 1], pa.uint64())})
+    fit = pa.table({"u": pa.array([1, 2**63 + 5, None, 3], pa.uint64())})
+    _check(["u"] >> ops.Categorify(), rows, framework, fit_rows=fit)
+    _check(["u"] >> ops.Categorify(num_buckets=4), rows, framework, fit_rows=fit)
+    _check(["u"] >> ops.HashBucket(100), rows, framework)
+
+
+def test_string_outputs_are_refused_by_name():
+    lists = pd.DataFrame({"t": [["p", None], [], None, ["q", "p", "r"]], "c": ["a", "b", "a", None]})
+    wf = ts.Workflow((["t"] >> ops.ListSlice(-2)) + (["c"] >> ops.Categorify())).fit(ts.Dataset(lists))
+    with pytest.raises(ExportError, match=r"output columns \['t'\] are strings .*Categorify or HashBucket"):
+        build_plan(wf)
+    build_plan(wf, exclude=["t"])  # without it the plan builds
+    wf = ts.Workflow(["c"] + (["t"] >> ops.HashBucket(5))).fit(ts.Dataset(lists))
+    with pytest.raises(ExportError, match=r"output columns \['c'\] are strings"):
+        wf.to_torch()
