@@ -228,6 +228,15 @@ def _check_pad_value(op: Operator, col: ColumnSchema, value: Any) -> None:
         raise ValueError(
             f"{type(op).__name__}: pad_value {value!r} is outside the range of column {col.name!r}, "
             f"a list of {col.dtype} ({info.min}..{info.max}); pass a pad_value in that range")
+    domain = col.properties.get("domain") or {}
+    if integer and Tags.CATEGORICAL in col.tags and isinstance(domain.get("min"), int) \
+            and isinstance(domain.get("max"), int) and not domain["min"] <= value <= domain["max"]:
+        # the schema's domain and cardinality size the embedding tables: an id past
+        # them indexes no row (0 is Categorify's and the loaders' padding id)
+        raise ValueError(
+            f"{type(op).__name__}: pad_value {value!r} is outside the ids of the categorical column "
+            f"{col.name!r} ({domain['min']}..{domain['max']}, its schema's domain); pad with an id "
+            f"in that range, usually 0, the padding id")
 
 
 class ValueCount(StatOperator):

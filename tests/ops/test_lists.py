@@ -251,3 +251,23 @@ def test_list_ops_params_round_trip():
     for op in [SplitList("; ", dtype="int32"), ListSlice(-3, -1, pad=True, pad_value=7), ValueCount()]:
         config = op.to_config()
         assert type(op).from_config(config).get_params() == op.get_params() == config["params"]
+
+
+def test_padding_categorified_ids_with_an_id_outside_their_domain_is_refused(tmp_path):
+    """Categorify() >> ListSlice(3, pad=True, pad_value=1000): the schema's domain and
+    cardinality (which size the embedding tables) said 0..6 while the data held 1000.
+    Refused by name once the vocabulary (the domain) is known: at transform and export.
+    0, the padding id, pads as before."""
+    df = pd.DataFrame({"tags": [["a", "b"], ["c"], [], ["a", "b", "c", "d"]]})
+    for pad in (1000, -1):
+        wf = ts.Workflow(["tags"] >> ops.Categorify() >> ops.ListSlice(3, pad=True, pad_value=pad)).fit(ts.Dataset(df))
+        message = rf"pad_value {pad} is outside the ids of the categorical column 'tags' \(0\.\.\d+, its schema's domain\)"
+        with pytest.raises(ValueError, match=message):
+            wf.transform(df)
+        with pytest.raises(ValueError, match=message):
+            wf.transform(ts.Dataset(df)).to_parquet(str(tmp_path / f"out{pad}"))
+    wf = ts.Workflow(["tags"] >> ops.Categorify() >> ops.ListSlice(3, pad=True)).fit(ts.Dataset(df))
+    out = wf.transform(df)["tags"]
+    domain = wf.output_schema["tags"].properties["domain"]
+    assert all(domain["min"] <= v <= domain["max"] for row in out for v in row)
+    assert [len(row) for row in out] == [3, 3, 3, 3] and list(out[1])[1:] == [0, 0]
