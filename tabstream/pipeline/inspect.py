@@ -178,6 +178,7 @@ class _Column:
     moments: _Moments | None = None
     quantiles: QuantileSummary | None = None
     lengths: _Moments | None = None
+    infinite: int = 0  # ±inf values, left out of the moments and quantiles
 
 
 def _is_numeric(t: pa.DataType) -> bool:
@@ -210,6 +211,10 @@ def _column_stats(col: pa.ChunkedArray, limit: int) -> _Column:
     out = _Column(rows, nulls, hll, counts, cut, lengths=lengths)
     if _is_numeric(values.type):
         numbers = pc.drop_null(values).to_numpy(zero_copy_only=False).astype(np.float64)
+        finite = np.isfinite(numbers)
+        if not finite.all():  # ±inf (NaN is null here): counted, kept out of the statistics
+            out.infinite = int(len(numbers) - finite.sum())
+            numbers = numbers[finite]
         out.moments = _Moments.of(numbers)
         out.quantiles = QuantileSummary.of(numbers)
     return out
@@ -229,7 +234,8 @@ def _merge_columns(parts: list[_Column], limit: int) -> _Column:
             lengths = lengths.merge(p.lengths)
     counts, cut = _cut(merge_counts([p.counts for p in parts]), limit)
     return _Column(sum(p.rows for p in parts), sum(p.nulls for p in parts), hll, counts,
-                   cut or any(p.cut for p in parts), moments, quantiles, lengths)
+                   cut or any(p.cut for p in parts), moments, quantiles, lengths,
+                   sum(p.infinite for p in parts))
 
 
 def _piece_stats(ds: Dataset, piece: Any, limit: int) -> dict[str, _Column]:
@@ -277,7 +283,8 @@ def _column_report(col: Any, stats: _Column, top: int) -> dict[str, Any]:
         out.update({"min": _plain(m.min) if m.count else None,
                     "max": _plain(m.max) if m.count else None,
                     "mean": m.mean if m.count else None,
-                    "std": math.sqrt(m.m2 / (m.count - 1)) if m.count > 1 else None})
+                    "std": math.sqrt(m.m2 / (m.count - 1)) if m.count > 1 else None,
+                    "infinite": stats.infinite})
         assert stats.quantiles is not None
         out["quantiles"] = {str(q): stats.quantiles.quantile(q) for q in QUANTILES}
         if m.count:  # the ends are known exactly

@@ -109,6 +109,26 @@ def test_missing_values_and_signed_zero():
     assert col["nulls"] == 2 and col["distinct"] == 2  # {0.0, 1.5}
 
 
+@pytest.mark.parametrize("part_size", [None, 600])
+def test_infinite_values_are_counted_apart_and_the_report_is_strict_json(part_size):
+    """±inf left the max null, the mean inf and the std NaN, and --json printed the bare
+    tokens Infinity and NaN; now the statistics are over the finite values (as
+    DataStats and Normalize take them) and the infinities are counted."""
+    import json
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=400)
+    x[[3, 50, 51]] = [np.inf, -np.inf, np.inf]
+    x[7] = np.nan
+    col = _by_name(inspect_dataset(ts.Dataset(pd.DataFrame({"x": x}), part_size=part_size), progress=False))["x"]
+    finite = x[np.isfinite(x)]
+    assert col["infinite"] == 3 and col["nulls"] == 1
+    assert col["min"] == finite.min() and col["max"] == finite.max()
+    assert col["mean"] == pytest.approx(finite.mean()) and col["std"] == pytest.approx(finite.std(ddof=1))
+    assert col["quantiles"]["1.0"] == finite.max()
+    json.dumps(col, allow_nan=False)  # strict JSON: no Infinity or NaN anywhere
+
+
 def test_list_columns_report_lengths_and_element_values():
     lists = [[1, 2, 2], [], None, [3], [2, 2, 2, 2], [None, 1]]
     table = pa.table({"l": pa.array(lists, pa.list_(pa.int64()))})
