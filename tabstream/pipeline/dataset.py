@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,9 @@ __all__ = ["Dataset", "DatasetWarning", "parse_bytes"]
 MAX_CSV_COLUMNS = 100_000
 
 
+
+#: NVTabular's Dataset arguments of partition sizing, accepted and ignored with a warning
+_NVT_SIZING = ("part_mem_fraction", "row_groups_per_part")
 
 #: the keyword arguments CSV/TSV reading takes (see :class:`Dataset`'s ``read_kwargs``)
 CSV_OPTIONS = ("names", "dtypes", "dtype", "sep", "header", "block_size")
@@ -234,6 +238,14 @@ class Dataset:
 
         # NVTabular's Dataset(df, npartitions=n): in-memory data in n row ranges
         npartitions = read_kwargs.pop("npartitions", None)
+        # NVTabular's partition sizing by memory share or row groups: taken, said to
+        # be ignored (part_size sizes partitions here), so migrating code runs
+        ignored = sorted(k for k in _NVT_SIZING if read_kwargs.pop(k, None) is not None)
+        if ignored:
+            warnings.warn(f"Dataset: {', '.join(ignored)} (NVTabular's partition sizing) "
+                          "is ignored; tabstream cuts partitions by part_size (default "
+                          f"{DEFAULT_PART_SIZE // 2**20} MB), e.g. Dataset(..., part_size='64MB')",
+                          DatasetWarning, stacklevel=2)
         if is_pandas_dataframe(path_or_df):
             self.engine = "dataframe"
             self._table = pandas_to_arrow(path_or_df)

@@ -73,9 +73,19 @@ class TransformedDataset:
 
     def to_parquet(self, output_path: str, dtypes: dict[str, Any] | None = None, **kwargs: Any):
         """Export the transformed dataset; ``dtypes={column: dtype}`` casts output
-        columns safely (see :func:`tabstream.pipeline.export.export`)."""
+        columns safely (see :func:`tabstream.pipeline.export.export`);
+        ``output_files`` (NVTabular's name) is ``num_files``."""
         from tabstream.pipeline.export import export
 
+        nvt_only = sorted(k for k in ("cats", "conts", "labels", "preserve_files") if k in kwargs)
+        if nvt_only:
+            raise TypeError(f"to_parquet: {', '.join(nvt_only)} (NVTabular's) are not taken: the workflow's "
+                            "output schema names and tags the exported columns (AddTags for more), and "
+                            "files follow num_files / out_files_per_proc")
+        if "output_files" in kwargs:  # NVTabular's name for the number of files
+            if kwargs.get("num_files") is not None:
+                raise TypeError("to_parquet: give num_files or output_files (NVTabular's name), not both")
+            kwargs["num_files"] = kwargs.pop("output_files")
         kwargs.setdefault("client", client_for(self.workflow.client, self.dataset))
         return export(self.dataset, self.workflow, output_path, dtypes=dtypes, **kwargs)
 

@@ -369,3 +369,26 @@ def test_selector_plus_selector_is_one_selector_of_both_names():
     out = nvt.Workflow(both >> ops.Normalize()).fit(nvt.Dataset(df)).transform(df)
     assert list(out.columns) == ["a", "b", "c"]
     np.testing.assert_allclose(out["b"], (df["b"] - df["b"].mean()) / df["b"].std(ddof=1), rtol=1e-6)
+
+
+def test_nvtabular_dataset_and_export_keywords(tmp_path):
+    """part_mem_fraction / row_groups_per_part are taken with a warning (partitions
+    follow part_size); output_files is num_files; cats/conts/labels/preserve_files
+    are refused by name (they were refused as unknown, and the Dataset's sizing
+    keywords by the new unknown-keyword check)."""
+    from tabstream.core.errors import DatasetWarning
+
+    df = pd.DataFrame({"a": np.arange(100) % 7, "y": np.arange(100) % 2})
+    df.to_parquet(tmp_path / "x.parquet")
+    for keyword in ({"part_mem_fraction": 0.1}, {"row_groups_per_part": 2}):
+        with pytest.warns(DatasetWarning, match=f"{next(iter(keyword))} .NVTabular's partition sizing. is ignored"):
+            ds = nvt.Dataset(str(tmp_path / "x.parquet"), **keyword)
+        assert ds.num_rows == 100
+    wf = nvt.Workflow(["a"] >> ops.Categorify())
+    wf.fit(nvt.Dataset(df))
+    result = wf.transform(nvt.Dataset(df)).to_parquet(str(tmp_path / "out"), output_files=3)
+    assert len(result.files) == 3 and sum(pq.read_metadata(tmp_path / "out" / f).num_rows for f in result.files) == 100
+    with pytest.raises(TypeError, match=r"to_parquet: cats, conts \(NVTabular's\) are not taken"):
+        wf.transform(nvt.Dataset(df)).to_parquet(str(tmp_path / "out2"), cats=["a"], conts=[])
+    with pytest.raises(TypeError, match="num_files or output_files"):
+        wf.transform(nvt.Dataset(df)).to_parquet(str(tmp_path / "out3"), output_files=2, num_files=2)
