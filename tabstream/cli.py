@@ -54,6 +54,18 @@ def _criteo_read_kwargs(path: str, engine: str | None) -> dict[str, Any]:
 _SEP_NAMES = {"tab": "\t", "\\t": "\t", "comma": ",", "space": " ", "pipe": "|", "semicolon": ";"}
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``--epochs 0`` trained nothing,
+    silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
+
+
 def _parse_sep(sep: str) -> str:
     value = _SEP_NAMES.get(sep, sep)
     if len(value) != 1:
@@ -559,8 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export folder to validate on: AUC, log-loss (default: no validation)")
     p.add_argument("--model", choices=["dlrm", "dcn", "wide_and_deep"], default="dlrm",
                    help="which bundled model to train")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the training export")
-    p.add_argument("--batch-size", type=int, default=2048, help="rows per batch")
+    p.add_argument("--epochs", type=_positive_int, default=1, help="passes over the training export")
+    p.add_argument("--batch-size", type=_positive_int, default=2048, help="rows per batch")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights and the shuffle")
     p.add_argument("--checkpoint-dir", default=None,

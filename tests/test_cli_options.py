@@ -151,3 +151,14 @@ def test_fit_recipe_on_generic_options(tmp_path):
                  ",".join(f"{n}=float32" for n in CRITEO_COLUMNS[1:14]),
                  "--output", str(tmp_path / "out"), "--quiet"]) == 0
     assert len(pd.read_parquet(tmp_path / "out")) == 300
+
+
+@pytest.mark.parametrize(("option", "value"), [("--epochs", "0"), ("--epochs", "-2"), ("--batch-size", "0"),
+                                               ("--epochs", "two")])
+def test_train_counts_must_be_at_least_one(tmp_path, capsys, option, value):
+    """`tabstream train --epochs 0` trained nothing and said nothing; now argparse's
+    one-line usage error names the option."""
+    with pytest.raises(SystemExit) as exc:
+        main(["train", str(tmp_path), option, value])
+    assert exc.value.code == 2
+    assert f"argument {option}: expected a whole number of at least 1" in capsys.readouterr().err
