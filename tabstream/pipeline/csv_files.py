@@ -231,7 +231,9 @@ class CsvFiles:
                 return self._read_csv(sample, self.header, column_types, invalid_row_handler=handler,
                                       include_columns=include_columns)
             except pa.ArrowInvalid:
-                pass
+                # the sample only infers types: a bad line is reported, by file and
+                # line, when its piece is read; try again without it, then give up
+                continue
         return None
 
     def _fix_integer_types(self, path: str, sample: bytes, types: dict[str, pa.DataType]) -> None:
