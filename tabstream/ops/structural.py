@@ -25,7 +25,7 @@ Functions are saved by name, never pickled: see :mod:`tabstream.ops.functions`
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -48,6 +48,7 @@ from tabstream.ops.functions import (
     register_function,
     resolve_function,
 )
+from tabstream.ops.keys import dependencies_of, names_and_nodes, require_selected
 
 __all__ = [
     "DENIED_MODULES",
@@ -229,6 +230,11 @@ class LambdaOp(FunctionOperator):
     is converted back with ``dtype`` when given; with ``dtype=None`` it must keep
     the input dtype. ``tags`` and ``properties`` are added to the output columns.
 
+    ``dependency`` (a column name, a list of them or a workflow node, as in
+    NVTabular) names columns ``f`` reads from ``df`` besides the selection: they
+    join the input, are not transformed and are not outputs. ``label`` names the op
+    in reprs (NVTabular's graph label); it changes no output.
+
     >>> import pandas as pd
     >>> import tabstream as ts
     >>> def first_two(s):
@@ -244,19 +250,48 @@ class LambdaOp(FunctionOperator):
        count
     0    1.5
     1    2.0
+    >>> def share(s, df):
+    ...     return s / df["total"]
+    >>> events = pd.DataFrame({"clicks": [1, 3], "total": [4, 6]})
+    >>> ts.Workflow(["clicks"] >> LambdaOp(share, dtype="float64",
+    ...                                    dependency=["total"])).fit_transform(events)
+       clicks
+    0    0.25
+    1    0.50
 
     Saving stores ``f`` by name; see the module docs (a lambda cannot be saved).
     """
 
     def __init__(self, f: Callable[..., Any] | str, dtype: Any = None,
                  tags: Iterable[Tags | str] | None = None,
-                 properties: dict[str, Any] | None = None) -> None:
+                 properties: dict[str, Any] | None = None,
+                 dependency: str | Sequence[str] | Any = None, label: str | None = None) -> None:
         self._set_function(f)
+        if dependency is None or (isinstance(dependency, (list, tuple)) and not dependency):
+            self.dependency, self._dependency_nodes = None, []
+        else:
+            names, self._dependency_nodes = names_and_nodes(dependency, "dependency", "LambdaOp")
+            self.dependency = names
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"LambdaOp: label must be a string, got {label!r}")
+        self.label = label
         self.dtype = None if dtype is None else arrow_type_to_dtype(dtype_to_arrow_type(dtype))[0]
         self.tags = sorted(t.value for t in normalize_tags(tags))
         if properties is not None and not isinstance(properties, dict):
             raise TypeError(f"LambdaOp: properties must be a dict, got {type(properties).__name__}")
         self.properties = dict(properties or {})
+
+    def dependencies(self) -> list[Any]:
+        return dependencies_of(self.dependency, self._dependency_nodes) if self.dependency else []
+
+    def _transformed(self, names: Sequence[str]) -> list[str]:
+        """The columns ``f`` maps: the input less the ``dependency`` columns."""
+        skip = set(self.dependency or ())
+        out = [n for n in names if n not in skip]
+        if not out:
+            raise SchemaError(f"LambdaOp: every selected column {list(names)} is a dependency "
+                              f"{self.dependency}; select the columns f maps besides them")
+        return out
 
     def output_column(self, col: ColumnSchema) -> ColumnSchema:
         dtype = self.dtype or self._inferred.get(col.name)
@@ -268,9 +303,12 @@ class LambdaOp(FunctionOperator):
         return self.__dict__.setdefault("_inferred_dtypes", {})
 
     def compute_output_schema(self, input_schema: Schema) -> Schema:
+        if self.dependency:
+            require_selected(self.dependency, input_schema.column_names, "LambdaOp", "dependency")
         if self.dtype is None:
             self._infer_dtypes(input_schema)
-        return super().compute_output_schema(input_schema)
+        mapped = set(self._transformed(input_schema.column_names))
+        return Schema(self.output_column(col) for col in input_schema if col.name in mapped)
 
     def _infer_dtypes(self, input_schema: Schema) -> None:
         """With ``dtype=None``, the dtype ``f`` returns, found by running it on no rows
@@ -286,7 +324,10 @@ class LambdaOp(FunctionOperator):
         empty = pa.schema(fields).empty_table()
         df = backend().to_frame(empty)
         takes_frame = self._takes_frame()
+        mapped = set(self._transformed(input_schema.column_names))
         for col in input_schema:
+            if col.name not in mapped:
+                continue
             try:
                 result = self.f(df[col.name], df) if takes_frame else self.f(df[col.name])
                 arr = backend().from_user_column(result)
@@ -314,7 +355,7 @@ class LambdaOp(FunctionOperator):
         df = backend().to_frame(table)
         takes_frame = self._takes_frame()
         out = {}
-        for name in table.column_names:
+        for name in self._transformed(table.column_names):
             result = self.f(df[name], df) if takes_frame else self.f(df[name])
             out[name] = self._to_arrow(name, result, table.column(name).type)
         return pa.table(out)
