@@ -401,6 +401,15 @@ def _log1p_float32(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _scalar_as(value: Any, arrow_type: pa.DataType) -> pa.Scalar:
+    """``value`` as a scalar of ``arrow_type``. A Python int is made in that type
+    directly: inferred first, 2**63 and up (a uint64 fill or bound) would overflow
+    int64."""
+    if isinstance(value, int) and not isinstance(value, bool) and pa.types.is_integer(arrow_type):
+        return pa.scalar(value, arrow_type)
+    return pa.scalar(value).cast(arrow_type)
+
+
 class ArrowBackend(Backend):
     """pyarrow + numpy on the CPU; always available."""
 
@@ -415,7 +424,7 @@ class ArrowBackend(Backend):
         return pc.fill_null(missing_mask(column), False)
 
     def fill_missing(self, column: Column, value: Any) -> Column:
-        fill = pa.scalar(value).cast(column.type)
+        fill = _scalar_as(value, column.type)
         if pa.types.is_floating(column.type):
             return pc.if_else(self.is_missing(column), fill, column)
         return pc.fill_null(column, fill)
@@ -433,9 +442,9 @@ class ArrowBackend(Backend):
             return self.clip(column.cast(pa.float32()), half(lower), half(upper)).cast(pa.float16())
         out = column
         if lower is not None:
-            out = pc.max_element_wise(out, pa.scalar(lower).cast(column.type), skip_nulls=False)
+            out = pc.max_element_wise(out, _scalar_as(lower, column.type), skip_nulls=False)
         if upper is not None:
-            out = pc.min_element_wise(out, pa.scalar(upper).cast(column.type), skip_nulls=False)
+            out = pc.min_element_wise(out, _scalar_as(upper, column.type), skip_nulls=False)
         if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
             out = pc.if_else(pc.is_nan(column), column, out)
         return out
@@ -731,7 +740,7 @@ class ArrowBackend(Backend):
         if pad_length is not None:
             # pad elements point at one pad value appended to the values
             idx = np.where(idx < 0, len(values), idx)
-            values = pa.concat_arrays([values, pa.array([pad_value]).cast(values.type)])
+            values = pa.concat_arrays([values, pa.array([_scalar_as(pad_value, values.type)])])
         taken = values.take(pa.array(idx, type=pa.int64()))
         cls = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
         offset_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()

@@ -175,10 +175,9 @@ class FillMedian(StatOperator):
             out_type = column.type if pa.types.is_floating(column.type) else pa.float64()
             missing = kernels.is_missing(column)
             median = self.medians[name]
-            if median is None:
-                data[name] = column.cast(out_type)
-            else:
-                data[name] = kernels.fill_missing(column.cast(out_type), median)
+            # integers past 2**53 are rounded to the nearest float64, as numpy does
+            column = column.cast(out_type, safe=False)
+            data[name] = column if median is None else kernels.fill_missing(column, median)
             if self.add_binary_cols:
                 data[f"{name}_filled"] = missing if median is not None else pa.array(
                     np.zeros(len(column), dtype=bool))

@@ -34,13 +34,23 @@ import numpy as np
 import tensorflow as tf
 
 from tabstream.serving import murmur
-from tabstream.serving.plan import ServingPlan, float_width
+from tabstream.serving.plan import ServingPlan, float_width, int_bits
 
 __all__ = ["RawFeatures", "export", "input_signature", "signature_outputs"]
 
 _DTYPES = {"float32": tf.float32, "float64": tf.float64, "float16": tf.float16,
            "int64": tf.int64, "int32": tf.int32, "int16": tf.int16, "int8": tf.int8,
            "uint8": tf.uint8, "uint16": tf.uint16, "uint32": tf.uint32, "uint64": tf.uint64, "bool": tf.bool}
+
+
+def _float64(col: Any, step: dict[str, Any]) -> Any:
+    """A column's values as float64; uint64 bits (``step["unsigned"]``) rounded once
+    from their two 32-bit halves, as numpy converts uint64."""
+    if not step.get("unsigned"):
+        return tf.cast(col.values, tf.float64)
+    high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(col.values, _i64(32)), _i64(0xFFFFFFFF))
+    low = tf.bitwise.bitwise_and(col.values, _i64(0xFFFFFFFF))
+    return tf.cast(high, tf.float64) * 4294967296.0 + tf.cast(low, tf.float64)
 
 
 def _i64(v: Any) -> Any:
@@ -218,9 +228,9 @@ class RawFeatures(keras.layers.Layer):
         missing = col.missing()
         if step["dtype"].startswith("float"):
             value = float_width(step["value"], step["dtype"])
-            values = tf.where(missing, tf.constant(value, tf.float64), tf.cast(col.values, tf.float64))
+            values = tf.where(missing, tf.constant(value, tf.float64), _float64(col, step))
             return _Column(self._round(values, step["dtype"]), self._all(col), "float")
-        values = tf.where(missing, _i64(int(step["value"])), col.values)
+        values = tf.where(missing, _i64(int_bits(int(step["value"]))), col.values)
         return _Column(values, self._all(col), "int")
 
     # bool columns hold int64 0/1, as raw bool inputs do (hashes and lookups take int64)
@@ -233,7 +243,7 @@ class RawFeatures(keras.layers.Layer):
     def _clip(self, step, col):
         lo, hi = step["min"], step["max"]
         if step["dtype"].startswith("float"):
-            values = self._round(tf.cast(col.values, tf.float64), step["dtype"])
+            values = self._round(_float64(col, step), step["dtype"])
             lo = None if lo is None else float_width(lo, step["dtype"])
             hi = None if hi is None else float_width(hi, step["dtype"])
             if lo is not None:
@@ -242,25 +252,28 @@ class RawFeatures(keras.layers.Layer):
                 values = tf.where(values > hi, tf.constant(hi, tf.float64), values)
             return _Column(values, col.present, "float")
         values = col.values
+        # uint64 bits compare as unsigned with the sign bit flipped (bounds likewise)
+        flip = (1 << 63) if step.get("unsigned") else 0
+        order = tf.bitwise.bitwise_xor(values, _i64(-(1 << 63))) if flip else values
         if lo is not None and np.isfinite(lo):
-            values = tf.where(values < int(lo), _i64(int(lo)), values)
+            values = tf.where(order < _i64(int(lo) - flip), _i64(int_bits(int(lo))), values)
         if hi is not None and np.isfinite(hi):
-            values = tf.where(values > int(hi), _i64(int(hi)), values)
+            values = tf.where(order > _i64(int(hi) - flip), _i64(int_bits(int(hi))), values)
         return _Column(values, col.present, "int")
 
     def _log1p(self, step, col):
-        return _Column(self._round(tf.math.log1p(tf.cast(col.values, tf.float64)), step["dtype"]),
+        return _Column(self._round(tf.math.log1p(_float64(col, step)), step["dtype"]),
                        col.present, "float")
 
     def _standardize(self, step, col):
-        values = tf.cast(col.values, tf.float64) - step["shift"]
+        values = _float64(col, step) - step["shift"]
         if step["scale"] > 0:
             values = values / step["scale"]
         return _Column(self._round(values, step["dtype"]), col.present, "float")
 
     def _bucketize(self, step, col):
         bounds = tf.constant(step["boundaries"], tf.float64)
-        values = tf.cast(col.values, tf.float64)
+        values = _float64(col, step)
         ids = tf.searchsorted(bounds, values, side="right", out_type=tf.int64)
         return _Column(ids, tf.logical_not(col.missing()), "int")
 
@@ -304,7 +317,7 @@ class RawFeatures(keras.layers.Layer):
             valid = tf.reshape(k < tf.expand_dims(e - s, 1), [-1])
             values = tf.concat([col.values, tf.zeros([1], col.values.dtype)], 0)  # never empty
             present = tf.concat([col.present, tf.ones([1], tf.bool)], 0)
-            pad = tf.constant(step["pad_value"] if col.kind == "float" else int(step["pad_value"]), values.dtype)
+            pad = tf.constant(step["pad_value"] if col.kind == "float" else int_bits(int(step["pad_value"])), values.dtype)
             values = tf.where(valid, _K.gather(values, idx), pad)
             present = tf.where(valid, _K.gather(present, idx), True)
             rows = tf.range(tf.shape(n, out_type=tf.int64)[0] + 1) * length

@@ -195,6 +195,8 @@ class _Builder:
         self.steps: list[dict[str, Any]] = []
         self.kinds: dict[int, str] = {}
         self.lists: set[int] = set()
+        # slots of uint64 values, held as their bits in int64 (2**63 and up negative)
+        self.unsigned: set[int] = set()
         self.next_slot = 0
         self._raw: list[str] = []
 
@@ -211,6 +213,8 @@ class _Builder:
             slot = self._slot(kind)
             if col.is_list:
                 self.lists.add(slot)
+            if col.dtype == "uint64":
+                self.unsigned.add(slot)
             self.input_slots[name] = slot
             self._raw.append(name)
         return self.input_slots[name]
@@ -225,8 +229,20 @@ class _Builder:
         out = self._slot(kind)
         if any(i in self.lists for i in inputs):  # element-wise steps keep the lists
             self.lists.add(out)
+        if inputs and inputs[0] in self.unsigned and op in _ARITHMETIC:
+            # the step reads uint64 bits: as floats they are 2**64 more when negative,
+            # and ordered by their bits with the sign flipped
+            params["unsigned"] = True
+            if kind == "int" and op in _KEEPS_INTS:
+                self.unsigned.add(out)
         self.steps.append({"op": op, "out": out, "in": inputs, **params})
         return out
+
+
+#: steps that compute with their input's values (not hash or look up their bits)
+_ARITHMETIC = frozenset({"fill", "clip", "log1p", "standardize", "bucketize", "list_slice"})
+#: of those, the ones whose integer output holds the input's values (the dtype kept)
+_KEEPS_INTS = frozenset({"fill", "clip", "list_slice"})
 
 
 Translator = Callable[[Any, _Builder, dict[str, int], Schema, Schema], dict[str, int]]
@@ -246,7 +262,7 @@ def _fill(op: Any, b: _Builder, slots: dict[str, int], in_schema: Schema, out_sc
         value = op.fill_val if isinstance(op, FillMissing) else op.medians[name]
         dtype = out_schema[name].dtype
         out[name] = slots[name] if value is None else b.step("fill", [slots[name]], _kind(dtype),
-                                                             value=float(value), dtype=dtype)
+                                                             value=_fill_value(value, dtype), dtype=dtype)
         if op.add_binary_cols:
             flag = f"{name}_filled"
             out[flag] = b.step("missing_flag", [slots[name]], "bool", dtype="bool") if value is not None \
@@ -260,6 +276,18 @@ def _clip(op, b, name, slot, col, out):
         lo, hi = op._int_bounds(name, col.dtype)
         return b.step("clip", [slot], "int", min=lo, max=hi, dtype=out.dtype)
     return b.step("clip", [slot], _kind(out.dtype), min=_num(op.min_value), max=_num(op.max_value), dtype=out.dtype)
+
+
+def _fill_value(value: Any, dtype: str) -> float | int:
+    """A fill value as the plan holds it: an int for integer dtypes (a float would
+    round one past 2**53), else a float."""
+    return int(value) if _kind(dtype) == "int" else float(value)
+
+
+def int_bits(value: int) -> int:
+    """An integer of int64 or uint64 range as the int64 that holds its bits (how the
+    artifact carries uint64 values: 2**63 and up negative)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _num(v: Any) -> float | None:
@@ -304,7 +332,7 @@ def _list_slice(op, b, name, slot, col, out):
         raise ExportError(f"serving: ListSlice(pad=True) on the list of strings {name!r} has no in-graph "
                           "version yet; pad after Categorify (ListSlice on the ids), or leave the column out "
                           "(Workflow.remove_inputs)")
-    pad_value = None if not op.pad else float(op.pad_value)
+    pad_value = None if not op.pad else _fill_value(op.pad_value, "float64" if b.kinds[slot] == "float" else "int64")
     out_slot = b.step("list_slice", [slot], b.kinds[slot], start=start, end=end,
                       length=op.length if op.pad else None, pad_value=pad_value, dtype=out.dtype)
     return out_slot

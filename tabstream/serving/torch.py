@@ -37,7 +37,7 @@ from torch import nn
 
 from tabstream.core.errors import ExportError
 from tabstream.serving import murmur
-from tabstream.serving.plan import KEY_SEED, ServingPlan, float_width, string_keys
+from tabstream.serving.plan import KEY_SEED, ServingPlan, float_width, int_bits, string_keys
 
 __all__ = ["RawFeatures", "export"]
 
@@ -148,6 +148,16 @@ def _as(x: Any, dtype: Any) -> Any:
 def _take(values: Any, idx: Any) -> Any:
     """``values[idx]`` (in-range ``idx``) through index_select, see :meth:`_K.gather`."""
     return torch.index_select(values, 0, idx)
+
+
+def _float64(col: Any, step: dict[str, Any]) -> Any:
+    """A column's values as float64; uint64 bits (``step["unsigned"]``) rounded once
+    from their two 32-bit halves, as numpy converts uint64."""
+    if not step.get("unsigned"):
+        return _as(col.values, torch.float64)
+    high = torch.bitwise_and(torch.bitwise_right_shift(col.values, 32), 0xFFFFFFFF)
+    low = torch.bitwise_and(col.values, 0xFFFFFFFF)
+    return high.to(torch.float64) * 4294967296.0 + low.to(torch.float64)
 
 
 def _bits(x: Any) -> Any:
@@ -329,13 +339,12 @@ class RawFeatures(nn.Module):
                 values = col.values
             else:
                 values = torch.where(col.missing(), -1, col.values)
+            if spec.layout == "fixed":  # padded before the cast: no index_select of uint64 in torch
+                dense, mask = _dense(values, col.offsets, spec.length)
+                out[spec.name] = (_as(dense, dtype), mask)
+                continue
             values = _as(values, dtype)
-            if spec.layout == "ragged":
-                out[spec.name] = (values, col.offsets)
-            elif spec.layout == "fixed":
-                out[spec.name] = _dense(values, col.offsets, spec.length)
-            else:
-                out[spec.name] = values
+            out[spec.name] = (values, col.offsets) if spec.layout == "ragged" else values
         return out
 
     # -- steps (one per plan op) ---------------------------------------------
@@ -350,10 +359,10 @@ class RawFeatures(nn.Module):
         missing = col.missing()
         if step["dtype"].startswith("float"):
             value = float_width(step["value"], step["dtype"])
-            values = torch.where(missing, value, _as(col.values, torch.float64))
+            values = torch.where(missing, value, _float64(col, step))
             values = self._round(values, step["dtype"])
             return _Column(values, torch.ones_like(col.present), "float")
-        values = torch.where(missing, int(step["value"]), col.values)
+        values = torch.where(missing, int_bits(int(step["value"])), col.values)
         return _Column(values, torch.ones_like(col.present), "int")
 
     def _missing_flag(self, step, col):
@@ -365,7 +374,7 @@ class RawFeatures(nn.Module):
     def _clip(self, step, col):
         lo, hi = step["min"], step["max"]
         if step["dtype"].startswith("float"):
-            values = self._round(_as(col.values, torch.float64), step["dtype"])
+            values = self._round(_float64(col, step), step["dtype"])
             lo = None if lo is None else float_width(lo, step["dtype"])
             hi = None if hi is None else float_width(hi, step["dtype"])
             if lo is not None:
@@ -374,25 +383,28 @@ class RawFeatures(nn.Module):
                 values = torch.where(values > hi, hi, values)
             return _Column(values, col.present, "float")
         values = col.values
+        # uint64 bits compare as unsigned with the sign bit flipped (bounds likewise)
+        flip = (1 << 63) if step.get("unsigned") else 0
+        order = torch.bitwise_xor(values, -(1 << 63)) if flip else values
         if lo is not None and np.isfinite(lo):
-            values = torch.where(values < int(lo), int(lo), values)
+            values = torch.where(order < int(lo) - flip, int_bits(int(lo)), values)
         if hi is not None and np.isfinite(hi):
-            values = torch.where(values > int(hi), int(hi), values)
+            values = torch.where(order > int(hi) - flip, int_bits(int(hi)), values)
         return _Column(values, col.present, "int")
 
     def _log1p(self, step, col):
-        values = self._round(torch.log1p(_as(col.values, torch.float64)), step["dtype"])
+        values = self._round(torch.log1p(_float64(col, step)), step["dtype"])
         return _Column(values, col.present, "float")
 
     def _standardize(self, step, col):
-        values = _as(col.values, torch.float64) - step["shift"]
+        values = _float64(col, step) - step["shift"]
         if step["scale"] > 0:
             values = values / step["scale"]
         return _Column(self._round(values, step["dtype"]), col.present, "float")
 
     def _bucketize(self, step, col):
         bounds = torch.tensor(step["boundaries"], dtype=torch.float64)
-        values = _as(col.values, torch.float64)
+        values = _float64(col, step)
         ids = torch.searchsorted(bounds, values.contiguous(), right=True)
         return _Column(ids, ~col.missing(), "int")
 
@@ -434,7 +446,7 @@ class RawFeatures(nn.Module):
             valid = (k < (e - s).unsqueeze(1)).reshape(-1)
             values = torch.cat([col.values, col.values.new_zeros(1)])  # never empty
             present = torch.cat([col.present, col.present.new_ones(1)])
-            pad = step["pad_value"] if col.kind == "float" else int(step["pad_value"])
+            pad = step["pad_value"] if col.kind == "float" else int_bits(int(step["pad_value"]))
             values = torch.where(valid, _K.gather(values, idx), pad)
             present = torch.where(valid, _K.gather(present, idx), True)
             rows = torch.arange(n.shape[0] + 1, dtype=torch.int64) * length

@@ -132,7 +132,11 @@ def _numbers(col: pa.Array) -> np.ndarray:
         return col.to_numpy(zero_copy_only=False).astype(col.type.to_pandas_dtype())
     if pa.types.is_boolean(col.type):
         return np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-    return (col.fill_null(-1) if col.null_count else col).to_numpy()  # -1 has no unsigned form
+    if col.null_count:
+        # a missing integer is -1; an unsigned dtype holds its bits (all ones)
+        missing = -1 if pa.types.is_signed_integer(col.type) else (1 << col.type.bit_width) - 1
+        col = col.fill_null(missing)
+    return col.to_numpy()
 
 
 def expected_features(wf: ts.Workflow, rows: pa.Table, names: list[str]) -> dict[str, Any]:
