@@ -685,6 +685,12 @@ class ParameterServer:
         self._listeners: list[Any] = []
         self._reader: ThreadPoolExecutor | None = None  # reads ahead (read_ahead)
         self._ahead: dict[str, Any] = {}  # table -> (sorted ids, future of their records)
+        # vocabulary resets are facts about the ids, not training: a rollback keeps
+        # them (replays them). Those made since the last mark, and those the last
+        # commit holds (kept in its mark state, so a reopened server has them too)
+        self._pending_resets: dict[str, list[np.ndarray]] = {}
+        self._commit_resets: dict[str, list[int]] = {}
+        self._trained_since_mark = False  # an apply() since the last mark
         if _meta is None:
             if (self.path / _META).exists():
                 raise DataError(
@@ -722,7 +728,8 @@ class ParameterServer:
 
     def _mark_state(self) -> dict[str, Any]:
         state = {"version": self.version, "table_steps": dict(self.table_steps),
-                 "last_export": self.last_export, "vocabulary_delta": self.vocabulary_delta}
+                 "last_export": self.last_export, "vocabulary_delta": self.vocabulary_delta,
+                 "resets": {t: list(ids) for t, ids in self._commit_resets.items()}}
         if self.storage == "disk":  # slots given out per table (what a rollback keeps)
             tables = getattr(self, "_tables", None)
             state["slots"] = {c.name: tables[c.name].count if tables else 0 for c in self.configs}
@@ -733,6 +740,8 @@ class ParameterServer:
         self.table_steps = {k: int(v) for k, v in state["table_steps"].items()}
         self.last_export = int(state["last_export"])
         self.vocabulary_delta = int(state.get("vocabulary_delta", 0))  # absent before deltas
+        resets = state.get("resets") or {}  # absent before resets were kept
+        self._commit_resets = {str(t): [int(i) for i in ids] for t, ids in resets.items()}
 
     def _write_meta(self) -> None:
         meta = self._settings()
@@ -1064,9 +1073,17 @@ class ParameterServer:
                 f"parameter server {self.path} keeps memory snapshots only of its last "
                 f"flush (version {self.mark}); it cannot go back to version {version}"
             )
+        # the vocabulary resets undone here are made again after it (with the last
+        # delta's sequence): the ids were recycled whatever the training did
+        replay = {t: list(parts) for t, parts in self._pending_resets.items()}
+        if version != self.mark:
+            for t, ids in self._commit_resets.items():
+                replay.setdefault(t, []).append(np.asarray(ids, np.int64))
+        sequence = self.vocabulary_delta
         if self.version != self.mark:
             self._discard_uncommitted()
         if version == self.mark:
+            self._replay_resets(replay, sequence)
             return
         log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
         if log.exists():
@@ -1079,10 +1096,31 @@ class ParameterServer:
         self._committed = self._mark_state()
         self._write_meta()
         self._notify("reset")
+        self._replay_resets(replay, sequence)
+
+    @property
+    def trained_since_commit(self) -> bool:
+        """True when :meth:`apply` ran since the last :meth:`flush` (vocabulary resets
+        alone do not count: a rollback keeps them)."""
+        return self._trained_since_mark
+
+    def _replay_resets(self, resets: dict[str, list[np.ndarray]], sequence: int) -> None:
+        """After a rollback: the vocabulary resets it undid made again, the last
+        delta's sequence restored, and both committed."""
+        if not resets and sequence == self.vocabulary_delta:
+            return
+        for table, parts in resets.items():
+            ids = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            if len(ids):
+                self._reset_rows(table, ids)
+        self.vocabulary_delta = max(self.vocabulary_delta, sequence)
+        self.flush()
+        self._notify("reset")
 
     def _discard_uncommitted(self) -> None:
         """Undo the updates made after the last mark; the caches are told."""
         self._settle()
+        self._pending_resets, self._trained_since_mark = {}, False
         if self.storage == "disk":
             log = self.path / _UNDO / f"from_{self.mark:012d}.log"
             if log.exists():
@@ -1309,6 +1347,7 @@ class ParameterServer:
                     "with room; storage='memory' keeps the rows in memory instead")
         self.table_steps[table] = step
         self.version += 1
+        self._trained_since_mark = True
         return w
 
     def apply_vocabulary_delta(self, delta: Any) -> dict[str, int]:
@@ -1397,6 +1436,7 @@ class ParameterServer:
                     "as it was before", "free space on that disk, or move the server to a disk "
                     "with room")
         self.version += 1
+        self._pending_resets.setdefault(table, []).append(np.array(ids, np.int64))
 
     def optimizer_state(self, table: str, ids: Any) -> np.ndarray:
         """The optimizer state of rows ``ids``: ``(n, dim)`` sums of squares (adagrad)
@@ -1451,8 +1491,13 @@ class ParameterServer:
         """Commit: make the current rows what :meth:`open` returns after a crash.
         Returns the version committed."""
         self._settle()
-        kept = (self.mark, self.previous_mark, self._previous_state, self._committed)
+        kept = (self.mark, self.previous_mark, self._previous_state, self._committed,
+                self._commit_resets, self._pending_resets, self._trained_since_mark)
         try:
+            if self.version != self.mark:  # this commit's resets, kept with its mark
+                self._commit_resets = {t: np.unique(np.concatenate(parts)).tolist()
+                                       for t, parts in self._pending_resets.items()}
+                self._pending_resets, self._trained_since_mark = {}, False
             if self.storage == "disk":
                 for table in self._tables.values():
                     table.sync()
@@ -1462,9 +1507,10 @@ class ParameterServer:
             stale = None
             if self.version != self.mark:
                 # the log of [old mark, now) is kept for rollback_to(old mark); the one
-                # before it is no longer needed
+                # before it is no longer needed (nor its resets: only a rollback past
+                # the last mark replays them)
                 stale = self.previous_mark
-                self._previous_state = self._committed
+                self._previous_state = {k: v for k, v in self._committed.items() if k != "resets"}
                 self.previous_mark = self.mark
             self.mark = self.version
             self._committed = self._mark_state()
@@ -1474,7 +1520,8 @@ class ParameterServer:
         except OSError as exc:
             # not committed: the last mark stays what open() returns (a change-log
             # segment written here counts only once a mark covers it)
-            self.mark, self.previous_mark, self._previous_state, self._committed = kept
+            (self.mark, self.previous_mark, self._previous_state, self._committed,
+             self._commit_resets, self._pending_resets, self._trained_since_mark) = kept
             raise DataError(
                 f"parameter server {self.path}: could not commit version {self.version} "
                 f"({exc.strerror or exc}); the last commit is still version {self.mark}",

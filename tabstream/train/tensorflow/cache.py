@@ -398,7 +398,7 @@ class CachedEmbeddings(keras.layers.Layer):
         self._load_error = None
         wanted = int(np.asarray(store["ps_version"]))
         if wanted != self.ps.version:
-            if self.ps.version != self.ps.mark:
+            if self.ps.trained_since_commit:  # resets alone are kept by the rollback
                 self._load_error = DataError(
                     f"parameter server {self.ps.path} holds uncommitted updates (version "
                     f"{self.ps.version}, last commit {self.ps.mark}); reopen it with "

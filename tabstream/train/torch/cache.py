@@ -294,7 +294,7 @@ class CachedEmbeddings(nn.Module):
         if key in state_dict:
             wanted = int(state_dict[key])
             if wanted != self.ps.version:
-                if self.ps.version != self.ps.mark:
+                if self.ps.trained_since_commit:  # resets alone are kept by the rollback
                     raise DataError(
                         f"parameter server {self.ps.path} holds uncommitted updates (version "
                         f"{self.ps.version}, last commit {self.ps.mark}); reopen it with "

@@ -6,7 +6,9 @@ sparse optimizer (Adagrad or LazyAdam) on the same initial rows. Rules train,
 look up in eval mode, look up with gradients off in train mode, stage rows,
 read the next batch's rows ahead (``CachedEmbeddings.prefetch``, with a commit
 in between or not) and any rows ahead (``ParameterServer.read_ahead``, left for a
-later rule), commit, roll back, and reopen the server after a simulated crash. After every
+later rule), commit, reset rows as a vocabulary delta does, roll back (which keeps
+the resets made since the version it goes back to), and reopen the server after a
+simulated crash. After every
 rule the cached module's answers equal the reference's and ``ps.lookup``'s,
 the server's rows equal the reference's weights, and each cache's bookkeeping
 holds (one id per slot, free + used = capacity).
@@ -99,6 +101,9 @@ class CacheMachine(RuleBasedStateMachine):
                     else LazyAdam(params, lr=0.1))
         self.marks = {0: self._reference_state()}  # server version -> reference then
         self.step = 0
+        # ids of table "a" reset since the last commit, and by the last commit
+        self.pending_resets: list[int] = []
+        self.commit_resets: list[int] = []
 
     def teardown(self):
         if hasattr(self, "ps"):
@@ -172,8 +177,26 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self):
+        changed = self.ps.version != self.ps.mark
         version = self.ps.flush()
         self.marks[version] = self._reference_state()
+        if changed:
+            self.commit_resets, self.pending_resets = self.pending_resets, []
+
+    @rule(ids=st.lists(st.integers(0, A_ROWS - 1), min_size=1, max_size=4))
+    def reset_rows(self, ids):
+        """A vocabulary delta recycled ``ids``: rows and optimizer state start over."""
+        self.ps.apply_vocabulary_delta({"a": ids})
+        self.ref.reset_rows("a", ids, optimizer=self.opt, seed=self.ps.seed)
+        self.pending_resets += ids
+
+    def _replayed(self, ids):
+        """The reference after a rollback that made the resets ``ids`` again (and
+        committed them)."""
+        if ids:
+            self.ref.reset_rows("a", sorted(set(ids)), optimizer=self.opt, seed=self.ps.seed)
+            self.marks[self.ps.mark] = self._reference_state()
+        self.commit_resets, self.pending_resets = sorted(set(ids)), []
 
     @precondition(lambda self: self.storage == "disk")
     @rule()
@@ -183,8 +206,22 @@ class CacheMachine(RuleBasedStateMachine):
         previous = self.ps.previous_mark
         if previous is None:
             return
+        replay = self.pending_resets + self.commit_resets
         self.ps.rollback_to(previous)
         self._restore_reference(previous)
+        self._replayed(replay)
+
+    @rule()
+    def roll_back_to_the_last_commit(self):
+        """A checkpoint taken at the last commit is loaded: the updates since are
+        undone, the resets since are kept."""
+        replay = list(self.pending_resets)
+        commit = self.commit_resets
+        self.ps.rollback_to(self.ps.mark)
+        self._restore_reference(self.ps.previous_mark if replay else self.ps.mark)
+        self._replayed(replay)
+        if not replay:
+            self.commit_resets = commit
 
     @rule()
     def crash_and_reopen(self):
@@ -195,6 +232,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.ps = ParameterServer.open(self.tmp / "ps")
         self.emb = CachedEmbeddings(self.ps, self.cache_rows)
         self._restore_reference(self.ps.version)
+        self.pending_resets = []
 
     # -- after every rule ---------------------------------------------------------
 
