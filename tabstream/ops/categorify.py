@@ -109,6 +109,7 @@ import pyarrow.compute as pc
 
 from tabstream.backends import current as backend
 from tabstream.core.dtypes import arrow_type_to_dtype, dtype_to_arrow_type, sort_indices, widen_half
+from tabstream.core.errors import ExportError
 from tabstream.core.operators import (
     StatOperator,
     check_flag,
@@ -605,20 +606,48 @@ class Categorify(StatOperator):
         # fitted state: vocabulary name -> table (values, counts) in id order; with
         # single_table the dict's order is the order of the id ranges
         self.tables: dict[str, pa.Table] = {}
-        self.stats_files: dict[str, str] = {}  # out_path files by name, written at fit
+        # the user's copy of the vocabularies under out_path (see stats_files);
+        # _files_current: whether those files describe self.tables
+        self._stats_files: dict[str, str] = {}
+        self._files_current = True
         # vocabulary names in selection order, as the output schema last saw them
         self._order: list[str] = []
 
     @property
     def categories(self) -> dict[str, str]:
         """NVTabular's ``op.categories``: vocabulary name (a column, or a joint/combo
-        group's ``A_B``) -> its file under ``out_path``, written at fit (see
-        :attr:`stats_files`). Only an op given ``out_path`` writes files."""
+        group's ``A_B``) -> its file under ``out_path`` (see :attr:`stats_files`). Only
+        an op given ``out_path`` writes files."""
         if self.out_path is None:
             raise ValueError("Categorify.categories lists the vocabulary files written under "
                              "out_path, and this op has none: pass Categorify(out_path=folder) "
                              "(the vocabularies themselves are in op.tables)")
         return {name.removeprefix("unique."): path for name, path in self.stats_files.items()}
+
+    @property
+    def stats_files(self) -> dict[str, str]:
+        """The files under ``out_path`` by name (``unique.<vocabulary>``), each in step
+        with the vocabulary (row ``i`` is id ``first + i``, see :func:`write_stats_files
+        <tabstream.ops.nvt_params.write_stats_files>`). A fit writes them, and so does
+        every ``Workflow.update`` (the files of the vocabularies it folded, recycled ids
+        included). A loaded op writes them at the first use of this property or of
+        :attr:`categories`: ``Workflow.load`` itself writes nothing, so a workflow loads
+        where ``out_path`` is not writable. ``{}`` without ``out_path``."""
+        if not self._files_current:
+            self._write_stats_files()
+        return dict(self._stats_files)
+
+    def _write_stats_files(self, names: Sequence[str] | None = None) -> None:
+        """Write the files of the vocabularies ``names`` (None: all) under ``out_path``
+        from :attr:`tables`; afterwards every file this op lists describes its state."""
+        names = list(self.tables) if names is None else [n for n in names if n in self.tables]
+        written = write_stats_files("Categorify", self.out_path, {
+            f"unique.{name}": pa.table({name: self.tables[name]["values"],
+                                        f"{name}_size": self.tables[name]["counts"]})
+            for name in names})
+        files = {**self._stats_files, **written}
+        self._stats_files = {key: files[key] for key in (f"unique.{n}" for n in self.tables) if key in files}
+        self._files_current = True
 
     # -- groups -------------------------------------------------------------
     @property
@@ -1172,9 +1201,8 @@ class Categorify(StatOperator):
         self.updates = 0
         drop_lookup_indexes(self)  # those of the vocabularies replaced
         self.fitted = True
-        self.stats_files = write_stats_files("Categorify", self.out_path, {
-            f"unique.{name}": pa.table({name: t["values"], f"{name}_size": t["counts"]})
-            for name, t in self.tables.items()})
+        self._stats_files = {}
+        self._write_stats_files()
 
     # -- update (a living vocabulary, see tabstream.ops.vocabulary_policy) -----
     #: Workflow.update folds new data's counts into the fitted vocabularies
@@ -1217,6 +1245,11 @@ class Categorify(StatOperator):
         self.tables, self.candidates = tables, candidates
         self.updates += 1
         drop_lookup_indexes(self)  # the vocabularies changed
+        # the id -> value files follow (a recycled id names its new value there): those
+        # of the vocabularies folded, or all where they were not current already
+        names = list(partial) if self._files_current else None
+        self._files_current = False
+        self._write_stats_files(names)
         return out
 
     def _vocab_columns(self, name: str) -> list[str]:
@@ -1323,6 +1356,13 @@ class Categorify(StatOperator):
         self.updates = int(values.get("updates", 0))
         drop_lookup_indexes(self)
         self.fitted = True
+        # files under out_path no longer known to match: written again on first use
+        # (stats_files). Where this op wrote them already (Workflow.update putting back
+        # the state it started from) they are rewritten now, as far as the folder allows
+        self._files_current = False
+        if self._stats_files:
+            with contextlib.suppress(ExportError):
+                self._write_stats_files()
 
     def reverse_mapping(self, name: str) -> pa.Table:
         """``(id, value, counts)`` of every vocabulary entry of ``name`` (a column, a

@@ -17,7 +17,10 @@ rows differ in length (Merlin would pad them with nulls, then refuse).
 
 The file is streamed a partition at a time (memory: one partition) into a hidden
 temporary file beside it and renamed into place when complete, so a failed write
-never leaves a file that looks finished.
+never leaves a file that looks finished. Writers of one file take turns for that last
+step (a lock ``.<name>.lock`` beside it, see :mod:`tabstream.pipeline.file_lock`):
+of two ``append=True`` writers at once, the second appends to the file the first
+left, so both add their rows.
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ import pyarrow.compute as pc
 
 from tabstream.core.dtypes import is_list_type, list_value_type
 from tabstream.core.errors import DataError, SchemaError
+from tabstream.pipeline.file_lock import exclusive
 
 __all__ = ["write_npy"]
 
 
 class _Layout:
     """The output columns of a table: ``(name, width or None for a scalar)`` and the
-    common dtype, fixed by the first partition."""
+    common dtype, fixed by the first partition; a list column's width (values per
+    row) by the first partition with rows, or by its type when it is fixed-size (an
+    empty partition has no rows to measure: a filtered-out one must not fix 0)."""
 
     def __init__(self, table: pa.Table, where: str) -> None:
         strings = [f.name for f in table.schema if _is_text(list_value_type(f.type))]
@@ -50,23 +56,37 @@ class _Layout:
                 "is a pickle of Python objects, which tabstream does not write",
                 hint="encode them first (ops.Categorify), or leave them out of the workflow's output")
         self.scalars = [f.name for f in table.schema if not is_list_type(f.type)]
-        self.lists = {f.name: _list_width(table.column(f.name), f.name, where)
-                      for f in table.schema if is_list_type(f.type)}
+        # None: not known yet (no rows seen); see measure()
+        self.lists: dict[str, int | None] = {f.name: None for f in table.schema if is_list_type(f.type)}
         types = [_numpy_dtype(list_value_type(f.type), f.name, where) for f in table.schema]
         try:
             self.dtype = np.result_type(*types) if types else np.dtype("float64")
         except TypeError as exc:
             raise SchemaError(f"to_npy({where!r}): the columns' dtypes {[str(t) for t in types]} "
                               "have no common numpy dtype") from exc
-        self.width = len(self.scalars) + sum(self.lists.values())
+
+    @property
+    def width(self) -> int:
+        """Columns of the array (a list column not yet measured counts 0: it has had no
+        rows, so no row was written)."""
+        return len(self.scalars) + sum(n or 0 for n in self.lists.values())
 
     def names(self) -> list[str]:
-        return self.scalars + [f"{c}_{i}" for c, n in self.lists.items() for i in range(n)]
+        return self.scalars + [f"{c}_{i}" for c, n in self.lists.items() for i in range(n or 0)]
+
+    def measure(self, table: pa.Table, where: str) -> None:
+        """Fix the width of each list column not fixed yet, from ``table`` when it has
+        rows (or from a fixed-size list type)."""
+        for name, n in self.lists.items():
+            column = table.column(name)
+            if n is None and (table.num_rows or pa.types.is_fixed_size_list(column.type)):
+                self.lists[name] = _list_width(column, name, where)
 
     def rows(self, table: pa.Table, where: str) -> np.ndarray:
         if sorted(table.column_names) != sorted(self.scalars + list(self.lists)):
             raise DataError(f"to_npy({where!r}): a partition has columns {table.column_names}, "
                             f"the first had {self.scalars + list(self.lists)}")
+        self.measure(table, where)
         out = np.empty((table.num_rows, self.width), dtype=self.dtype)
         for j, name in enumerate(self.scalars):
             column = table.column(name)
@@ -74,11 +94,15 @@ class _Layout:
             out[:, j] = column.to_numpy()
         j = len(self.scalars)
         for name, n in self.lists.items():
+            if not table.num_rows:
+                continue  # nothing to write; its width may not be known yet
+            assert n is not None  # measured above: the table has rows
             column = table.column(name)
             width = _list_width(column, name, where)
-            if table.num_rows and width != n:
+            if width != n:
                 raise DataError(f"to_npy({where!r}): list column {name!r} has {width} values per row "
-                                f"in one partition and {n} in the first; every row must have one length")
+                                f"in one partition and {n} in an earlier one; every row must have "
+                                "one length")
             values = pa.chunked_array([pc.list_flatten(c) for c in column.chunks], list_value_type(column.type))
             _refuse_nulls(values, name, where)
             out[:, j:j + n] = values.to_numpy().reshape(table.num_rows, n)
@@ -155,18 +179,22 @@ def write_npy(read_piece: Callable[[Any], pa.Table], pieces: Sequence[Any], outp
                 total += table.num_rows
         if layout is None:
             raise DataError(f"to_npy({path!r}): the dataset has no partitions")
-        old_rows = _existing_rows(path, layout) if append and os.path.exists(path) else 0
-        with open(tmp, "wb") as out:
-            header = {"descr": np.lib.format.dtype_to_descr(layout.dtype), "fortran_order": False,
-                      "shape": (old_rows + total, layout.width)}
-            np.lib.format.write_array_header_2_0(out, header)
-            if old_rows:
-                with open(path, "rb") as old:
-                    _read_header(old)
-                    shutil.copyfileobj(old, out)
-            with open(raw, "rb") as f:
-                shutil.copyfileobj(f, out)
-        os.replace(tmp, path)
+        # writers of one file take turns from reading the old rows to the rename: two
+        # appenders at once would each copy the same old file, and the later rename
+        # would drop the other's rows
+        with exclusive(os.path.join(folder, f".{name}.lock")):
+            old_rows = _existing_rows(path, layout) if append and os.path.exists(path) else 0
+            with open(tmp, "wb") as out:
+                header = {"descr": np.lib.format.dtype_to_descr(layout.dtype), "fortran_order": False,
+                          "shape": (old_rows + total, layout.width)}
+                np.lib.format.write_array_header_2_0(out, header)
+                if old_rows:
+                    with open(path, "rb") as old:
+                        _read_header(old)
+                        shutil.copyfileobj(old, out)
+                with open(raw, "rb") as f:
+                    shutil.copyfileobj(f, out)
+            os.replace(tmp, path)
     finally:
         for leftover in (raw, tmp):
             if os.path.exists(leftover):

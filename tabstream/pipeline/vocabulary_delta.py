@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tabstream.core.errors import DataError
+from tabstream.pipeline.file_lock import exclusive
 
 __all__ = ["DELTA_FOLDER", "VocabularyChanges", "VocabularyDelta", "read_chain"]
 
@@ -133,31 +134,35 @@ class VocabularyDelta:
     def write(self, folder: str, storage_options: dict | None = None) -> str:
         """Write this delta to ``folder/<name>`` (a new folder): on a local disk under
         a temporary name, then renamed; on an object store ``_delta.json`` last.
-        Returns the delta's folder."""
+        Returns the delta's folder.
+
+        Each update is written once: a folder that holds the delta (its
+        ``_delta.json``) is a :class:`DataError`. On a local disk writers of one delta
+        take turns (a lock ``folder/.<name>.lock``, see
+        :mod:`tabstream.pipeline.file_lock`), so of two writing it at once exactly one
+        succeeds and the other gets that error; a folder left by a write cut short
+        (no ``_delta.json``) is replaced, never a complete delta."""
         fs, root = fsspec.core.url_to_fs(folder, **(storage_options or {}))
-        final = posixpath.join(root.rstrip("/"), self.name)
-        if fs.exists(posixpath.join(final, "_delta.json")):
-            raise DataError(f"vocabulary delta {final} already exists; each update is written once",
-                            hint="write the deltas of another workflow to another folder")
+        root = root.rstrip("/")
+        final = posixpath.join(root, self.name)
+        _refuse_existing(fs, final)
         text, tables = self.files()
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        local = protocol in ("file", "local")
-        target = posixpath.join(root.rstrip("/"), f".{self.name}.tmp-{uuid.uuid4().hex[:8]}") if local else final
+        if protocol not in ("file", "local"):
+            # no rename, no lock: the files go in place, _delta.json last (the mark)
+            _write_files(fs, final, text, tables)
+            return final
+        fs.makedirs(root, exist_ok=True)
+        target = posixpath.join(root, f".{self.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            fs.makedirs(target, exist_ok=True)
-            for file, table in tables.items():
-                with fs.open(posixpath.join(target, file), "wb") as f:
-                    pq.write_table(table, f)
-            with fs.open(posixpath.join(target, "_delta.json"), "w") as f:
-                f.write(text)
-            if local:
+            _write_files(fs, target, text, tables)
+            with exclusive(posixpath.join(root, f".{self.name}.lock")):
+                _refuse_existing(fs, final)  # written by another writer meanwhile
                 if os.path.exists(final):  # a folder without _delta.json: a write cut short
                     shutil.rmtree(final)
                 os.replace(target, final)
-        except BaseException:
-            if local:
-                shutil.rmtree(target, ignore_errors=True)
-            raise
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
         return final
 
     @classmethod
@@ -165,6 +170,22 @@ class VocabularyDelta:
         """Read a delta folder (one ``update_<n>`` folder)."""
         fs, root = fsspec.core.url_to_fs(folder, **(storage_options or {}))
         return _read(fs, root.rstrip("/"))
+
+
+def _refuse_existing(fs: Any, final: str) -> None:
+    if fs.exists(posixpath.join(final, "_delta.json")):
+        raise DataError(f"vocabulary delta {final} already exists; each update is written once",
+                        hint="write the deltas of another workflow to another folder")
+
+
+def _write_files(fs: Any, target: str, text: str, tables: dict[str, pa.Table]) -> None:
+    """A delta's parquet tables, then its ``_delta.json``, into the folder ``target``."""
+    fs.makedirs(target, exist_ok=True)
+    for file, table in tables.items():
+        with fs.open(posixpath.join(target, file), "wb") as f:
+            pq.write_table(table, f)
+    with fs.open(posixpath.join(target, "_delta.json"), "w") as f:
+        f.write(text)
 
 
 def _changes_table(changes: VocabularyChanges) -> pa.Table:
