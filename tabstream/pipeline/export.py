@@ -167,8 +167,14 @@ def export(
     ``_`` is refused). ``overwrite=False`` refuses an ``output_path`` that holds an
     export with :class:`FileExistsError`, also when another export puts its folder
     there first; with ``overwrite=True`` the last export to finish is the one in
-    place, whole. A local folder of other files is exported into, without
-    ``overwrite``: they stay, and readers read the export's files alone (see
+    place, whole. On an object store (no rename) two exports to one prefix never
+    run together: each takes a lock in the prefix with an exclusive write (S3's
+    ``If-None-Match``), and the second to start fails with :class:`FileExistsError`
+    naming the prefix, also with ``overwrite=True``, so the prefix holds one export,
+    whole (see :class:`~tabstream.pipeline.export_folder.ObjectStorePublish`, and
+    docs/scaling-out.md for stores that ignore the condition). A local folder of
+    other files is exported into, without ``overwrite``: they stay, and readers read
+    the export's files alone (see
     :class:`~tabstream.pipeline.export_folder.PublishInto`); a file of theirs with a
     name the export writes is refused, naming it.
     A full or read-only folder is an :class:`~tabstream.core.errors.ExportError`
@@ -210,7 +216,7 @@ def export(
     root = paths[0].rstrip("/")
     mode = check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
-    store = None if is_local(fs) else ObjectStorePublish(fs, root)
+    store = None if is_local(fs) else ObjectStorePublish(fs, root, output_path, overwrite)
     into = None
     if store is None:
         export_folder.remove_export_leftovers(fs, parent, name)
@@ -230,7 +236,6 @@ def export(
                 raise _write_error(output_path, parent, exc) from exc
     else:
         tmp = root  # no rename on an object store: written in place, manifest last
-        store.begin()
 
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % 2**63)  # owned entropy, no global RNG
@@ -250,11 +255,13 @@ def export(
     keyset_columns = [c.name for c in schema.select_by_tag(Tags.CATEGORICAL)] if write_keysets else []
     if partition_on:
         keyset_columns = [c for c in keyset_columns if c not in partition_on]
-    plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
-                 schema.to_json().encode(), store.file_tag if store is not None else "", partition_on or [],
-                 casts, delta_encoded_columns(schema))
+    if store is not None:
+        store.begin()  # the prefix's lock, taken or refused (FileExistsError) before anything is written
 
     try:
+        plan = _Plan(dataset, workflow, columns, tmp, fs, row_group_size, compression, keyset_columns, seed,
+                     schema.to_json().encode(), store.file_tag if store is not None else "",
+                     partition_on or [], casts, delta_encoded_columns(schema))
         if into is not None:  # names known now: refused before anything is written
             into.check_names({export_folder.SCHEMA_FILE, "_metadata", *(
                 [] if partition_on else [f"part_{i:05d}.parquet" for i in range(total_files)])})
@@ -303,13 +310,16 @@ def export(
         if into is not None:
             extra = into.manifest_fields({f.split("/")[0] for f in files} | {
                 export_folder.SCHEMA_FILE, "_metadata", *(["_keysets"] if write_keysets else [])})
-        export_folder.write_sidecars(fs, tmp, schema, files, rows, extra)
+        if store is not None:  # still this export's prefix? then the sidecars, manifest last
+            store.check_held()
+            extra = store.manifest_fields()
+        export_folder.write_sidecars(fs, tmp, schema, files, rows, extra, store)
         if into is not None:
             into.finish()
         elif store is None:
             export_folder.publish(fs, tmp, root, overwrite, output_path)
         else:
-            store.finish()
+            store.finish(files)
     except BaseException as exc:
         if into is not None:
             into.abort()
@@ -887,7 +897,7 @@ def _shares(n: int, left: list[int]) -> list[int]:
 
 def _full_shuffle(plan: _Plan, counts: list[int], bounds: np.ndarray, client: Any,
                   progress: bool | None, pool: TaskGroup | None) -> list[tuple[str, int]]:
-    scatter = posixpath.join(plan.tmp, "_scatter")
+    scatter = posixpath.join(plan.tmp, f"_scatter{plan.file_tag}")  # tagged: see ObjectStorePublish
     # how many rows of each piece go to each file: a draw without replacement from the
     # files' rows (piece after piece, from what is left), so every file gets exactly
     # its rows and each is a uniform draw from the whole export

@@ -265,9 +265,11 @@ def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
 
 # -- writing and publishing ----------------------------------------------------
 def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: list[int],
-                   extra: dict[str, Any] | None = None) -> None:
+                   extra: dict[str, Any] | None = None, store: ObjectStorePublish | None = None) -> None:
     """``_schema.json``, ``_metadata`` and, last, ``_manifest.json`` (with the fields of
-    ``extra`` too: see :meth:`PublishInto.manifest_fields`) into ``tmp``."""
+    ``extra`` too: see :meth:`PublishInto.manifest_fields`) into ``tmp``. With a
+    ``store``, the manifest is written only where none exists (another export's
+    published first: :class:`FileExistsError`)."""
     with fs.open(posixpath.join(tmp, SCHEMA_FILE), "w") as f:
         f.write(schema.to_json())
     collected = []
@@ -290,11 +292,51 @@ def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: li
         **(extra or {}),
     }
     # The manifest is written last: its presence inside the folder marks it complete.
-    with fs.open(posixpath.join(tmp, MANIFEST_FILE), "w") as f:
-        json.dump(manifest, f, indent=2)
+    path = posixpath.join(tmp, MANIFEST_FILE)
+    if store is None:
+        with fs.open(path, "w") as f:
+            json.dump(manifest, f, indent=2)
+        return
+    try:
+        store.create(path, json.dumps(manifest, indent=2).encode())
+    except FileExistsError:
+        raise FileExistsError(
+            f"{store.output_path!r}: another export to this prefix published its {MANIFEST_FILE} "
+            "while this one ran; this export's files are removed and that one stays") from None
 
 
 SIDECARS = (SCHEMA_FILE, "_metadata", MANIFEST_FILE)  # restored in this order
+_UNTAGGED = re.compile(r"part_\d{5,}\.parquet")  # a data file's name without an export's tag
+
+
+def _store_code(exc: BaseException) -> str | None:
+    """The S3 error code (``PreconditionFailed``, ``NotImplemented``, ...) of ``exc`` or
+    of an exception it was raised from; None when none carries one."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and (response.get("Error") or {}).get("Code"):
+            return str(response["Error"]["Code"])
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _cannot_ask(exc: BaseException) -> bool:
+    """``exc`` says the store or the installed client cannot make a request
+    conditional (an s3fs without fsspec's ``mode="create"``, a botocore without the
+    parameter, a store answering 501), as opposed to refusing this request."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return (isinstance(exc, TypeError) or "ParamValidationError" in names
+            or _store_code(exc) == "NotImplemented")
+
+
+def _modified(info: dict) -> float | None:
+    stamp: Any = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    if isinstance(stamp, (int, float)):
+        return float(stamp)
+    return float(stamp.timestamp()) if hasattr(stamp, "timestamp") else None
 
 
 class ObjectStorePublish:
@@ -302,49 +344,249 @@ class ObjectStorePublish:
 
     Data files are written under the final prefix and ``_manifest.json`` last: its
     arrival marks the export complete, and readers refuse tabstream files in a
-    prefix without one. With ``overwrite`` the new files get names of their own
-    (``part_00000-<id>.parquet``), the old manifest is removed first (from then until
-    the new manifest the prefix is refused: the window of an overwrite), and the old
-    keys are deleted only once the new manifest is in place. A failure deletes every
-    key this export wrote and, for an overwrite, puts the old ``_schema.json``,
-    ``_metadata`` and ``_manifest.json`` back (manifest last): the old export is
-    whole again. A killed process leaves a prefix without a manifest (refused)."""
+    prefix without one. Steps:
 
-    def __init__(self, fs: Any, root: str) -> None:
+    * :meth:`begin` takes the lock ``<prefix>/.tabstream-export.lock`` with an
+      exclusive write (fsspec's ``mode="create"``: S3's ``If-None-Match: *``, which
+      the store refuses when the key exists; its text names the owner). Of two exports
+      to one prefix, the second fails here with :class:`FileExistsError` naming the
+      prefix and the holder, also with ``overwrite``, and writes nothing. A lock whose
+      owner is gone (a process of this host that ended; from another host, a lock a
+      day old) is deleted, only while it is the version read (``If-Match``), and
+      taken again. Under the lock the prefix is listed: without ``overwrite`` any key
+      there (an export that finished first) is refused. The store is asked once more
+      to create the lock: one that accepts is ignoring the condition, and the export
+      warns (see below).
+    * With ``overwrite`` the new files get names of their own
+      (``part_00000-<id>.parquet``), the old manifest is removed (from then until
+      the new manifest the prefix is refused: the window of an overwrite), and the
+      old keys are deleted only once the new manifest is in place.
+    * Before the sidecars the lock is read again: one taken over by another export
+      fails this one. The manifest is itself written exclusively (it was removed or
+      never there), carries an ``export_id``, and is read back in :meth:`finish`
+      together with a listing: a key no one expected (another writer in the prefix
+      meanwhile) fails the export instead of leaving a folder that looks complete
+      and that readers refuse.
+    * A failure deletes every key this export wrote and, for an overwrite, puts the
+      old ``_schema.json``, ``_metadata`` and ``_manifest.json`` back (manifest
+      last): the old export is whole again. A killed process leaves a prefix without
+      a manifest (refused) and its lock, broken by the next export once the owner is
+      seen to be gone.
+
+    A store that ignores the condition (some S3-compatible servers) gets a warning
+    at every export and, so that two writers at least never replace each other's
+    files, file names of their own even for a new prefix; the checks above then
+    catch most overlaps, but not all (see docs/scaling-out.md)."""
+
+    #: attempts at a conditional write the store answered with a conflict (409:
+    #: another conditional write of the key in flight) or at a lock broken meanwhile
+    ATTEMPTS = 8
+
+    def __init__(self, fs: Any, root: str, output_path: str, overwrite: bool) -> None:
         self.fs = fs
         self.root = root
+        self.output_path = output_path
+        self.overwrite = overwrite
+        self.lock = posixpath.join(root, LOCK_FILE)
+        self.owner = f"{owner_tag()}-{uuid.uuid4().hex[:12]}"
+        self.export_id = uuid.uuid4().hex
+        self.held = False
+        self.lock_etag: str | None = None
+        self.exclusive = True  # the store refuses a second exclusive write (see _probe)
         self.old_keys: set[str] = set()
         self.saved: dict[str, bytes] = {}
         self.existed = False
+        self.broke_lock = False  # took the prefix from a holder taken for dead
+        self.foreign: set[str] = set()  # keys of another writer, seen by finish
         self.file_tag = ""
 
+    # -- conditional requests ---------------------------------------------------
+    def _not_exclusive(self, why: str) -> None:
+        if not self.exclusive:
+            return
+        self.exclusive = False
+        warnings.warn(
+            f"export to {self.output_path!r}: the object store does not honour exclusive writes "
+            f"({why}); two exports to this prefix at once cannot be kept apart: this one writes "
+            "files of its own names and fails when it sees another's, but an overlap can go "
+            "unseen; run one export per prefix at a time (see docs/scaling-out.md, "
+            "'Two exports to one prefix')", stacklevel=5)
+
+    def create(self, path: str, data: bytes) -> Any:
+        """Write ``data`` to ``path`` only where no key of that name exists
+        (:class:`FileExistsError` otherwise): one exclusive write, or, on a store
+        that cannot make it conditional, a look then a write. Returns what the
+        filesystem's ``pipe_file`` does (s3fs: the response, with the ETag)."""
+        for attempt in range(self.ATTEMPTS):
+            if not self.exclusive:
+                self.fs.invalidate_cache(path)
+                if self.fs.exists(path):
+                    raise FileExistsError(f"{path} exists")
+                return self.fs.pipe_file(path, data)
+            try:
+                return self.fs.pipe_file(path, data, mode="create")
+            except FileExistsError:
+                raise
+            except Exception as exc:
+                if _store_code(exc) == "ConditionalRequestConflict":
+                    time.sleep(0.05 * (attempt + 1))  # another conditional write of the key
+                    continue
+                if not _cannot_ask(exc):
+                    raise
+                self._not_exclusive(f"an exclusive write was refused: {type(exc).__name__}: {exc}")
+        raise ExportError(f"export to {self.output_path!r}: the store kept answering that another "
+                          f"write of {path} was in progress; nothing was written")
+
+    def _lock_text(self) -> str | None:
+        try:
+            return self.fs.cat_file(self.lock).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+
+    def _read_lock(self) -> tuple[str, dict] | None:
+        """``(text, info)`` of the lock as it is now; None without one."""
+        self.fs.invalidate_cache(self.lock)
+        try:
+            info = self.fs.info(self.lock)
+            text = self.fs.cat_file(self.lock).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+        return text, info
+
+    def _delete_if_unchanged(self, path: str, info: dict) -> None:
+        """Delete ``path`` only while it is the version ``info`` describes (S3's
+        conditional delete, ``If-Match``): a lock another export took meanwhile
+        stays. Where the store or client cannot ask, a plain delete."""
+        etag = info.get("ETag") or info.get("etag")
+        try:
+            if etag and hasattr(self.fs, "call_s3") and hasattr(self.fs, "split_path"):
+                bucket, key, _ = self.fs.split_path(path)
+                try:
+                    self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+                    return
+                except FileNotFoundError:
+                    return
+                except Exception as exc:
+                    if _store_code(exc) == "PreconditionFailed":
+                        return  # replaced meanwhile: another export's now
+                    if not _cannot_ask(exc):
+                        raise
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+        finally:
+            self.fs.invalidate_cache(path)
+
+    # -- the lock ---------------------------------------------------------------
+    def _take_lock(self) -> None:
+        for _ in range(self.ATTEMPTS):
+            try:
+                written = self.create(self.lock, self.owner.encode())
+            except FileExistsError:
+                holder = self._break_stale_lock()
+                if holder is not None:
+                    raise FileExistsError(
+                        f"{self.output_path!r}: another export to this prefix is under way (its lock "
+                        f"{self.lock} is held by {holder}); two exports to one prefix are never "
+                        "published together: wait for it to finish, then export again (with "
+                        "overwrite=True to replace it), or export to another prefix") from None
+                continue
+            self.held = True
+            self.lock_etag = written.get("ETag") if isinstance(written, dict) else None
+            self._probe()
+            return
+        raise ExportError(f"export to {self.output_path!r}: could not take the lock {self.lock} "
+                          "(other exports kept taking it); nothing was written")
+
+    def _probe(self) -> None:
+        """Ask the store to create the lock once more: one that accepts ignored the
+        condition (the lock's text is the same either way)."""
+        if not self.exclusive:
+            return
+        try:
+            self.fs.pipe_file(self.lock, self.owner.encode(), mode="create")
+        except FileExistsError:
+            return
+        except Exception as exc:
+            if _store_code(exc) == "ConditionalRequestConflict":
+                return  # another export's exclusive write of the lock, in flight: honoured
+            if not _cannot_ask(exc):
+                raise
+        self._not_exclusive("a second exclusive write of the lock was accepted")
+
+    def _break_stale_lock(self) -> str | None:
+        """Delete the lock when its owner is gone: ``None`` (try again); else who holds it."""
+        found = self._read_lock()
+        if found is None:
+            return None  # released meanwhile
+        text, info = found
+        m = _OWNER_TEXT.fullmatch(text)
+        alive = owner_alive(m["host"], m["pid"], m["start"]) if m else None
+        modified = _modified(info)
+        age = time.time() - modified if modified is not None else 0.0
+        if alive or (alive is None and age < STALE_SECONDS):
+            who = (f"process {m['pid']} of {'this' if alive else 'another'} host") if m and m["pid"] \
+                else "an unknown owner"
+            return f"{who}, taken {int(age)} s ago"
+        self._delete_if_unchanged(self.lock, info)
+        self.broke_lock = True
+        return None
+
+    def holds_lock(self) -> bool:
+        return self._lock_text() == self.owner
+
+    def release(self) -> None:
+        """Delete the lock if it is still this export's: by the ETag it was written
+        with (one request) where the store makes deletes conditional, else read first."""
+        if not self.held:
+            return
+        self.held = False
+        if self.lock_etag and self.exclusive:
+            self._delete_if_unchanged(self.lock, {"ETag": self.lock_etag})
+            return
+        found = self._read_lock()
+        if found is not None and found[0] == self.owner:
+            self._delete_if_unchanged(self.lock, found[1])
+
+    # -- the steps ----------------------------------------------------------------
     def _keys(self) -> set[str]:
         self.fs.invalidate_cache(self.root)
         try:
-            return set(self.fs.find(self.root))
+            return set(self.fs.find(self.root)) - {self.lock}
         except FileNotFoundError:
             return set()
 
     def begin(self) -> None:
-        self.abort_uploads()
-        self.old_keys = self._keys()
-        self.existed = bool(self.old_keys)
-        if not self.existed:
-            return
-        self.file_tag = f"-{uuid.uuid4().hex[:8]}"
-        for name in SIDECARS:
-            path = posixpath.join(self.root, name)
-            if path in self.old_keys:
-                self.saved[name] = self.fs.cat_file(path)
-        manifest = posixpath.join(self.root, MANIFEST_FILE)
-        if manifest in self.old_keys:
-            self.fs.rm(manifest)
+        self._take_lock()
+        try:
+            self.old_keys = self._keys()
+            self.existed = bool(self.old_keys)
+            if self.existed and not self.overwrite:
+                why = ("an export to it was killed and left them" if self.broke_lock else
+                       "another export to it finished first, or they were put there meanwhile")
+                raise FileExistsError(f"{self.output_path!r} already exists; pass overwrite=True to "
+                                      f"replace it (it holds keys: {why})")
+            self.abort_uploads()
+            # names of its own wherever another writer's files could have the same: over an
+            # export, after a holder taken for dead (were it alive after all), on a store
+            # that cannot exclude a second writer
+            if self.existed or self.broke_lock or not self.exclusive:
+                self.file_tag = f"-{self.export_id[:8]}"
+            for name in SIDECARS:
+                path = posixpath.join(self.root, name)
+                if path in self.old_keys:
+                    self.saved[name] = self.fs.cat_file(path)
+            manifest = posixpath.join(self.root, MANIFEST_FILE)
+            if manifest in self.old_keys:
+                self.fs.rm(manifest)
+        except BaseException:
+            self.release()
+            raise
 
     def abort_uploads(self) -> list[str]:
         """Abort the multipart uploads left under the prefix (S3): a killed export's
         unfinished files, invisible to listings but stored and billed until aborted.
-        This export owns the prefix from here (it is new, or ``overwrite`` was
-        given), so every unfinished upload under it is a leftover. Where the store
+        This export holds the prefix's lock (it is new, or ``overwrite`` was given),
+        so every unfinished upload under it is a leftover. Where the store
         refuses to list or abort them, a warning names the lifecycle rule that does it
         (see docs/scaling-out.md). Returns the aborted keys."""
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -373,29 +615,87 @@ class ObjectStorePublish:
                 "(DaysAfterInitiation: 1), see docs/scaling-out.md", stacklevel=4)
         return aborted
 
+    def _written(self, held: bool) -> list[str]:
+        """The data keys this export wrote (not the sidecars): new since :meth:`begin`,
+        another writer's seen by :meth:`finish` left out, and carrying its file tag
+        when it has one. Untagged while it holds the lock, every new key; after losing
+        the lock, only names without a tag (the export that took the lock over from
+        one taken for dead tags its own)."""
+        sidecars = {posixpath.join(self.root, name) for name in SIDECARS}
+        keys = self._keys() - self.old_keys - sidecars - self.foreign
+        if self.file_tag:
+            return sorted(k for k in keys if self.file_tag in k[len(self.root):])
+        if held:
+            return sorted(keys)
+        return sorted(k for k in keys if _UNTAGGED.fullmatch(posixpath.basename(k)))
+
     def remove_written(self) -> None:
         """Delete the keys this export wrote so far (to write them again)."""
-        written = sorted(self._keys() - self.old_keys)
+        written = self._written(held=True)
         if written:
             self.fs.rm(written)
 
-    def finish(self) -> None:
-        keep = {posixpath.join(self.root, name) for name in SIDECARS}
-        stale = sorted(self.old_keys - keep)
+    def check_held(self) -> None:
+        """Before the sidecars are written: the lock must still be this export's."""
+        text = self._lock_text()
+        if text != self.owner:
+            raise ExportError(
+                f"export to {self.output_path!r} failed, nothing was published: its lock {self.lock} "
+                f"was {'removed' if text is None else 'taken by another export'} while it wrote (a "
+                "lock broken as stale, or a store that ignores exclusive writes); its files are "
+                "removed: export again, one export per prefix at a time",
+                hint="run one export to a prefix at a time")
+
+    def manifest_fields(self) -> dict[str, Any]:
+        return {"export_id": self.export_id}
+
+    def finish(self, files: list[str]) -> None:
+        """After the manifest: the prefix must hold this export's keys, the old ones it
+        replaces and nothing else, under this export's manifest; then the replaced keys
+        are deleted and the lock released."""
+        sidecars = {posixpath.join(self.root, name) for name in SIDECARS}
+        expected = sidecars | self.old_keys
+        for name in files:
+            expected |= {posixpath.join(self.root, name), posixpath.join(self.root, "_keysets", name)}
+        foreign = sorted(self._keys() - expected)
+        self.foreign = set(foreign)
+        manifest = _export_manifest(self.fs, self.root) or {}
+        if foreign or manifest.get("export_id") != self.export_id:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ExportError(
+                f"export to {self.output_path!r} failed, nothing was published: another writer put "
+                f"keys under the prefix while this export ran ({shown or 'its own _manifest.json'}); "
+                "the files of two writers cannot be published as one: export again, one export per "
+                "prefix at a time", hint="run one export to a prefix at a time")
+        stale = sorted(self.old_keys - sidecars)
         if stale:
             self.fs.rm(stale)
+        self.release()
         self.fs.invalidate_cache(self.root)
 
     def abort(self) -> None:
-        written = sorted(self._keys() - self.old_keys)
+        """After a failure: this export's keys go (not those another export's manifest,
+        in place, names); an overwrite's old sidecars come back (unless another export's
+        manifest is in place); the lock is released."""
+        held = self.holds_lock()
+        self.fs.invalidate_cache(self.root)
+        manifest = _export_manifest(self.fs, self.root)
+        theirs = manifest is not None and manifest.get("export_id") != self.export_id
+        if manifest is not None and theirs:
+            self.foreign |= {posixpath.join(self.root, folder, name) for name in _export_entries_files(manifest)
+                             for folder in ("", "_keysets")}
+        written = self._written(held)
         if written:
             self.fs.rm(written)
-        for name in SIDECARS:
-            path = posixpath.join(self.root, name)
-            if name in self.saved:
-                self.fs.pipe_file(path, self.saved[name])
-            elif path in self._keys():
-                self.fs.rm(path)
+        if held and not theirs:
+            keys = self._keys()
+            for name in SIDECARS:  # the manifest last
+                path = posixpath.join(self.root, name)
+                if name in self.saved:
+                    self.fs.pipe_file(path, self.saved[name])
+                elif path in keys:
+                    self.fs.rm(path)
+        self.release()
         self.fs.invalidate_cache(self.root)
 
 
@@ -458,6 +758,12 @@ def _export_entries(manifest: dict) -> set[str]:
     return owned
 
 
+def _export_entries_files(manifest: dict) -> list[str]:
+    """The data files an export's manifest lists (paths inside its folder)."""
+    return [e["path"] for e in manifest.get("files", [])
+            if isinstance(e, dict) and isinstance(e.get("path"), str)]
+
+
 def _export_manifest(fs: Any, folder: str) -> dict | None:
     """``folder/_manifest.json`` when it is an export's (it lists ``files``); ``None``
     without one, or for another tool's file of that name (refused at publish as a
@@ -474,8 +780,15 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
     removed; or replaced whole with ``overwrite``: a file, or a folder holding one
     export and nothing else) or ``"into"`` (a local folder that holds other files: the
     export is published into it, see :class:`PublishInto`). A folder holding an export
-    needs ``overwrite``; so does any existing ``root`` on an object store."""
+    needs ``overwrite``; so does any existing ``root`` on an object store, unless it
+    holds an export's lock: :meth:`ObjectStorePublish.begin` decides then (the export
+    under way refuses this one; a dead one's lock is broken and its keys judged)."""
+    if not is_local(fs):
+        fs.invalidate_cache(root)  # another export of this process may have written since
     if not fs.exists(root):
+        return "new"
+    if not is_local(fs) and fs.isdir(root) and posixpath.join(root, LOCK_FILE) in {
+            e.rstrip("/") for e in fs.ls(root, detail=False)}:
         return "new"
     if fs.isdir(root) and not fs.ls(root):
         if overwrite:
