@@ -135,9 +135,10 @@ def _looks_like_data(fields: list[str]) -> str | None:
     return None
 
 
-def _check_header_line(path: str, engine: str | None, sep: str | None) -> None:
+def _check_header_line(path: str, engine: str | None, sep: str | None, criteo_flag: bool = True) -> None:
     """Raw text without ``--names``: refuse when line 1 is plainly a row of data,
-    rather than read it as the column names."""
+    rather than read it as the column names (``criteo_flag``: the command has
+    ``--criteo-tsv``, which the hint then offers)."""
     fs, files = _text_files(path, engine)
     if not files:
         return
@@ -153,26 +154,32 @@ def _check_header_line(path: str, engine: str | None, sep: str | None) -> None:
             f"{files[0]}, line 1 holds {why}, so it is a row of data, not column names "
             f"({first[:80]!r}); a headerless raw log needs its column names",
             hint="pass --names label,I1,...,C1,... (and --dtypes NAME=DTYPE,...), "
-                 "--criteo-tsv for Criteo-shaped logs, or --header if line 1 holds the names",
+                 + ("--criteo-tsv for Criteo-shaped logs, " if criteo_flag else "")
+                 + "or --header if line 1 holds the names",
         )
 
 
-def _read_kwargs(args: argparse.Namespace, path: str) -> dict[str, Any]:
+def _read_kwargs(args: argparse.Namespace, path: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Dataset arguments for raw text from --criteo-tsv / --sep / --names / --header /
-    --dtypes; parquet needs none."""
-    kwargs: dict[str, Any] = {}
+    --dtypes, extending ``base`` (a workflow file's ``dataset_kwargs``, a recipe's
+    Criteo settings): each option replaces its setting, ``--dtypes`` adds to the
+    dtypes, and ``--names`` keeps only the dtypes of the columns it names. Parquet
+    needs none."""
+    kwargs: dict[str, Any] = dict(base or {})
     if getattr(args, "criteo_tsv", False):
-        kwargs = _criteo_read_kwargs(path, "csv")
+        kwargs = {**_criteo_read_kwargs(path, "csv"), **kwargs}
     if args.sep is not None:
         kwargs["sep"] = _parse_sep(args.sep)
     if args.names is not None:
         kwargs["names"] = _parse_names(args.names)
+        if "dtypes" in kwargs:
+            kwargs["dtypes"] = {k: v for k, v in kwargs["dtypes"].items() if k in kwargs["names"]}
     if args.header:
         kwargs["header"] = True
     if args.dtypes is not None:
         kwargs["dtypes"] = {**kwargs.get("dtypes", {}), **_parse_dtypes(args.dtypes)}
-    if "names" not in kwargs and not args.header:
-        _check_header_line(path, args.engine, kwargs.get("sep"))
+    if "names" not in kwargs and not kwargs.get("header"):
+        _check_header_line(path, args.engine, kwargs.get("sep"), hasattr(args, "criteo_tsv"))
     return kwargs
 
 
@@ -261,15 +268,16 @@ def cmd_fit(args: argparse.Namespace) -> None:
     _refuse_existing(args.output, args.overwrite, "output folder")
     if args.workflow_file:
         wf, read_kwargs = _load_workflow_file(args.workflow_file)
-        read_kwargs.update(_read_kwargs(args, args.input) if _given_raw_options(args) or not read_kwargs
-                           else {})
+        if _given_raw_options(args) or not read_kwargs:  # the options extend the file's settings
+            read_kwargs = _read_kwargs(args, args.input, read_kwargs)
     else:
         from tabstream.recipes import RECIPES
 
         wf = RECIPES[args.recipe](freq_threshold=args.freq_threshold)
         # the recipe reads Criteo-shaped logs unless the options say otherwise
-        read_kwargs = (_read_kwargs(args, args.input) if _given_raw_options(args)
-                       else _criteo_read_kwargs(args.input, args.engine))
+        read_kwargs = _criteo_read_kwargs(args.input, args.engine)
+        if _given_raw_options(args):  # extending the Criteo settings (raw text)
+            read_kwargs = _read_kwargs(args, args.input, read_kwargs)
     ds = _dataset(args.input, args.engine, args.part_size, read_kwargs)
     timings: dict[str, float] = {}
     with _phase(timings, "fit"):

@@ -162,3 +162,27 @@ def test_train_counts_must_be_at_least_one(tmp_path, capsys, option, value):
         main(["train", str(tmp_path), option, value])
     assert exc.value.code == 2
     assert f"argument {option}: expected a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_options_extend_the_workflow_files_and_the_recipes_read_settings(tmp_path):
+    """--dtypes adds to the settings a workflow file (or the Criteo recipe) reads with,
+    --sep/--names replace theirs; before, any option dropped all of them."""
+    (tmp_path / "nohdr.csv").write_text("1,x,0\n2,y,1\n3,x,0\n")
+    (tmp_path / "wf.py").write_text(
+        "import tabstream as ts\nfrom tabstream import ops\n"
+        "workflow = ts.Workflow((['b'] >> ops.Categorify()) + ['a', 'label'])\n"
+        "dataset_kwargs = {'names': ['a', 'b', 'label'], 'dtypes': {'a': 'float32'}}\n")
+    for extra, label in ((["--dtypes", "label=int8"], "int8"), (["--sep", "comma"], "int64")):
+        out = tmp_path / f"out{label}"
+        assert main(["fit", str(tmp_path / "nohdr.csv"), "--workflow-file", str(tmp_path / "wf.py"),
+                     *extra, "--output", str(out), "--quiet"]) == 0
+        got = pd.read_parquet(out)
+        assert str(got["a"].dtype) == "float32" and str(got["label"].dtype) == label
+        assert got.sort_values("a")["label"].tolist() == [0, 1, 0]
+    from tabstream.datasets.synthetic import CRITEO_COLUMNS
+
+    main(["synth", "criteo", str(tmp_path / "raw"), "--rows", "300", "--format", "tsv"])
+    assert main(["fit", str(tmp_path / "raw"), "--dtypes", "I1=float32", "--output", str(tmp_path / "crit"),
+                 "--quiet"]) == 0
+    raw = pd.read_csv(tmp_path / "raw" / "part_00000.tsv", sep="\t", names=CRITEO_COLUMNS, header=None)
+    assert sorted(pd.read_parquet(tmp_path / "crit")["label"].tolist()) == sorted(raw["label"].tolist())

@@ -218,9 +218,41 @@ class CsvFiles:
             for n in names:
                 t = table.schema.field(n).type
                 types[n] = t if t in keep else pa.string()
+            if not self.header:  # on Arrow's own inference (hex still int64 there)
+                self._check_first_line(path, sample, types)
             self._fix_integer_types(path, sample, types)
             return types, path
         return {n: pa.string() for n in names}, self.files[0]
+
+    def _check_first_line(self, path: str, sample: bytes, types: dict[str, pa.DataType]) -> None:
+        """``header=False``: a column inferred as text only because of line 1 (the
+        rest of the sample reads as numbers or bools) means line 1 is not data of that
+        column, most likely a header line under other names than ``names=``; refused,
+        rather than reading the names as a row and every such column as strings."""
+        text = [n for n, t in types.items() if t == pa.string()]
+        cut = sample.find(b"\n") + 1
+        if not text or cut <= 0 or not sample[cut:].strip(b"\r\n"):
+            return
+        fields = _header_fields(sample[:cut].rstrip(b"\r\n").decode(errors="surrogateescape"), self.sep)
+        if fields is not None and sorted(fields) == sorted(self.names):
+            return  # the names themselves: refused when the piece is read, saying so
+        rest = self._read_sample(sample[cut:], {n: t for n, t in self.types.items() if n in text}, text)
+        if rest is None:
+            return
+        odd = [n for n in text if rest.schema.field(n).type in (pa.int64(), pa.float64(), pa.bool_())]
+        if not odd:
+            return
+        first = self._read_sample(sample[:cut], {n: pa.string() for n in text}, text)
+        values = {n: first.column(n)[0].as_py() for n in odd} if first is not None and first.num_rows else {}
+        kinds = {pa.int64(): "int64", pa.float64(): "float64", pa.bool_(): "bool"}
+        shown = ", ".join(f"{n!r}: {values.get(n)!r} (the rest {kinds[rest.schema.field(n).type]})"
+                          for n in odd[:5])
+        raise _data_error(
+            f"{path}, line 1: its values are not of the type the rest of the first block has "
+            f"in column(s) {shown}, and would make each such column text; is line 1 a header "
+            "line? header=False reads it as a row of data",
+            "pass header=True (keeping names=[...]) to skip a header line, or declare the "
+            "column's dtype (dtypes={column: 'string'}) to read it as text")
 
     def _read_sample(self, sample: bytes, column_types: dict[str, pa.DataType],
                      include_columns: list[str] | None = None) -> pa.Table | None:
