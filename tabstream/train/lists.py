@@ -21,6 +21,12 @@ Order of a list's end, and why a crash anywhere is harmless:
 A restart after 1 finds the list finished in the checkpoint (the fit loop trains
 nothing, quietly) and exports the delta; after 2 it finds the delta folder there
 and only records the list.
+
+Each list runs inside :func:`tabstream.train.loop.list_position` (its position,
+counted over all passes), which the fit loop records in its checkpoint: a finished
+checkpoint of an earlier position is a new pass even when it is the same file list
+(one list with ``passes=2`` is trained twice), and each list's history holds its
+own epochs only.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 from tabstream.core.errors import DataError
 from tabstream.core.jsonfile import read_json_file, write_json_file
+from tabstream.train.loop import NothingToTrainWarning, list_position
 
 __all__ = ["LISTS_FILE", "fit_lists_with", "lists_done", "train_lists"]
 
@@ -93,7 +100,9 @@ def train_lists(
         on_list_end: ``on_list_end(position, loader, history)`` after each list
             trained in this call.
 
-    Returns the histories of the lists trained in this call.
+    Returns the histories of the lists trained in this call, one per list: each
+    holds that list's epochs only (the epochs of a list resumed after a restart
+    include those trained before it).
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"fit_lists: passes must be an int >= 1, got {passes!r}")
@@ -134,10 +143,10 @@ def train_lists(
             if keysets is not None:
                 for ps in servers:
                     ps.prefetch(keysets)
-        with warnings.catch_warnings():
-            # a list the fit loop finished just before a crash: nothing left, as expected
-            # (the fit loops' NothingToTrainWarning, a UserWarning)
-            warnings.filterwarnings("ignore", category=UserWarning,
+        with warnings.catch_warnings(), list_position(position):
+            # a list the fit loop finished at this position just before a crash:
+            # nothing left, as expected
+            warnings.filterwarnings("ignore", category=NothingToTrainWarning,
                                     message=".*already holds.*trained epoch")
             history = train_one(loader)
         if delta_dir is not None:

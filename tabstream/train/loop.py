@@ -20,7 +20,8 @@ A checkpoint's loop state is plain values (JSON-able)::
 
     {"epoch": 2, "step": 40, "global_step": 240, "loss_sum": 27.1, "samples": 5120,
      "history": {...}, "data_id": "files:3f...", "data_pass": 0, "data_files": {...},
-     "world": 2, "batch_size": 512, "position": {...}, "epoch_start": None}
+     "list_position": None, "world": 2, "batch_size": 512, "position": {...},
+     "epoch_start": None}
 
 Another number of workers: ``world`` and ``batch_size`` (per worker) say how the
 checkpoint was trained, and ``position`` (a tabstream loader's
@@ -44,7 +45,11 @@ Continuous training: ``data_id`` names the data a checkpoint was trained on
 checkpoint stopped; other data after a finished one is a new pass over it
 (epoch 0, the checkpointed model and optimizer); other data while the checkpoint
 stopped inside its own is refused (:class:`~tabstream.core.errors.DataError`).
-:mod:`tabstream.train.lists` trains whole sequences of file lists on top.
+:mod:`tabstream.train.lists` trains whole sequences of file lists on top: it runs
+each list inside :func:`list_position`, the checkpoint records that position
+(``list_position``), and a finished checkpoint of another position is a new pass
+even on the same data (one list trained ``passes`` times), with a history of its
+own (the history ``fit`` returns there holds that list's epochs only).
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,6 +78,7 @@ __all__ = [
     "Trainer",
     "continue_on_workers",
     "data_identity",
+    "list_position",
     "loader_core",
     "run",
 ]
@@ -181,23 +189,60 @@ def _names_identity(loader: Any) -> str | None:
     return "files:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_LIST_POSITION: ContextVar[int | None] = ContextVar("tabstream_list_position", default=None)
+
+
+@contextmanager
+def list_position(position: int) -> Iterator[None]:
+    """Run the ``fit`` calls inside as position ``position`` (0-based, counted over
+    all passes) of a sequence of file lists (:func:`tabstream.train.lists.train_lists`).
+
+    The checkpoint records the position, so that a finished checkpoint of another
+    position starts a new pass even when the data is the same (one file list
+    trained ``passes`` times), while a restart at the checkpoint's own position
+    resumes inside it (or finds it finished)::
+
+        position 0: mon, finished   ->  position 1: mon   a new pass from epoch 0
+        position 1: mon, 3 batches  ->  position 1: mon   resumes after batch 3
+    """
+    token = _LIST_POSITION.set(int(position))
+    try:
+        yield
+    finally:
+        _LIST_POSITION.reset(token)
+
+
 def continue_on(path: Any, state: Mapping[str, Any], data_id: str | None, epochs: int,
-                files_now: Mapping[str, str] | None, loader: Any) -> tuple[int, int, int]:
+                files_now: Mapping[str, str] | None, loader: Any,
+                position: int | None = None) -> tuple[int, int, int]:
     """``(start epoch, batches to skip, pass)`` for a resume from ``state``.
 
     The same data (or data of unknown identity) resumes where the checkpoint
     stopped. Other data after a finished one starts a new pass over it (epoch 0,
     model and optimizer as checkpointed); other data while the checkpoint stopped
     inside its own is refused, naming the files rewritten in place when the file
-    list is the same."""
+    list is the same. ``position``: this run's place in a sequence of file lists
+    (:func:`list_position`); a checkpoint of another place is other data, even
+    when it is the same file list."""
     start_epoch, skip = int(state.get("epoch", 0)), int(state.get("step", 0))
     saved, data_pass = state.get("data_id") or None, int(state.get("data_pass", 0))
-    if saved is None or data_id is None or saved == data_id:
+    saved_position = state.get("list_position")
+    moved = position is not None and saved_position is not None and int(saved_position) != position
+    finished = skip == 0 and start_epoch >= epochs
+    same = (saved is None or data_id is None or saved == data_id
+            or saved == _names_identity(loader))  # names only: a checkpoint of an older version
+    if same and not moved:
         return start_epoch, skip, data_pass
-    if saved == _names_identity(loader):
-        return start_epoch, skip, data_pass  # a checkpoint of an older version: names only
-    if skip == 0 and start_epoch >= epochs:
+    if finished:
         return 0, 0, data_pass + 1
+    if same:
+        raise DataError(
+            f"fit: checkpoint {path} stopped inside epoch {start_epoch + 1} (after {skip} "
+            f"batches) of file list position {saved_position} of a fit_lists sequence; this "
+            f"run is position {position}",
+            hint="pass the same lists in the same order (and passes) as the run that wrote "
+            "the checkpoint, or another checkpoint_dir to start over",
+        )
     changed = changed_files(state.get("data_files") or {}, files_now or {})
     if changed:
         more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
@@ -327,6 +372,7 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
         trainer.check_writable()
     files_now = data_files(train_loader) if writes else None  # for checkpoints only
     data_id = (options.identity or data_identity)(train_loader) if writes else None
+    in_list = _LIST_POSITION.get()  # inside fit_lists: this list's place in the sequence
     if options.resume and writes and trainer.checkpoint_exists():
         state = trainer.load()
         global_step = int(state.get("global_step", 0))
@@ -334,7 +380,11 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
             loss_sum, samples = float(state.get("loss_sum", 0.0)), int(state.get("samples", 0))
         history = {k: list(state.get("history", {}).get(k, [])) for k in keys}
         start_epoch, skip, data_pass = continue_on(path, state, data_id, epochs, files_now,
-                                                   train_loader)
+                                                   train_loader, in_list)
+        if data_pass != int(state.get("data_pass", 0)):  # a new pass
+            loss_sum, samples = 0.0, 0
+            if in_list is not None:  # fit_lists: each list's history is its own
+                history = {k: [] for k in keys}
         if start_epoch < epochs:
             skip, line = continue_on_workers(path, state, trainer.world, train_loader,
                                              start_epoch, skip)
@@ -373,6 +423,7 @@ def run(trainer: Trainer, train_loader: Iterable[Any], options: LoopOptions) -> 
             "epoch": epoch, "step": step, "global_step": global_step,
             "loss_sum": total, "samples": rows, "history": history,
             "data_id": data_id or "", "data_pass": data_pass, "data_files": dict(files_now or {}),
+            "list_position": in_list,
             "world": trainer.world, "batch_size": getattr(core, "batch_size", None),
             "position": position, "epoch_start": start,
         })

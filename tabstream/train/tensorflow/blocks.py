@@ -3,6 +3,7 @@ cross network, and the continuous-feature input."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,6 +117,11 @@ class CrossNetV2(keras.layers.Layer):
         super().__init__(**kwargs)
         if num_layers < 1:
             raise ValueError(f"CrossNetV2 needs num_layers >= 1, got {num_layers}")
+        if low_rank is not None and (isinstance(low_rank, bool)
+                                     or not isinstance(low_rank, numbers.Integral) or low_rank < 1):
+            # as torch's CrossNetwork: 0 is no rank at all, not "full rank"
+            raise ValueError(f"CrossNetwork (DCN's cross layers): low_rank must be None "
+                             f"(full-rank layers) or an int >= 1, got {low_rank!r}")
         self.num_layers = num_layers
         self.low_rank = low_rank
         self.seed = seed

@@ -332,7 +332,8 @@ def _flat_list_ids(
             # (padded [B, L], mask [B, L]), as the loaders deliver with pad=True
             return _masked_ids(name, first, second)
         values = tf.reshape(first, [-1])
-        offsets = tf.reshape(tf.cast(second, tf.int64), [-1])
+        offsets = _checked_offsets(name, tf.reshape(tf.cast(second, tf.int64), [-1]),
+                                   _known_rows(features))
         x = tf.RaggedTensor.from_row_splits(values, offsets, validate=False)
     if isinstance(x, tf.SparseTensor):
         x = tf.RaggedTensor.from_sparse(x)
@@ -341,6 +342,57 @@ def _flat_list_ids(
             raise ValueError(f"feature {name!r}: expected a [B, None] ragged tensor, got {x.shape}")
         return x.flat_values, x.value_rowids(), x.nrows()
     return None
+
+
+def _known_rows(features: Mapping[str, Any]) -> tuple[Any, str] | None:
+    """``(rows, feature)``: the batch's row count (an int when the shape holds it,
+    else a scalar tensor) as the first feature whose layout shows it (a single-hot
+    or continuous tensor, padded list ids) gives it; None when every feature is a
+    ragged list (whose offsets alone cannot say it)."""
+    def rank(x: Any) -> int:
+        shape = getattr(x, "shape", None)
+        if shape is None or isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
+            return 0
+        return int(shape.rank or 0) if isinstance(shape, tf.TensorShape) else len(shape)
+
+    for name, x in features.items():
+        if name.endswith((VALUES_SUFFIX, OFFSETS_SUFFIX, MASK_SUFFIX)):
+            continue
+        if isinstance(x, (tuple, list)):  # padded (ids, mask) shows its rows; ragged not
+            padded = len(x) == 2 and rank(x[0]) >= 2 and rank(x[1]) != 1
+            x = x[0] if padded else None
+        if rank(x) == 0:
+            continue
+        rows = x.shape[0]
+        return (int(rows) if rows is not None else tf.shape(x, out_type=tf.int64)[0]), name
+    return None
+
+
+def _checked_offsets(name: str, offsets: tf.Tensor, rows: tuple[Any, str] | None) -> tf.Tensor:
+    """``offsets`` (1-D), checked to hold ``B + 1`` entries when the batch tells ``B``
+    (:func:`_known_rows`): offsets of ``B`` entries would read as ``B - 1`` rows and
+    fail later, far from here. Refused at once when the shapes are known; inside a
+    ``tf.function`` of open shapes, an assert (dropped by XLA, as the id check)."""
+    if rows is None:
+        return offsets
+    b, shown_by = rows
+    n = offsets.shape[0]
+    if isinstance(b, int) and n is not None:
+        if n != b + 1:
+            raise ValueError(
+                f"list feature {name!r}: offsets has {n} entries, but the batch has {b} rows "
+                f"(feature {shown_by!r}); {_OFFSETS_RULE.replace('B + 1', f'B + 1 = {b + 1}')}")
+        return offsets
+    check = tf.debugging.assert_equal(
+        tf.shape(offsets, out_type=tf.int64)[0], tf.cast(b, tf.int64) + 1,
+        message=f"list feature {name!r}: the offsets' entries (x) differ from the batch's rows "
+        f"plus one (y; rows of feature {shown_by!r}); {_OFFSETS_RULE}")
+    with tf.control_dependencies([check]):
+        return tf.identity(offsets)
+
+
+_OFFSETS_RULE = ("ragged offsets need B + 1 entries (arrow style: first 0, then the end of each "
+                 "row's values)")
 
 
 def _fresh_slot_rows(optimizer: Any, var: Any, rows: int) -> dict[str, Any]:

@@ -235,7 +235,77 @@ def _unpack(batch: Any, where: str) -> tuple[Any, Any]:
     )
 
 
+def _one_target(labels: Any) -> Any:
+    """Labels of one target given as a dict come out as that target's tensor (as
+    torch's ``fit`` does); a dict of several targets stays a dict (for a
+    ``loss_fn`` that takes it)."""
+    if isinstance(labels, dict) and len(labels) == 1:
+        return next(iter(labels.values()))
+    return labels
+
+
+def _refuse_several_targets(labels: Any, where: str) -> None:
+    """The default losses (binary cross-entropy, a model's ``compute_loss``) take
+    one target; say what to pass for several."""
+    if isinstance(labels, dict):
+        raise TypeError(
+            f"{where}: labels is a dict of {len(labels)} targets {sorted(labels)}; pass a "
+            "loss_fn that takes (logits, labels dict)"
+        )
+
+
+LOSS_SHAPE_MARK = "loss_fn returned"
+
+
+def summed_loss(loss: Any, rows: tf.Tensor, where: str = "fit") -> tf.Tensor:
+    """The summed loss of a batch of ``rows`` rows from what a ``loss_fn`` returned:
+    a scalar is the batch mean (times ``rows``), a ``[rows]`` tensor one loss per row
+    (summed); another shape is refused (when tracing, or at the step for a length
+    known only then). The loop divides the sum by the rows, so each row weighs the
+    same either way.
+
+    >>> float(summed_loss(tf.constant([1.0, 2.0, 6.0]), 3)), float(summed_loss(tf.constant(3.0), 3))
+    (9.0, 9.0)
+    """
+    loss = tf.convert_to_tensor(loss)
+    rank = loss.shape.rank
+    if rank == 0:
+        return loss * tf.cast(rows, loss.dtype)
+    if rank == 1:
+        n = loss.shape[0]
+        static_rows = tf.get_static_value(rows)
+        if n is not None and static_rows is not None and n != int(static_rows):
+            raise ValueError(_loss_shape_message(where, list(loss.shape), int(static_rows)))
+        check = tf.debugging.assert_equal(
+            tf.shape(loss)[0], tf.cast(rows, tf.int32),
+            message=f"{where}: {LOSS_SHAPE_MARK} one value per row for a batch of another "
+            "number of rows; return a scalar (the batch mean) or one loss per row, shape [B]")
+        with tf.control_dependencies([check]):
+            return tf.reduce_sum(loss)
+    shape = "of unknown rank" if rank is None else f"of shape {list(loss.shape)}"
+    raise ValueError(f"{where}: {LOSS_SHAPE_MARK} a tensor {shape}; return a scalar (the "
+                     "batch mean) or one loss per row, shape [B]")
+
+
+def _loss_shape_message(where: str, shape: list[Any], rows: int) -> str:
+    return (f"{where}: {LOSS_SHAPE_MARK} a tensor of shape {shape} for a batch of {rows} rows; "
+            f"return a scalar (the batch mean) or one loss per row, shape [{rows}]")
+
+
+def _per_row(loss: Any, rows: int, where: str) -> np.ndarray:
+    """``[rows]`` per-row losses from what a ``loss_fn`` returned (eagerly): a
+    scalar batch mean stands for each of the rows."""
+    value = np.asarray(tf.convert_to_tensor(loss).numpy(), np.float64)
+    if value.ndim == 0:
+        return np.full(rows, float(value))
+    if value.ndim == 1 and value.shape[0] == rows:
+        return value
+    raise ValueError(_loss_shape_message(where, list(value.shape), rows))
+
+
 def batch_rows(features: Any, labels: Any) -> tf.Tensor:
+    if isinstance(labels, dict):  # several targets: each holds one value per row
+        labels = next(iter(labels.values()), None)
     if labels is not None:
         return tf.shape(tf.reshape(labels, [-1]))[0]
     first = next(iter(features.values()))
@@ -336,6 +406,14 @@ def _id_error(exc: tf.errors.InvalidArgumentError) -> DataError | None:
     return DataError(f"{head} {value} {tail}")
 
 
+def _loss_shape_error(exc: tf.errors.InvalidArgumentError) -> ValueError | None:
+    """The ValueError for a ``loss_fn`` result of the wrong length that
+    :func:`summed_loss`'s in-graph check raised, else None."""
+    text = exc.message if isinstance(exc.message, str) else str(exc)
+    found = re.search(r"(\w+: " + LOSS_SHAPE_MARK + r".*?shape \[B\])", text)
+    return ValueError(found.group(1)) if found else None
+
+
 def _gather_rows(strategy: tf.distribute.Strategy, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Concatenate 1-D float arrays of every worker, worker 0 first; the same on
     every worker. Workers may hold different numbers of rows: each puts its rows at
@@ -362,18 +440,30 @@ def evaluate(
     loss_fn: LossFn | None = None,
     strategy: tf.distribute.Strategy | None = None,
 ) -> dict[str, float]:
-    """``{"loss", "log_loss", "auc"}`` of a logit model over every row of ``loader``,
+    """``{"loss", "log_loss", "auc"}`` of a model over every row of ``loader``,
     all workers' rows together under a multi-worker ``strategy`` (the same numbers on
-    every worker). AUC and log-loss are exact (:mod:`tabstream.train.metrics`);
-    ``loss`` is ``loss_fn``'s mean (binary cross-entropy by default)."""
+    every worker). AUC and log-loss are exact (:mod:`tabstream.train.metrics`) and
+    score the model's logits, or for a model with its own loss and a
+    ``row_logits(features)`` (``TwoTower``: each row's own user-item score) those;
+    ``loss`` is ``loss_fn``'s mean over the rows (binary cross-entropy by default;
+    the model's ``compute_loss``, a batch mean, for such a model), as :func:`fit`
+    trains it. With labels of several targets (a dict; ``loss_fn`` takes it) AUC
+    and log-loss are NaN, as torch's ``evaluate`` gives."""
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    own_loss = loss_fn is None and _has_own_loss(model)
+    if own_loss and not callable(getattr(model, "row_logits", None)):
+        raise TypeError(
+            f"evaluate: {type(model).__name__} has its own compute_loss but no "
+            "row_logits(features) (one logit per row) for AUC and log-loss; pass a loss_fn "
+            "and a model returning logits"
+        )
     loss_fn = loss_fn if loss_fn is not None else _binary_crossentropy
 
     model_ref = weakref.ref(model)
 
     def replica_logits(features: Any) -> tf.Tensor:
-        net = model_ref()
-        out = net(features, training=False)
+        net: Any = model_ref()
+        out = net.row_logits(features) if own_loss else net(features, training=False)
         if not tf.is_tensor(out):
             raise TypeError(
                 f"evaluate: {type(net).__name__} returns {type(out).__name__}, not logits; "
@@ -386,31 +476,58 @@ def evaluate(
         per_replica = strategy.run(replica_logits, args=(features,))
         return strategy.experimental_local_results(per_replica)[0]
 
+    def replica_own_loss(features: Any, labels: Any) -> tf.Tensor:
+        net: Any = model_ref()
+        return net.compute_loss(x=features, y=labels, training=False)
+
+    def own_batch_loss(features: Any, labels: Any) -> tf.Tensor:
+        per_replica = strategy.run(replica_own_loss, args=(features, labels))
+        return strategy.experimental_local_results(per_replica)[0]
+
     compiled: list[Any] = []
     scores, targets, losses = [], [], []
     name = None
+    several = False
     for batch in loader:
-        features, labels = _unpack(batch, "evaluate")
+        features, given = _unpack(batch, "evaluate")
+        labels = _one_target(given)
         if labels is None:
             raise ValueError("evaluate: the loader yields no labels; build it with labels=")
-        name = name or label_name(loader, labels)
+        if own_loss or loss_fn is _binary_crossentropy:
+            _refuse_several_targets(labels, "evaluate")
+        name = name or label_name(loader, given)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
+        labels = tf.nest.map_structure(tf.convert_to_tensor, labels)
         if not compiled:  # one trace, every dimension open, kept with the model
             spec = _open_spec(features)
-            compiled.append(_compiled(model, "evaluate", (id(strategy), repr(spec)),
+            compiled.append(_compiled(model, "evaluate", (id(strategy), repr(spec), own_loss),
                                       partial(tf.function, predict, input_signature=[spec])))
+            if own_loss:
+                specs = [spec, _open_spec(labels)]
+                compiled.append(_compiled(model, "evaluate_loss", (id(strategy), repr(specs)),
+                                          partial(tf.function, own_batch_loss,
+                                                  input_signature=specs)))
         try:
             logits = compiled[0](features)
+            y = labels if isinstance(labels, dict) else tf.cast(tf.reshape(labels, [-1]),
+                                                                 logits.dtype)
+            loss = compiled[1](features, labels) if own_loss else loss_fn(logits, y)
         except tf.errors.InvalidArgumentError as exc:
             raise (_id_error(exc) or exc) from exc
-        y = tf.cast(tf.reshape(labels, [-1]), logits.dtype)
+        rows = int(logits.shape[0])
+        losses.append(_per_row(loss, rows, "evaluate"))
         scores.append(logits.numpy())
-        targets.append(y.numpy())
-        losses.append(tf.reshape(loss_fn(logits, y), [-1]).numpy())
+        if isinstance(y, dict):  # several targets: no one label to score against
+            several = True
+            targets.append(np.full(rows, np.nan, np.float32))
+        else:
+            targets.append(y.numpy())
     local = [np.concatenate(a) if a else np.zeros(0, np.float32) for a in (scores, targets, losses)]
     s, y, per_row = _gather_rows(strategy, local)
     if y.size == 0:
         raise ValueError("evaluate: the loader yielded no rows")
+    if several:
+        return {"loss": float(np.mean(per_row)), "log_loss": float("nan"), "auc": float("nan")}
     bad = y[~np.isfinite(y)]  # every worker holds every row here: all raise together
     if bad.size:
         raise label_error(name, str(float(bad[0])), loader, "in the evaluated data")
@@ -579,7 +696,11 @@ def fit(
 
     Args:
         model: a Keras model returning logits (``[B]`` or ``[B, 1]``), or one with
-            its own ``compute_loss`` (``TwoTower``), taken as the mean over its rows.
+            its own ``compute_loss`` (``TwoTower``), taken as the mean over its rows;
+            with a ``valid_loader`` such a model is scored by its
+            ``row_logits(features)`` (``TwoTower``'s: each row's own user-item score,
+            as torch's ``TwoTower`` returns), and refused before the first step
+            without one.
             Under a strategy, create and build it inside ``strategy.scope()``. A
             ``HybridParallel`` (model-parallel tables), or the model it wraps, trains
             through the wrapper's hooks; every worker then checkpoints its own part,
@@ -588,8 +709,13 @@ def fit(
             ``Loader``; every worker must yield the same number (the loader does).
         optimizer: a Keras optimizer (``LazyAdam``, ``MultiOptimizer``, ...),
             created inside ``strategy.scope()`` under a strategy.
-        loss_fn: ``(logits, labels) -> per-row loss [B]``; default binary
-            cross-entropy on logits.
+        loss_fn: ``(logits, labels) -> loss``: a scalar (the batch mean) or a
+            ``[B]`` tensor of per-row losses (averaged over the rows, as torch's
+            ``fit`` takes it); any other shape is refused. ``labels`` is what the
+            loader yields: a tensor, or the dict of targets of a loader with
+            several labels. Default: the model's ``compute_loss`` if it has one
+            (``TwoTower``), else binary cross-entropy on logits (both need one
+            target).
         checkpoint_dir: after each epoch (and every ``checkpoint_every`` steps)
             the chief worker writes the weights, the optimizer's variables and the
             loop's position and history there (nothing is pickled).
@@ -640,6 +766,14 @@ def fit(
     if not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(
             f"fit: strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
+        )
+    if (valid_loader is not None and loss_fn is None and _has_own_loss(model)
+            and not callable(getattr(model, "row_logits", None))):
+        # refused before the first step, not after an epoch's training
+        raise TypeError(
+            f"fit: valid_loader= needs one logit per row for AUC and log-loss, and "
+            f"{type(model).__name__} has its own compute_loss but no row_logits(features); "
+            "add one, or validate it yourself (TwoTower: recall_at_k)"
         )
     trainer = _KerasTrainer(model, optimizer, train_loader, loss_fn, strategy, checkpoint_dir)
     return run_loop(trainer, train_loader, options)
@@ -786,7 +920,7 @@ class _KerasTrainer:
             if own_loss:
                 rows = tf.cast(batch_rows(f, y), tf.float32)
                 return model.compute_loss(x=f, y=y, training=True) * rows
-            return tf.reduce_sum(per_row_loss(model(f, training=True), y))
+            return summed_loss(per_row_loss(model(f, training=True), y), batch_rows(f, y))
 
         def replica_step(f: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor]:
             model = model_ref()
@@ -817,26 +951,33 @@ class _KerasTrainer:
                            input_signature=[_open_spec(features), _open_spec(labels)])
 
     def step(self, batch: Any, where: str) -> Step:
-        features, labels = _unpack(batch, "fit")
+        features, given = _unpack(batch, "fit")
+        labels = _one_target(given)
         if labels is None and not self.own_loss:
             raise ValueError("fit: the loader yields no labels; build it with labels=")
+        if self.loss_fn is None:
+            _refuse_several_targets(labels, "fit")
         if not self.ready:
             self.build(features)
-        bad = self.label_check(labels)
-        if bad is not None:  # on every worker together: the count is summed over them
-            raise label_error(label_name(self.loader, labels), bad, self.loader, where)
+        # on every worker together: each count is summed over them
+        targets = labels.items() if isinstance(labels, dict) else [(None, labels)]
+        for target, values in targets:
+            bad = self.label_check(values)
+            if bad is not None:
+                raise label_error(target or label_name(self.loader, given), bad, self.loader,
+                                  where)
         before = getattr(self.model, "fit_before_step", None)
         if callable(before):
             before(features, labels)
         features = tf.nest.map_structure(tf.convert_to_tensor, features)
-        labels = None if labels is None else tf.convert_to_tensor(labels)
+        labels = None if labels is None else tf.nest.map_structure(tf.convert_to_tensor, labels)
         if self.compiled is None:
             self.compiled = self._compiled_step(features, labels)
         args = (features,) if labels is None else (features, labels)
         try:
             here, rows, everywhere = (float(v) for v in self.compiled(*args))
         except tf.errors.InvalidArgumentError as exc:
-            raise (_id_error(exc) or exc) from exc
+            raise (_id_error(exc) or _loss_shape_error(exc) or exc) from exc
         after = getattr(self.model, "fit_after_step", None)
         if callable(after):
             after()

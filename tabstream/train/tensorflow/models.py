@@ -115,6 +115,18 @@ class _SchemaModel(keras.Model):
         self._embeddings_given = embeddings  # saved in get_config: a clone rebuilds the same kind
         return embeddings
 
+    def _resolve_auto_jit_compile(self) -> bool:
+        """What Keras' ``compile(jit_compile="auto")`` (the default, and an
+        uncompiled model's ``predict``) resolves to: ``False`` for a model with
+        categorical features. Keras would turn XLA on whenever a GPU is visible, and
+        XLA drops the tables' id check (a ``tf.debugging.Assert``), so an id outside
+        its table would train silently (on GPU ``tf.gather`` reads zeros for it). An
+        explicit ``compile(jit_compile=True)`` is still taken: faster, without the
+        check (see docs/training.md)."""
+        if len(self._cat_schema):
+            return False
+        return bool(super()._resolve_auto_jit_compile())
+
     def fit_replica_step(self, features: Any, labels: Any, loss_sum: Any, optimizer: Any) -> Any:
         """``tabstream.train.tensorflow.fit``'s step: tables served by a
         ``CachedEmbeddings`` send their gradients to its parameter server."""
@@ -546,6 +558,14 @@ class TwoTower(_SchemaModel):
         }
 
     @_no_autograph
+    def row_logits(self, features: Mapping[str, Any]) -> tf.Tensor:
+        """``[B]``: each row's own (user, item) score ``<q_i, c_i> / temperature``,
+        what torch's ``TwoTower(features)`` returns; tabstream's ``fit`` and
+        ``evaluate`` score validation rows with it (``val_auc``, ``val_log_loss``)."""
+        out = self(features, training=False)
+        return tf.reduce_sum(out["query"] * out["candidate"], axis=1) / self.temperature
+
+    @_no_autograph
     def compute_loss(
         self,
         x: Any = None,
@@ -582,6 +602,12 @@ class TwoTower(_SchemaModel):
                 tf.logical_not(tf.eye(batch, dtype=tf.bool)),
             )
             logits = tf.where(duplicate, tf.constant(-1e9, logits.dtype), logits)
+        # One more column that no row picks, at -1e9: exp(-1e9 - max) is exactly 0,
+        # so every row's softmax is unchanged, and a batch without positive rows has a
+        # [0, 1] softmax (zero rows, a zero loss as torch's TwoTower gives) where
+        # [0, 0] would fail ("must have at least one class").
+        logits = tf.concat([logits, tf.fill([batch, 1], tf.constant(-1e9, logits.dtype))],
+                           axis=1)
         per_row = tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=tf.range(batch), logits=logits
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -155,6 +156,11 @@ class CrossNetwork(nn.Module):
 
     def __init__(self, dim: int, num_layers: int = 3, low_rank: int | None = None) -> None:
         super().__init__()
+        if low_rank is not None and (isinstance(low_rank, bool)
+                                     or not isinstance(low_rank, numbers.Integral) or low_rank < 1):
+            # 0 would factor W_l through no dimension at all (each layer its bias only)
+            raise ValueError(f"CrossNetwork (DCN's cross layers): low_rank must be None "
+                             f"(full-rank layers) or an int >= 1, got {low_rank!r}")
         layers: list[nn.Module] = []
         for _ in range(num_layers):
             if low_rank is None:

@@ -203,9 +203,12 @@ class EmbeddingTables(nn.ModuleDict):
 
     def forward(self, features: Features) -> dict[str, Any]:
         parsed = {}
+        # the batch's B, for ragged offsets of B + 1 entries; not while traced (a dynamic
+        # batch dimension must stay symbolic)
+        rows = None if _tracing() else known_rows(features)
         for feature, table in self.feature_to_table.items():
             cfg = self._config_by_name[table]
-            parsed[feature] = (cfg, parse_feature(feature, cfg, features))
+            parsed[feature] = (cfg, parse_feature(feature, cfg, features, rows))
         check_ids([(f, cfg, x) for f, (cfg, x) in parsed.items()])
         return {f: self._lookup(f, cfg, self[cfg.name], x) for f, (cfg, x) in parsed.items()}
 
@@ -260,7 +263,7 @@ def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
 
 
 def parse_feature(
-    feature: str, cfg: TableConfig, features: Features
+    feature: str, cfg: TableConfig, features: Features, rows: tuple[int, str] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One categorical feature of a batch, in any accepted layout, checked.
 
@@ -270,6 +273,8 @@ def parse_feature(
     the same shape). The two pairs differ by ``values``/``ids`` being 1-D or not.
     Every module that reads categorical features (plain, cached and sharded
     tables) parses them here, so they accept the same layouts with the same errors.
+    ``rows``: ``(B, the feature that shows it)`` (:func:`known_rows`), to refuse
+    ragged offsets without ``B + 1`` entries naming the feature.
     """
     if feature in features:
         x = features[feature]
@@ -291,7 +296,7 @@ def parse_feature(
     if isinstance(x, tuple) and len(x) == 2:
         first, second = x
         if first.dim() == 1:
-            _check_offsets(feature, second)
+            _check_offsets(feature, second, rows)
             return first, second
         _check_mask(feature, first, second)
         return first, second
@@ -412,11 +417,37 @@ def padded_to_ragged(
     return ids[mask].to(torch.long), F.pad(mask.sum(dim=1).cumsum(0), (1, 0))
 
 
-def _check_offsets(feature: str, offsets: torch.Tensor) -> None:
+def known_rows(features: Features) -> tuple[int, str] | None:
+    """``(rows, feature)``: the batch's row count as the first feature whose layout
+    shows it (a single-hot or continuous tensor, padded list ids) gives it; None
+    when every feature is a ragged list (whose offsets alone cannot say it)."""
+    for name, x in features.items():
+        if name.endswith(("__values", "__offsets", "__mask")):
+            continue
+        if isinstance(x, torch.Tensor) and x.dim() >= 1:
+            return int(x.shape[0]), name
+        if (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], torch.Tensor)
+                and x[0].dim() >= 2):
+            return int(x[0].shape[0]), name
+    return None
+
+
+def _check_offsets(feature: str, offsets: torch.Tensor,
+                   rows: tuple[int, str] | None = None) -> None:
+    """Ragged offsets are 1-D with ``B + 1`` entries; ``rows``: ``(B, the feature
+    that shows it)`` when the batch tells (:func:`known_rows`). Offsets of ``B``
+    entries would otherwise read as ``B - 1`` rows and fail later, far from here."""
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(
             f"list feature {feature!r}: offsets must be 1-D with B + 1 entries "
             f"(arrow style, first 0, last len(values)), got shape {tuple(offsets.shape)}"
+        )
+    if rows is not None and offsets.numel() != rows[0] + 1:
+        b, shown_by = rows
+        raise ValueError(
+            f"list feature {feature!r}: offsets has {offsets.numel()} entries, but the batch "
+            f"has {b} rows (feature {shown_by!r}); ragged offsets need B + 1 = {b + 1} "
+            "entries (arrow style: first 0, then the end of each row's values)"
         )
 
 

@@ -120,23 +120,23 @@ def move_to_device(batch: Any, device: torch.device | str) -> Any:
 
 
 def unpack_batch(batch: Any, where: str) -> tuple[Mapping[str, Any], Any]:
+    """``(features, labels)`` of a batch; labels of one target given as a dict
+    come out as that target's tensor, a dict of several targets stays a dict (for
+    a ``loss_fn`` that takes it, see :func:`fit`)."""
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)):
         raise TypeError(
             f"{where}: the loader must yield (features dict, labels) pairs, got "
             f"{type(batch).__name__}"
         )
     features, labels = batch
-    if isinstance(labels, Mapping):
-        if len(labels) != 1:
-            raise TypeError(
-                f"{where}: labels is a dict of {len(labels)} targets {sorted(labels)}; "
-                "pass a loss_fn that takes (logits, labels dict)"
-            )
+    if isinstance(labels, Mapping) and len(labels) == 1:
         labels = next(iter(labels.values()))
     return features, labels
 
 
 def _batch_size(features: Mapping[str, Any], labels: Any) -> int:
+    if isinstance(labels, Mapping):  # several targets: each holds one value per row
+        labels = next((v for v in labels.values() if isinstance(v, torch.Tensor)), None)
     if isinstance(labels, torch.Tensor):
         return int(labels.shape[0])
     for value in features.values():
@@ -148,18 +148,45 @@ def _batch_size(features: Mapping[str, Any], labels: Any) -> int:
 
 
 def _loss(model: nn.Module, features: Mapping[str, Any], labels: Any,
-          loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The training objective, and the logits when computing it produced them."""
+          loss_fn: LossFn | None, where: str = "fit") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training objective (the batch mean), and the logits when computing it
+    produced them."""
+    if loss_fn is None and isinstance(labels, Mapping):
+        raise TypeError(
+            f"{where}: labels is a dict of {len(labels)} targets {sorted(labels)}; pass a "
+            "loss_fn that takes (logits, labels dict)"
+        )
     compute_loss = getattr(model, "compute_loss", None)
     if loss_fn is None and callable(compute_loss):
         return compute_loss(features, labels), None
     logits = model(features)
     if loss_fn is not None:
-        return loss_fn(logits, labels), logits
+        return _batch_mean(loss_fn(logits, labels), _batch_size(features, labels), where), logits
     if labels is None:
         raise ValueError("the loader yields no labels; pass a loss_fn or a model with compute_loss")
     loss = F.binary_cross_entropy_with_logits(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
     return loss, logits
+
+
+def _batch_mean(loss: Any, rows: int, where: str = "fit") -> torch.Tensor:
+    """The batch mean of what a ``loss_fn`` returned for a batch of ``rows`` rows:
+    a scalar is the mean already; a ``[rows]`` tensor holds one loss per row and is
+    averaged (so each row weighs the same, as the loop weighs each batch by its
+    rows); any other shape is refused.
+
+    >>> _batch_mean(torch.tensor([1.0, 2.0, 6.0]), 3), _batch_mean(torch.tensor(3.0), 3)
+    (tensor(3.), tensor(3.))
+    """
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"{where}: loss_fn must return a torch.Tensor, got {type(loss).__name__}")
+    if loss.dim() == 0:
+        return loss
+    if loss.dim() == 1 and loss.shape[0] == rows:
+        return loss.mean()
+    raise ValueError(
+        f"{where}: loss_fn returned a tensor of shape {tuple(loss.shape)} for a batch of "
+        f"{rows} rows; return a scalar (the batch mean) or one loss per row, shape ({rows},)"
+    )
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -194,7 +221,7 @@ def evaluate(
             name = name or label_name(loader, batch[1])
             features, labels = move_to_device(features, device), move_to_device(labels, device)
             size = _batch_size(features, labels)
-            loss, logits = _loss(model, features, labels, loss_fn)
+            loss, logits = _loss(model, features, labels, loss_fn, "evaluate")
             total += float(loss) * size
             n += size
             if isinstance(labels, torch.Tensor):
@@ -310,9 +337,13 @@ def fit(
             ``tabstream.loaders.torch.Loader`` or a list of batches.
         optimizer: anything with ``zero_grad``/``step``/``state_dict``/
             ``load_state_dict`` (a torch optimizer, :class:`MultiOptimizer`).
-        loss_fn: ``(logits, labels) -> loss``; default: the model's
-            ``compute_loss(features, labels)`` if it has one (``TwoTower``), else
-            binary cross-entropy on logits.
+        loss_fn: ``(logits, labels) -> loss``: a scalar (the batch mean) or a
+            ``[B]`` tensor of per-row losses (averaged over the rows); any other
+            shape is refused. ``labels`` is what the loader yields: a tensor, or
+            the dict of targets of a loader with several labels. Default: the
+            model's ``compute_loss(features, labels)`` if it has one
+            (``TwoTower``), else binary cross-entropy on logits (both need one
+            target).
         checkpoint_dir: where ``checkpoint.pt`` is written after each epoch (and
             every ``checkpoint_every`` steps).
         resume: continue from ``checkpoint_dir``'s checkpoint when there is one
@@ -464,7 +495,7 @@ class _TorchTrainer:
     def step(self, batch: Any, where: str) -> Step:
         features, labels = unpack_batch(batch, "fit")
         features, labels = move_to_device(features, self.device), move_to_device(labels, self.device)
-        labels_bad = _nonfinite_labels(labels)
+        bad_name, labels_bad = _nonfinite_labels(labels)
         loss, _ = _loss(self.model, features, labels, self.loss_fn)
         upcoming, self._upcoming = self._upcoming, None
         if upcoming is not None:
@@ -477,7 +508,7 @@ class _TorchTrainer:
             self._check_global_batch(global_size)
         self.global_batch = max(self.global_batch, global_size)
         if not labels_ok:  # every rank raises: a rank left alone would hang
-            raise label_error(label_name(self.loader, batch[1]),
+            raise label_error(bad_name or label_name(self.loader, batch[1]),
                               labels_bad or "NaN or inf on another rank", self.loader, where)
         if not finite:  # the loop raises on every rank together
             return Step(0.0, 0, finite=False, shown=_nonfinite_text(value), applied=False)
@@ -601,15 +632,23 @@ def _agree_on_step(value: float, size: int, labels_bad: str | None = None) -> tu
     return int(total), bad == 0, bad_labels == 0
 
 
-def _nonfinite_labels(labels: Any) -> str | None:
-    """``"nan"``/``"inf"``/``"-inf"`` when a float label tensor holds one, else None.
-    One fused reduction and one host sync per batch (the loss costs a sync anyway)."""
+def _nonfinite_labels(labels: Any) -> tuple[str | None, str | None]:
+    """``(target name or None, "nan"/"inf"/"-inf")`` when a float label tensor (or
+    a target of a labels dict, named then) holds one, else ``(None, None)``. One
+    fused reduction and one host sync per batch and target (the loss costs a sync
+    anyway)."""
+    if isinstance(labels, Mapping):
+        for name, value in labels.items():
+            _, bad = _nonfinite_labels(value)
+            if bad is not None:
+                return str(name), bad
+        return None, None
     if not isinstance(labels, torch.Tensor) or not labels.is_floating_point():
-        return None
+        return None, None
     if bool(torch.isfinite(labels).all()):
-        return None
-    bad = labels[~torch.isfinite(labels)].reshape(-1)[0]
-    return str(float(bad))
+        return None, None
+    first = labels[~torch.isfinite(labels)].reshape(-1)[0]
+    return None, str(float(first))
 
 
 def _check_writable(folder: Path, model: nn.Module) -> None:

@@ -49,6 +49,20 @@ __all__ = ["DCN", "DLRM", "TwoTower", "WideAndDeep", "recall_at_k"]
 Features = Mapping[str, Any]
 
 
+def _pooling(combiner: Any, who: str) -> str:
+    """``combiner`` of a bundled model: its layers read one vector per feature and
+    row, so list columns must be pooled ("sum" or "mean"). ``combiner=None`` (one
+    vector per id, a ``(B, L, dim)`` block) is for models of your own over
+    :class:`EmbeddingTables`."""
+    if combiner not in ("sum", "mean"):
+        raise ValueError(
+            f"{who}: combiner must be 'sum' or 'mean' (list columns pooled into one vector "
+            f"per row, as the model's layers read them), got {combiner!r}; combiner=None "
+            "(one vector per id) is for models of your own built on EmbeddingTables"
+        )
+    return str(combiner)
+
+
 class DLRM(nn.Module):
     """DLRM: a bottom MLP maps the continuous features to one ``embedding_dim``
     vector; it and every categorical embedding (all ``embedding_dim`` wide) meet in
@@ -70,6 +84,7 @@ class DLRM(nn.Module):
         embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        combiner = _pooling(combiner, "DLRM")
         self.inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, sparse=sparse,
             sparse_threshold=sparse_threshold, combiner=combiner, embeddings=embeddings,
@@ -128,6 +143,7 @@ class DCN(nn.Module):
         super().__init__()
         if structure not in ("stacked", "parallel"):
             raise ValueError(f"DCN: structure must be 'stacked' or 'parallel', got {structure!r}")
+        combiner = _pooling(combiner, "DCN")
         self.structure = structure
         self.inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
@@ -190,6 +206,7 @@ class WideAndDeep(nn.Module):
         embeddings: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        combiner = _pooling(combiner, "WideAndDeep")
         self.deep_inputs = FeatureInputs(
             schema, embedding_dim=embedding_dim, multiplier=multiplier, sparse=sparse,
             sparse_threshold=sparse_threshold, combiner=combiner, embeddings=embeddings,
@@ -304,6 +321,7 @@ class TwoTower(nn.Module):
         if both:
             raise ValueError(f"TwoTower: columns {both} are tagged both USER and ITEM")
         self.temperature = check_positive(temperature, "TwoTower: temperature")
+        combiner = _pooling(combiner, "TwoTower")
         self.l2_normalize = l2_normalize
 
         views: dict[int, nn.Module | None] = {id(user): None, id(item): None}

@@ -199,8 +199,12 @@ def test_validating_a_model_without_logits_is_refused():
 
     from tabstream.train.tensorflow import TwoTower
 
+    class NoRowLogits(TwoTower):  # TwoTower itself validates (test_keras_twotower_fixes.py)
+        row_logits = None
+
     schema, features, labels = retrieval_data(seed=0, rows=128)
     data = [({k: tf.constant(v) for k, v in features.items()}, tf.constant(labels))]
-    model = TwoTower(schema, tower=(8,), seed=0)
-    with pytest.raises(TypeError, match=r"evaluate: TwoTower returns dict, not logits"):
+    model = NoRowLogits(schema, tower=(8,), seed=0)
+    with pytest.raises(TypeError, match=r"fit: valid_loader= needs one logit per row .* "
+                       r"NoRowLogits has its own compute_loss but no row_logits"):
         fit(model, data, LazyAdam(0.01), valid_loader=data, progress=False)
