@@ -200,8 +200,12 @@ def check_ids(ids: tf.Tensor, config: TableConfig, feature: str) -> tf.Tensor:
     ``tf.function`` a ``tf.debugging.Assert`` (an ``InvalidArgumentError`` with the
     same words, which :func:`tabstream.train.tensorflow.fit` raises as a DataError).
     Costs a min and a max per feature and batch (``benchmarks/embedding_id_check.py``).
-    XLA (``jit_compile=True``) drops asserts: there the check does not run."""
+    XLA (``jit_compile=True``) drops asserts: there the check does not run. Ids of
+    a narrower or unsigned integer dtype (an export with ``ReduceDtypeSize``) come
+    back as int64, which the lookups take."""
     ids = tf.convert_to_tensor(ids)
+    if ids.dtype.is_integer and ids.dtype not in (tf.int32, tf.int64):
+        ids = tf.cast(ids, tf.int64)
     card = config.cardinality
     if tf.executing_eagerly():
         if int(tf.size(ids)) == 0:

@@ -262,6 +262,20 @@ def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     raise TypeError(f"optimizer must be a torch optimizer or a MultiOptimizer, got {type(optimizer).__name__}")
 
 
+#: the index dtypes torch's embedding kernels take
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _index_ids(ids: Any) -> Any:
+    """Ids of a narrower or unsigned integer dtype (an export with ``ReduceDtypeSize``
+    or ``dtypes={"C1": "int16"}``) as int64: torch's embedding kernels take int32
+    and int64 only."""
+    if isinstance(ids, torch.Tensor) and ids.dtype not in _INDEX_DTYPES and not (
+            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        return ids.to(torch.int64)
+    return ids
+
+
 def parse_feature(
     feature: str, cfg: TableConfig, features: Features, rows: tuple[int, str] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -295,6 +309,7 @@ def parse_feature(
         )
     if isinstance(x, tuple) and len(x) == 2:
         first, second = x
+        first = _index_ids(first)
         if first.dim() == 1:
             _check_offsets(feature, second, rows)
             return first, second
@@ -305,6 +320,7 @@ def parse_feature(
             f"categorical feature {feature!r}: expected an int64 tensor or a "
             f"(values, offsets) tuple, got {type(x).__name__}"
         )
+    x = _index_ids(x)
     is_list = cfg.is_list_feature(feature)  # a table may serve single-hot and list features
     if x.dim() == 2 and (is_list or x.shape[1] != 1):
         if not is_list:

@@ -394,6 +394,7 @@ class _TorchTrainer:
         self.checkpoint_path = (Path(checkpoint_dir) / CHECKPOINT_FILE
                                 if checkpoint_dir is not None else None)
         self.rank, self.world = _ranks()
+        _check_loader_ranks(loader, self.world)
         #: rows of the largest global batch trained (all ranks' rows of one step)
         self.global_batch = 0
         #: (global batch, batches done in the epoch, folder) of the checkpoint resumed
@@ -526,8 +527,10 @@ class _TorchTrainer:
         self._resumed_inside = None
         if not expected or not done or rows == expected:
             return
-        if rows < expected and isinstance(self.loader, Sized) and done + 1 == len(self.loader):
-            return  # the epoch's last, shorter batch
+        if rows < expected and isinstance(self.loader, Sized) and done + 2 >= len(self.loader):
+            # the epoch's last batches: shorter when the rows do not fill them (the
+            # loader splits the last full batch in two so that every rank has one)
+            return
         per_rank = (f"batch_size={expected // self.world} on each of the {self.world} ranks"
                     if expected % self.world == 0 else
                     f"a number of ranks that divides {expected}")
@@ -545,6 +548,21 @@ class _TorchTrainer:
 
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
         return evaluate(self.model, loader, loss_fn=self.loss_fn, device=self.device)
+
+
+def _check_loader_ranks(loader: Any, world: int) -> None:
+    """A tabstream loader shares its rows among ``global_size`` ranks: on another
+    number of ranks every row would be trained twice (a loader built before
+    ``init_process_group`` takes 1) or some never."""
+    core = getattr(loader, "core", None)
+    size = getattr(core, "global_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size != world:
+        raise ValueError(
+            f"fit: the loader shares its rows among {size} rank(s) (global_size={size}, "
+            f"global_rank={getattr(core, 'global_rank', '?')}), but fit runs on {world} rank(s), "
+            f"so each row would {'be trained more than once' if size < world else 'not be trained'} "
+            "per epoch; build the Loader after torch.distributed.init_process_group (it takes "
+            f"the group's size and rank) or pass global_size={world} and this rank's global_rank")
 
 
 def data_identity(loader: Any) -> str | None:
