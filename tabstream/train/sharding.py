@@ -265,42 +265,64 @@ def _tables_in(obj: Any) -> list[TableConfig] | None:
     return None
 
 
-def _children(obj: Any) -> list[Any]:
-    """Every sub-module of a torch module (``modules()``), or every nested layer of a
-    Keras model (``layers``, recursively)."""
-    modules = getattr(obj, "modules", None)
-    if callable(modules):
-        return [m for m in modules() if m is not obj]
-    out: list[Any] = []
-    for layer in getattr(obj, "layers", None) or []:
-        out.append(layer)
-        out.extend(_children(layer))
+def _named_children(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(path, module)`` of every sub-module of a torch module (``named_modules()``),
+    or of every nested layer of a Keras model (``layers``, recursively; paths joined
+    by ``/``)."""
+    named = getattr(obj, "named_modules", None)
+    if callable(named):
+        return [(n, m) for n, m in named() if m is not obj]
+    out: list[tuple[str, Any]] = []
+    for i, layer in enumerate(getattr(obj, "layers", None) or []):
+        name = getattr(layer, "name", None) or f"layers[{i}]"
+        path = f"{prefix}/{name}" if prefix else str(name)
+        out.append((path, layer))
+        out.extend(_named_children(layer, path))
     return out
+
+
+def _inside(path: str, outer: str) -> bool:
+    return path.startswith(outer + ".") or path.startswith(outer + "/")
 
 
 def table_configs_of(model_or_tables: Any) -> list[TableConfig]:
     """The embedding tables of a torch or Keras model, of an ``EmbeddingTables``
-    (either framework), or of an iterable of :class:`TableConfig`, in model order."""
+    (either framework), or of an iterable of :class:`TableConfig`, in model order.
+
+    A plan keys tables by name, so two tables of one name (in two embedding modules
+    of a model, or twice in the configs given) are refused with a ``ValueError``
+    naming them."""
+    return _table_configs(model_or_tables, "plan_sharding")
+
+
+def _table_configs(model_or_tables: Any, who: str) -> list[TableConfig]:
     own = _tables_in(model_or_tables)
     if own is not None:
-        return own
+        return _unique(own, ["the configs given"] * len(own), who)
     if isinstance(model_or_tables, TableConfig):
         return [model_or_tables]
     if hasattr(model_or_tables, "modules") or hasattr(model_or_tables, "layers"):
         configs: list[TableConfig] = []
+        owners: list[str] = []
+        found_at: list[str] = []
         seen: set[int] = set()
-        for child in _children(model_or_tables):
+        for path, child in _named_children(model_or_tables):
             found = _tables_in(child)
-            if found is not None and id(child) not in seen:
-                seen.add(id(child))
-                configs.extend(found)
+            if found is None or id(child) in seen:
+                continue
+            if any(_inside(path, outer) for outer in found_at):
+                continue  # a part of an embedding module already counted (its replicas)
+            seen.add(id(child))
+            found_at.append(path)
+            configs.extend(found)
+            owners.extend([path or type(child).__name__] * len(found))
         if not configs:
             raise ValueError(
                 f"plan_sharding: {type(model_or_tables).__name__} has no EmbeddingTables "
                 "module or layer; build the model from a schema (DLRM, DCN, ...) or pass "
                 "table configs"
             )
-        return configs
+        return _unique(configs, owners, who)
     if isinstance(model_or_tables, (str, bytes)) or not hasattr(model_or_tables, "__iter__"):
         raise TypeError(
             "plan_sharding takes a model, an EmbeddingTables or TableConfigs, got "
@@ -313,7 +335,29 @@ def table_configs_of(model_or_tables: Any) -> list[TableConfig]:
             "plan_sharding takes a model, an EmbeddingTables or TableConfigs, got "
             f"{bad[0]} items"
         )
-    return items
+    return _unique(items, ["the configs given"] * len(items), who)
+
+
+def _unique(configs: list[TableConfig], owners: list[str], who: str) -> list[TableConfig]:
+    """``configs``, refused when two share a name (``owners[i]``: where config i is)."""
+    first: dict[str, int] = {}
+    for i, cfg in enumerate(configs):
+        if cfg.name not in first:
+            first[cfg.name] = i
+            continue
+        j = first[cfg.name]
+        a = configs[j]
+        if owners[i] == owners[j]:
+            where = f"twice in {owners[i]}"
+        else:
+            where = f"in two embedding modules, {owners[j]!r} and {owners[i]!r}"
+        raise ValueError(
+            f"{who}: table {cfg.name!r} is {where} ({a.cardinality} x {a.dim} and "
+            f"{cfg.cardinality} x {cfg.dim}); a sharding plan keys tables by name, so each "
+            "table of a model needs a name of its own: rename one (TableConfig(name=...)), "
+            "or give both modules one EmbeddingTables to share the table"
+        )
+    return configs
 
 
 def resolve_plan(plan: Any, model_or_tables: Any, world_size: int,
@@ -322,21 +366,66 @@ def resolve_plan(plan: Any, model_or_tables: Any, world_size: int,
     ``world_size`` workers: ``None`` (the ``"auto"`` plan), a strategy name
     (``"auto"``, ``"table_wise"``, ...: :func:`plan_sharding`'s ``strategy``), a
     ``{table: type}`` dict (overrides of ``"auto"``) or a ready :class:`ShardingPlan`
-    (checked against ``world_size``)."""
+    (checked against ``world_size`` and against the model's tables: their names, sizes
+    and the ranges that the placements cut)."""
     if isinstance(plan, ShardingPlan):
         if plan.world_size != world_size:
             raise ValueError(f"{who}: the plan is for {plan.world_size} ranks, but the process "
                              f"group has {world_size}; plan with "
                              f"plan_sharding(model, world_size={world_size})")
+        _check_plan(plan, _table_configs(model_or_tables, who), who)
         return plan
     if plan is None:
-        return plan_sharding(model_or_tables, world_size)
+        return plan_sharding(_table_configs(model_or_tables, who), world_size)
     if isinstance(plan, str):
         if plan not in STRATEGIES:
             raise ValueError(f"{who}: plan={plan!r} is not a strategy; give one of "
                              f"{list(STRATEGIES)}, a {{table: type}} dict or a ShardingPlan")
-        return plan_sharding(model_or_tables, world_size, strategy=plan)
+        return plan_sharding(_table_configs(model_or_tables, who), world_size, strategy=plan)
     if isinstance(plan, Mapping):
-        return plan_sharding(model_or_tables, world_size, overrides=plan)
+        return plan_sharding(_table_configs(model_or_tables, who), world_size, overrides=plan)
     raise TypeError(f"{who}: plan must be a ShardingPlan, a {{table: type}} dict, a strategy "
                     f"name ({', '.join(STRATEGIES)}) or None, got {type(plan).__name__}")
+
+
+def _check_plan(plan: ShardingPlan, configs: list[TableConfig], who: str) -> None:
+    """A ready plan fits the model's tables: the same names, each table planned for
+    the model's size, and placements that cover its rows or columns exactly once."""
+    fix = f"plan with plan_sharding(model, world_size={plan.world_size}) for this model"
+    model = {c.name: c for c in configs}
+    missing = [n for n in model if n not in plan.placements]
+    if missing:
+        raise ValueError(f"{who}: the plan has no placement for tables {missing} of the model "
+                         f"(it plans {sorted(plan.placements)}); {fix}")
+    unknown = [n for n in plan.placements if n not in model]
+    if unknown:
+        raise ValueError(f"{who}: the plan names tables {sorted(unknown)} that the model does "
+                         f"not have (its tables are {sorted(model)}); {fix}")
+    for name, cfg in model.items():
+        planned = plan.configs.get(name)
+        if planned is not None and (planned.cardinality, planned.dim) != (cfg.cardinality,
+                                                                          cfg.dim):
+            raise ValueError(
+                f"{who}: table {name!r} is {planned.cardinality} x {planned.dim} (rows x dim) "
+                f"in the plan but {cfg.cardinality} x {cfg.dim} in the model; {fix}")
+        place = plan.placements[name]
+        if place.kind not in SHARDING_TYPES:
+            raise ValueError(f"{who}: table {name!r}: sharding type {place.kind!r} is not one "
+                             f"of {list(SHARDING_TYPES)}")
+        if place.kind == "table_wise":
+            if place.owner is None or not 0 <= int(place.owner) < plan.world_size:
+                raise ValueError(f"{who}: table {name!r} is placed on rank {place.owner}, not "
+                                 f"on one of the plan's {plan.world_size} ranks; {fix}")
+        elif place.kind in ("row_wise", "column_wise"):
+            what, total = (("rows", cfg.cardinality) if place.kind == "row_wise"
+                           else ("columns", cfg.dim))
+            ranges = [(int(a), int(b)) for a, b in place.ranges]
+            ends = [0] + [b for _, b in ranges]
+            tiles = (len(ranges) == plan.world_size and ends[-1] == total
+                     and all(a == ends[k] and b >= a for k, (a, b) in enumerate(ranges)))
+            if not tiles:
+                cut = ", ".join(f"{a}:{b}" for a, b in ranges)
+                raise ValueError(
+                    f"{who}: table {name!r} is {place.kind} over {what} {cut} in the plan, "
+                    f"which do not cover the model's {total} {what} (0:{total}) once over "
+                    f"{plan.world_size} ranks; {fix}")

@@ -918,7 +918,12 @@ class _HybridCheckpoints:
     worker together) restores the newest save that every worker holds whole; when
     the newest whole save was written by another number of workers (the folders
     ``worker-<r>-of-<W'>``), it is resharded to this run's workers and plan
-    (:mod:`tabstream.train.tensorflow.reshard`) and :attr:`resume_note` says so."""
+    (:mod:`tabstream.train.tensorflow.reshard`) and :attr:`resume_note` says so.
+
+    A run that did not resume (``resume=False``, or nothing to resume) starts over:
+    once its first save is whole, each worker removes the parts that other numbers of
+    workers wrote there (its own part keeps only the new save), so a later resume
+    continues this run, never an older one with a higher global step."""
 
     every_worker_writes = True
 
@@ -931,6 +936,10 @@ class _HybridCheckpoints:
         self._chosen: tuple[int, tuple[int, int, int], list[Path]] | None = None
         #: what loading did to the tables (resharded), for the loop's resume line
         self.resume_note: str | None = None
+        #: whether this run continues a save (load) or started over; an older run's
+        #: parts are removed at the first save of a run that started over
+        self._resumed = False
+        self._saved = False
 
     def _saves(self) -> dict[tuple[int, int, int], Path]:
         """This worker's whole saves by (global step, epoch, batch)."""
@@ -1022,6 +1031,21 @@ class _HybridCheckpoints:
             if old.name not in (key, self._previous):
                 shutil.rmtree(old, ignore_errors=True)
         self._previous = key
+        if not self._resumed and not self._saved:
+            self._forget_other_runs()
+        self._saved = True
+
+    def _forget_other_runs(self) -> None:
+        """Remove the parts of other numbers of workers (earlier runs): this run
+        started over, and a resume must not pick their saves (their global steps may
+        be higher than this run's). Every worker of the run may do it; whichever
+        comes second finds less or nothing to remove."""
+        if not self.dir.is_dir():
+            return
+        for entry in self.dir.iterdir():
+            found = re.fullmatch(r"worker-(\d+)-of-(\d+)", entry.name)
+            if found and int(found[2]) != self.wrapper.world_size and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
 
     def load(self) -> dict[str, Any]:
         w = self.wrapper
@@ -1047,6 +1071,7 @@ class _HybridCheckpoints:
         self.resume_note = restored.note(self.dir, w.world_size, w.rank,
                                          None if trained_by is None else int(trained_by))
         self._previous = own.name if world == w.world_size else None
+        self._resumed = True
         return dict(state)
 
 

@@ -45,6 +45,11 @@ group of the embedding's own (:mod:`tabstream.train.torch.exchange`):
    runs the reverse all-to-all, so each shard receives exactly the gradient of its
    rows.
 
+Per-id lookups (a list feature of a ``combiner=None`` table) take the same path
+with every id a bag of its own (no lengths travel); the requesting rank lays the
+returned vectors out as ``(vectors (B, L, dim), mask (B, L))``, what
+:class:`EmbeddingTables` returns, under every sharding type.
+
 ``HybridParallel.comm_stats()`` reports the bytes each exchange moved.
 
 ``data_parallel`` tables stay inside the DDP-wrapped module like any dense weight.
@@ -73,7 +78,7 @@ from tabstream.train.sharding import (
     resolve_plan,
 )
 from tabstream.train.tables import TableConfig
-from tabstream.train.torch.embeddings import EmbeddingTables, to_ragged
+from tabstream.train.torch.embeddings import EmbeddingTables, parse_feature, to_ragged
 from tabstream.train.torch.exchange import AllToAll, CommStats, all_to_all
 
 __all__ = ["HybridParallel", "SHARDING_TYPES", "ShardedEmbeddingTables", "ShardingPlan",
@@ -111,6 +116,9 @@ class ShardedEmbeddingTables(nn.Module):
     """Stands in for an :class:`EmbeddingTables` inside a model wrapped by
     :class:`HybridParallel`: same ``forward(features) -> {feature: (B, dim)}``, in
     the same feature order, but the sharded tables keep only this rank's shard.
+    A list feature of a ``combiner=None`` table comes out per id, as from
+    :class:`EmbeddingTables`: ``(vectors (B, L, dim), mask (B, L))``; each of its ids
+    is exchanged as a bag of one.
 
     ``self.replicated`` is an :class:`EmbeddingTables` of the ``data_parallel``
     tables (trained by DDP); ``self.shards[name]`` is this rank's
@@ -187,16 +195,34 @@ class ShardedEmbeddingTables(nn.Module):
         sharded = self._sharded_forward(features)
         return {f: (local[f] if f in local else sharded[f]) for f in self.feature_to_table}
 
-    def _sharded_forward(self, features: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def _sharded_forward(self, features: Mapping[str, Any]) -> dict[str, Any]:
         self.comm.begin_step()
-        ragged = {f: _to_ragged(f, self._config_by_name[self.feature_to_table[f]], features)
-                  for f in self.sharded_features}
-        batch = _batch_rows(ragged, features)
+        ragged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        rows: dict[str, int] = {}
+        per_id: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+        for f in self.sharded_features:
+            cfg = self._config_by_name[self.feature_to_table[f]]
+            if cfg.combiner is None:
+                x = parse_feature(f, cfg, features)
+                if isinstance(x, tuple):
+                    # a list looked up per id: every id travels as a bag of its own and
+                    # comes back as its own vector, laid out (B, L, dim) at the end
+                    values, shape, mask = _per_id_layout(f, cfg, x)
+                    ragged[f] = (values, torch.arange(values.numel() + 1,
+                                                      device=values.device))
+                    rows[f] = shape[0]
+                    per_id[f] = (shape, mask)
+                    continue
+            ragged[f] = _to_ragged(f, cfg, features)
+            rows[f] = int(ragged[f][1].numel()) - 1
+        # bags per feature: the batch's rows, or its ids for a per-id list
+        bags = {f: int(offsets.numel()) - 1 for f, (_, offsets) in ragged.items()}
+        batch = _batch_rows(rows, features)
         device = _device(features, self.shards)
         w, rank = self.world_size, self.rank
         where = comm_device(self.group)
         # 1. route: what this rank sends each owner (ids, list lengths, requesting rows)
-        routed = self._route(ragged, batch)
+        routed = self._route(ragged, bags)
         # 2. sizes: to each rank d, [B, then (ids, lengths) per piece d owns]
         header = [[batch] + [n for f, _, p in self._by_rank[d]
                              for n in _counts(routed[f][p[0]])] for d in range(w)]
@@ -232,19 +258,27 @@ class ShardedEmbeddingTables(nn.Module):
                 total += pooled.numel()
             send_sizes.append(total)
         # 5. vectors back to the rank whose rows they are (gradients the reverse way)
-        recv_sizes = [sum(_bags(routed[f][p[0]], batch) * self._piece_width(n, p)
+        recv_sizes = [sum(_bags(routed[f][p[0]], bags[f]) * self._piece_width(n, p)
                           for f, n, p in self._by_rank[d]) for d in range(w)]
         send = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
         received = AllToAll.apply(send.to(where), recv_sizes, send_sizes, self.group, rank,
                                   self.comm).to(device)
         received = _ScaleGrad.apply(received, self.loss_scale_world)
-        return self._assemble(received, routed, ragged, batch, recv_sizes)
+        out: dict[str, Any] = self._assemble(received, routed, ragged, bags)
+        for f, (shape, mask) in per_id.items():
+            # one vector per id, in the order of the real positions of the mask
+            vectors = out[f]
+            out[f] = (vectors.new_zeros((*shape, vectors.shape[1])).index_put(
+                (mask.to(vectors.device),), vectors), mask)
+        return out
 
     def _route(self, ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-               batch: int) -> dict[str, dict[int, _Routed]]:
-        """``{feature: {owner rank: what goes there}}`` for this rank's rows."""
+               bags: Mapping[str, int]) -> dict[str, dict[int, _Routed]]:
+        """``{feature: {owner rank: what goes there}}`` for this rank's rows
+        (``bags[feature]`` of them: the batch's rows, or its ids for a per-id list)."""
         out: dict[str, dict[int, _Routed]] = {}
         for f in self.sharded_features:
+            batch = bags[f]
             name = self.feature_to_table[f]
             place = self.plan.placements[name]
             values, offsets = ragged[f]
@@ -315,16 +349,16 @@ class ShardedEmbeddingTables(nn.Module):
                                include_last_offset=True)
 
     def _assemble(self, received: torch.Tensor, routed: dict[str, dict[int, _Routed]],
-                  ragged: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: int,
-                  recv_sizes: list[int]) -> dict[str, torch.Tensor]:
+                  ragged: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                  bags: Mapping[str, int]) -> dict[str, torch.Tensor]:
         # received = for each owner d: for each piece d holds: (bags, width) row-major
-        order = [(f, d, self._piece_width(name, p), _bags(routed[f][d], batch))
+        order = [(f, d, self._piece_width(name, p), _bags(routed[f][d], bags[f]))
                  for d in range(self.world_size) for f, name, p in self._by_rank[d]]
         # one split (its backward is one cat), not a slice per piece (each slice's
         # backward would fill a zero tensor the size of the whole message)
-        parts_flat = received.split([bags * width for _, _, width, bags in order])
-        chunks = {(f, d): part.view(bags, width)
-                  for (f, d, width, bags), part in zip(order, parts_flat)}
+        parts_flat = received.split([n * width for _, _, width, n in order])
+        chunks = {(f, d): part.view(n, width)
+                  for (f, d, width, n), part in zip(order, parts_flat)}
         out = {}
         for f in self.sharded_features:
             name = self.feature_to_table[f]
@@ -338,7 +372,7 @@ class ShardedEmbeddingTables(nn.Module):
                 # each owner sent the partial sums of the rows that had ids in its range
                 rows = torch.cat([cast(torch.Tensor, routed[f][d].rows) for d in owners])
                 vectors = torch.cat([chunks[(f, d)] for d in owners])
-                total = vectors.new_zeros(batch, cfg.dim).index_add(
+                total = vectors.new_zeros(bags[f], cfg.dim).index_add(
                     0, rows.to(vectors.device), vectors)
                 if cfg.combiner == "mean":
                     counts = torch.diff(ragged[f][1]).clamp(min=1).to(total.dtype)
@@ -385,6 +419,11 @@ def _to_ragged(feature: str, cfg: TableConfig,
     with every id checked against the table size (a row-wise shard would otherwise
     drop an id that no rank owns)."""
     values, offsets = to_ragged(feature, cfg, features)
+    _check_range(feature, cfg, values)
+    return values, offsets
+
+
+def _check_range(feature: str, cfg: TableConfig, values: torch.Tensor) -> None:
     if values.numel():
         low, high = int(values.min()), int(values.max())
         if low < 0 or high >= cfg.cardinality:
@@ -394,13 +433,34 @@ def _to_ragged(feature: str, cfg: TableConfig,
                 f"(expected 0 <= id < {cfg.cardinality}); was the data encoded with another "
                 "workflow than the schema the model was built from?"
             )
-    return values, offsets
 
 
-def _batch_rows(ragged: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                features: Mapping[str, Any]) -> int:
-    for _, offsets in ragged.values():
-        return int(offsets.numel()) - 1
+def _per_id_layout(feature: str, cfg: TableConfig, x: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+    """A list feature of a ``combiner=None`` table as ``(ids, shape, mask)``: its real
+    ids in row-major order, and the ``(B, L)`` (or ``(B, F, L)``) layout with the mask
+    of the real positions that :class:`EmbeddingTables` returns for it (``L`` the
+    longest list of the batch for ragged input, the padded length otherwise)::
+
+        (values [5, 6, 9], offsets [0, 2, 3])  ->  ids [5, 6, 9], (2, 2), [[1, 1], [1, 0]]
+    """
+    first, second = x
+    if first.dim() == 1:  # ragged (values, offsets)
+        offsets = second.to(torch.long)
+        values = first[int(offsets[0]):int(offsets[-1])].to(torch.long)
+        lengths = offsets[1:] - offsets[:-1]
+        width = int(lengths.max()) if lengths.numel() else 0
+        mask = torch.arange(width, device=offsets.device) < lengths[:, None]
+    else:  # padded (ids, mask): the real positions only
+        mask = second.to(torch.bool)
+        values = first[mask].to(torch.long)
+    _check_range(feature, cfg, values)
+    return values, tuple(mask.shape), mask
+
+
+def _batch_rows(rows: Mapping[str, int], features: Mapping[str, Any]) -> int:
+    for n in rows.values():
+        return n
     for value in features.values():
         if isinstance(value, torch.Tensor):
             return int(value.shape[0])

@@ -10,8 +10,9 @@ folder::
         rank0.json, rank1.json         each rank's plain values and tensor slots
     checkpoint.dcp.json                {"folder": "checkpoint-000120.dcp", "world_size": 2}
 
-The small ``checkpoint.dcp.json`` is replaced last (atomically), so a reader sees
-the previous complete checkpoint or the new one. Plain values (ints, floats,
+The small ``checkpoint.dcp.json`` is replaced last (atomically), and a save never
+writes into (nor removes) the folder it names until it names the new one, so a
+reader sees the previous complete checkpoint or the new one. Plain values (ints, floats,
 strings, tuples, dicts with int keys) go to JSON; tensors go to DCP under keys
 ``rank{r}/{n}``: a rank's state may hold tensors of other shapes than another
 rank's under the same name, so names are never shared between ranks.
@@ -394,36 +395,54 @@ def sharded_exists(directory: str | os.PathLike[str]) -> bool:
 
 def save_sharded(directory: str | os.PathLike[str], payload: dict[str, Any], tag: str,
                  group: Any = None) -> Path:
-    """Collective: every rank saves its ``payload`` into ``directory/<tag>.dcp``, then
-    rank 0 points ``checkpoint.dcp.json`` at it and removes the previous folder.
+    """Collective: every rank saves its ``payload`` into a new folder
+    ``directory/<tag>.dcp``, then rank 0 points ``checkpoint.dcp.json`` at it and
+    removes the previous folder.
 
-    A write that fails on any rank (a full disk) fails on every rank together with a
-    :class:`~tabstream.train.checks.CheckpointError` naming ``directory``: the new
-    folder is removed and the pointer still names the previous checkpoint."""
+    The folder the pointer names is never written into nor removed before the
+    pointer names the new, complete one: when it is already ``<tag>.dcp`` (a tag
+    saved twice, e.g. a mid-epoch and an epoch-end checkpoint at one global step),
+    the new save goes to ``<tag>.1.dcp`` instead (and back to ``<tag>.dcp`` the time
+    after). A write that fails on any rank (a full disk) fails on every rank together
+    with a :class:`~tabstream.train.checks.CheckpointError` naming ``directory``: the
+    new folder is removed and the pointer still names the previous checkpoint, whole;
+    a process killed midway leaves it so too."""
     from tabstream.train.checks import CheckpointError, checkpoint_write
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     directory = Path(directory)
-    folder = directory / f"{tag}.dcp"
     pointer = directory / POINTER_FILE
     tmp = pointer.with_name(f".{pointer.name}.tmp")
+    names = [f"{tag}.dcp", f"{tag}.1.dcp"]
     failure: BaseException | None = None
-    try:
-        with checkpoint_write(directory, [tmp]):
-            if rank == 0:
-                if folder.exists():
+    choice, made = 0, False
+    if rank == 0:  # a folder the pointer does not name, emptied
+        try:
+            with checkpoint_write(directory, [tmp]):
+                previous = _read_pointer(pointer)["folder"] if pointer.exists() else None
+                choice = 1 if previous == names[0] else 0
+                folder = directory / names[choice]
+                if folder.exists():  # left by a save that never completed
                     shutil.rmtree(folder)
                 folder.mkdir(parents=True)
-            dist.barrier(group)
-            tensors: dict[str, torch.Tensor] = {}
-            chunks: list[Chunk] = []
-            skeleton = _encode(payload, tensors, f"rank{rank}", chunks)
-            dcp.save(tensors, storage_writer=_JsonWriter(folder),
-                     planner=_ChunkSavePlanner(chunks, tensors), process_group=group)
-            (folder / f"rank{rank}.json").write_text(json.dumps(skeleton))
-    except Exception as exc:  # noqa: BLE001 - every rank must learn of it, then it is raised
-        failure = exc
-    if not _any_rank(failure is not None, group):  # then the pointer, on rank 0
+                made = True
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it, then it is raised
+            failure = exc
+    # every rank learns rank 0's choice (and whether it could make the folder)
+    failed, choice = (int(v) for v in _from_rank0([failure is not None, choice], group))
+    folder = directory / names[choice]
+    if not failed:
+        try:
+            with checkpoint_write(directory, [tmp]):
+                tensors: dict[str, torch.Tensor] = {}
+                chunks: list[Chunk] = []
+                skeleton = _encode(payload, tensors, f"rank{rank}", chunks)
+                dcp.save(tensors, storage_writer=_JsonWriter(folder),
+                         planner=_ChunkSavePlanner(chunks, tensors), process_group=group)
+                (folder / f"rank{rank}.json").write_text(json.dumps(skeleton))
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it, then it is raised
+            failure = exc
+    if not failed and not _any_rank(failure is not None, group):  # then the pointer, on rank 0
         previous = None
         if rank == 0:
             try:
@@ -438,14 +457,28 @@ def save_sharded(directory: str | os.PathLike[str], payload: dict[str, Any], tag
             if previous and previous != folder.name:
                 shutil.rmtree(directory / previous, ignore_errors=True)
             return folder
-    # a write failed on some rank: every rank raises, the pointer names the previous one
-    if rank == 0:
+    # a write failed on some rank: every rank raises, the pointer names the previous
+    # folder, which is never the one removed here
+    if made:
         shutil.rmtree(folder, ignore_errors=True)
     if failure is not None:
         raise failure
     raise CheckpointError(f"checkpoint_dir {directory}: another rank could not write its part "
                           "of the checkpoint (see its error); the previous one is kept",
                           hint="point checkpoint_dir at a writable folder with room")
+
+
+def _from_rank0(values: list[float], group: Any = None) -> list[float]:
+    """Rank 0's ``values`` on every rank of ``group`` (one small all-reduce: the
+    other ranks add zeros)."""
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    if dist.get_rank(group) != 0:
+        t.zero_()
+    dist.all_reduce(t, group=group)
+    return t.tolist()
 
 
 def _any_rank(flag: bool, group: Any = None) -> bool:
