@@ -229,10 +229,11 @@ class _Builder:
         out = self._slot(kind)
         if any(i in self.lists for i in inputs):  # element-wise steps keep the lists
             self.lists.add(out)
-        if inputs and inputs[0] in self.unsigned and op in _ARITHMETIC:
-            # the step reads uint64 bits: as floats they are 2**64 more when negative,
-            # and ordered by their bits with the sign flipped
-            params["unsigned"] = True
+        if inputs and inputs[0] in self.unsigned:
+            if op in _ARITHMETIC:
+                # the step computes with uint64 bits: as floats they are 2**64 more
+                # when negative, and ordered by their bits with the sign flipped
+                params["unsigned"] = True
             if kind == "int" and op in _KEEPS_INTS:
                 self.unsigned.add(out)
         self.steps.append({"op": op, "out": out, "in": inputs, **params})
@@ -240,8 +241,9 @@ class _Builder:
 
 
 #: steps that compute with their input's values (not hash or look up their bits)
-_ARITHMETIC = frozenset({"fill", "clip", "log1p", "standardize", "bucketize", "list_slice"})
-#: of those, the ones whose integer output holds the input's values (the dtype kept)
+_ARITHMETIC = frozenset({"fill", "clip", "log1p", "standardize", "bucketize"})
+#: steps whose integer output holds the input's values (the dtype kept): a uint64
+#: input gives a uint64 output
 _KEEPS_INTS = frozenset({"fill", "clip", "list_slice"})
 
 

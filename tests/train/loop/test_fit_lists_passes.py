@@ -18,7 +18,7 @@ def fw(request):
 
 
 class Crash(RuntimeError):
-    pass
+    """The process killed inside a list (raised by :class:`Day`)."""
 
 
 class Day(list):
@@ -31,7 +31,7 @@ class Day(list):
         self.crash_on, self.crash_after, self.iterations = crash_on, crash_after, 0
 
     def set_epoch(self, epoch):
-        pass
+        """The loop's per-epoch hook: a list's batches are the same every epoch."""
 
     def __iter__(self):
         self.iterations += 1

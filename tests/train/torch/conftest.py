@@ -30,6 +30,20 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture
+def one_rank():
+    """A torch.distributed group of this process alone (gloo on 127.0.0.1)."""
+    import torch.distributed as dist
+    from dist_helpers import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def ranking_data():
     from torch_data import make_ranking_data

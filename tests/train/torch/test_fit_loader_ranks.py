@@ -62,25 +62,13 @@ def test_a_loader_for_other_ranks_is_refused(tmp_path):
 _WORKER = textwrap.dedent('''
     import sys, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+    import contextlib
     sys.path.insert(0, sys.argv[4])
     from test_fit_loader_ranks import Tiny
+    from torch_data import Crashing
     import tabstream as ts
     from tabstream.loaders.torch import Loader
     from tabstream.train.torch import fit
-
-    class StopAfter:
-        """The loader, stopped (as by a kill) after ``stop`` batches."""
-        def __init__(self, loader, stop):
-            self.loader, self.core, self.stop = loader, loader.core, stop
-        def set_epoch(self, epoch):
-            self.loader.set_epoch(epoch)
-        def __len__(self):
-            return len(self.loader)
-        def __iter__(self):
-            for i, batch in enumerate(self.loader):
-                if i == self.stop:
-                    raise KeyboardInterrupt
-                yield batch
 
     phase, data, out = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
@@ -88,12 +76,10 @@ _WORKER = textwrap.dedent('''
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = Loader(ts.Dataset(data), batch_size=4, labels=["click"], features=["C1", "I1"])
     if phase == "stop":
-        loader = StopAfter(loader, 1)
-    try:
+        loader = Crashing(loader, 1)  # stopped, as by a kill, after one batch
+    with contextlib.suppress(KeyboardInterrupt):
         fit(model, loader, opt, epochs=1, checkpoint_dir=out + "/ck", resume=True, progress=False,
             checkpoint_every=1)
-    except KeyboardInterrupt:
-        pass
     if dist.get_rank() == 0 and phase != "stop":
         torch.save(model.module.state_dict(), out + "/final.pt")
     dist.destroy_process_group()

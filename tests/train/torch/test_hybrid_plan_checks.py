@@ -11,8 +11,7 @@ import re
 
 import pytest
 import torch
-import torch.distributed as dist
-from dist_helpers import free_port, launch
+from dist_helpers import launch
 from plan_checks_worker import TOWER_BATCH, WORKER_FILE, OneTable, TwoTowers
 
 from tabstream.train.sharding import plan_sharding
@@ -25,14 +24,6 @@ TOWERS = (r"HybridParallel: table 'cat' is in two embedding modules, 'a' and 'b'
           r"10 x 6\); a sharding plan keys tables by name")
 
 
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("kind", ["row_wise", "column_wise", "table_wise"])

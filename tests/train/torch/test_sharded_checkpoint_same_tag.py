@@ -11,25 +11,12 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from dist_helpers import free_port, launch
-from torch import nn
+from dist_helpers import launch
+from same_tag_worker import Model as _Model
 
 import tabstream.train.torch.sharded_checkpoint as sc
 from tabstream.train.checks import CheckpointError
-from tabstream.train.tables import TableConfig
-from tabstream.train.torch import EmbeddingTables
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _pointed(directory) -> str:
@@ -95,16 +82,6 @@ def test_saving_one_tag_again_switches_the_pointer_and_removes_the_old_folder(on
         assert got["step"] == int(value)
         torch.testing.assert_close(got["w"], torch.full((3, 2), value), rtol=0, atol=0)
 
-
-class _Model(nn.Module):
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.emb = EmbeddingTables([TableConfig("T", 10, 4, ("a",))])
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, features: dict) -> torch.Tensor:
-        return self.head(self.emb(features)["a"]).reshape(-1)
 
 
 def _batches() -> list[tuple[dict, torch.Tensor]]:

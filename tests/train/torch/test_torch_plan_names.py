@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-from dist_helpers import free_port
 from torch_data import categorical, continuous, target
 
 from tabstream.core.schema import Schema
 from tabstream.train.sharding import plan_sharding as shared_planner
 from tabstream.train.torch import DLRM
 from tabstream.train.torch.distributed import HybridParallel, plan_sharding
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _model():

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import free_port
 from torch_data import categorical, continuous, target
 
 from tabstream.core.errors import DataError, SchemaError
@@ -116,14 +115,6 @@ def test_hybrid_parallel_needs_a_process_group():
 # ---------------------------------------------------------------- one rank, in process
 
 
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _schema():

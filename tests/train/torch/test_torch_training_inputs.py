@@ -20,6 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_data import Crashing  # noqa: E402
+
 import tabstream as ts  # noqa: E402
 from tabstream import ops  # noqa: E402
 from tabstream.core.errors import DataError  # noqa: E402
@@ -164,25 +166,6 @@ def test_fit_on_data_encoded_with_more_ids_than_the_model_names_the_feature(tmp_
 
 
 # -- data rewritten in place under a mid-epoch checkpoint -----------------------------
-
-
-class Crashing:
-    """The loader's batches, then a crash before batch ``at`` (the first epoch only)."""
-
-    def __init__(self, loader, at):
-        self.loader, self.core, self.at = loader, loader.core, at
-
-    def set_epoch(self, epoch):
-        self.loader.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        for i, batch in enumerate(self.loader):
-            if i == self.at:
-                raise KeyboardInterrupt("crash")
-            yield batch
 
 
 def train(folder, checkpoint_dir, crash_at=None, resume=False):

@@ -147,3 +147,23 @@ def make_retrieval_data(seed=0, n_train=12_000, n_valid=2_000, batch_size=256,
     ])
     cut = lambda lo, hi: batches({k: c[lo:hi] for k, c in columns.items()}, y[lo:hi], batch_size)  # noqa: E731
     return Synthetic(schema, cut(0, n_train), cut(n_train, n), float("nan"))
+
+
+class Crashing:
+    """A loader's batches, then a crash (``KeyboardInterrupt``, as a kill stops a
+    process) before batch ``at``; ``len``, ``core`` and ``set_epoch`` are the loader's."""
+
+    def __init__(self, loader, at):
+        self.loader, self.core, self.at = loader, loader.core, at
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == self.at:
+                raise KeyboardInterrupt("crash")
+            yield batch
