@@ -672,19 +672,27 @@ class HybridParallel:
     def train_step(self, optimizer: keras.optimizers.Optimizer,
                    loss_fn: Callable[[Any, Any], tf.Tensor] | None = None) -> Callable[..., Any]:
         """A compiled step ``(features, labels) -> mean loss over the global batch``
-        for this worker's rows. ``loss_fn(labels, outputs)`` gives one loss per row
-        (default: binary cross-entropy on logits). Traced once (every dimension
-        open), so workers whose batch sizes differ stay in step."""
+        for this worker's rows. ``loss_fn(labels, outputs)`` (Keras' order: the
+        labels first, unlike :func:`~tabstream.train.tensorflow.fit`'s
+        ``loss_fn(logits, labels)``) returns one loss per row, shape ``[B]``, or a
+        scalar, the mean over this worker's rows (default: binary cross-entropy on
+        logits, per row); either way each row of the global batch weighs the same.
+        Traced once (every dimension open), so workers whose batch sizes differ stay
+        in step."""
+        from tabstream.train.tensorflow.fit import batch_rows, summed_loss
+
         per_row = loss_fn or _binary_crossentropy
         strategy = self.strategy
         state: dict[str, Any] = {}
 
+        def loss_sum(f: Any, y: Any) -> tf.Tensor:
+            return summed_loss(per_row(y, self.model(f, training=True)), batch_rows(f, y),
+                               "HybridParallel.train_step")
+
         def global_step(features: Any, labels: Any) -> tf.Tensor:
-            loss_sum, rows = self.fit_global_step(
-                features, labels,
-                lambda f, y: tf.reduce_sum(per_row(y, self.model(f, training=True))), optimizer)
+            loss_sum_, rows = self.fit_global_step(features, labels, loss_sum, optimizer)
             total = tf.distribute.ReduceOp.SUM
-            return (strategy.reduce(total, loss_sum, axis=None)
+            return (strategy.reduce(total, loss_sum_, axis=None)
                     / strategy.reduce(total, rows, axis=None))
 
         def step(features: Any, labels: Any) -> tf.Tensor:

@@ -41,6 +41,8 @@ CASES = {
     "data_parallel": ("data_parallel", "multi"),
     "mixed": (MIXED, "multi"),
     "mixed_resume": (MIXED, "multi"),
+    # the loss_fn returns each worker's batch mean (a scalar), not one loss per row
+    "mixed_mean_loss": (MIXED, "multi"),
 }
 
 
@@ -101,6 +103,10 @@ def bce(labels, logits):
     return tf.nn.sigmoid_cross_entropy_with_logits(labels, logits)
 
 
+def mean_bce(labels, logits):
+    return tf.reduce_mean(bce(labels, logits))
+
+
 def reference(case: str, out_dir: str) -> None:
     plan, opt_kind = CASES[case]
     model = make_model(0)
@@ -130,7 +136,8 @@ def distributed(case: str, out_dir: str, strategy, rank: int, world: int) -> Non
         optimizer = make_optimizer(opt_kind, model)
         hp = HybridParallel(model, plan=plan)
     assert dict(hp.plan) == (MIXED if isinstance(plan, dict) else dict.fromkeys(CARDS, plan))
-    step = hp.train_step(optimizer, loss_fn=bce)
+    loss_fn = mean_bce if case == "mixed_mean_loss" else bce
+    step = hp.train_step(optimizer, loss_fn=loss_fn)
     result = {}
     mine = [(({k: v[np.array_split(np.arange(len(y)), world)[rank]] for k, v in f.items()}),
              y[np.array_split(np.arange(len(y)), world)[rank]]) for f, y in global_batches()]
@@ -142,7 +149,7 @@ def distributed(case: str, out_dir: str, strategy, rank: int, world: int) -> Non
                 optimizer = make_optimizer(opt_kind, model)
                 hp = HybridParallel(model, plan=plan)
             hp.restore_checkpoint(os.path.join(out_dir, "ck"), optimizer)
-            step = hp.train_step(optimizer, loss_fn=bce)
+            step = hp.train_step(optimizer, loss_fn=loss_fn)
         result[f"loss__{i}"] = np.float64(step(as_tf(feats), tf.constant(labels)).numpy())
     result.update(hp.full_weights())
     np.savez(os.path.join(out_dir, f"{case}_{rank}.npz"), **result)
@@ -224,7 +231,7 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     if "TF_CONFIG" not in os.environ:
         for case in cases:
-            if case != "mixed_resume":
+            if case not in ("mixed_resume", "mixed_mean_loss"):
                 reference(case, out_dir)
         return
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

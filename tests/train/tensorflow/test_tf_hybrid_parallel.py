@@ -80,7 +80,8 @@ def reference(tmp_path_factory):
 
 
 def _assert_like_one_process(reference: Path, out: Path, world: int, case: str) -> None:
-    expected = np.load(reference / f"{case.replace('mixed_resume', 'mixed')}_0.npz")
+    # the resumed run and the one whose loss_fn returns batch means train as "mixed"
+    expected = np.load(reference / f"{case.replace('_resume', '').replace('_mean_loss', '')}_0.npz")
     parts = [np.load(out / f"{case}_{rank}.npz") for rank in range(world)]
     losses = sorted(k for k in expected.files if k.startswith("loss__"))
     assert len(losses) == 3
@@ -211,8 +212,10 @@ def _assert_comm(out: Path, world: int) -> None:
 
 @pytest.mark.slow  # two TF workers, a mixed plan
 def test_two_workers_mixed_plan_multi_optimizer_like_one_process(reference, tmp_path):
-    _run(2, tmp_path, ["mixed", "per_id", "comm"])
+    # the last global batch splits 9/8: a worker's mean loss must weigh its rows
+    _run(2, tmp_path, ["mixed", "mixed_mean_loss", "per_id", "comm"])
     _assert_like_one_process(reference, tmp_path, 2, "mixed")
+    _assert_like_one_process(reference, tmp_path, 2, "mixed_mean_loss")
     _assert_per_id(tmp_path, 2)
     _assert_comm(tmp_path, 2)
 
