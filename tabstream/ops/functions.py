@@ -25,13 +25,22 @@ current directory (``''`` or the current directory on ``sys.path``, as under
    new runs, the attribute is read;
 4. a module the user names in ``Workflow.load(path, allowed_modules=[...])`` (or
    :func:`allowed_modules`): imported as Python would, from wherever it is;
-5. otherwise the module is imported only when it belongs to an installed package:
+5. otherwise the module is imported only when it belongs to one of the installed
+   packages of :data:`TRUSTED_PACKAGES` (numpy, pandas, ``pyarrow.compute``):
    found (without running it) with ``sys.path`` stripped of ``''``, the current
    directory and the workflow folder, its files lie under site-packages
    (``sysconfig``'s purelib/platlib, ``site``'s folders) and not in the workflow
    folder; it is imported with that stripped ``sys.path``, so neither it nor
    what it imports can be shadowed by a file of the folder. The standard library
    is not an installed package (pass ``allowed_modules`` for it).
+
+Any other installed package is refused unless the user names it in
+``allowed_modules`` (or passes the function), even when this process has already
+imported it: an installed package's public functions include loaders of native
+code and files (TensorFlow's ``load_library`` opens a shared library from the path
+it is given, and a tampered ``Rename(f=...)`` hands it a column name, which a
+folder can hold as a file), and a training process has TensorFlow or torch
+imported. Step 3 serves the user's own modules, not site-packages.
 
 In every case the modules in :data:`DENIED_MODULES` and modules reading or
 writing files, the shell or a deserializer are refused, as are the modules of
@@ -63,8 +72,8 @@ from typing import Any
 from tabstream.core.errors import TabstreamError
 from tabstream.core.operators import Operator
 
-__all__ = ['DENIED_MODULES', 'FunctionResolutionError', 'allowed_modules', 'function_name',
-           'provided_functions', 'register_function', 'resolve_function']
+__all__ = ['DENIED_MODULES', 'TRUSTED_PACKAGES', 'FunctionResolutionError', 'allowed_modules',
+           'function_name', 'provided_functions', 'register_function', 'resolve_function']
 
 
 # -- user functions by name ---------------------------------------------------
@@ -85,11 +94,18 @@ DENIED_MODULES = frozenset({
     "telnetlib", "tempfile", "threading", "types", "urllib", "urllib3", "venv",
     "webbrowser", "xmlrpc", "yaml", "zipfile", "zipimport",
 })
+#: Installed packages whose public functions a saved name reaches without the user
+#: naming them in ``allowed_modules``: numerical kernels (``"pyarrow.compute"``: that
+#: module of pyarrow and its submodules only). Their file readers, compilers and
+#: library loaders are refused by :data:`DENIED_MODULES` and the denied parts below.
+TRUSTED_PACKAGES = ("numpy", "pandas", "pyarrow.compute")
 # a module path with one of these parts anywhere is refused too
 # (pandas.io.pickle:read_pickle, pandas.core.computation.eval:eval, torch.serialization:load,
 # pandas.io.pytables:read_hdf, numpy.lib._npyio_impl:load)
+# (numpy.f2py builds and imports extension modules, numpy.ctypeslib loads shared libraries)
 _DENIED_PARTS = frozenset({"pickle", "marshal", "subprocess", "serialization", "computation",
-                           "os", "sys", "io", "npyio", "_npyio_impl"})
+                           "os", "sys", "io", "npyio", "_npyio_impl", "f2py", "ctypeslib",
+                           "load_library"})
 #: tabstream's own functions are never loaded by a saved name (they read and write
 #: folders); its ops are rebuilt by class, not by function
 _OWN_PACKAGE = "tabstream"
@@ -229,7 +245,10 @@ def resolve_function(name: str, op: str = "op") -> Callable[..., Any]:
         raise FunctionResolutionError(
             f"{op}: the saved name {name!r} does not name a plain Python function defined "
             f"there (found {type(obj).__name__}); refusing to load it; {hint}")
-    _check_allowed(name, op, *_defining_modules(obj))
+    defining = _defining_modules(obj)
+    _check_allowed(name, op, *defining)
+    for mod in defining:  # a function re-exported from another package
+        _refuse_untrusted_installed(name, mod, op)
     return obj
 
 
@@ -346,6 +365,7 @@ def _import_safely(name: str, module_name: str, op: str) -> Any:
             "library, not an installed package. Wrap what you need in a module-level function "
             f"of your own, pass Workflow.load(path, allowed_modules=[{top!r}]), or pass the "
             f"function: Workflow.load(path, functions={{{name!r}: f}})")
+    _refuse_untrusted_installed(name, module_name, op)
     if module_name in sys.modules:  # already imported (``__main__`` too): nothing new runs
         return sys.modules[module_name]
     with _IMPORT_LOCK:
@@ -377,6 +397,40 @@ def _import_safely(name: str, module_name: str, op: str) -> Any:
         "workflow folder or the current directory. If you trust that module, pass "
         f"Workflow.load(path, allowed_modules=[{top!r}]) (or import it yourself first), or "
         f"pass the function: Workflow.load(path, functions={{{name!r}: f}})")
+
+
+def _is_trusted(module_name: str) -> bool:
+    return any(module_name == t or module_name.startswith(t + ".") for t in TRUSTED_PACKAGES)
+
+
+def _refuse_untrusted_installed(name: str, module_name: str, op: str) -> None:
+    """Refuse ``module_name`` when its package is installed (in site-packages) but
+    neither among :data:`TRUSTED_PACKAGES` nor allowed by the user, imported or not
+    (see the module docs)."""
+    top = module_name.split(".")[0]
+    if top == "__main__" or _is_trusted(module_name) or _is_allowed(module_name):
+        return
+    found: Any = sys.modules.get(top)
+    if found is None:
+        with _IMPORT_LOCK:
+            saved = sys.path
+            sys.path = _safe_sys_path()
+            try:
+                found = importlib.util.find_spec(top)  # runs nothing
+            finally:
+                sys.path = saved
+    where = _locations(found) if found is not None else []
+    roots = _site_roots()
+    if not any(_under(p, r) for p in where for r in roots):
+        return  # the user's own code, or not found: the other rules decide
+    trusted = ", ".join(TRUSTED_PACKAGES)
+    raise FunctionResolutionError(
+        f"{op}: refusing the function {name!r}: module {top!r} is an installed package "
+        f"({where[0]}) that saved workflows may not reach on their own; only {trusted} "
+        "load without your say-so (other packages' public functions include loaders of "
+        "native code and files). If you trust the function, pass "
+        f"Workflow.load(path, allowed_modules=[{top!r}]), or pass the function: "
+        f"Workflow.load(path, functions={{{name!r}: f}})")
 
 
 def _in_stdlib(module_or_spec: Any) -> bool:

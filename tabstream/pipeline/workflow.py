@@ -531,10 +531,11 @@ class Workflow:
 
         ``functions`` passes user functions (LambdaOp, Filter, Rename(f=...)) again,
         keyed by the name they were saved under (``"module:function"``) or by the bare
-        function name. Without it, a saved name resolves to a module already imported
-        or to an installed package; nothing is imported from the workflow folder or
-        the current directory. ``allowed_modules`` (``["mypkg"]``) names modules of
-        your own that may be imported from wherever Python finds them (see
+        function name. Without it, a saved name resolves to a module of your own code
+        already imported, or to numpy, pandas or ``pyarrow.compute``; nothing is
+        imported from the workflow folder or the current directory, and no other
+        installed package is reached. ``allowed_modules`` (``["mypkg"]``) names
+        modules you trust, imported from wherever Python finds them (see
         :mod:`tabstream.ops.functions` and docs/concepts.md, "Loading a workflow you
         did not write").
         """

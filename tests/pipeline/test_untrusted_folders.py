@@ -6,7 +6,9 @@ someone else may hold ``.py`` files beside ``workflow.json``, and a user may sta
 ``sys.path``). These tests start real interpreters there, with modules that leave
 a marker file when imported, and check that the marker never appears, that the
 error names the module, its file and the option that allows it, and that an
-installed package's function still loads and transforms as pandas does.
+installed package's function still loads and transforms as pandas does (only
+numpy, pandas and pyarrow.compute without the user's say-so: other installed
+packages, imported or not, are refused unless named in allowed_modules).
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def _frame() -> pd.DataFrame:
     return pd.DataFrame({"x": np.linspace(-3.0, 3.0, 41) * 1.37, "label": np.arange(41) % 2})
 
 
-def _save_round(folder: Path) -> pd.DataFrame:
-    """A workflow of installed functions only: numpy's round, click's unstyle."""
+def _save_round(folder: Path, rename: bool = False) -> pd.DataFrame:
+    """A workflow of installed functions only: numpy's round, and with ``rename``
+    click's unstyle (click is installed with dask, but not a trusted package)."""
     frame = _frame()
-    wf = ts.Workflow((["x"] >> ops.LambdaOp(np.round) >> ops.Rename(f=click.termui.unstyle)) + ["label"])
+    node = ["x"] >> ops.LambdaOp(np.round)
+    if rename:
+        node = node >> ops.Rename(f=click.termui.unstyle)
+    wf = ts.Workflow(node + ["label"])
     wf.fit(ts.Dataset(frame)).save(str(folder))
     frame.to_parquet(folder.parent / "raw.parquet", index=False)
     return frame
@@ -144,22 +150,36 @@ def test_module_in_the_current_directory_is_not_imported(tmp_path):
 
 
 def test_installed_functions_load_and_a_shadowing_file_is_never_imported(tmp_path):
-    """numpy:round and click.termui:unstyle load in a fresh interpreter started in
-    the folder, while the folder holds a click.py shadowing the installed click: the
-    installed one is imported, the folder's never runs, and the output is pandas'."""
+    """numpy:round loads in a fresh interpreter started in the folder; click's
+    unstyle (an installed package, but not a trusted one) is refused there, naming
+    allowed_modules, while the folder holds a click.py shadowing the installed click
+    that never runs; named in allowed_modules from elsewhere, the installed click
+    loads and the output is pandas'."""
     folder = tmp_path / "wf"
-    frame = _save_round(folder)
+    frame = _save_round(folder, rename=True)
     marker = tmp_path / "marker"
     _evil(folder, "click", marker)
     code = (
         "import sys, json, pandas as pd, tabstream as ts\n"
         "assert 'click' not in sys.modules\n"
-        "wf = ts.Workflow.load('.')\n"
-        "out = wf.transform(pd.read_parquet('../raw.parquet'))\n"
+        "try:\n"
+        "    ts.Workflow.load('.')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc, file=sys.stderr); sys.exit(3)\n"
+    )
+    proc = _python(["-c", code], cwd=folder)
+    assert proc.returncode == 3, proc.stderr
+    assert not marker.exists()
+    assert re.search(r"Rename: refusing the function 'click\.termui:unstyle': module 'click' is an "
+                     r"installed package .*allowed_modules=\['click'\]", proc.stderr), proc.stderr
+    code = (
+        "import sys, json, pandas as pd, tabstream as ts\n"
+        f"wf = ts.Workflow.load({str(folder)!r}, allowed_modules=['click'])\n"
+        "out = wf.transform(pd.read_parquet('raw.parquet'))\n"
         "print(json.dumps({'click': sys.modules['click'].__file__, 'x': out['x'].tolist(),\n"
         "                  'label': out['label'].tolist(), 'columns': list(out.columns)}))\n"
     )
-    proc = _python(["-c", code], cwd=folder)
+    proc = _python(["-c", code], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
     got = json.loads(proc.stdout)
@@ -217,6 +237,14 @@ def test_a_module_on_sys_path_outside_site_packages_is_refused(tmp_path, monkeyp
     ("tabstream.ops.functions:resolve_function", "module 'tabstream.ops.functions' is part of tabstream itself"),
     ("logging.config:listen", "module 'logging' is part of the standard library.*allowed_modules"),
     ("pandas:read_csv", "module 'pandas.io.parsers.readers' may not be used"),
+    # installed packages other than numpy, pandas and pyarrow.compute, even imported ones
+    # (this test module imports click): their public functions include loaders of native
+    # code, which a tampered name would hand a path the folder holds
+    ("click.termui:unstyle", r"module 'click' is an installed package .*allowed_modules=\['click'\]"),
+    ("pyarrow.parquet:read_table", "module 'pyarrow' is an installed package"),
+    ("tensorflow.python.framework.load_library:load_library",
+     "module 'tensorflow.python.framework.load_library' may not be used"),
+    ("numpy.ctypeslib:load_library", "module 'numpy.ctypeslib' may not be used"),
 ])
 def test_tabstream_itself_the_standard_library_and_file_readers_are_refused(tmp_path, name, message):
     folder = tmp_path / "wf"
