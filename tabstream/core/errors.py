@@ -4,8 +4,8 @@ line, value) and what was expected."""
 from __future__ import annotations
 
 __all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "DatasetWarning", "ExportError",
-           "NotFittedError", "OutOfMemoryError", "SchemaError", "TabstreamError", "out_of_memory",
-           "ran_out_of_memory"]
+           "NotFittedError", "OutOfMemoryError", "SchemaError", "TabstreamError", "WorkflowWarning",
+           "out_of_memory", "ran_out_of_memory"]
 
 
 class TabstreamError(Exception):
@@ -58,6 +58,12 @@ class DatasetWarning(UserWarning):
     """A Dataset reads its input, but not all of what a user may expect it to: a
     folder's subfolders that are not data were left out, or parquet files whose
     schemas differ were unified (the columns a file lacks are null in its rows)."""
+
+
+class WorkflowWarning(UserWarning):
+    """A saved workflow loads, but its graph's output schema differs from the one
+    saved in the file (another tabstream version's rules, or an edit): the columns
+    and both values are named."""
 
 
 class OutOfMemoryError(TabstreamError, MemoryError):

@@ -32,6 +32,7 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -45,7 +46,13 @@ from dask import delayed
 
 import tabstream
 from tabstream import backends
-from tabstream.core.errors import DataError, NotFittedError, SchemaError, TabstreamError
+from tabstream.core.errors import (
+    DataError,
+    NotFittedError,
+    SchemaError,
+    TabstreamError,
+    WorkflowWarning,
+)
 from tabstream.core.graph import (
     ColumnSelector,
     Node,
@@ -599,6 +606,7 @@ class Workflow:
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{doc_path}: the saved graph does not fit its own 'input_schema': {exc}") from exc
         _dry_run(built, input_schema, doc_path)
+        _compare_saved_output(wf, doc.get("output_schema"), doc_path)
         wf.vocabulary_deltas = read_chain(fs, root, doc.get("vocabulary_deltas", []), doc_path)
         for node_id, node in built.items():
             if node.kind == "op" and node.op.is_stat and node.op.updatable \
@@ -611,6 +619,38 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"Workflow({self.output_node!r})"
+
+
+def _compare_saved_output(wf: Workflow, saved: Any, doc_path: str) -> None:
+    """Warn when the loaded graph's output schema differs from the one the file
+    saved in a column's dtype or embedding size: the workflow was saved by a
+    tabstream whose rules differed (the embedding-size rule changed before the first
+    release), or the file was edited. Tables built from the new schema would not fit
+    a model trained on the old one."""
+    try:
+        saved_schema = Schema.from_dict(saved)
+    except Exception:  # noqa: BLE001 - absent or unreadable: the graph's own schema stands
+        return
+    now = {c.name: c for c in wf.output_schema}
+    changed = []
+    for col in saved_schema:
+        new = now.get(col.name)
+        if new is None:
+            changed.append(f"{col.name}: saved, not output now")
+            continue
+        if new.dtype != col.dtype:
+            changed.append(f"{col.name}: dtype {col.dtype} saved, {new.dtype} now")
+        old_sizes, new_sizes = (c.properties.get("embedding_sizes") for c in (col, new))
+        if old_sizes is not None and old_sizes != new_sizes:
+            changed.append(f"{col.name}: embedding_sizes {old_sizes} saved, {new_sizes} now")
+    changed += [f"{name}: output now, not saved" for name in now if name not in saved_schema.column_names]
+    if changed:
+        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        warnings.warn(
+            f"{doc_path}: the loaded workflow's output schema differs from the one saved in "
+            f"the file ({shown}): it was saved by another tabstream version or edited. A model "
+            "built from the saved schema's sizes needs them given again; fit and save the "
+            "workflow again to record today's", WorkflowWarning, stacklevel=4)
 
 
 def _vocabulary_changes(updated: dict[str, Any]) -> dict[str, VocabularyChanges]:
