@@ -13,7 +13,11 @@ Each vocabulary's parquet file lists the ids that changed: ``change`` is
 it with this id). An id both evicted and admitted is *recycled*: its embedding row
 belongs to a new value and must be reset (``ParameterServer.apply_vocabulary_delta``,
 ``EmbeddingTables.reset_rows``). A delta folder is written under a temporary name and
-renamed (:meth:`VocabularyDelta.write`), so it is complete or absent.
+renamed (:meth:`VocabularyDelta.write`), so it is complete or absent. A reader
+refuses a delta of a newer format version, a ``change`` other than those two, and
+a parquet file whose admitted, evicted and recycled ids disagree with the counts
+``_delta.json`` wrote with it (a lost row would leave a recycled id's embedding row
+trained for another value).
 
 >>> import pyarrow as pa
 >>> delta = VocabularyDelta(1, {"C1": VocabularyChanges(
@@ -40,8 +44,10 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import tabstream
 from tabstream.core.errors import DataError
 from tabstream.pipeline.file_lock import exclusive
 
@@ -50,6 +56,8 @@ __all__ = ["DELTA_FOLDER", "VocabularyChanges", "VocabularyDelta", "read_chain"]
 #: the subfolder of a saved workflow that holds its vocabulary deltas
 DELTA_FOLDER = "vocabulary"
 _FORMAT = "tabstream.vocabulary_delta"
+_VERSION = 1  # of _delta.json and its parquet files; a reader refuses a newer one
+_CHANGES = ("evicted", "admitted")
 _NAME = re.compile(r"update_\d{5,}")
 
 
@@ -127,7 +135,7 @@ class VocabularyDelta:
             file = f"{i:03d}_{safe}.parquet"
             tables[file] = _changes_table(changes)
             entries[name] = {"columns": list(changes.columns), "file": file, **changes.counts()}
-        doc = {"format": _FORMAT, "version": 1, "sequence": self.sequence, "previous": self.previous,
+        doc = {"format": _FORMAT, "version": _VERSION, "sequence": self.sequence, "previous": self.previous,
                "vocabularies": entries}
         return json.dumps(doc, indent=1), tables
 
@@ -212,6 +220,14 @@ def _read(fs: Any, folder: str) -> VocabularyDelta:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise DataError(f"{doc_path}: not a vocabulary delta file (field 'format' is "
                         f"{doc.get('format') if isinstance(doc, dict) else None!r}, expected {_FORMAT!r})")
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != _VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > _VERSION
+        raise DataError(
+            f"{doc_path}: unknown vocabulary delta format version {version!r}; this tabstream "
+            f"({tabstream.__version__}) reads version {_VERSION}"
+            + ("; it was written by a newer tabstream, upgrade to read it" if newer else ""),
+            hint="upgrade tabstream" if newer else "restore the folder from a copy")
     seq, previous, entries = doc.get("sequence"), doc.get("previous"), doc.get("vocabularies")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(entries, Mapping) \
             or not (previous is None or isinstance(previous, str)):
@@ -235,10 +251,60 @@ def _read(fs: Any, folder: str) -> VocabularyDelta:
         if not {"id", "value", "change"} <= set(table.column_names):
             raise DataError(f"{path}: a vocabulary delta file has columns id, value, change; "
                             f"found {table.column_names}")
-        change = table["change"].to_numpy(zero_copy_only=False)
-        pick = {k: table.filter(pa.array(change == k)).select(["id", "value"]) for k in ("admitted", "evicted")}
-        vocabularies[name] = VocabularyChanges(tuple(columns), pick["admitted"], pick["evicted"])
+        changes = VocabularyChanges(tuple(columns), *_split_changes(table, path))
+        _check_counts(changes, entry, f"{doc_path} (field 'vocabularies.{name}", path)
+        vocabularies[name] = changes
     return VocabularyDelta(seq, vocabularies, previous)
+
+
+def _split_changes(table: pa.Table, path: str) -> tuple[pa.Table, pa.Table]:
+    """``(admitted, evicted)`` tables ``(id, value)`` of a delta's parquet file,
+    whose ``change`` column holds only those two words and ``id`` integers >= 0
+    (a row of another change would be left out: its id's row not reset)."""
+    change = table["change"]
+    if not pa.types.is_string(change.type) and not pa.types.is_large_string(change.type):
+        raise DataError(f"{path}: column 'change' has type {change.type}, expected strings "
+                        f"{list(_CHANGES)}")
+    known = pc.fill_null(pc.is_in(change, value_set=pa.array(_CHANGES)), False)
+    if not pc.all(known).as_py() and table.num_rows:
+        row = int(np.flatnonzero(~known.to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: column 'change' holds {change[row].as_py()!r} in row {row}, "
+                        f"expected {' or '.join(map(repr, _CHANGES))}; the file is damaged or was edited")
+    ids = table["id"]
+    if not pa.types.is_integer(ids.type):
+        raise DataError(f"{path}: column 'id' has type {ids.type}, expected integers")
+    bad = pc.or_kleene(pc.is_null(ids), pc.less(ids, 0))
+    if table.num_rows and pc.any(bad).as_py():
+        row = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: column 'id' holds {ids[row].as_py()!r} in row {row}, expected "
+                        "an id >= 0; the file is damaged or was edited")
+    words = change.to_numpy(zero_copy_only=False)
+    admitted, evicted = (table.filter(pa.array(words == k)).select(["id", "value"])
+                         for k in ("admitted", "evicted"))
+    return admitted, evicted
+
+
+def _check_counts(changes: VocabularyChanges, entry: dict[str, Any], field: str, path: str) -> None:
+    """The rows of ``path`` against the counts ``_delta.json`` wrote with them
+    (``field``: where they are, an open quote): a file that lost rows, or whose ids
+    were changed, is refused (a recycled id it no longer lists keeps the embedding
+    row trained for another value)."""
+    for kind in _CHANGES:
+        ids = changes.evicted["id"] if kind == "evicted" else changes.admitted["id"]
+        unique = pc.unique(ids)
+        if len(unique) != len(ids):
+            counts = pc.value_counts(ids)
+            twice = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+            raise DataError(f"{path}: id {twice} is {kind} in more than one row; an update "
+                            f"changes an id once; the file is damaged or was edited")
+    for kind, have in changes.counts().items():
+        said = entry.get(kind)
+        if isinstance(said, bool) or not isinstance(said, int) or said < 0:
+            raise DataError(f"{field}.{kind}') is {said!r}, expected the number of {kind} ids "
+                            f"(an integer >= 0); the file is damaged or was edited")
+        if have != said:
+            raise DataError(f"{path} holds {have} {kind} ids, but {field}.{kind}') says {said}: "
+                            "the file lost rows or was edited", hint="restore the folder from a copy")
 
 
 def read_chain(fs: Any, root: str, names: Any, doc_path: str) -> list[VocabularyDelta]:

@@ -59,7 +59,12 @@ written after it go with their slots: the mark's slot count is kept), so a
 server killed at any point (``kill -9`` included) reopens exactly as it was at
 its last ``flush``. The log of the interval before the last mark is kept too, so
 that a training checkpoint written just before that mark can still be matched
-(:meth:`rollback_to`).
+(:meth:`rollback_to`). What no crash can leave is refused by :meth:`open`, before
+anything in the folder changes: a ``_server.json`` field of another type or range,
+a storage the files contradict, a rows file missing or empty under a mark with
+rows, a mark's slot count below the rows the change log's commits wrote or above
+the ids written (a crash leaves more slot ids than the mark, never fewer, and cuts
+the change log before the mark that drops its rows).
 
 Why memory maps rather than an embedded key-value store: rows are fixed-size and
 addressed by a dense integer slot, so a file offset is the index; reads and writes
@@ -207,7 +212,10 @@ class _Table:
     :meth:`ParameterServer.export_delta` and ``touched``).
     """
 
-    def __init__(self, cfg: TableConfig, n_state: int, folder: Path | None) -> None:
+    def __init__(self, cfg: TableConfig, n_state: int, folder: Path | None,
+                 committed: int = 0) -> None:
+        """``committed``: the slot count of the folder's last mark (disk): its rows
+        file must hold them (a file missing or emptied is refused, not re-created)."""
         self.cfg = cfg
         self.n_state = n_state
         d = cfg.dim
@@ -232,7 +240,7 @@ class _Table:
             self.path = folder / f"{cfg.name}.slots.f32"
             self.ids_path = folder / f"{cfg.name}.slots.i64"
             self.changes_path = folder / f"{cfg.name}.changes.i64"
-            self.rec = self._map(self.path, (n, self.width))
+            self.rec = self._map(self.path, (n, self.width), committed)
             self.ids_fd = os.open(self.ids_path, os.O_RDWR | os.O_CREAT, 0o644)
 
     # -- memory ----------------------------------------------------------------
@@ -248,8 +256,20 @@ class _Table:
         self._maps.append(mm)
         return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
-    def _map(self, path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    def _map(self, path: Path, shape: tuple[int, ...], committed: int = 0) -> np.ndarray:
         size = int(np.prod(shape)) * 4
+        # a new file, or an empty one, is made full size here (sparse): right for a new
+        # server or a mark of no slots, but a mark's committed rows would read as
+        # "never written" (initial values). A crash cannot leave it so (the file has
+        # its size from the server's creation on, and a flush syncs it before a mark)
+        have = path.stat().st_size if path.exists() else None
+        if committed and not have:
+            raise DataError(
+                f"parameter server file {path} is "
+                + ("missing" if have is None else "empty (0 bytes)")
+                + f", but the last commit in {_META} (field 'mark.slots.{self.cfg.name}') has "
+                f"{committed} rows in it; the folder is damaged",
+                hint="restore the folder from a copy, or start a new server")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             have = os.fstat(fd).st_size
@@ -292,8 +312,33 @@ class _Table:
                             f"table's {self.cfg.cardinality} rows; the folder is damaged",
                             hint="restore the folder from a copy, or start a new server")
         self.index = SlotIndex(ids)
+        repeated = self.index.repeated()
+        if repeated is not None:  # slots are given to ids without one: never twice
+            raise DataError(
+                f"parameter server file {self.ids_path} gives id {repeated} more than one of the "
+                f"{count} committed slots (field 'mark.slots.{self.cfg.name}' of {_META}); the "
+                "folder is damaged", hint="restore the folder from a copy, or start a new server")
         self.count = self.kept = self.allocated = count
         self.dirty = []
+
+    def check_changes(self, mark: int) -> None:
+        """Every id the change log lists for commits up to ``mark`` has a committed
+        slot (see :meth:`open_slots`): a row a commit changed was given a slot before
+        it. A mark's slot count lower than the files hold drops committed rows; a
+        crash cannot leave that (segments after the mark are ignored, a rollback cuts
+        the log before its mark is written, so a crash leaves fewer ids, never more)."""
+        for tag, ids in _read_segments(self.changes_path):
+            if tag > mark:
+                continue
+            lost = ids[self.index.find(ids) < 0]
+            if len(lost):
+                raise DataError(
+                    f"parameter server file {self.changes_path} says commit {tag} changed rows "
+                    f"{lost[:5].tolist()}{' ...' if len(lost) > 5 else ''} of table "
+                    f"{self.cfg.name!r}, which hold no slot among the last commit's: field "
+                    f"'mark.slots.{self.cfg.name}' of {_META} is {self.count}, fewer than the "
+                    "rows the files hold; the folder is damaged or was edited",
+                    hint="restore the folder from a copy, or start a new server")
 
     def slots(self, ids: np.ndarray) -> np.ndarray:
         """The slot of each of rows ``ids``, -1 for rows never written."""
@@ -559,6 +604,123 @@ def _list_features(value: Any) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
 
 
+# --------------------------------------------------------------------------
+# checks of a folder's _server.json (open)
+
+_DAMAGED = "restore the folder from a copy, or start a new server"
+# the files of a disk server's table, of this format and the two open() upgrades
+_DISK_SUFFIXES = ("slots.f32", "slots.i64", "changes.i64", "rows.f32", "weight.f32",
+                  "state.f32", "version.i64")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bad_field(path: Path, field: str, value: Any, expected: str) -> DataError:
+    text = repr(value)
+    text = text[:57] + "..." if len(text) > 60 else text
+    return DataError(f"{path}: field {field!r} is {text}, expected {expected}; the file is "
+                     "damaged or was edited", hint=_DAMAGED)
+
+
+def _check_meta(meta: dict[str, Any], path: Path, configs: Sequence[TableConfig]) -> None:
+    """What :meth:`ParameterServer.open` reads from ``_server.json`` (at ``path``),
+    checked before anything in the folder is touched: the settings as the
+    constructor takes them, the marks as a commit writes them, and the storage
+    against the files present. A field of another type or range is a DataError
+    naming it, its value and what was expected (not a raw error later)."""
+    names = [c.name for c in configs]
+    for name in names:
+        if "/" in name or name.startswith(("_", ".")) or not name:
+            raise _bad_field(path, "tables.name", name, "a table name that can name a file (no "
+                             "'/', not starting with '_' or '.')")
+    if len(set(names)) != len(names):
+        raise _bad_field(path, "tables.name", sorted(n for n in set(names) if names.count(n) > 1),
+                         "each table once")
+    for field, allowed in (("storage", STORAGES), ("optimizer", OPTIMIZERS)):
+        if not isinstance(meta.get(field), str) or meta[field] not in allowed:
+            raise _bad_field(path, field, meta.get(field), f"one of {allowed}")
+    if not _is_int(meta.get("seed")):
+        raise _bad_field(path, "seed", meta.get("seed"), "an integer")
+    if not (_is_number(meta.get("lr")) and meta["lr"] > 0):
+        raise _bad_field(path, "lr", meta.get("lr"), "a positive number")
+    betas = meta.get("betas")
+    if not (isinstance(betas, list) and len(betas) == 2 and all(map(_is_number, betas))):
+        raise _bad_field(path, "betas", betas, "a list of two numbers")
+    for field in ("eps", "init_scale"):
+        if not _is_number(meta.get(field)):
+            raise _bad_field(path, field, meta.get(field), "a finite number")
+    _check_mark(meta.get("mark"), path, "mark.", configs)
+    if meta.get("previous") is not None:
+        _check_mark(meta["previous"], path, "previous.", configs)
+    disk = meta["storage"] == "disk"
+    pending = meta.get("pending_export")
+    if pending is not None and not (isinstance(pending, dict) and isinstance(pending.get("dir"), str)
+                                    and _is_int(pending.get("version")) and pending["version"] >= 0):
+        raise _bad_field(path, "pending_export", pending,
+                         "null or {'dir': a folder, 'version': an integer >= 0}")
+    # the storage against the files: a disk server's folder read as a memory one (or
+    # the other way) would answer every row with its initial value
+    folder = path.parent
+    if disk:
+        found = [n for n in (_SNAPSHOT, f".{_SNAPSHOT}.old") if (folder / n).exists()]
+        expected = "'memory' (a memory server's snapshot is there)"
+    else:
+        found = [f"{n}.{suffix}" for n in names for suffix in _DISK_SUFFIXES
+                 if (folder / f"{n}.{suffix}").exists()]
+        found += [_UNDO] if (folder / _UNDO).exists() else []
+        found += ["mark.slots"] if "slots" in meta["mark"] else []
+        expected = "'disk' (a disk server's files and slot counts are there)"
+    if found:
+        raise DataError(f"{path}: field 'storage' is {meta['storage']!r}, but the folder holds "
+                        f"{found[:4]}: expected {expected}; the file is damaged or was edited",
+                        hint=_DAMAGED)
+    if disk and meta["format"] == _FORMAT and set(meta["mark"].get("slots") or ()) != set(names):
+        raise DataError(f"{path}: its mark lacks the slot counts of tables {sorted(names)}; "
+                        "the file is damaged", hint=_DAMAGED)
+
+
+def _check_mark(state: Any, path: Path, prefix: str, configs: Sequence[TableConfig]) -> None:
+    """A commit's counters (``_server.json``'s ``mark`` or ``previous``, a snapshot's
+    ``mark.json``) as :meth:`ParameterServer._mark_state` writes them (``slots``, when
+    there, at most each table's rows)."""
+    if not isinstance(state, dict):
+        raise _bad_field(path, prefix.rstrip(".") or "mark", state, "an object (a commit's counters)")
+    for field, required in (("version", True), ("last_export", True), ("vocabulary_delta", False)):
+        value: Any = state.get(field, None if required else 0)
+        if not (_is_int(value) and value >= 0):
+            raise _bad_field(path, prefix + field, value, "an integer >= 0")
+    names = {c.name: c for c in configs}
+    steps = state.get("table_steps")
+    if not isinstance(steps, dict) or set(steps) != set(names):
+        raise _bad_field(path, prefix + "table_steps", steps,
+                         f"an object of the steps of tables {sorted(names)}")
+    for key in ("table_steps", "slots") if "slots" in state else ("table_steps",):
+        value = state[key]
+        if key == "slots" and (not isinstance(value, dict) or not set(value) <= set(names)):
+            raise _bad_field(path, prefix + key, value, f"an object of the slot counts of tables "
+                             f"{sorted(names)}")
+        for name, n in value.items():
+            if not (_is_int(n) and 0 <= n <= names[name].cardinality):
+                raise _bad_field(path, f"{prefix}{key}.{name}", n, "an integer >= 0"
+                                 + (f" and <= {names[name].cardinality} (the table's rows)"
+                                    if key == "slots" else ""))
+    resets = state.get("resets") or {}
+    if not isinstance(resets, dict) or not set(resets) <= set(names):
+        raise _bad_field(path, prefix + "resets", resets, f"an object of ids per table of "
+                         f"{sorted(names)}")
+    for name, ids in resets.items():
+        rows = names[name].cardinality
+        if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < rows for i in ids):
+            raise _bad_field(path, f"{prefix}resets.{name}", ids,
+                             f"a list of ids from 0 to {rows - 1}")
+
+
 class _FolderLock:
     """An exclusive lock on a server folder while a process has it open.
 
@@ -708,13 +870,20 @@ class ParameterServer:
             self._previous_state: dict[str, Any] | None = None
             self._committed = self._mark_state()
         folder = self.path if storage == "disk" else None
+        # the rows each table's file holds at the last mark (format 3; checked by open)
+        slots = (_meta["mark"].get("slots") or {}) if _meta is not None and folder is not None \
+            and _meta.get("format") == _FORMAT else {}
+        self._tables = {}
         try:
-            self._tables = {cfg.name: _Table(cfg, self._n_state, folder) for cfg in configs}
+            for cfg in configs:
+                self._tables[cfg.name] = _Table(cfg, self._n_state, folder, int(slots.get(cfg.name, 0)))
             if _meta is None:
                 self._write_meta()
             else:
                 self._restore(_meta)
         except BaseException:
+            for table in self._tables.values():
+                table.close()
             self._lock.release()
             raise
 
@@ -752,7 +921,9 @@ class ParameterServer:
     @classmethod
     def open(cls, path: str | os.PathLike[str], release_bytes: int = 256 << 20) -> ParameterServer:
         """Reopen the server in ``path`` as it was at its last :meth:`flush` (changes
-        made after it, e.g. by a process that was killed, are rolled back)."""
+        made after it, e.g. by a process that was killed, are rolled back). A folder
+        no crash can leave (a damaged or edited file) is a :class:`DataError` naming
+        the file, the field and the value."""
         meta_path = Path(path) / _META
         if not meta_path.exists():
             raise DataError(
@@ -773,6 +944,7 @@ class ParameterServer:
                 f"{_FORMAT_V2!r} or {_FORMAT_V1!r}, which open() upgrades in place)",
                 hint="open it with the tabstream version that wrote it and export its rows "
                 "(export_delta), or start a new server")
+        _check_meta(meta, meta_path, configs)
         return cls(path, configs, storage=meta["storage"], seed=meta["seed"],
                    optimizer=meta["optimizer"], lr=meta["lr"], betas=tuple(meta["betas"]),
                    eps=meta["eps"], init_scale=meta["init_scale"], release_bytes=release_bytes,
@@ -856,13 +1028,10 @@ class ParameterServer:
             elif fmt == _FORMAT_V2:
                 self._upgrade_v2()
             else:
-                slots = mark.get("slots")
-                if not isinstance(slots, dict) or set(slots) != set(self._tables):
-                    raise DataError(f"{self.path / _META}: its mark lacks the slot counts of "
-                                    f"tables {sorted(self._tables)}; the file is damaged",
-                                    hint="restore the folder from a copy, or start a new server")
+                slots = mark["slots"]  # checked by open (_check_meta)
                 for name, table in self._tables.items():
                     table.open_slots(int(slots[name]))
+                    table.check_changes(self.mark)
                 self._committed = self._mark_state()
                 for cfg in self.configs:  # left by an upgrade killed after its meta file
                     for suffix in ("rows.f32", "weight.f32", "state.f32", "version.i64"):
@@ -1166,6 +1335,7 @@ class ParameterServer:
         if not folder.exists():
             return
         mark = read_json_file(folder / "mark.json", "parameter server snapshot mark")
+        _check_mark(mark, folder / "mark.json", "", self.configs)
         last_export = self.last_export
         self._set_mark_state(mark)
         self.mark = self.version

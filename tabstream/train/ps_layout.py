@@ -62,6 +62,17 @@ class SlotIndex:
     def __len__(self) -> int:
         return len(self._state[0]) + len(self._state[2])
 
+    def repeated(self) -> int | None:
+        """An id that more than one slot holds (None: each id has one slot), among
+        those given at construction; ``add`` takes only ids that have no slot.
+
+        >>> SlotIndex(np.array([4, 0, 0])).repeated(), SlotIndex(np.array([4, 0])).repeated()
+        (0, None)
+        """
+        ids = self._state[0]
+        same = np.flatnonzero(ids[1:] == ids[:-1])
+        return int(ids[same[0]]) if len(same) else None
+
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The slot of each of ``ids`` (int64), -1 for ids that have none."""
         base_ids, base_slots, delta_ids, delta_slots = self._state
