@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import keyword
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -29,14 +31,27 @@ _HINTS = {
     "NotFittedError": "fit the workflow first (tabstream fit)",
     "ExportError": "check free space and write permission at the output path",
     "ImportError": "install the optional dependency the message names",
+    "FunctionResolutionError": "a function of your own loads with --allow-module MODULE, run from "
+                               "the folder of MODULE.py or with PYTHONPATH=that folder",
+}
+
+
+#: hints of commands that differ from the table's (``--overwrite`` is fit's and transform's)
+_COMMAND_HINTS = {
+    ("synth", "FileExistsError"): "write into a new or empty folder, or one of an earlier "
+                                  "`tabstream synth` run (its files are replaced)",
+    ("demo", "FileExistsError"): "pass --output a new folder, an empty one or one of an earlier "
+                                 "demo run (its raw/, train/, valid/, workflow/ are replaced)",
+    ("reshard", "FileExistsError"): "pass a new or empty output folder",
 }
 
 
 def _error_line(command: str, exc: BaseException) -> str:
     """One line naming the error, plus a hint: the error's own ``hint`` when it has
-    one, else the table's."""
+    one, else the command's, else the table's."""
     name = type(exc).__name__
-    hint = getattr(exc, "hint", None) or _HINTS.get(name, "run again with --debug for the full traceback")
+    hint = (getattr(exc, "hint", None) or _COMMAND_HINTS.get((command, name))
+            or _HINTS.get(name, "run again with --debug for the full traceback"))
     message = " ".join(str(exc).split())  # Arrow messages may span lines
     return f"tabstream {command}: {name}: {message}\n  hint: {hint}"
 
@@ -210,6 +225,61 @@ def _refuse_existing(path: str | None, overwrite: bool, what: str) -> None:
         raise FileExistsError(f"{what} {exc}; nothing was fitted or written") from None
 
 
+def _refuse_workflow_dir(path: str | None) -> None:
+    """Before any work: refuse a ``--workflow-dir`` that :meth:`Workflow.save` would
+    refuse at its end, by the save's own rule: a new or empty folder, or one holding
+    an earlier save (replaced whole, with or without ``--overwrite``); a local folder
+    holding anything else is refused. On an object store the save writes in place
+    and refuses nothing."""
+    import fsspec
+
+    from tabstream.pipeline.stores import is_local
+    from tabstream.pipeline.workflow import _check_replaceable  # the save's own check
+
+    if path is None:
+        return
+    fs, _, (root,) = fsspec.get_fs_token_paths(path)
+    if not is_local(fs):
+        return
+    try:
+        _check_replaceable(os.path.abspath(root).rstrip(os.sep))
+    except FileExistsError as exc:
+        error = FileExistsError(f"--workflow-dir {path}: {exc}; nothing was fitted or written")
+        error.hint = ("--workflow-dir takes a new or empty folder, or one of an earlier save "  # type: ignore[attr-defined]
+                      "(replaced whole); --overwrite applies to --output only")
+        raise error from None
+
+
+def _check_saveable(wf: Any, unnamed: str | None) -> list[str]:
+    """Before fitting with ``--workflow-dir``: every op's parameters can be written
+    as :meth:`Workflow.save` writes them (a user function must have an importable
+    name), so a failing save ends the command before the fit, not after it.
+    ``unnamed``: why functions of the workflow file have no module name, if so.
+    Returns the modules the saved functions come from."""
+    from tabstream.ops.functions import FunctionResolutionError
+
+    modules = []
+    for node in wf.output_node.walk():
+        if node.kind != "op":
+            continue
+        f = getattr(node.op, "f", None)
+        try:
+            node.op.to_config()
+        except FunctionResolutionError as exc:
+            if unnamed is not None and getattr(f, "__module__", None) == _UNNAMED_MODULE:
+                raise FunctionResolutionError(
+                    f"--workflow-dir: cannot save {type(node.op).__name__}'s function "
+                    f"{getattr(f, '__qualname__', f)!r}: {unnamed}; nothing was fitted",
+                    hint="rename the workflow file to a Python module name of its own, "
+                         "e.g. my_workflow.py") from exc
+            raise FunctionResolutionError(f"--workflow-dir: the workflow cannot be saved: {exc}; "
+                                          "nothing was fitted", hint=exc.hint) from exc
+        module = getattr(f, "__module__", None)
+        if callable(f) and isinstance(module, str) and module not in modules:
+            modules.append(module)
+    return modules
+
+
 @contextmanager
 def _phase(timings: dict[str, float], name: str):
     start = time.perf_counter()
@@ -217,11 +287,23 @@ def _phase(timings: dict[str, float], name: str):
     timings[name] = time.perf_counter() - start
 
 
-def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
-    """A user's Python file defining ``workflow`` (or ``build_workflow()``) and,
-    optionally, ``dataset_kwargs`` for reading the raw data."""
-    import os
+#: the module name of a workflow file whose file name cannot be one (not in sys.modules)
+_UNNAMED_MODULE = "tabstream_user_workflow"
+#: module names this process gave to workflow files (a later file may take the name again)
+_WORKFLOW_MODULES: set[str] = set()
 
+
+def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any], str | None]:
+    """A user's Python file defining ``workflow`` (or ``build_workflow()``) and,
+    optionally, ``dataset_kwargs`` for reading the raw data.
+
+    The file is imported as Python imports a module: ``dir/my_wf.py`` becomes module
+    ``my_wf`` in ``sys.modules``, with ``dir`` first on ``sys.path`` (as for a script,
+    so it may import its neighbours), and a ``LambdaOp`` of a function defined in it
+    is saved as ``"my_wf:double"``; ``tabstream transform ... --allow-module my_wf``
+    loads it where ``my_wf`` is importable (``PYTHONPATH=dir``). The third value
+    says why the file could not be given its own name (not an identifier, or the name
+    of a module already imported), else None."""
     from tabstream import Workflow
 
     if os.path.isdir(path):
@@ -231,11 +313,30 @@ def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
         raise FileNotFoundError(f"workflow file {path!r} does not exist")
     if not path.endswith(".py"):
         raise ValueError(f"workflow file {path!r} is not a Python file (.py) defining `workflow`")
-    spec = importlib.util.spec_from_file_location("tabstream_user_workflow", path)
+    folder, stem = os.path.split(os.path.abspath(path))
+    stem = stem[:-len(".py")]
+    unnamed = None
+    if not stem.isidentifier() or keyword.iskeyword(stem):
+        unnamed = f"its file name {stem!r} is not a Python module name"
+    elif stem in sys.modules and stem not in _WORKFLOW_MODULES:
+        unnamed = f"its file name {stem!r} is the name of module {stem!r}, which is already imported"
+    name = _UNNAMED_MODULE if unnamed else stem
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ValueError(f"cannot load workflow file {path!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if unnamed is None:
+        # registered, so its functions have an importable name (Workflow.save needs one)
+        sys.modules[name] = module
+        _WORKFLOW_MODULES.add(name)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if unnamed is None:
+            sys.modules.pop(name, None)
+        raise
     wf = getattr(module, "workflow", None)
     if wf is None and hasattr(module, "build_workflow"):
         wf = module.build_workflow()
@@ -248,7 +349,7 @@ def _load_workflow_file(path: str) -> tuple[Any, dict[str, Any]]:
     if not isinstance(read_kwargs, dict):
         raise TypeError(f"{path}: `dataset_kwargs` must be a dict of Dataset arguments, "
                         f"got {type(read_kwargs).__name__}")
-    return wf, dict(read_kwargs)
+    return wf, dict(read_kwargs), unnamed
 
 
 # -- commands -----------------------------------------------------------------
@@ -266,8 +367,10 @@ def cmd_synth(args: argparse.Namespace) -> None:
 def cmd_fit(args: argparse.Namespace) -> None:
     # Refuse before fitting: an hour of fit must not end in "already exists".
     _refuse_existing(args.output, args.overwrite, "output folder")
+    _refuse_workflow_dir(args.workflow_dir)
+    unnamed = None
     if args.workflow_file:
-        wf, read_kwargs = _load_workflow_file(args.workflow_file)
+        wf, read_kwargs, unnamed = _load_workflow_file(args.workflow_file)
         if _given_raw_options(args) or not read_kwargs:  # the options extend the file's settings
             read_kwargs = _read_kwargs(args, args.input, read_kwargs)
     else:
@@ -278,6 +381,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
         read_kwargs = _criteo_read_kwargs(args.input, args.engine)
         if _given_raw_options(args):  # extending the Criteo settings (raw text)
             read_kwargs = _read_kwargs(args, args.input, read_kwargs)
+    modules = _check_saveable(wf, unnamed) if args.workflow_dir else []
     ds = _dataset(args.input, args.engine, args.part_size, read_kwargs)
     timings: dict[str, float] = {}
     with _phase(timings, "fit"):
@@ -285,6 +389,11 @@ def cmd_fit(args: argparse.Namespace) -> None:
     if args.workflow_dir:
         wf.save(args.workflow_dir)
         print(f"saved workflow to {args.workflow_dir}")
+        own = [m for m in modules if m in _WORKFLOW_MODULES]
+        if own and args.workflow_file:
+            folder = os.path.dirname(os.path.abspath(args.workflow_file))
+            print(f"its functions come from {args.workflow_file} (module {own[0]}): apply it with "
+                  f"PYTHONPATH={folder} tabstream transform {args.workflow_dir} ... --allow-module {own[0]}")
     if args.output:
         with _phase(timings, "export"):
             wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,
@@ -297,10 +406,36 @@ def cmd_fit(args: argparse.Namespace) -> None:
     print_timings(timings)
 
 
+def _import_allowed_from_cwd(modules: list[str]) -> None:
+    """``--allow-module my_wf`` run from the folder of ``my_wf.py``: ``python`` would
+    find it there, the ``tabstream`` command (a console script) does not search the
+    current directory, so the named module, and only it, is imported from there
+    (``sys.path`` is restored; any other name stays out of reach, see
+    :mod:`tabstream.ops.functions`). A module Python finds elsewhere is left to it."""
+    cwd = os.getcwd()
+    for name in modules:
+        top = name.split(".")[0]
+        if top in sys.modules or not (os.path.isfile(os.path.join(cwd, f"{top}.py"))
+                                      or os.path.isfile(os.path.join(cwd, top, "__init__.py"))):
+            continue
+        try:
+            if importlib.util.find_spec(top) is not None:
+                continue
+        except (ImportError, ValueError):
+            continue
+        saved = list(sys.path)
+        sys.path.insert(0, cwd)
+        try:
+            importlib.import_module(name)
+        finally:
+            sys.path[:] = saved
+
+
 def cmd_transform(args: argparse.Namespace) -> None:
     from tabstream import Workflow
 
     _refuse_existing(args.output, args.overwrite, "output folder")
+    _import_allowed_from_cwd(args.allow_module)
     wf = Workflow.load(args.workflow_dir, allowed_modules=args.allow_module or None)
     ds = _dataset(args.input, args.engine, args.part_size, _read_kwargs(args, args.input))
     result = wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,
@@ -353,7 +488,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     for col in report["columns"]:
         if col.get("top"):
             mark = "" if col["top_exact"] else "~"
-            shown = ", ".join(f"{str(t['value'])[:20]} ({mark}{t['count']:,})" for t in col["top"][:5])
+            shown = ", ".join(f"{str(t['value'])[:20]} ({mark}{t['count']:,})" for t in col["top"])
             print(f"  {col['name']:<14} {shown}")
     lists = [c for c in report["columns"] if "list_length" in c]
     if lists:
@@ -513,7 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("synth", "write synthetic Criteo-like or e-commerce logs")
     p.add_argument("name", choices=["criteo", "e-commerce"], help="which data set to imitate")
-    p.add_argument("output", help="output folder")
+    p.add_argument("output", help="output folder: new, empty or one of an earlier synth run, whose "
+                                  "part_* files (and probabilities/) are replaced; a folder holding "
+                                  "other files is refused")
     p.add_argument("--rows", type=int, default=1_000_000, help="rows in all")
     p.add_argument("--files", type=int, default=1, help="number of files the rows are split into")
     p.add_argument("--format", choices=["tsv", "parquet"], default="parquet",
@@ -539,7 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--freq-threshold", type=int, default=15,
                    help="recipe: Categorify keeps values seen at least this often")
     p.add_argument("--workflow-dir", default=None,
-                   help="save the fitted workflow here (default: not saved)")
+                   help="save the fitted workflow here: a new or empty folder, or one of an earlier "
+                        "save, which is replaced; a folder holding other files is refused before "
+                        "the fit (--overwrite applies to --output only) (default: not saved)")
     p.add_argument("--output", default=None,
                    help="also export the transformed data here (default: no export)")
     export_opts(p)
@@ -554,7 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total number of data files (default: from --out-files-per-proc)")
     p.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                    help="a module of your own the workflow's functions may be imported from "
-                   "(repeatable; Workflow.load's allowed_modules): only for code you trust")
+                   "(repeatable; Workflow.load's allowed_modules): only for code you trust; "
+                   "found on PYTHONPATH or in the current directory (a `fit --workflow-file "
+                   "dir/my_wf.py` saves its functions as module my_wf)")
     export_opts(p)
     data_opts(p)
     p.set_defaults(func=cmd_transform)
@@ -569,7 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", default=None, metavar="DIR",
                    help="write PNG histograms / top-value charts and overview.png here; needs "
                         "matplotlib: pip install 'tabstream[plots]' (default: no pictures)")
-    p.add_argument("--top", type=int, default=10, help="top values listed per categorical column")
+    p.add_argument("--top", type=_positive_int, default=10,
+                   help="top values listed per categorical column, in the text report and --json")
     data_opts(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -615,7 +757,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("demo", "synthetic raw TSV logs -> fit -> train/valid export (-> training)")
     p.add_argument("--rows", type=int, default=1_000_000, help="raw rows written in all")
     p.add_argument("--days", type=int, default=4, help="raw files; the last one is the validation day")
-    p.add_argument("--output", default="demo_out", help="folder for the raw logs, workflow and exports")
+    p.add_argument("--output", default="demo_out",
+                   help="folder for the raw logs, workflow and exports: new, empty or one of an "
+                        "earlier demo run, whose raw/, train/, valid/, workflow/ are replaced; a "
+                        "folder holding anything else is refused")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the shuffle and the model")
     p.add_argument("--no-train", action="store_true", help="stop after the export")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -628,6 +773,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the exit's flush
+    except BrokenPipeError:
+        # The reader closed the pipe (`tabstream inspect out/ | head -1`): stop quietly,
+        # as `seq 1 100000 | head -1` does; 141 (128 + SIGPIPE) is the status a shell
+        # reports for such a tool. stdout goes to devnull so the flush at exit raises
+        # nothing (Python's docs, signal module: "Note on SIGPIPE").
+        _silence_stdout()
+        return 141
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -637,6 +790,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_error_line(args.command, exc), file=sys.stderr)
         return 1
     return 0
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (captured output): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

@@ -4,16 +4,59 @@
 2. fit the Criteo recipe on the training days,
 3. export train (shuffled, split per worker) and valid parquet with _schema.json,
 4. print the schema summary and per-phase timings.
+
+The output folder may be new, empty or one of an earlier demo run: the demo removes
+its own ``raw/``, ``train/``, ``valid/`` and ``workflow/`` there and nothing else; a
+folder holding anything else is refused before anything is written or removed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from typing import Any
 
 __all__ = ["run_demo"]
+
+#: what a demo run writes into its output folder
+_DEMO_FOLDERS = ("raw", "train", "valid", "workflow")
+#: the hidden folders a killed export or save of the demo leaves beside them
+_DEMO_LEFTOVER = re.compile(r"\.(?:raw|train|valid|workflow)\.(?:tmp|old)-.+")
+
+
+def _earlier_run(output: str) -> list[str]:
+    """The entries of an earlier demo run in ``output`` (paths, to be removed), or
+    FileExistsError when the folder holds anything else: the demo never removes what
+    it did not write (``--output .`` in a project folder is refused, not emptied).
+
+    ``output``: ``raw/ train/ valid/ workflow/`` -> those four; ``raw/ thesis.tex``
+    -> FileExistsError naming ``thesis.tex``.
+    """
+    from tabstream.datasets.synthetic import _earlier_run_files, _shown
+
+    if not os.path.lexists(output):
+        return []
+    if not os.path.isdir(output):
+        raise FileExistsError(f"demo output {output!r} exists and is not a folder; pass --output "
+                              "a new folder, an empty one or one of an earlier demo run")
+    own, foreign = [], []
+    for name in sorted(os.listdir(output)):
+        path = os.path.join(output, name)
+        is_folder = os.path.isdir(path) and not os.path.islink(path)
+        if is_folder and (name in _DEMO_FOLDERS or _DEMO_LEFTOVER.fullmatch(name)):
+            own.append(path)
+        else:
+            foreign.append(name + ("/" if is_folder else ""))
+    if os.path.join(output, "raw") in own:  # raw/ holds the synthetic writer's files only
+        foreign += [f"raw/{name}" for name in _earlier_run_files(os.path.join(output, "raw"))[1]]
+    if foreign:
+        raise FileExistsError(
+            f"demo output {output!r} holds {_shown(foreign)}, which the demo did not write; the demo "
+            f"replaces only its own {', '.join(f'{n}/' for n in _DEMO_FOLDERS)} there. Pass "
+            "--output a new folder, an empty one or one of an earlier demo run, or move them out")
+    return own
 
 
 def run_demo(rows: int = 1_000_000, output: str = "demo_out", days: int = 4, seed: int = 0,
@@ -23,12 +66,16 @@ def run_demo(rows: int = 1_000_000, output: str = "demo_out", days: int = 4, see
     from tabstream.recipes import criteo_workflow
     from tabstream.reporting import print_timings, schema_summary
 
-    if days < 2:
-        raise ValueError(f"demo needs at least 2 days (train + valid), got {days}")
+    # arguments first, then the folder: nothing is removed for a run that cannot start
+    if not isinstance(days, int) or isinstance(days, bool) or days < 2:
+        raise ValueError(f"demo needs at least 2 days (train + valid), got --days {days!r}")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < days:
+        raise ValueError(f"demo needs at least one row per day: --rows {rows!r} is less than "
+                         f"--days {days}")
+    for path in _earlier_run(output):
+        shutil.rmtree(path)
     timings: dict[str, float] = {}
     raw = os.path.join(output, "raw")
-    if os.path.exists(output):
-        shutil.rmtree(output)
 
     t = time.perf_counter()
     files = write_data("criteo", raw, rows, num_files=days, fmt="tsv", seed=seed, return_probability=True)

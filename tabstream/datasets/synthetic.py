@@ -41,6 +41,7 @@ import functools
 import math
 import operator
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -856,6 +857,48 @@ except TypeError:
     _TSV_OPTIONS = pacsv.WriteOptions(**_TSV_KWARGS)
 
 
+#: what :func:`write_data` writes into its folder: data files, the ``.tmp`` file of one
+#: being written (left by a killed run), and the same in ``probabilities/``
+_OWN_FILE = re.compile(r"part_\d{5,}\.(?:parquet|tsv)(?:\.tmp)?")
+_PROB_DIR = "probabilities"
+
+
+def _earlier_run_files(output_dir: str) -> tuple[list[str], list[str]]:
+    """The files an earlier :func:`write_data` left in ``output_dir`` (paths, to be
+    removed before writing) and the other entries (names relative to the folder):
+    their rows would be read with the new ones, and they are not this writer's to
+    remove.
+
+    ``output_dir``: ``part_00000.tsv  probabilities/part_00000.parquet  notes.txt``
+    -> (the two paths, ``["notes.txt"]``).
+    """
+    if not os.path.lexists(output_dir):
+        return [], []
+    if not os.path.isdir(output_dir):
+        raise FileExistsError(f"cannot write synthetic data to {output_dir!r}: it exists and is "
+                              "not a folder; pass a new or empty folder")
+    own: list[str] = []
+    foreign: list[str] = []
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if _OWN_FILE.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+            own.append(path)
+        elif name == _PROB_DIR and os.path.isdir(path) and not os.path.islink(path):
+            for sub in sorted(os.listdir(path)):
+                sub_path = os.path.join(path, sub)
+                if _OWN_FILE.fullmatch(sub) and os.path.isfile(sub_path) and not os.path.islink(sub_path):
+                    own.append(sub_path)
+                else:
+                    foreign.append(f"{_PROB_DIR}/{sub}")
+        else:
+            foreign.append(name)
+    return own, foreign
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 class _AtomicFile:
     """Writes Arrow tables to ``path`` through ``path + '.tmp'``, renamed on success.
 
@@ -921,7 +964,10 @@ def write_data(
     Args:
         name, seed, start_row, drift: as in :func:`generate_data` (with ``drift``,
             the files of consecutive rows are consecutive "days" of drifting ids).
-        output_dir: local folder, created if needed.
+        output_dir: local folder, created if needed. A folder of an earlier run
+            (``part_*`` files, ``probabilities/``) has those files removed first, so
+            it holds only this run's; a folder holding anything else is refused
+            (FileExistsError naming the entries) before anything is written or removed.
         num_files: 1 <= num_files <= num_rows.
         fmt: ``"parquet"`` or ``"tsv"``.
         row_group_size: parquet rows per row group (capped by ``chunk_rows``).
@@ -958,10 +1004,22 @@ def write_data(
         chunk_rows -= chunk_rows % row_group_size
 
     output_dir = os.fspath(output_dir)
+    # the files of an earlier run would be read with this run's rows
+    stale, foreign = _earlier_run_files(output_dir)
+    if foreign:
+        raise FileExistsError(
+            f"cannot write synthetic data to {output_dir!r}: the folder holds {_shown(foreign)}, "
+            "which are not files of an earlier synthetic run (part_NNNNN.parquet or .tsv, "
+            "probabilities/) and would be read as rows with the new ones; write into a new or "
+            "empty folder, or move them out")
+    for path in stale:
+        os.remove(path)
     os.makedirs(output_dir, exist_ok=True)
-    prob_dir = os.path.join(output_dir, "probabilities")
+    prob_dir = os.path.join(output_dir, _PROB_DIR)
     if return_probability:
         os.makedirs(prob_dir, exist_ok=True)
+    elif os.path.isdir(prob_dir) and not os.listdir(prob_dir):
+        os.rmdir(prob_dir)  # emptied above: an earlier run's
     paths = []
     for index in range(num_files):
         lo = start_row + index * num_rows // num_files

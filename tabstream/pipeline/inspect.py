@@ -14,7 +14,9 @@ with pyarrow/numpy and combined in a tree, so memory does not grow with the data
 - quantiles: a weighted sorted sample of at most 2,048 points per column (exact
   below that many values; above, each merge moves a quantile by at most
   1/2,048 of the rows);
-- mean/std: Chan's pairwise update of (count, mean, M2), stable on any size.
+- mean/std: Chan's pairwise update of (count, mean, M2), stable on any size;
+- min/max: exact, of integer columns in their own type (an int64 id above 2**53
+  is not rounded through float64).
 
 >>> import pandas as pd, tabstream as ts
 >>> report = inspect_dataset(ts.Dataset(pd.DataFrame({"x": [1.0, 2.0, None, 4.0],
@@ -143,11 +145,14 @@ class QuantileSummary:
 
 @dataclass
 class _Moments:
+    """Count, mean and M2 over float64; ``min``/``max`` as given (Python ints for
+    integer columns, exact), merged by comparison."""
+
     count: int = 0
     mean: float = 0.0
     m2: float = 0.0
-    min: float = math.inf
-    max: float = -math.inf
+    min: float | int = math.inf
+    max: float | int = -math.inf
 
     @classmethod
     def of(cls, values: np.ndarray) -> _Moments:
@@ -217,6 +222,9 @@ def _column_stats(col: pa.ChunkedArray, limit: int) -> _Column:
             numbers = numbers[finite]
         out.moments = _Moments.of(numbers)
         out.quantiles = QuantileSummary.of(numbers)
+        if pa.types.is_integer(values.type) and out.moments.count:
+            ends = pc.min_max(values)  # exact: float64 rounds integers above 2**53
+            out.moments.min, out.moments.max = ends["min"].as_py(), ends["max"].as_py()
     return out
 
 
