@@ -25,8 +25,10 @@ plus ``dtype_item_size``, ``is_list`` and ``is_ragged``::
 This module reads and writes that format with no protobuf dependency: a small
 text-format parser and the Struct wire format (varints, doubles and
 length-delimited fields). Merlin tags that tabstream has no :class:`Tags` member
-for (``session_id``, ``sequence``, ...) are kept in the column's
-``properties["merlin_tags"]`` and written back as tags.
+for (``session_id``, ``sequence``, ...) are free-form tags (:class:`CustomTag`):
+``select_by_tag("session_id")`` finds them, and they are written back as tags.
+(tabstream before kept them in ``properties["merlin_tags"]``; a column holding that
+property gets them as tags.)
 
 >>> from tabstream.core.schema import ColumnSchema, Schema, Tags
 >>> s = Schema([ColumnSchema("C1", "int64", [Tags.CATEGORICAL],
@@ -34,6 +36,9 @@ for (``session_id``, ``sequence``, ...) are kept in the column's
 >>> text = schema_to_pbtxt(s)
 >>> schema_from_pbtxt(text) == s
 True
+>>> s = Schema([ColumnSchema("session", "int64", [Tags.CATEGORICAL, "session_id"])])
+>>> schema_from_pbtxt(schema_to_pbtxt(s)).select_by_tag("session_id").column_names
+['session']
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import Any
 
 from tabstream.core.errors import DataError
 from tabstream.core.jsonfile import loads_json
-from tabstream.core.schema import ColumnSchema, Schema, Tags
+from tabstream.core.schema import ColumnSchema, CustomTag, Schema, Tags
 
 __all__ = ["read_merlin_schema", "schema_from_merlin_json", "schema_from_pbtxt", "schema_to_pbtxt"]
 
@@ -348,13 +353,15 @@ def _column(name: str, kind: str, domain: dict | None, is_float_domain: bool,
     elif fixed is not None:
         properties["value_count"] = {"min": fixed, "max": fixed}
         is_ragged = False
-    known = [t for t in tags if t.lower() in _KNOWN_TAGS]
-    unknown = [t for t in tags if t.lower() not in _KNOWN_TAGS]
-    if categorical and "categorical" not in known:
-        known.append("categorical")
-    if unknown:
-        properties["merlin_tags"] = unknown
-    return ColumnSchema(name, dtype, known, properties, is_list=is_list, is_ragged=is_ragged and is_list)
+    # a tag with no Tags member is a free-form tag, taken as written (never judged a
+    # misspelling: the file says what it says)
+    read: list[Any] = [t if t.lower() in _KNOWN_TAGS else CustomTag(t) for t in tags if t]
+    if categorical and "categorical" not in read:
+        read.append("categorical")
+    try:  # properties["merlin_tags"] (older tabstream) become tags too: see ColumnSchema
+        return ColumnSchema(name, dtype, read, properties, is_list=is_list, is_ragged=is_ragged and is_list)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{where}: {exc}") from exc
 
 
 def schema_from_pbtxt(text: str, where: str = "schema.pbtxt") -> Schema:
@@ -427,7 +434,6 @@ def schema_to_pbtxt(schema: Schema) -> str:
         props = dict(col.properties)
         domain = props.pop("domain", None)
         value_count = props.pop("value_count", None)
-        extra_tags = list(props.pop("merlin_tags", []))
         lines += ["feature {", f'  name: "{_escape(col.name.encode())}"']
         if col.is_list:
             vc = value_count or {}
@@ -454,7 +460,7 @@ def schema_to_pbtxt(schema: Schema) -> str:
             metadata["dtype_item_size"] = bits
         metadata["_native_dtype"] = col.dtype
         lines.append("  annotation {")
-        for tag in sorted(t.value for t in col.tags) + extra_tags:
+        for tag in sorted(t.value for t in col.tags):  # free-form tags (CustomTag) too
             lines.append(f'    tag: "{_escape(tag.encode())}"')
         lines += ["    extra_metadata {", f'      type_url: "{_STRUCT_URL}"',
                   f'      value: "{_escape(_encode_struct(metadata))}"', "    }", "  }", "}"]

@@ -4,10 +4,17 @@ A :class:`Schema` is an ordered collection of :class:`ColumnSchema`; it is
 computed for a workflow's output before any data is read and written beside
 every export as ``_schema.json``::
 
-    {"columns": [{"name": "C1", "dtype": "int64", "tags": ["categorical"],
+    {"version": 1,
+     "columns": [{"name": "C1", "dtype": "int64", "tags": ["categorical"],
                   "is_list": false, "is_ragged": false,
                   "properties": {"domain": {"min": 0, "max": 41},
                                  "embedding_sizes": {"cardinality": 42, "dimension": 16}}}]}
+
+``version`` (:data:`SCHEMA_VERSION`; absent in files of older tabstreams, read as 1)
+changes when a reader of today could misread the file: :meth:`Schema.from_dict`
+refuses a newer one. It also checks every field's type and the ``domain``, so a
+damaged file is a :class:`~tabstream.core.errors.DataError` naming column, field and
+value, never a ``TypeError`` later or a table of -4 rows.
 """
 
 from __future__ import annotations
@@ -16,16 +23,22 @@ import difflib
 import enum
 import json
 import math
+import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
 
+from tabstream.core.errors import DataError
 from tabstream.core.jsonfile import loads_json
 
-__all__ = ["ColumnSchema", "CustomTag", "EMBEDDING_RULES", "Schema", "Tags", "embedding_dim",
-           "infer_embedding_dim"]
+__all__ = ["ColumnSchema", "CustomTag", "EMBEDDING_RULES", "SCHEMA_VERSION", "Schema", "Tags",
+           "embedding_dim", "infer_embedding_dim"]
+
+#: version of the schema document :meth:`Schema.to_json` writes (``_schema.json``)
+SCHEMA_VERSION = 1
+_SCHEMA_FORMAT = "tabstream.schema"
 
 
 class Tags(str, enum.Enum):
@@ -118,8 +131,13 @@ class ColumnSchema:
     is_ragged: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tags", normalize_tags(self.tags))
-        object.__setattr__(self, "properties", dict(self.properties))
+        tags = normalize_tags(self.tags)
+        properties = dict(self.properties)
+        if "merlin_tags" in properties:
+            # tabstream before CustomTag kept Merlin's free-form tags here: they are tags
+            tags |= _file_tags(properties.pop("merlin_tags"), f"ColumnSchema {self.name!r}")
+        object.__setattr__(self, "tags", tags)
+        object.__setattr__(self, "properties", properties)
         if self.is_ragged and not self.is_list:  # a ragged column is a list (as in merlin.schema)
             object.__setattr__(self, "is_list", True)
         if not isinstance(self.dtype, str):  # np.int64, np.dtype("float32"), pa.int32(), str
@@ -180,7 +198,13 @@ class ColumnSchema:
         domain = self.properties.get("domain")
         if domain is None:
             return None
-        return int(domain["max"]) + 1
+        try:
+            return int(domain["max"]) + 1
+        except (TypeError, ValueError, KeyError, IndexError):
+            # a schema read from a file was checked by from_dict; this one was built in code
+            raise DataError(f"column {self.name!r}: properties['domain'] is {domain!r}; expected "
+                            '{"min": <int>, "max": <int>}, the ids 0..max of a categorical '
+                            "column (cardinality max + 1)") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,15 +217,113 @@ class ColumnSchema:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ColumnSchema:
-        return cls(
-            name=d["name"],
-            dtype=d.get("dtype", "unknown"),
-            tags=normalize_tags(d.get("tags", ())),
-            properties=d.get("properties", {}),
-            is_list=bool(d.get("is_list", False)),
-            is_ragged=bool(d.get("is_ragged", False)),
-        )
+    def from_dict(cls, d: Mapping[str, Any], where: str = "schema column") -> ColumnSchema:
+        """The column of :meth:`to_dict`, each field's type and the ``domain`` checked:
+        a :class:`~tabstream.core.errors.DataError` names the column (``where``
+        says which: ``"columns[3]"``), the field, the value and what was expected::
+
+            ColumnSchema.from_dict({"name": "C1", "tags": ["categorical"],
+                                    "properties": {"domain": {"min": 0, "max": 41}}}).cardinality  # 42
+            ColumnSchema.from_dict({"name": "C1", "properties": {"domain": {"min": 0, "max": -5}}})
+            # DataError: schema column 'C1': properties.domain is {'min': 0, 'max': -5}: min 0
+            # is above max -5; expected min <= max
+        """
+        if not isinstance(d, Mapping):
+            raise DataError(f"{where}: expected an object with a 'name' and optionally 'dtype', "
+                            f"'tags', 'properties', 'is_list', 'is_ragged'; got {_shown(d)}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise DataError(f"{where}: field 'name' is {_shown(name)}; expected the column's name, a "
+                            "non-empty string")
+        at = f"schema column {name!r}" + (f" ({where})" if where != "schema column" else "")
+        dtype = d.get("dtype", "unknown")
+        if not isinstance(dtype, str) or not dtype:
+            raise DataError(f"{at}: field 'dtype' is {_shown(dtype)}; expected a dtype name such as "
+                            "'int64', 'float32' or 'string'")
+        flags = {}
+        for flag in ("is_list", "is_ragged"):
+            value = d.get(flag, False)
+            if not isinstance(value, bool):
+                raise DataError(f"{at}: field {flag!r} is {_shown(value)}; expected true or false")
+            flags[flag] = value
+        raw_tags = d.get("tags", ())
+        if not isinstance(raw_tags, (list, tuple)) or not all(isinstance(t, str) and t for t in raw_tags):
+            raise DataError(f"{at}: field 'tags' is {_shown(raw_tags)}; expected a list of tag names "
+                            "(non-empty strings), e.g. ['categorical']")
+        try:
+            tags = normalize_tags(raw_tags)
+        except ValueError as exc:  # a tag that looks like a misspelt Tags member
+            raise DataError(f"{at}: field 'tags': {exc}") from None
+        properties = d.get("properties", {})
+        if not isinstance(properties, Mapping):
+            raise DataError(f"{at}: field 'properties' is {_shown(properties)}; expected an object "
+                            '(such as {"domain": {"min": 0, "max": 41}})')
+        categorical = Tags.CATEGORICAL in tags
+        # ids (a categorical column's, an integer column's) are integers; a continuous
+        # column's domain may be any numbers (Merlin's float_domain)
+        _check_range(properties, "domain", at, integral=categorical or dtype.startswith(("int", "uint")),
+                     low=0 if categorical else None)
+        _check_range(properties, "value_count", at, integral=True, low=0)
+        if "merlin_tags" in properties:  # written by tabstream before CustomTag (see __post_init__)
+            extra = properties["merlin_tags"]
+            if not isinstance(extra, (list, tuple)) or not all(isinstance(t, str) and t for t in extra):
+                raise DataError(f"{at}: properties.merlin_tags is {_shown(extra)}; expected a list "
+                                "of tag names (non-empty strings)")
+        return cls(name=name, dtype=dtype, tags=tags, properties=properties, **flags)
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message: its repr, cut short, and its JSON type."""
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return f"{text} ({kind})"
+
+
+def _check_range(properties: Mapping[str, Any], key: str, at: str, integral: bool,
+                 low: int | None) -> None:
+    """``properties[key]`` (``domain``, ``value_count``), when there and not null, is
+    ``{"min": ..., "max": ...}`` of numbers (whole numbers where ``integral``), not
+    NaN, ``min <= max``, neither below ``low``."""
+    value = properties.get(key)
+    if value is None:
+        return
+    want = "integers" if integral else "numbers"
+    if not isinstance(value, Mapping):
+        raise DataError(f"{at}: properties.{key} is {_shown(value)}; expected an object "
+                        f'{{"min": ..., "max": ...}} of {want}')
+    for bound in ("min", "max"):
+        x = value.get(bound)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real) or x != x or (
+                integral and not isinstance(x, numbers.Integral) and not float(x).is_integer())):
+            raise DataError(f"{at}: properties.{key}.{bound} is {_shown(value[bound])}; expected "
+                            f"{'an integer' if integral else 'a number'}")
+    lo, hi = value.get("min"), value.get("max")
+    if lo is not None and hi is not None and lo > hi:
+        raise DataError(f"{at}: properties.{key} is {dict(value)!r}: min {lo} is above max {hi}; "
+                        "expected min <= max")
+    if low is not None:
+        for bound in ("min", "max"):
+            if value.get(bound) is not None and value[bound] < low:
+                raise DataError(f"{at}: properties.{key}.{bound} is {value[bound]!r}; expected at "
+                                f"least {low}" + (" (the ids of a categorical column index the rows "
+                                                  "of its embedding table)" if key == "domain" else ""))
+
+
+def _file_tags(names: Any, where: str) -> frozenset[Any]:
+    """Tags a file names (Merlin's, or ``merlin_tags`` of older tabstreams): a
+    :class:`Tags` member where one has the name, else a :class:`CustomTag`, never
+    judged a misspelling (the file says what it says)."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise TypeError(f"{where}: merlin_tags is {names!r}; expected a list of tag names")
+    members = {m.value for m in Tags}
+    picked: list[Any] = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: merlin_tags holds {name!r}; expected non-empty strings")
+        picked.append(Tags(name.lower()) if name.lower() in members else CustomTag(name))
+    return normalize_tags(picked)
 
 
 def _jsonable(value: Any) -> Any:
@@ -301,10 +423,29 @@ class Schema:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Schema:
-        return cls(ColumnSchema.from_dict(c) for c in d["columns"])
+        """The schema of :meth:`to_dict` or of a ``_schema.json`` (see the module's
+        docstring): a newer ``version`` or another ``format`` is refused, and every
+        column is checked (:meth:`ColumnSchema.from_dict`); errors are a
+        :class:`~tabstream.core.errors.DataError` (the reader of a file adds its path)."""
+        if not isinstance(d, Mapping):
+            raise DataError(f"not a tabstream schema: expected an object with a 'columns' list, got "
+                            f"{_shown(d)}")
+        _check_schema_version(d)
+        columns = d.get("columns")
+        if not isinstance(columns, list):
+            raise DataError(f"not a tabstream schema: field 'columns' is {_shown(columns)}; expected a "
+                            'list of columns ({"name": ..., "dtype": ..., "tags": [...], ...})')
+        out = [ColumnSchema.from_dict(c, f"columns[{i}]") for i, c in enumerate(columns)]
+        seen: set[str] = set()
+        for i, col in enumerate(out):
+            if col.name in seen:
+                raise DataError(f"columns[{i}]: column {col.name!r} is listed twice; expected each "
+                                "column once")
+            seen.add(col.name)
+        return cls(out)
 
     def to_json(self, path: str | None = None, storage_options: dict | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
+        text = json.dumps({"version": SCHEMA_VERSION, **self.to_dict()}, indent=2)
         if path is not None:
             with fsspec.open(path, "w", **(storage_options or {})) as f:
                 f.write(text)
@@ -333,9 +474,36 @@ class Schema:
             except FileNotFoundError:
                 raise FileNotFoundError(f"schema file not found: {text_or_path}") from None
         try:
-            return cls.from_dict(loads_json(text, text_or_path[:200], "schema"))
-        except (json.JSONDecodeError, KeyError) as exc:
+            doc = loads_json(text, text_or_path[:200], "schema")
+        except json.JSONDecodeError as exc:
             raise ValueError(f"not a tabstream schema ({text_or_path[:200]!r}): {exc}") from exc
+        try:
+            return cls.from_dict(doc)
+        except DataError as exc:
+            where = "schema text" if text is text_or_path else text_or_path
+            raise DataError(f"{where}: {exc}", hint=exc.hint) from exc
+
+
+def _check_schema_version(d: Mapping[str, Any]) -> None:
+    """A schema document's ``version`` (and ``format``, which tabstream does not
+    write: a future one might) is one this tabstream reads; absent is version 1."""
+    upgrade = "it was written by a newer tabstream: upgrade tabstream to read it"
+    fmt = d.get("format")
+    if fmt is not None:
+        base, _, number = fmt.partition("/") if isinstance(fmt, str) else ("", "", "")
+        if base != _SCHEMA_FORMAT or (number and not number.isdigit()):
+            raise DataError(f"not a tabstream schema: field 'format' is {_shown(fmt)}; expected "
+                            f"{_SCHEMA_FORMAT!r} (or no 'format')")
+        if number and int(number) > SCHEMA_VERSION:
+            raise DataError(f"schema format {fmt!r}: this tabstream reads {_SCHEMA_FORMAT!r} up to "
+                            f"version {SCHEMA_VERSION}; {upgrade}", hint="upgrade tabstream")
+    version = d.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DataError(f"not a tabstream schema: field 'version' is {_shown(version)}; expected a "
+                        f"version number (this tabstream reads 1 to {SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:
+        raise DataError(f"schema version {version}: this tabstream reads versions 1 to "
+                        f"{SCHEMA_VERSION}; {upgrade}", hint="upgrade tabstream")
 
 
 # The embedding-size rule lives here, below ops (which write it into the schema) and

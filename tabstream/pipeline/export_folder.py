@@ -69,8 +69,15 @@ _MANIFEST_HINT = ("the export folder was changed after it was written: write it 
                   "(tabstream fit/transform, or to_parquet) rather than editing its files")
 
 
-def _manifest_json(fs: Any, folder: str) -> dict | None:
-    """``folder/_manifest.json`` as read; ``None`` without one."""
+# what write_sidecars writes into "format"; "tabstream.export/<n>" with n > 1 (or a
+# "version" above 1) is a future layout this tabstream would misread
+_MANIFEST_FORMAT = "tabstream.export"
+_MANIFEST_VERSION = 1
+
+
+def _manifest_json(fs: Any, folder: str, check_format: bool = True) -> dict | None:
+    """``folder/_manifest.json`` as read; ``None`` without one. With
+    ``check_format``, one of another format or of a newer version is refused."""
     path = posixpath.join(folder, MANIFEST_FILE)
     if not fs.exists(path):
         return None
@@ -78,7 +85,31 @@ def _manifest_json(fs: Any, folder: str) -> dict | None:
     if not isinstance(manifest, dict):
         raise DataError(f"{path}: not a valid export manifest (a JSON {type(manifest).__name__}); expected "
                         '{"files": [{"path": ..., "num_rows": ...}, ...]}')
+    if check_format:
+        _check_manifest_format(manifest, path)
     return manifest
+
+
+def _check_manifest_format(manifest: dict, path: str) -> None:
+    """``format`` is ``"tabstream.export"`` (or ``.../1``) and ``version``, where
+    present, 1. A manifest without ``format`` (made by hand, as tests and tools do)
+    is read as version 1."""
+    fmt = manifest.get("format", _MANIFEST_FORMAT)
+    base, _, number = fmt.partition("/") if isinstance(fmt, str) else ("", "", "")
+    if base != _MANIFEST_FORMAT or (number and not number.isdigit()):
+        raise DataError(f"{path}: not a tabstream export manifest (field 'format' is {fmt!r}; "
+                        f"expected {_MANIFEST_FORMAT!r})", hint=_MANIFEST_HINT)
+    version = manifest.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DataError(f"{path}: not a valid export manifest (field 'version' is {version!r}; "
+                        f"expected {_MANIFEST_VERSION})", hint=_MANIFEST_HINT)
+    newest = max(version, int(number or 1))
+    if newest > _MANIFEST_VERSION:
+        raise DataError(f"{path}: export manifest of version {newest} (format {fmt!r}"
+                        f"{f', version {version}' if 'version' in manifest else ''}), written by a newer "
+                        f"tabstream; this tabstream ({tabstream.__version__}) reads version "
+                        f"{_MANIFEST_VERSION} ({_MANIFEST_FORMAT!r}): upgrade tabstream to read this export",
+                        hint="upgrade tabstream")
 
 
 def _read_manifest(fs: Any, folder: str) -> tuple[dict[str, int], set[str]] | None:
@@ -238,9 +269,15 @@ def check_schema_file(fs: Any, files: list[str], stored: Schema | None, arrow_sc
         hint="export the data again, or remove or correct the schema file (or pass schema= to Dataset)")
 
 
+_SCHEMA_HINT = ("export the data again, or correct the schema file (or pass schema= to Dataset); "
+                "a file written by a newer tabstream needs that tabstream")
+
+
 def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
     """tabstream exports keep tags and properties in ``_schema.json`` beside the
-    files (``schema.json`` in exports of older versions, still read)."""
+    files (``schema.json`` in exports of older versions, still read). A newer
+    ``version``, a field of the wrong type or an impossible ``domain`` is a
+    :class:`DataError` naming the file, the column, the field and the value."""
     first = fs._strip_protocol(files[0])
     folder = posixpath.dirname(first)
     for filename in ("_schema.json", "schema.json"):
@@ -256,11 +293,15 @@ def read_schema_json(fs: Any, files: list[str]) -> Schema | None:
 
     with fs.open(candidate, "r") as f:
         try:
-            return Schema.from_dict(loads_json(f.read(), candidate, "schema file"))
-        except DataError:
-            raise
-        except (ValueError, KeyError) as exc:
-            raise DataError(f"{candidate}: not a valid tabstream schema: {exc}") from exc
+            doc = loads_json(f.read(), candidate, "schema file")  # its DataError names the file
+        except ValueError as exc:
+            raise DataError(f"{candidate}: not a valid tabstream schema: {exc}",
+                            hint=_SCHEMA_HINT) from exc
+    try:
+        return Schema.from_dict(doc)  # checks version, field types and domains
+    except (DataError, ValueError, KeyError, TypeError) as exc:
+        detail = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+        raise DataError(f"{candidate}: {detail}", hint=getattr(exc, "hint", None) or _SCHEMA_HINT) from exc
 
 
 # -- writing and publishing ----------------------------------------------------
@@ -285,7 +326,7 @@ def write_sidecars(fs: Any, tmp: str, schema: Schema, files: list[str], rows: li
                 combined.append_row_groups(md)
             combined.write_metadata_file(fh)
     manifest = {
-        "format": "tabstream.export",
+        "format": _MANIFEST_FORMAT,
         "tabstream_version": tabstream.__version__,
         "num_rows": int(sum(rows)),
         "files": [{"path": f, "num_rows": int(n)} for f, n in zip(files, rows)],
@@ -769,7 +810,8 @@ def _export_manifest(fs: Any, folder: str) -> dict | None:
     without one, or for another tool's file of that name (refused at publish as a
     file in the way)."""
     try:
-        manifest = _manifest_json(fs, folder)
+        # a newer tabstream's export is an export too: replaced whole with overwrite
+        manifest = _manifest_json(fs, folder, check_format=False)
     except DataError:
         return None
     return manifest if manifest is not None and isinstance(manifest.get("files"), list) else None
@@ -1047,7 +1089,7 @@ class PublishInto:
                               f"{self.root} was interrupted and its files cannot be told from others: "
                               "look at the folder, remove the export's files and the journal") from exc
         removed = []
-        manifest = _manifest_json(self.fs, self.root) if os.path.exists(
+        manifest = _manifest_json(self.fs, self.root, check_format=False) if os.path.exists(
             posixpath.join(self.root, MANIFEST_FILE)) else None
         done = manifest is not None and manifest.get("export_id") == journal.get("export_id")
         if not done:

@@ -144,7 +144,8 @@ def test_output_names_no_node(saved):
 def test_input_schema_not_a_schema(saved):
     folder, _ = saved
     edit(folder, lambda d: d.update(input_schema={"cols": []}))
-    load_fails(folder, DataError, WF + r"field 'input_schema' is not a schema \(KeyError")
+    load_fails(folder, DataError, WF + r"field 'input_schema' is not a schema \(DataError: not a tabstream schema: "
+               r"field 'columns' is None")
 
 
 # -- node entries -----------------------------------------------------------------------------

@@ -206,7 +206,24 @@ class ThroughputCallback(keras.callbacks.Callback):
 # -- the custom training loop -------------------------------------------------
 
 CHECKPOINT_PREFIX = "checkpoint"
-_FORMAT = 1
+_FORMAT = 1  # of checkpoint.json; a newer one is refused (_check_format), as torch's
+
+
+def _check_format(state: Any, path: Path) -> dict[str, Any]:
+    """``state`` read from ``path`` (``checkpoint.json``) when it is a checkpoint
+    state of the format this tabstream writes; else a :class:`DataError` saying
+    whose it is and what to do (a newer tabstream's: upgrade)."""
+    found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    if isinstance(state, dict) and found == _FORMAT and not isinstance(found, bool):
+        return state
+    if isinstance(found, int) and not isinstance(found, bool) and found > _FORMAT:
+        raise DataError(f"fit: {path} is a checkpoint of format {found}, written by a newer "
+                        f"tabstream; this tabstream reads format {_FORMAT}: upgrade tabstream to "
+                        "resume from it, or start over with resume=False in another checkpoint_dir",
+                        hint="upgrade tabstream, or start over with resume=False")
+    raise DataError(f"fit: {path} is not a tabstream Keras checkpoint state (format {found!r}, "
+                    f"expected {_FORMAT}); remove it, or start over with resume=False",
+                    hint="start over with resume=False")
 
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -572,7 +589,7 @@ class _Checkpoints:
 
     def load(self) -> dict[str, Any]:
         try:
-            state = read_json_file(self.state, "checkpoint state")
+            state = _check_format(read_json_file(self.state, "checkpoint state"), self.state)
             if state.get("arrays") == "named":  # tabstream reshard --world-size 1 wrote it
                 from tabstream.train.tensorflow.reshard import load_named
 
@@ -1019,7 +1036,7 @@ def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, in
     path = Path(checkpoint_dir) / f"{CHECKPOINT_PREFIX}.json"
     if not path.exists():
         return None
-    state = read_json_file(path, "checkpoint state")
+    state = _check_format(read_json_file(path, "checkpoint state"), path)
     return int(state["epoch"]), int(state.get("step", 0))
 
 
