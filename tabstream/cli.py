@@ -234,7 +234,7 @@ def _refuse_workflow_dir(path: str | None) -> None:
     import fsspec
 
     from tabstream.pipeline.stores import is_local
-    from tabstream.pipeline.workflow import _check_replaceable  # the save's own check
+    from tabstream.pipeline.workflow import check_save_target  # the save's own check
 
     if path is None:
         return
@@ -242,7 +242,7 @@ def _refuse_workflow_dir(path: str | None) -> None:
     if not is_local(fs):
         return
     try:
-        _check_replaceable(os.path.abspath(root).rstrip(os.sep))
+        check_save_target(os.path.abspath(root).rstrip(os.sep))
     except FileExistsError as exc:
         error = FileExistsError(f"--workflow-dir {path}: {exc}; nothing was fitted or written")
         error.hint = ("--workflow-dir takes a new or empty folder, or one of an earlier save "  # type: ignore[attr-defined]

@@ -26,6 +26,10 @@ _DEMO_FOLDERS = ("raw", "train", "valid", "workflow")
 _DEMO_LEFTOVER = re.compile(r"\.(?:raw|train|valid|workflow)\.(?:tmp|old)-.+")
 
 
+def _five(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _earlier_run(output: str) -> list[str]:
     """The entries of an earlier demo run in ``output`` (paths, to be removed), or
     FileExistsError when the folder holds anything else: the demo never removes what
@@ -34,7 +38,7 @@ def _earlier_run(output: str) -> list[str]:
     ``output``: ``raw/ train/ valid/ workflow/`` -> those four; ``raw/ thesis.tex``
     -> FileExistsError naming ``thesis.tex``.
     """
-    from tabstream.datasets.synthetic import _earlier_run_files, _shown
+    from tabstream.datasets.synthetic import earlier_run_files
 
     if not os.path.lexists(output):
         return []
@@ -50,10 +54,10 @@ def _earlier_run(output: str) -> list[str]:
         else:
             foreign.append(name + ("/" if is_folder else ""))
     if os.path.join(output, "raw") in own:  # raw/ holds the synthetic writer's files only
-        foreign += [f"raw/{name}" for name in _earlier_run_files(os.path.join(output, "raw"))[1]]
+        foreign += [f"raw/{name}" for name in earlier_run_files(os.path.join(output, "raw"))[1]]
     if foreign:
         raise FileExistsError(
-            f"demo output {output!r} holds {_shown(foreign)}, which the demo did not write; the demo "
+            f"demo output {output!r} holds {_five(foreign)}, which the demo did not write; the demo "
             f"replaces only its own {', '.join(f'{n}/' for n in _DEMO_FOLDERS)} there. Pass "
             "--output a new folder, an empty one or one of an earlier demo run, or move them out")
     return own

@@ -65,6 +65,7 @@ __all__ = [
     "ECOMMERCE_DTYPES",
     "ECOMMERCE_LABEL",
     "ECOMMERCE_TAGS",
+    "earlier_run_files",
     "generate_data",
     "write_data",
 ]
@@ -863,7 +864,7 @@ _OWN_FILE = re.compile(r"part_\d{5,}\.(?:parquet|tsv)(?:\.tmp)?")
 _PROB_DIR = "probabilities"
 
 
-def _earlier_run_files(output_dir: str) -> tuple[list[str], list[str]]:
+def earlier_run_files(output_dir: str) -> tuple[list[str], list[str]]:
     """The files an earlier :func:`write_data` left in ``output_dir`` (paths, to be
     removed before writing) and the other entries (names relative to the folder):
     their rows would be read with the new ones, and they are not this writer's to
@@ -896,6 +897,7 @@ def _earlier_run_files(output_dir: str) -> tuple[list[str], list[str]]:
 
 
 def _shown(names: list[str]) -> str:
+    """At most five of ``names``, and how many more."""
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
@@ -1005,7 +1007,7 @@ def write_data(
 
     output_dir = os.fspath(output_dir)
     # the files of an earlier run would be read with this run's rows
-    stale, foreign = _earlier_run_files(output_dir)
+    stale, foreign = earlier_run_files(output_dir)
     if foreign:
         raise FileExistsError(
             f"cannot write synthetic data to {output_dir!r}: the folder holds {_shown(foreign)}, "

@@ -72,7 +72,7 @@ from typing import Any
 from tabstream.core.errors import TabstreamError
 from tabstream.core.operators import Operator
 
-__all__ = ['DENIED_MODULES', 'TRUSTED_PACKAGES', 'FunctionResolutionError', 'allowed_modules',
+__all__ = ['DENIED_MODULES', 'FunctionResolutionError', 'TRUSTED_PACKAGES', 'allowed_modules',
            'function_name', 'provided_functions', 'register_function', 'resolve_function']
 
 

@@ -76,7 +76,7 @@ from tabstream.pipeline.vocabulary_delta import (
     read_chain,
 )
 
-__all__ = ["TransformedDataset", "Workflow"]
+__all__ = ["TransformedDataset", "Workflow", "check_save_target"]
 
 FORMAT_VERSION = 1
 
@@ -1142,7 +1142,7 @@ def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table | str],
 
     root = os.path.abspath(root).rstrip(os.sep)
     parent, name = os.path.split(root)
-    _check_replaceable(root)
+    check_save_target(root)
     os.makedirs(parent, exist_ok=True)
     remove_export_leftovers(fs, parent, name)  # of savers (and exports) that were killed
     tmp = os.path.join(parent, f".{name}.tmp-{owner_tag()}-{save_id}")
@@ -1161,7 +1161,7 @@ def _save_local(fs: Any, root: str, text: str, files: dict[str, pa.Table | str],
         shutil.rmtree(previous, ignore_errors=True)  # else the next save removes it
 
 
-def _check_replaceable(root: str) -> None:
+def check_save_target(root: str) -> None:
     """A save replaces the whole folder: refuse one that holds anything else."""
     if not os.path.lexists(root):
         return
