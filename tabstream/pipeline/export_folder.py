@@ -525,11 +525,7 @@ class ObjectStorePublish:
             except FileExistsError:
                 holder = self._break_stale_lock()
                 if holder is not None:
-                    raise FileExistsError(
-                        f"{self.output_path!r}: another export to this prefix is under way (its lock "
-                        f"{self.lock} is held by {holder}); two exports to one prefix are never "
-                        "published together: wait for it to finish, then export again (with "
-                        "overwrite=True to replace it), or export to another prefix") from None
+                    raise self.under_way(holder) from None
                 continue
             self.held = True
             self.lock_etag = written.get("ETag") if isinstance(written, dict) else None
@@ -554,11 +550,12 @@ class ObjectStorePublish:
                 raise
         self._not_exclusive("a second exclusive write of the lock was accepted")
 
-    def _break_stale_lock(self) -> str | None:
-        """Delete the lock when its owner is gone: ``None`` (try again); else who holds it."""
+    def lock_holder(self) -> tuple[str | None, Any]:
+        """``(who holds the lock, the lock's listing info)``; who is None when no lock
+        is there (info None too) or its owner is gone (dead, or stale by age)."""
         found = self._read_lock()
         if found is None:
-            return None  # released meanwhile
+            return None, None  # released meanwhile
         text, info = found
         m = _OWNER_TEXT.fullmatch(text)
         alive = owner_alive(m["host"], m["pid"], m["start"]) if m else None
@@ -567,7 +564,22 @@ class ObjectStorePublish:
         if alive or (alive is None and age < STALE_SECONDS):
             who = (f"process {m['pid']} of {'this' if alive else 'another'} host") if m and m["pid"] \
                 else "an unknown owner"
-            return f"{who}, taken {int(age)} s ago"
+            return f"{who}, taken {int(age)} s ago", info
+        return None, info
+
+    def under_way(self, holder: str) -> FileExistsError:
+        """The refusal of an export to a prefix whose lock ``holder`` holds."""
+        return FileExistsError(
+            f"{self.output_path!r}: another export to this prefix is under way (its lock "
+            f"{self.lock} is held by {holder}); two exports to one prefix are never "
+            "published together: wait for it to finish, then export again (with "
+            "overwrite=True to replace it), or export to another prefix")
+
+    def _break_stale_lock(self) -> str | None:
+        """Delete the lock when its owner is gone: ``None`` (try again); else who holds it."""
+        holder, info = self.lock_holder()
+        if holder is not None or info is None:
+            return holder
         self._delete_if_unchanged(self.lock, info)
         self.broke_lock = True
         return None
@@ -822,16 +834,28 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
     removed; or replaced whole with ``overwrite``: a file, or a folder holding one
     export and nothing else) or ``"into"`` (a local folder that holds other files: the
     export is published into it, see :class:`PublishInto`). A folder holding an export
-    needs ``overwrite``; so does any existing ``root`` on an object store, unless it
-    holds an export's lock: :meth:`ObjectStorePublish.begin` decides then (the export
-    under way refuses this one; a dead one's lock is broken and its keys judged)."""
+    needs ``overwrite``; so does any existing ``root`` on an object store, also one
+    holding an export's lock beside other keys (a killed export's, or one under way);
+    a lock alone, or one with ``overwrite``, :meth:`ObjectStorePublish.begin` decides
+    (the export under way refuses this one; a dead one's lock is broken)."""
     if not is_local(fs):
         fs.invalidate_cache(root)  # another export of this process may have written since
     if not fs.exists(root):
         return "new"
-    if not is_local(fs) and fs.isdir(root) and posixpath.join(root, LOCK_FILE) in {
-            e.rstrip("/") for e in fs.ls(root, detail=False)}:
-        return "new"
+    if not is_local(fs) and fs.isdir(root):
+        lock = posixpath.join(root, LOCK_FILE)
+        listed = {e.rstrip("/") for e in fs.ls(root, detail=False)}
+        if lock in listed:
+            if listed - {lock} and not overwrite:
+                # what begin() refuses, refused before any work (the CLI asks before
+                # fitting): keys beside a lock, of an export under way or a killed one
+                holder, _ = ObjectStorePublish(fs, root, output_path, overwrite).lock_holder()
+                if holder is not None:
+                    raise ObjectStorePublish(fs, root, output_path, overwrite).under_way(holder)
+                raise FileExistsError(
+                    f"{output_path!r} already exists; pass overwrite=True to replace it (it holds "
+                    f"keys an export to it left when it was killed, beside its lock {LOCK_FILE})")
+            return "new"
     if fs.isdir(root) and not fs.ls(root):
         if overwrite:
             return "new"

@@ -438,3 +438,27 @@ def test_object_store_prefix_with_other_keys_is_refused(s3):
         ts.Dataset(_frame(10)).to_parquet("s3://bkt/mixed", storage_options=options)
     fs.invalidate_cache()
     assert fs.find("bkt/mixed") == ["bkt/mixed/mine.csv"]
+
+
+def test_a_killed_object_store_export_is_refused_before_any_work(s3, monkeypatch):
+    """A prefix holding a killed export's lock and part files: without overwrite the
+    target check (what the CLI asks before fitting) refuses it, as the export's own
+    begin() would after the fit; with overwrite it goes ahead (begin breaks the lock)."""
+    from tabstream.pipeline import export_folder
+    from tabstream.pipeline.export_folder import LOCK_FILE, check_target
+
+    fs, options = s3
+    fs.pipe_file(f"bkt/killed/{LOCK_FILE}", b"gone-host-4202345-0123456789ab")
+    fs.pipe_file("bkt/killed/part_00000.parquet", b"half written")
+    # the owner's host is unknown here: the lock counts as stale by its age alone
+    monkeypatch.setattr(export_folder, "STALE_SECONDS", 0.0)
+    with pytest.raises(FileExistsError, match=r"'s3://bkt/killed' already exists; pass overwrite=True "
+                                              r"to replace it \(it holds keys an export to it left when "
+                                              r"it was killed"):
+        check_target(fs, "bkt/killed", "s3://bkt/killed", overwrite=False)
+    fs.invalidate_cache()
+    assert sorted(fs.find("bkt/killed")) == [f"bkt/killed/{LOCK_FILE}", "bkt/killed/part_00000.parquet"]
+    assert check_target(fs, "bkt/killed", "s3://bkt/killed", overwrite=True) == "new"
+    df = _frame(30)
+    ts.Dataset(df).to_parquet("s3://bkt/killed", overwrite=True, storage_options=options)
+    _same(_read(ts.Dataset("s3://bkt/killed", storage_options=options)), df)
