@@ -1056,6 +1056,8 @@ class _HybridCheckpoints:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def load(self) -> dict[str, Any]:
+        from tabstream.train.tensorflow.fit import check_checkpoint_format
+
         w = self.wrapper
         chosen = self._chosen if self._chosen is not None else self._choose()
         self._chosen = None
@@ -1065,7 +1067,8 @@ class _HybridCheckpoints:
         world, _, folders = chosen
         own = folders[w.rank] if world == w.world_size else folders[min(w.rank, world - 1)]
         try:
-            state = read_json_file(own / "state.json", "checkpoint state")
+            state = check_checkpoint_format(read_json_file(own / "state.json", "checkpoint state"),
+                                            own / "state.json")
             restored = w.read_parts(folders, self.optimizer, where=os.fspath(self.dir))
         except (OSError, ValueError, KeyError, AssertionError) as exc:
             if isinstance(exc, TabstreamError):

@@ -85,6 +85,7 @@ __all__ = [
     "NothingToTrainWarning",
     "ThroughputCallback",
     "binary_classification_metrics",
+    "check_checkpoint_format",
     "checkpoint_position",
     "default_replica_step",
     "evaluate",
@@ -206,12 +207,13 @@ class ThroughputCallback(keras.callbacks.Callback):
 # -- the custom training loop -------------------------------------------------
 
 CHECKPOINT_PREFIX = "checkpoint"
-_FORMAT = 1  # of checkpoint.json; a newer one is refused (_check_format), as torch's
+_FORMAT = 1  # of checkpoint.json; a newer one is refused (check_checkpoint_format), as torch's
 
 
-def _check_format(state: Any, path: Path) -> dict[str, Any]:
-    """``state`` read from ``path`` (``checkpoint.json``) when it is a checkpoint
-    state of the format this tabstream writes; else a :class:`DataError` saying
+def check_checkpoint_format(state: Any, path: Path) -> dict[str, Any]:
+    """``state`` read from ``path`` (``checkpoint.json``, or a HybridParallel
+    worker's ``state.json``) when it is a checkpoint state of the format this
+    tabstream writes; else a :class:`DataError` saying
     whose it is and what to do (a newer tabstream's: upgrade)."""
     found = state.get("format") if isinstance(state, dict) else type(state).__name__
     if isinstance(state, dict) and found == _FORMAT and not isinstance(found, bool):
@@ -589,7 +591,7 @@ class _Checkpoints:
 
     def load(self) -> dict[str, Any]:
         try:
-            state = _check_format(read_json_file(self.state, "checkpoint state"), self.state)
+            state = check_checkpoint_format(read_json_file(self.state, "checkpoint state"), self.state)
             if state.get("arrays") == "named":  # tabstream reshard --world-size 1 wrote it
                 from tabstream.train.tensorflow.reshard import load_named
 
@@ -1036,7 +1038,7 @@ def checkpoint_position(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, in
     path = Path(checkpoint_dir) / f"{CHECKPOINT_PREFIX}.json"
     if not path.exists():
         return None
-    state = _check_format(read_json_file(path, "checkpoint state"), path)
+    state = check_checkpoint_format(read_json_file(path, "checkpoint state"), path)
     return int(state["epoch"]), int(state.get("step", 0))
 
 

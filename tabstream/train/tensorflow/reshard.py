@@ -616,7 +616,10 @@ def reshard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size
     configs = [TableConfig(name, int(t["cardinality"]), int(t["dim"]), (name,))
                for name, t in layout["tables"].items()]
     target = resolve_plan(plan, configs, world_size, who="reshard")
-    state = read_json_file(folders[0] / "state.json", "checkpoint state")
+    from tabstream.train.tensorflow.fit import check_checkpoint_format  # fit imports this module
+
+    state = check_checkpoint_format(read_json_file(folders[0] / "state.json", "checkpoint state"),
+                                    folders[0] / "state.json")
     table_of = {t["key"]: name for name, t in layout["tables"].items()}
 
     def key_path(k: str) -> str:

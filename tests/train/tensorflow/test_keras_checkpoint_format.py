@@ -91,3 +91,28 @@ def test_checkpoint_state_of_another_format_is_refused(checkpoint, tmp_path, fmt
     with pytest.raises(DataError, match=said):
         fit(model_for(schema), train, keras.optimizers.SGD(0.01), epochs=2, checkpoint_dir=copy,
             resume=True, progress=False)
+
+
+def test_hybrid_parallel_part_of_a_newer_format_is_refused(tmp_path):
+    """A HybridParallel worker's ``state.json`` says its format too: a newer one is
+    refused by a resume and by the offline reshard, naming the file."""
+    from tabstream.train.tensorflow.distributed import HybridParallel, reshard
+
+    schema, train = batches()
+    model = model_for(schema)
+    wrapper = HybridParallel(model, plan="row_wise")
+    fit(wrapper, train, keras.optimizers.SGD(0.01), epochs=1, checkpoint_dir=tmp_path / "ck",
+        progress=False)
+    states = sorted((tmp_path / "ck").rglob("state.json"))
+    assert states
+    for path in states:
+        state = json.loads(path.read_text())
+        assert state["format"] == 1
+        path.write_text(json.dumps({**state, "format": 2}))
+    again = HybridParallel(model_for(schema), plan="row_wise")
+    with pytest.raises(DataError, match=r"state\.json is a checkpoint of format 2, written by a newer "
+                                        r"tabstream"):
+        fit(again, train, keras.optimizers.SGD(0.01), epochs=2, checkpoint_dir=tmp_path / "ck",
+            resume=True, progress=False)
+    with pytest.raises(DataError, match=r"state\.json is a checkpoint of format 2, written by a newer"):
+        reshard(tmp_path / "ck", tmp_path / "three", 3)
