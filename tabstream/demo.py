@@ -30,16 +30,41 @@ def _five(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def _not_the_demos(path: str, name: str) -> list[str]:
+    """What ``path`` (the demo's folder ``name``) holds that a demo run did not
+    write: ``raw/`` holds the synthetic writer's files, ``train/`` and ``valid/`` one
+    export, ``workflow/`` one save (``train/`` and ``valid/`` are common names for a
+    user's own data)."""
+    import fsspec
+
+    from tabstream.datasets.synthetic import earlier_run_files
+    from tabstream.pipeline.export_folder import check_target
+    from tabstream.pipeline.workflow import check_save_target
+
+    if name == "raw":
+        return earlier_run_files(path)[1]
+    if name in ("train", "valid"):
+        if check_target(fsspec.filesystem("file"), path, path, overwrite=True) == "new":
+            return []  # empty, or one export and nothing else
+        return sorted(os.listdir(path))
+    if name == "workflow":
+        try:
+            check_save_target(path)
+            return []
+        except FileExistsError:
+            return sorted(os.listdir(path))
+    return []  # a killed export's or save's hidden leftover
+
+
 def _earlier_run(output: str) -> list[str]:
     """The entries of an earlier demo run in ``output`` (paths, to be removed), or
     FileExistsError when the folder holds anything else: the demo never removes what
     it did not write (``--output .`` in a project folder is refused, not emptied).
 
-    ``output``: ``raw/ train/ valid/ workflow/`` -> those four; ``raw/ thesis.tex``
-    -> FileExistsError naming ``thesis.tex``.
+    ``output``: ``raw/ train/ valid/ workflow/`` of a demo -> those four;
+    ``raw/ thesis.tex`` -> FileExistsError naming ``thesis.tex``; a ``train/`` of the
+    user's files (not one export) -> FileExistsError naming them.
     """
-    from tabstream.datasets.synthetic import earlier_run_files
-
     if not os.path.lexists(output):
         return []
     if not os.path.isdir(output):
@@ -51,10 +76,9 @@ def _earlier_run(output: str) -> list[str]:
         is_folder = os.path.isdir(path) and not os.path.islink(path)
         if is_folder and (name in _DEMO_FOLDERS or _DEMO_LEFTOVER.fullmatch(name)):
             own.append(path)
+            foreign += [f"{name}/{entry}" for entry in _not_the_demos(path, name)]
         else:
             foreign.append(name + ("/" if is_folder else ""))
-    if os.path.join(output, "raw") in own:  # raw/ holds the synthetic writer's files only
-        foreign += [f"raw/{name}" for name in earlier_run_files(os.path.join(output, "raw"))[1]]
     if foreign:
         raise FileExistsError(
             f"demo output {output!r} holds {_five(foreign)}, which the demo did not write; the demo "

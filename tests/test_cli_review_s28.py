@@ -69,6 +69,23 @@ def test_demo_refuses_an_earlier_run_with_other_files_in_raw(tmp_path, capsys):
     assert "raw/notes.txt" in capsys.readouterr().err
 
 
+def test_demo_refuses_train_valid_workflow_folders_of_the_users_own(tmp_path, capsys):
+    """train/, valid/ and workflow/ are the demo's names, and common names for a
+    user's own data: they count as the demo's only when they hold one export (or one
+    saved workflow) and nothing else."""
+    out = tmp_path / "project"
+    for sub in ("train", "valid", "workflow"):
+        (out / sub).mkdir(parents=True)
+    (out / "train" / "my_train_2025.csv").write_text("labelled")
+    (out / "valid" / "holdout.csv").write_text("holdout")
+    (out / "workflow" / "notes.md").write_text("notes")
+    before = tree(out)
+    run("demo", "--output", str(out), "--rows", "2000", "--days", "2", "--no-train", "--quiet", expect=1)
+    assert tree(out) == before
+    err = capsys.readouterr().err
+    assert "train/my_train_2025.csv" in err and "valid/holdout.csv" in err and "workflow/notes.md" in err
+
+
 def test_demo_output_dot_is_refused_in_a_project_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "setup.py").write_text("# a project")
     monkeypatch.chdir(tmp_path)

@@ -250,19 +250,20 @@ class ColumnSchema:
         if not isinstance(raw_tags, (list, tuple)) or not all(isinstance(t, str) and t for t in raw_tags):
             raise DataError(f"{at}: field 'tags' is {_shown(raw_tags)}; expected a list of tag names "
                             "(non-empty strings), e.g. ['categorical']")
-        try:
-            tags = normalize_tags(raw_tags)
-        except ValueError as exc:  # a tag that looks like a misspelt Tags member
-            raise DataError(f"{at}: field 'tags': {exc}") from None
+        # a file's tags as written: Tags members by name, any other a CustomTag (which
+        # tabstream writes itself, "items" say: never judged a misspelt "item")
+        tags = _file_tags(raw_tags, at)
         properties = d.get("properties", {})
         if not isinstance(properties, Mapping):
             raise DataError(f"{at}: field 'properties' is {_shown(properties)}; expected an object "
                             '(such as {"domain": {"min": 0, "max": 41}})')
         categorical = Tags.CATEGORICAL in tags
         # ids (a categorical column's, an integer column's) are integers; a continuous
-        # column's domain may be any numbers (Merlin's float_domain)
+        # column's domain may be any numbers (Merlin's float_domain). A categorical
+        # domain may start below 0 (raw ids with a -1 sentinel, as Merlin writes them):
+        # tables are sized from max, and the lookups refuse ids out of range
         _check_range(properties, "domain", at, integral=categorical or dtype.startswith(("int", "uint")),
-                     low=0 if categorical else None)
+                     low=None)
         _check_range(properties, "value_count", at, integral=True, low=0)
         if "merlin_tags" in properties:  # written by tabstream before CustomTag (see __post_init__)
             extra = properties["merlin_tags"]

@@ -408,8 +408,8 @@ def _refuse_untrusted_installed(name: str, module_name: str, op: str) -> None:
     neither among :data:`TRUSTED_PACKAGES` nor allowed by the user, imported or not
     (see the module docs)."""
     top = module_name.split(".")[0]
-    if top == "__main__" or _is_trusted(module_name) or _is_allowed(module_name):
-        return
+    if top in ("__main__", _OWN_PACKAGE) or _is_trusted(module_name) or _is_allowed(module_name):
+        return  # tabstream's own functions: only _OWN_PURE_FUNCTIONS pass _check_allowed
     found: Any = sys.modules.get(top)
     if found is None:
         with _IMPORT_LOCK:

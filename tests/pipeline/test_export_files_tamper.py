@@ -149,8 +149,6 @@ BAD_VALUES = [
      r"properties.domain is 7 \(an integer\); expected an object"),
     ("domain-max-negative", lambda d: _col(d)["properties"]["domain"].__setitem__("max", -5),
      r"properties.domain is .*min 0 is above max -5; expected min <= max"),
-    ("domain-min-negative", lambda d: _col(d)["properties"]["domain"].__setitem__("min", -3),
-     r"properties.domain.min is -3; expected at least 0"),
     ("is-list-a-string", lambda d: _col(d).__setitem__("is_list", "no"),
      r"field 'is_list' is 'no' \(a string\); expected true or false"),
     ("name-missing", lambda d: _col(d).pop("name"), r"columns\[0\]: field 'name' is None"),

@@ -271,3 +271,20 @@ def test_allowed_modules_must_be_a_list_of_names(tmp_path):
         ts.Workflow.load(str(folder), allowed_modules="evilmod")
     with pytest.raises(TypeError, match=r"bad entries: \['evil mod'\]"):
         ts.Workflow.load(str(folder), allowed_modules=["evil mod"])
+
+
+def test_tabstream_installed_as_a_package_still_loads_its_contract_functions(monkeypatch):
+    """With tabstream in site-packages (a wheel, not this editable checkout) its two
+    pure contract functions still resolve (the installed-package rule is not theirs:
+    the own-package rule lets those two through and no other)."""
+    from tabstream.ops import functions
+    from tabstream.testing.op_contract import contract_double
+
+    installed = str(REPO)  # the checkout's folder, taken for site-packages
+    monkeypatch.setattr(functions, "_site_roots", lambda: (installed,))
+    assert functions.resolve_function("tabstream.testing.op_contract:contract_double") is contract_double
+    with pytest.raises(FunctionResolutionError, match="part of tabstream itself"):
+        functions.resolve_function("tabstream.cli:main")
+    # and another package under that folder is refused as installed (the rule is in force)
+    with pytest.raises(FunctionResolutionError, match="module 'tests' is an installed package"):
+        functions.resolve_function("tests.pipeline.test_untrusted_folders:double")

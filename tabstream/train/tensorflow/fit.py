@@ -278,8 +278,8 @@ LOSS_SHAPE_MARK = "loss_fn returned"
 
 def summed_loss(loss: Any, rows: tf.Tensor, where: str = "fit") -> tf.Tensor:
     """The summed loss of a batch of ``rows`` rows from what a ``loss_fn`` returned:
-    a scalar is the batch mean (times ``rows``), a ``[rows]`` tensor one loss per row
-    (summed); another shape is refused (when tracing, or at the step for a length
+    a scalar is the batch mean (times ``rows``), a ``[rows]`` (or ``[rows, 1]``) tensor
+    one loss per row (summed); another shape is refused (when tracing, or at the step for a length
     known only then). The loop divides the sum by the rows, so each row weighs the
     same either way.
 
@@ -288,6 +288,8 @@ def summed_loss(loss: Any, rows: tf.Tensor, where: str = "fit") -> tf.Tensor:
     """
     loss = tf.convert_to_tensor(loss)
     rank = loss.shape.rank
+    if rank == 2 and loss.shape[1] == 1:  # [B, 1]: one loss per row, as column labels give
+        loss, rank = tf.reshape(loss, [-1]), 1
     if rank == 0:
         return loss * tf.cast(rows, loss.dtype)
     if rank == 1:
@@ -315,6 +317,8 @@ def _per_row(loss: Any, rows: int, where: str) -> np.ndarray:
     """``[rows]`` per-row losses from what a ``loss_fn`` returned (eagerly): a
     scalar batch mean stands for each of the rows."""
     value = np.asarray(tf.convert_to_tensor(loss).numpy(), np.float64)
+    if value.ndim == 2 and value.shape[1] == 1:  # [B, 1]: one loss per row
+        value = value[:, 0]
     if value.ndim == 0:
         return np.full(rows, float(value))
     if value.ndim == 1 and value.shape[0] == rows:

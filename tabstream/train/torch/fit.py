@@ -170,8 +170,8 @@ def _loss(model: nn.Module, features: Mapping[str, Any], labels: Any,
 
 def _batch_mean(loss: Any, rows: int, where: str = "fit") -> torch.Tensor:
     """The batch mean of what a ``loss_fn`` returned for a batch of ``rows`` rows:
-    a scalar is the mean already; a ``[rows]`` tensor holds one loss per row and is
-    averaged (so each row weighs the same, as the loop weighs each batch by its
+    a scalar is the mean already; a ``[rows]`` (or ``[rows, 1]``) tensor holds one
+    loss per row and is averaged (so each row weighs the same, as the loop weighs each batch by its
     rows); any other shape is refused.
 
     >>> _batch_mean(torch.tensor([1.0, 2.0, 6.0]), 3), _batch_mean(torch.tensor(3.0), 3)
@@ -181,6 +181,8 @@ def _batch_mean(loss: Any, rows: int, where: str = "fit") -> torch.Tensor:
         raise TypeError(f"{where}: loss_fn must return a torch.Tensor, got {type(loss).__name__}")
     if loss.dim() == 0:
         return loss
+    if loss.dim() == 2 and loss.shape[1] == 1:  # [rows, 1]: one loss per row, as column labels give
+        loss = loss[:, 0]
     if loss.dim() == 1 and loss.shape[0] == rows:
         return loss.mean()
     raise ValueError(

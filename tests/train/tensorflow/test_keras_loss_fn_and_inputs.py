@@ -67,7 +67,11 @@ def assert_same(a, b):
         np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=0, atol=1e-6, err_msg=x.path)
 
 
-@pytest.mark.parametrize("loss_fn", [per_row, mean], ids=["per-row", "scalar"])
+def per_row_column(z, y):
+    return per_row(z, y)[:, None]
+
+
+@pytest.mark.parametrize("loss_fn", [per_row, mean, per_row_column], ids=["per-row", "scalar", "column"])
 def test_a_per_row_or_a_scalar_loss_fn_trains_the_batch_mean(loss_fn):
     data = batches(1)
     expected = model()
@@ -85,10 +89,10 @@ def test_a_per_row_or_a_scalar_loss_fn_trains_the_batch_mean(loss_fn):
 
 def test_a_loss_fn_of_another_rank_is_refused_naming_its_shape():
     net = model()
-    with pytest.raises(ValueError, match=r"fit: loss_fn returned a tensor of shape \[None, 1\]; "
+    with pytest.raises(ValueError, match=r"fit: loss_fn returned a tensor of shape \[None, 2\]; "
                        r"return a scalar \(the batch mean\) or one loss per row, shape \[B\]"):
         fit(net, batches(1), keras.optimizers.SGD(0.5),
-            loss_fn=lambda z, y: per_row(z, y)[:, None], progress=False)
+            loss_fn=lambda z, y: tf.stack([per_row(z, y)] * 2, axis=1), progress=False)
 
 
 def test_a_per_row_loss_fn_of_another_length_is_refused():

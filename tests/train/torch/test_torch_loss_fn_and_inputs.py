@@ -67,7 +67,11 @@ def mean(z, y):
     return F.binary_cross_entropy_with_logits(z, y)
 
 
-@pytest.mark.parametrize("loss_fn", [per_row, mean], ids=["per-row", "scalar"])
+def per_row_column(z, y):
+    return per_row(z, y)[:, None]
+
+
+@pytest.mark.parametrize("loss_fn", [per_row, mean, per_row_column], ids=["per-row", "scalar", "column"])
 def test_a_per_row_or_a_scalar_loss_fn_trains_the_batch_mean(loss_fn):
     data = batches(1)
     expected = model()
@@ -85,7 +89,7 @@ def test_a_per_row_or_a_scalar_loss_fn_trains_the_batch_mean(loss_fn):
     assert got == pytest.approx(float(np.concatenate(rows).mean()), rel=1e-6)
 
 
-@pytest.mark.parametrize(("bad", "shape"), [(lambda z, y: per_row(z, y)[:, None], r"\(16, 1\)"),
+@pytest.mark.parametrize(("bad", "shape"), [(lambda z, y: torch.stack([per_row(z, y)] * 2, 1), r"\(16, 2\)"),
                                             (lambda z, y: per_row(z, y)[:-1], r"\(15,\)")])
 def test_a_loss_fn_of_another_shape_is_refused_naming_it(bad, shape):
     net = model()
