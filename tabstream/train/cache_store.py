@@ -31,7 +31,8 @@ cache of hot rows in front of it:
 Layout of ``path`` (disk storage)::
 
     _server.json        settings, tables, and the last committed mark (written atomically;
-                        the mark holds each table's slot count)
+                        the mark holds each table's slot count); while a rollback_to the
+                        previous mark is under way, that rollback (see below)
     C1.slots.f32        the records of the rows ever written, packed in slots given out
                         in first-write order: the weight (dim float32), the optimizer
                         state (adagrad: sum of squares; adam: m then v), then the update
@@ -59,7 +60,14 @@ written after it go with their slots: the mark's slot count is kept), so a
 server killed at any point (``kill -9`` included) reopens exactly as it was at
 its last ``flush``. The log of the interval before the last mark is kept too, so
 that a training checkpoint written just before that mark can still be matched
-(:meth:`rollback_to`). What no crash can leave is refused by :meth:`open`, before
+(:meth:`rollback_to`). Such a rollback is decided by one write of ``_server.json``
+(field ``rollback``: the version gone back to and the vocabulary resets to make
+again) before any row changes; the rows are then restored from that log (synced),
+the change log cut, ``_server.json`` written at the previous mark, and only then the
+log deleted. Each step may be repeated (the logged values are absolute), so
+:meth:`open` finishes a rollback cut short: a folder killed in one reopens at the
+newer mark (killed before the decision) or at the previous one (after it), never
+in between. What no crash can leave is refused by :meth:`open`, before
 anything in the folder changes: a ``_server.json`` field of another type or range,
 a storage the files contradict, a rows file missing or empty under a mark with
 rows, a mark's slot count below the rows the change log's commits wrote or above
@@ -658,6 +666,7 @@ def _check_meta(meta: dict[str, Any], path: Path, configs: Sequence[TableConfig]
     _check_mark(meta.get("mark"), path, "mark.", configs)
     if meta.get("previous") is not None:
         _check_mark(meta["previous"], path, "previous.", configs)
+    _check_rollback(meta, path, configs)
     disk = meta["storage"] == "disk"
     pending = meta.get("pending_export")
     if pending is not None and not (isinstance(pending, dict) and isinstance(pending.get("dir"), str)
@@ -710,15 +719,43 @@ def _check_mark(state: Any, path: Path, prefix: str, configs: Sequence[TableConf
                 raise _bad_field(path, f"{prefix}{key}.{name}", n, "an integer >= 0"
                                  + (f" and <= {names[name].cardinality} (the table's rows)"
                                     if key == "slots" else ""))
-    resets = state.get("resets") or {}
+    _check_resets(state.get("resets") or {}, path, prefix + "resets", configs)
+
+
+def _check_resets(resets: Any, path: Path, field: str, configs: Sequence[TableConfig]) -> None:
+    """Vocabulary resets as a mark or a rollback keeps them: ``{table: [ids]}``."""
+    names = {c.name: c for c in configs}
     if not isinstance(resets, dict) or not set(resets) <= set(names):
-        raise _bad_field(path, prefix + "resets", resets, f"an object of ids per table of "
-                         f"{sorted(names)}")
+        raise _bad_field(path, field, resets, f"an object of ids per table of {sorted(names)}")
     for name, ids in resets.items():
         rows = names[name].cardinality
         if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < rows for i in ids):
-            raise _bad_field(path, f"{prefix}resets.{name}", ids,
-                             f"a list of ids from 0 to {rows - 1}")
+            raise _bad_field(path, f"{field}.{name}", ids, f"a list of ids from 0 to {rows - 1}")
+
+
+def _check_rollback(meta: dict[str, Any], path: Path, configs: Sequence[TableConfig]) -> None:
+    """``_server.json``'s ``rollback`` (absent or null unless a
+    :meth:`ParameterServer.rollback_to` of the previous mark is under way), as
+    :meth:`ParameterServer.rollback_to` writes it: a disk server's, going back to the
+    version of ``previous`` (the rows not yet restored), or of ``mark`` once the
+    folder is there (``previous`` null then; the resets to make again are left)."""
+    intent = meta.get("rollback")
+    if intent is None:
+        return
+    if meta["storage"] != "disk" or meta["format"] != _FORMAT:
+        raise _bad_field(path, "rollback", intent, f"null (only a disk server of format "
+                         f"{_FORMAT!r} records a rollback under way)")
+    if not isinstance(intent, dict):
+        raise _bad_field(path, "rollback", intent, "null or an object (a rollback under way)")
+    previous = meta.get("previous")
+    target, of = ((meta["mark"]["version"], "'mark' (the folder at the version rolled back to)")
+                  if previous is None else (previous["version"], "'previous'"))
+    if not _is_int(intent.get("to")) or intent["to"] != target:
+        raise _bad_field(path, "rollback.to", intent.get("to"), f"{target}, the version of {of}")
+    sequence: Any = intent.get("vocabulary_delta")
+    if not (_is_int(sequence) and sequence >= 0):
+        raise _bad_field(path, "rollback.vocabulary_delta", sequence, "an integer >= 0")
+    _check_resets(intent.get("resets"), path, "rollback.resets", configs)
 
 
 class _FolderLock:
@@ -853,6 +890,9 @@ class ParameterServer:
         self._pending_resets: dict[str, list[np.ndarray]] = {}
         self._commit_resets: dict[str, list[int]] = {}
         self._trained_since_mark = False  # an apply() since the last mark
+        # a rollback_to the previous mark under way (written to _server.json before
+        # the rows change; open() finishes it): {"to", "resets", "vocabulary_delta"}
+        self._rollback: dict[str, Any] | None = None
         if _meta is None:
             if (self.path / _META).exists():
                 raise DataError(
@@ -912,11 +952,16 @@ class ParameterServer:
         resets = state.get("resets") or {}  # absent before resets were kept
         self._commit_resets = {str(t): [int(i) for i in ids] for t, ids in resets.items()}
 
-    def _write_meta(self) -> None:
+    def _meta_dict(self) -> dict[str, Any]:
         meta = self._settings()
         meta["mark"] = self._committed
         meta["previous"] = self._previous_state
-        write_json_file(self.path / _META, meta)
+        if self._rollback is not None:  # the field is there only while one is under way
+            meta["rollback"] = self._rollback
+        return meta
+
+    def _write_meta(self) -> None:
+        write_json_file(self.path / _META, self._meta_dict())
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], release_bytes: int = 256 << 20) -> ParameterServer:
@@ -1019,6 +1064,7 @@ class ParameterServer:
         self._previous_state = meta.get("previous")
         self.previous_mark = (int(self._previous_state["version"])
                               if self._previous_state else None)
+        self._rollback = meta.get("rollback")  # checked by open (_check_rollback)
         fmt = meta.get("format")
         if self.storage == "disk":
             # the tables first: the meta file is rewritten below (format 3) only once
@@ -1050,6 +1096,8 @@ class ParameterServer:
             for table in self._tables.values():
                 _keep_segments(table.changes_path, self.mark)  # a flush that never committed
                 table.sync()
+            if self._rollback is not None:  # a rollback_to cut short: finished here
+                self._finish_rollback()
         else:
             self._load_snapshot()
             if fmt != _FORMAT:
@@ -1214,7 +1262,14 @@ class ParameterServer:
             pos = end + 8
         return records
 
-    def _roll_back(self, log: Path) -> None:
+    def _roll_back(self, log: Path, keep: bool = False) -> None:
+        """Put the rows ``log`` holds back to their logged values (synced), then
+        delete it (``keep``: the caller does, once the mark it restores is written).
+
+        Idempotent, whatever part of it ran before: each record holds the absolute
+        values of its rows at the log's mark, and the records are applied newest
+        first, so every row ends at its oldest (the mark's) value, as the only
+        logged rows are those with a slot at that mark (which keep it)."""
         self._settle()
         names = [c.name for c in self.configs]
         for index, ids, w, s, v in reversed(self._read_log(log)):
@@ -1223,14 +1278,18 @@ class ParameterServer:
         for table in self._tables.values():
             table.dirty = []  # the rows are back to values some commit holds
             table.sync()
-        log.unlink()  # rolling back twice is harmless: the values are absolute
+        if not keep:
+            log.unlink()
 
     def rollback_to(self, version: int) -> None:
         """Return to the last mark (``version == mark``) or the one before it
         (``version == previous_mark``, disk storage): used when a training
         checkpoint was written just before the server's last :meth:`flush` and the
         process died in between. Updates made after the last mark are undone first
-        in either case (what :meth:`open` does after a crash)."""
+        in either case (what :meth:`open` does after a crash). Going back to the
+        previous mark is atomic: a process killed in it reopens (:meth:`open`) at
+        the last mark or, once ``_server.json`` records the rollback, at the
+        previous one with the rollback finished, never with rows of both."""
         if version != self.mark and (version != self.previous_mark or self._previous_state is None):
             raise DataError(
                 f"parameter server {self.path} is at version {self.mark} (previous mark "
@@ -1254,18 +1313,58 @@ class ParameterServer:
         if version == self.mark:
             self._replay_resets(replay, sequence)
             return
-        log = self.path / _UNDO / f"from_{self.previous_mark:012d}.log"
-        if log.exists():
-            self._roll_back(log)
-        for table in self._tables.values():
-            table.cut(self._previous_state.get("slots", {}).get(table.cfg.name))
-            _keep_segments(table.changes_path, self.previous_mark)
-        self._set_mark_state(self._previous_state)
-        self.mark, self.previous_mark, self._previous_state = self.version, None, None
-        self._committed = self._mark_state()
-        self._write_meta()
+        # decided here, before any row changes: from this write on, open() finishes
+        # the rollback (a process killed before it reopens at the last mark)
+        self._rollback = {"to": version, "vocabulary_delta": sequence,
+                          "resets": {t: np.unique(np.concatenate(parts)).tolist()
+                                     for t, parts in replay.items() if parts}}
+        try:
+            self._write_meta()
+        except BaseException:
+            self._rollback = None  # not decided: the folder is at the last mark
+            raise
+        self._finish_rollback()
+
+    def _finish_rollback(self) -> None:
+        """Carry out the rollback to the previous mark that ``_server.json`` records
+        (``self._rollback``, written by :meth:`rollback_to` or found by :meth:`open`).
+
+        In this order, each step safe to repeat after a kill: the undo log of the
+        previous mark applied (the rows synced; see :meth:`_roll_back`), the slots
+        given out after that mark forgotten and the change log cut at it (synced),
+        ``_server.json`` written at that mark (still naming the resets to make
+        again, if any), the log deleted, the resets made again and committed (the
+        field dropped). Once ``_server.json`` is at the previous mark, a later log
+        of that mark is undone by :meth:`open` as any uncommitted change."""
+        intent = self._rollback
+        assert intent is not None and self.storage == "disk"
+        to = int(intent["to"])
+        log = self.path / _UNDO / f"from_{to:012d}.log"
+        resets = {str(t): [np.asarray(ids, np.int64)] for t, ids in intent["resets"].items()}
+        sequence = int(intent["vocabulary_delta"])
+        if self.mark != to:  # the rows may be at the last mark still, or partly restored
+            assert self._previous_state is not None and self.previous_mark == to
+            if log.exists():
+                self._roll_back(log, keep=True)
+            for table in self._tables.values():
+                table.cut(self._previous_state.get("slots", {}).get(table.cfg.name))
+                _keep_segments(table.changes_path, to)
+            self._set_mark_state(self._previous_state)
+            self.mark, self.previous_mark, self._previous_state = self.version, None, None
+            self._committed = self._mark_state()
+            if not any(len(ids) for parts in resets.values() for ids in parts) \
+                    and sequence == self.vocabulary_delta:
+                self._rollback = None  # nothing left to do once the mark is written
+            self._write_meta()
+        if log.exists():  # the log of the mark now current: its rows hold those values
+            log.unlink()
+            sync_folder(log.parent)
         self._notify("reset")
-        self._replay_resets(replay, sequence)
+        if self._rollback is not None:
+            self._replay_resets(resets, sequence)  # its flush drops the field
+        if self._rollback is not None:  # nothing to make again (an edited file)
+            self._rollback = None
+            self._write_meta()
 
     @property
     def trained_since_commit(self) -> bool:
@@ -1662,7 +1761,8 @@ class ParameterServer:
         Returns the version committed."""
         self._settle()
         kept = (self.mark, self.previous_mark, self._previous_state, self._committed,
-                self._commit_resets, self._pending_resets, self._trained_since_mark)
+                self._commit_resets, self._pending_resets, self._trained_since_mark,
+                self._rollback)
         try:
             if self.version != self.mark:  # this commit's resets, kept with its mark
                 self._commit_resets = {t: np.unique(np.concatenate(parts)).tolist()
@@ -1684,6 +1784,7 @@ class ParameterServer:
                 self.previous_mark = self.mark
             self.mark = self.version
             self._committed = self._mark_state()
+            self._rollback = None  # a rollback's resets made again: it is done
             self._write_meta()
             for table in self._tables.values():
                 table.kept = table.count
@@ -1691,7 +1792,8 @@ class ParameterServer:
             # not committed: the last mark stays what open() returns (a change-log
             # segment written here counts only once a mark covers it)
             (self.mark, self.previous_mark, self._previous_state, self._committed,
-             self._commit_resets, self._pending_resets, self._trained_since_mark) = kept
+             self._commit_resets, self._pending_resets, self._trained_since_mark,
+             self._rollback) = kept
             raise DataError(
                 f"parameter server {self.path}: could not commit version {self.version} "
                 f"({exc.strerror or exc}); the last commit is still version {self.mark}",
@@ -1734,9 +1836,7 @@ class ParameterServer:
             ) from exc
         # Recorded before the rename: if the process dies right after it, open()
         # sees the folder and counts the export as done (no row is exported twice).
-        meta = self._settings()
-        meta["mark"] = self._committed
-        meta["previous"] = self._previous_state
+        meta = self._meta_dict()
         meta["pending_export"] = {"dir": str(out.resolve()), "version": self.version}
         write_json_file(self.path / _META, meta)
         os.replace(tmp, out)

@@ -210,8 +210,8 @@ _KILLED_AT = textwrap.dedent("""
     else:
         ps.flush()                                      # mark 4: 20, 30 committed
         ps.apply("C1", [40], g(1))
-        cs.write_json_file = killed                     # rolled back, the change log cut to 3,
-        ps.rollback_to(3)                               # _server.json still says mark 4
+        cs.write_json_file = killed                     # killed at the rollback's decision write:
+        ps.rollback_to(3)                               # _server.json still says mark 4, no row moved
 """)
 
 
@@ -228,6 +228,6 @@ def test_a_folder_killed_inside_a_commit_or_a_rollback_still_opens(tmp_path, poi
         assert ps.version == 3
         np.testing.assert_allclose(ps.lookup("C1", ALL), _expected(3), rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(ps.touched("C1"), IDS)
-    else:  # the mark _server.json names (the rollback had not committed)
+    else:  # the mark _server.json names (the rollback was not decided)
         assert ps.version == 4
     ps.close()
