@@ -351,9 +351,8 @@ def read_schema_kv(fs: Any, files: list[str]) -> Schema | None:
     text = metadata.get(SCHEMA_KEY)
     if text is None:
         return None
-    doc = loads_json(text, f"{files[0]} (tabstream.schema metadata)", "schema")  # names the file
     try:
-        return Schema.from_dict(doc)
+        return Schema.from_dict(loads_json(text, f"{files[0]} (tabstream.schema metadata)", "schema"))
     except (ValueError, KeyError, TypeError) as exc:  # DataError included: from_dict names no file
         raise DataError(f"{files[0]}: the schema in its parquet key-value metadata "
                         f"(tabstream.schema) is not a valid tabstream schema: {exc}") from exc
