@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import keyword
@@ -793,11 +794,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _silence_stdout() -> None:
-    try:
+    """Point stdout's file descriptor at devnull (a closed pipe: see ``main``); output
+    captured without a descriptor has nothing to flush."""
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # no file descriptor (captured output): nothing to flush
-        pass
 
 
 if __name__ == "__main__":
