@@ -715,7 +715,7 @@ def _check_mark(state: Any, path: Path, prefix: str, configs: Sequence[TableConf
             raise _bad_field(path, prefix + key, value, f"an object of the slot counts of tables "
                              f"{sorted(names)}")
         for name, n in value.items():
-            if not (_is_int(n) and 0 <= n <= names[name].cardinality):
+            if not (_is_int(n) and n >= 0 and (key != "slots" or n <= names[name].cardinality)):
                 raise _bad_field(path, f"{prefix}{key}.{name}", n, "an integer >= 0"
                                  + (f" and <= {names[name].cardinality} (the table's rows)"
                                     if key == "slots" else ""))

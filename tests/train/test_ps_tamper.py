@@ -231,3 +231,25 @@ def test_a_folder_killed_inside_a_commit_or_a_rollback_still_opens(tmp_path, poi
     else:  # the mark _server.json names (the rollback was not decided)
         assert ps.version == 4
     ps.close()
+
+
+@pytest.mark.parametrize("storage", ["disk", "memory"])
+def test_a_table_trained_more_steps_than_it_has_rows_reopens(tmp_path, storage):
+    """``table_steps`` counts steps, not rows: a 3-row table after 7 steps reopens (the
+    check of the mark bounded it by the table's rows) with the rows numpy's adagrad gives."""
+    ps = ParameterServer(tmp_path / "ps", [TableConfig("small", 3, 2, ("small",))], storage=storage,
+                         seed=3, lr=0.5)
+    ids, g = np.array([0, 2]), np.ones((2, 2))
+    for _ in range(7):
+        ps.apply("small", ids, g.astype(np.float32))
+    ps.flush()
+    assert ps.table_steps["small"] == 7
+    ps.close()
+    again = ParameterServer.open(tmp_path / "ps")
+    w = initial_rows(3, "small", np.arange(3), 2, 0.05).astype(np.float64)
+    state = np.zeros_like(w)
+    for _ in range(7):
+        _numpy_adagrad(w, state, ids, g, 0.5)
+    np.testing.assert_allclose(again.lookup("small", np.arange(3)), w, rtol=1e-5, atol=1e-6)
+    assert again.table_steps["small"] == 7
+    again.close()
