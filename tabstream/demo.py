@@ -18,16 +18,14 @@ import shutil
 import time
 from typing import Any
 
+from tabstream.core.errors import listed
+
 __all__ = ["run_demo"]
 
 #: what a demo run writes into its output folder
 _DEMO_FOLDERS = ("raw", "train", "valid", "workflow")
 #: the hidden folders a killed export or save of the demo leaves beside them
 _DEMO_LEFTOVER = re.compile(r"\.(?:raw|train|valid|workflow)\.(?:tmp|old)-.+")
-
-
-def _five(names: list[str]) -> str:
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _not_the_demos(path: str, name: str) -> list[str]:
@@ -81,7 +79,7 @@ def _earlier_run(output: str) -> list[str]:
             foreign.append(name + ("/" if is_folder else ""))
     if foreign:
         raise FileExistsError(
-            f"demo output {output!r} holds {_five(foreign)}, which the demo did not write; the demo "
+            f"demo output {output!r} holds {listed(foreign)}, which the demo did not write; the demo "
             f"replaces only its own {', '.join(f'{n}/' for n in _DEMO_FOLDERS)} there. Pass "
             "--output a new folder, an empty one or one of an earlier demo run, or move them out")
     return own

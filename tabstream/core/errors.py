@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["BackendUnavailableError", "CacheWarning", "DataError", "DatasetWarning", "ExportError",
            "NotFittedError", "OutOfMemoryError", "SchemaError", "TabstreamError", "WorkflowWarning",
-           "out_of_memory", "ran_out_of_memory"]
+           "listed", "out_of_memory", "ran_out_of_memory"]
 
 
 class TabstreamError(Exception):
@@ -58,6 +58,16 @@ class DatasetWarning(UserWarning):
     """A Dataset reads its input, but not all of what a user may expect it to: a
     folder's subfolders that are not data were left out, or parquet files whose
     schemas differ were unified (the columns a file lacks are null in its rows)."""
+
+
+def listed(items: list[str], limit: int = 5, sep: str = ", ") -> str:
+    """The first ``limit`` of ``items`` for a message, and how many more.
+
+    >>> listed(["a", "b", "c"], limit=2)
+    'a, b and 1 more'
+    """
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return sep.join(items[:limit]) + more
 
 
 class WorkflowWarning(UserWarning):

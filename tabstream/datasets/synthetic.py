@@ -54,6 +54,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from tabstream.core.errors import listed
+
 __all__ = [
     "CRITEO_CATEGORICAL",
     "CRITEO_COLUMNS",
@@ -896,11 +898,6 @@ def earlier_run_files(output_dir: str) -> tuple[list[str], list[str]]:
     return own, foreign
 
 
-def _shown(names: list[str]) -> str:
-    """At most five of ``names``, and how many more."""
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
 class _AtomicFile:
     """Writes Arrow tables to ``path`` through ``path + '.tmp'``, renamed on success.
 
@@ -1010,7 +1007,7 @@ def write_data(
     stale, foreign = earlier_run_files(output_dir)
     if foreign:
         raise FileExistsError(
-            f"cannot write synthetic data to {output_dir!r}: the folder holds {_shown(foreign)}, "
+            f"cannot write synthetic data to {output_dir!r}: the folder holds {listed(foreign)}, "
             "which are not files of an earlier synthetic run (part_NNNNN.parquet or .tsv, "
             "probabilities/) and would be read as rows with the new ones; write into a new or "
             "empty folder, or move them out")

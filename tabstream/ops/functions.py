@@ -323,6 +323,19 @@ def _safe_sys_path() -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def _stripped_sys_path() -> Iterator[None]:
+    """``sys.path`` as :func:`_safe_sys_path` gives it, for this thread alone (the
+    import lock held), restored on the way out."""
+    with _IMPORT_LOCK:
+        saved = sys.path
+        sys.path = _safe_sys_path()
+        try:
+            yield
+        finally:
+            sys.path = saved
+
+
 def _locations(module_or_spec: Any) -> list[str]:
     """The real paths of a module's (or a found spec's) files and package folders."""
     if hasattr(module_or_spec, "origin") and hasattr(module_or_spec, "submodule_search_locations"):
@@ -369,16 +382,12 @@ def _import_safely(name: str, module_name: str, op: str) -> Any:
     if module_name in sys.modules:  # already imported (``__main__`` too): nothing new runs
         return sys.modules[module_name]
     with _IMPORT_LOCK:
-        saved = sys.path
-        sys.path = _safe_sys_path()
-        try:
+        with _stripped_sys_path():
             loaded = sys.modules.get(top)
             spec = None if loaded is not None else importlib.util.find_spec(top)
             locations = _locations(loaded if loaded is not None else spec) if (loaded or spec) else []
             if (loaded is not None or spec is not None) and _is_installed(locations):
                 return importlib.import_module(module_name)
-        finally:
-            sys.path = saved
         would = importlib.util.find_spec(top)  # where a plain import would take it from (runs nothing)
     if would is None:
         raise ImportError(f"no module named {top!r}")
@@ -412,13 +421,8 @@ def _refuse_untrusted_installed(name: str, module_name: str, op: str) -> None:
         return  # tabstream's own functions: only _OWN_PURE_FUNCTIONS pass _check_allowed
     found: Any = sys.modules.get(top)
     if found is None:
-        with _IMPORT_LOCK:
-            saved = sys.path
-            sys.path = _safe_sys_path()
-            try:
-                found = importlib.util.find_spec(top)  # runs nothing
-            finally:
-                sys.path = saved
+        with _stripped_sys_path():
+            found = importlib.util.find_spec(top)  # runs nothing
     where = _locations(found) if found is not None else []
     roots = _site_roots()
     if not any(_under(p, r) for p in where for r in roots):

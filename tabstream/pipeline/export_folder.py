@@ -849,9 +849,10 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
             if listed - {lock} and not overwrite:
                 # what begin() refuses, refused before any work (the CLI asks before
                 # fitting): keys beside a lock, of an export under way or a killed one
-                holder, _ = ObjectStorePublish(fs, root, output_path, overwrite).lock_holder()
+                publish = ObjectStorePublish(fs, root, output_path, overwrite)
+                holder, _ = publish.lock_holder()
                 if holder is not None:
-                    raise ObjectStorePublish(fs, root, output_path, overwrite).under_way(holder)
+                    raise publish.under_way(holder)
                 raise FileExistsError(
                     f"{output_path!r} already exists; pass overwrite=True to replace it (it holds "
                     f"keys an export to it left when it was killed, beside its lock {LOCK_FILE})")

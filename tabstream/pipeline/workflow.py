@@ -52,6 +52,7 @@ from tabstream.core.errors import (
     SchemaError,
     TabstreamError,
     WorkflowWarning,
+    listed,
 )
 from tabstream.core.graph import (
     ColumnSelector,
@@ -629,7 +630,7 @@ def _compare_saved_output(wf: Workflow, saved: Any, doc_path: str) -> None:
     a model trained on the old one."""
     try:
         saved_schema = Schema.from_dict(saved)
-    except Exception:  # noqa: BLE001 - absent or unreadable: the graph's own schema stands
+    except (DataError, KeyError, TypeError, ValueError):  # absent or unreadable: the graph's stands
         return
     now = {c.name: c for c in wf.output_schema}
     changed = []
@@ -645,7 +646,7 @@ def _compare_saved_output(wf: Workflow, saved: Any, doc_path: str) -> None:
             changed.append(f"{col.name}: embedding_sizes {old_sizes} saved, {new_sizes} now")
     changed += [f"{name}: output now, not saved" for name in now if name not in saved_schema.column_names]
     if changed:
-        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        shown = listed(changed, sep="; ")
         warnings.warn(
             f"{doc_path}: the loaded workflow's output schema differs from the one saved in "
             f"the file ({shown}): it was saved by another tabstream version or edited. A model "
@@ -1170,7 +1171,7 @@ def check_save_target(root: str) -> None:
                               "pass a new path or a folder of an earlier save")
     foreign = sorted(set(os.listdir(root)) - _ALLOWED_IN_SAVE)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        shown = listed(foreign)
         raise FileExistsError(
             f"cannot save the workflow to {root!r}: the folder holds {shown}, which are not part of a "
             "saved workflow, and a save replaces the whole folder; save into a new or empty folder, "
