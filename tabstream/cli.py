@@ -407,36 +407,10 @@ def cmd_fit(args: argparse.Namespace) -> None:
     print_timings(timings)
 
 
-def _import_allowed_from_cwd(modules: list[str]) -> None:
-    """``--allow-module my_wf`` run from the folder of ``my_wf.py``: ``python`` would
-    find it there, the ``tabstream`` command (a console script) does not search the
-    current directory, so the named module, and only it, is imported from there
-    (``sys.path`` is restored; any other name stays out of reach, see
-    :mod:`tabstream.ops.functions`). A module Python finds elsewhere is left to it."""
-    cwd = os.getcwd()
-    for name in modules:
-        top = name.split(".")[0]
-        if top in sys.modules or not (os.path.isfile(os.path.join(cwd, f"{top}.py"))
-                                      or os.path.isfile(os.path.join(cwd, top, "__init__.py"))):
-            continue
-        try:
-            if importlib.util.find_spec(top) is not None:
-                continue
-        except (ImportError, ValueError):
-            continue
-        saved = list(sys.path)
-        sys.path.insert(0, cwd)
-        try:
-            importlib.import_module(name)
-        finally:
-            sys.path[:] = saved
-
-
 def cmd_transform(args: argparse.Namespace) -> None:
     from tabstream import Workflow
 
     _refuse_existing(args.output, args.overwrite, "output folder")
-    _import_allowed_from_cwd(args.allow_module)
     wf = Workflow.load(args.workflow_dir, allowed_modules=args.allow_module or None)
     ds = _dataset(args.input, args.engine, args.part_size, _read_kwargs(args, args.input))
     result = wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,

@@ -368,7 +368,7 @@ def _is_allowed(module_name: str) -> bool:
 def _import_safely(name: str, module_name: str, op: str) -> Any:
     """The module ``module_name``, imported under the rules of the module docs."""
     if _is_allowed(module_name):
-        return importlib.import_module(module_name)
+        return _import_allowed(module_name)
     top = module_name.split(".")[0]
     if top != "__main__" and _in_stdlib(sys.modules.get(top) or importlib.util.find_spec(top)):
         # not a way in for the folder, but a wide one for a tampered name (logging.config
@@ -435,6 +435,25 @@ def _refuse_untrusted_installed(name: str, module_name: str, op: str) -> None:
         "native code and files). If you trust the function, pass "
         f"Workflow.load(path, allowed_modules=[{top!r}]), or pass the function: "
         f"Workflow.load(path, functions={{{name!r}: f}})")
+
+
+def _import_allowed(module_name: str) -> Any:
+    """A module the user allowed, imported from wherever Python finds it, the current
+    directory included: ``python`` searches it, a console script such as ``tabstream``
+    does not (``transform ... --allow-module my_wf`` run in the folder of ``my_wf.py``).
+    Only the allowed module is looked for there; ``sys.path`` is restored after."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name.split(".")[0]:
+            raise  # a submodule or a dependency missing: not a matter of where
+        with _IMPORT_LOCK:
+            saved = sys.path
+            sys.path = [os.getcwd(), *saved]
+            try:
+                return importlib.import_module(module_name)
+            finally:
+                sys.path = saved
 
 
 def _in_stdlib(module_or_spec: Any) -> bool:

@@ -288,3 +288,22 @@ def test_tabstream_installed_as_a_package_still_loads_its_contract_functions(mon
     # and another package under that folder is refused as installed (the rule is in force)
     with pytest.raises(FunctionResolutionError, match="module 'tests' is an installed package"):
         functions.resolve_function("tests.pipeline.test_untrusted_folders:double")
+
+
+def test_an_allowed_module_is_found_in_the_current_directory_without_it_on_sys_path(evil_folder,
+                                                                                   tmp_path):
+    """``python -P`` (as a console script such as ``tabstream``) does not put the
+    current directory on ``sys.path``; a module the user names in allowed_modules is
+    still found there, as documented, and only that one."""
+    folder, _, marker = evil_folder
+    code = ("import json, sys, pandas as pd, tabstream as ts\n"
+            "import os\n"
+            "assert os.getcwd() not in [os.path.abspath(p) for p in sys.path if p], sys.path\n"
+            "wf = ts.Workflow.load('.', allowed_modules=['evilmod'])\n"
+            "print(json.dumps(wf.transform(pd.read_parquet('../raw.parquet'))['x'].tolist()))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # no empty entry (it would mean the cwd)
+    proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert marker.read_text() == "imported"
+    np.testing.assert_array_equal(json.loads(proc.stdout), (_frame()["x"] * 2).to_numpy())
