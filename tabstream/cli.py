@@ -226,6 +226,24 @@ def _refuse_existing(path: str | None, overwrite: bool, what: str) -> None:
         raise FileExistsError(f"{what} {exc}; nothing was fitted or written") from None
 
 
+def _refuse_input_as_output(ds: Any, path: str | None, what: str) -> None:
+    """Before any work: the output must not be an input file or a folder holding
+    one (the export's own rule, asked before the fit; ``--overwrite`` does not lift it)."""
+    import fsspec
+
+    from tabstream.pipeline.export_folder import refuse_input_overlap
+
+    if path is None:
+        return
+    fs, _, (root,) = fsspec.get_fs_token_paths(path)
+    try:
+        refuse_input_overlap(fs, root.rstrip("/"), path, ds.fs, ds.files)
+    except FileExistsError as exc:
+        error = FileExistsError(f"{what} {exc}; nothing was fitted or written")
+        error.hint = f"pass an {what} path outside the input"  # type: ignore[attr-defined]
+        raise error from None
+
+
 def _refuse_workflow_dir(path: str | None) -> None:
     """Before any work: refuse a ``--workflow-dir`` that :meth:`Workflow.save` would
     refuse at its end, by the save's own rule: a new or empty folder, or one holding
@@ -384,6 +402,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
             read_kwargs = _read_kwargs(args, args.input, read_kwargs)
     modules = _check_saveable(wf, unnamed) if args.workflow_dir else []
     ds = _dataset(args.input, args.engine, args.part_size, read_kwargs)
+    _refuse_input_as_output(ds, args.output, "--output")
     timings: dict[str, float] = {}
     with _phase(timings, "fit"):
         wf.fit(ds, progress=not args.quiet)
@@ -413,6 +432,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     _refuse_existing(args.output, args.overwrite, "output folder")
     wf = Workflow.load(args.workflow_dir, allowed_modules=args.allow_module or None)
     ds = _dataset(args.input, args.engine, args.part_size, _read_kwargs(args, args.input))
+    _refuse_input_as_output(ds, args.output, "output")
     result = wf.transform(ds).to_parquet(args.output, out_files_per_proc=args.out_files_per_proc,
                                          num_files=args.num_files, shuffle=args.shuffle,
                                          overwrite=args.overwrite, progress=not args.quiet)

@@ -214,6 +214,8 @@ def export(
         _check_partition_columns(out_schema, partition_on)
     fs, _, paths = fsspec.core.get_fs_token_paths(output_path, storage_options=storage_options or {})
     root = paths[0].rstrip("/")
+    export_folder.refuse_input_overlap(fs, root, output_path, getattr(dataset, "fs", None),
+                                       getattr(dataset, "files", []))
     mode = check_target(fs, root, output_path, overwrite)
     parent, name = posixpath.split(root)
     store = None if is_local(fs) else ObjectStorePublish(fs, root, output_path, overwrite)

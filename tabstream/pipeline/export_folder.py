@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import tabstream
-from tabstream.core.errors import DataError, ExportError
+from tabstream.core.errors import DataError, ExportError, listed
 from tabstream.core.jsonfile import loads_json, read_json_file, write_json_file
 from tabstream.core.schema import Schema
 from tabstream.core.scratch import (
@@ -829,6 +829,32 @@ def _export_manifest(fs: Any, folder: str) -> dict | None:
     return manifest if manifest is not None and isinstance(manifest.get("files"), list) else None
 
 
+def refuse_input_overlap(fs: Any, root: str, output_path: str, input_fs: Any, inputs: list[str]) -> None:
+    """Refuse an export to ``root`` that is one of its own input files or a folder
+    holding one: replaced, the input is gone; exported into, the folder's readers
+    read the export alone and the input drops out of sight. Checked before any
+    work, whatever ``overwrite`` says (it is for replacing earlier exports)."""
+    if input_fs is None or not inputs or getattr(input_fs, "protocol", None) != getattr(fs, "protocol", None):
+        return
+    if is_local(fs):
+        def norm(p: str) -> str:
+            return os.path.realpath(p)
+        sep = os.sep
+    else:
+        def norm(p: str) -> str:
+            return p.split("://", 1)[-1].rstrip("/")  # the dataset keeps its files as URLs
+        sep = "/"
+    target = norm(root)
+    inside = [f for f in inputs if norm(f) == target or norm(f).startswith(target.rstrip(sep) + sep)]
+    if inside:
+        what = ("is the input file" if norm(inside[0]) == target
+                else f"is a folder holding the input {listed(inside)}")
+        raise FileExistsError(
+            f"cannot export to {output_path!r}: it {what} of this export; the export would "
+            "replace or hide what it reads (overwrite=True replaces earlier exports, not the "
+            "input); write to another path")
+
+
 def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
     """How an export goes to ``root``: ``"new"`` (absent, or an empty folder, which is
     removed; or replaced whole with ``overwrite``: a file, or a folder holding one
@@ -844,9 +870,9 @@ def check_target(fs: Any, root: str, output_path: str, overwrite: bool) -> str:
         return "new"
     if not is_local(fs) and fs.isdir(root):
         lock = posixpath.join(root, LOCK_FILE)
-        listed = {e.rstrip("/") for e in fs.ls(root, detail=False)}
-        if lock in listed:
-            if listed - {lock} and not overwrite:
+        keys = {e.rstrip("/") for e in fs.ls(root, detail=False)}
+        if lock in keys:
+            if keys - {lock} and not overwrite:
                 # what begin() refuses, refused before any work (the CLI asks before
                 # fitting): keys beside a lock, of an export under way or a killed one
                 publish = ObjectStorePublish(fs, root, output_path, overwrite)

@@ -268,13 +268,15 @@ class GroupedTransformedDataset(TransformedDataset):
     def to_parquet(self, output_path: str, **kwargs: Any):
         from tabstream.core.scratch import owner_tag
         from tabstream.pipeline.export import export
-        from tabstream.pipeline.export_folder import check_target
+        from tabstream.pipeline.export_folder import check_target, refuse_input_overlap
 
         kwargs.setdefault("client", self.workflow.client)
         fs, _, paths = fsspec.core.get_fs_token_paths(output_path,
                                                       storage_options=kwargs.get("storage_options") or {})
         target = paths[0].rstrip("/")
-        check_target(fs, target, output_path, bool(kwargs.get("overwrite")))  # before the scatter pass
+        # before the scatter pass
+        refuse_input_overlap(fs, target, output_path, self.dataset.fs, self.dataset.files)
+        check_target(fs, target, output_path, bool(kwargs.get("overwrite")))
         parent, name = posixpath.split(target)
         # Named like export's own temporary folder (owner-tagged), so that the next
         # export to the same place removes it when this process was killed.
