@@ -144,8 +144,11 @@ class Chunk:
                         _copy_rows(col, builder, name, at, rows)
                     elif id(builder) not in whole:
                         # a batch across two chunks: its rows in storage order now,
-                        # in its own order when complete (BatchBuilder.permute)
-                        _copy_rows(col, builder, name, at, rows, in_order=True)
+                        # in its own order when complete (BatchBuilder.permute);
+                        # unless an earlier chunk, which found the column wide, put
+                        # its rows straight to their places: then these go so too
+                        _copy_rows(col, builder, name, at, rows,
+                                   in_order=name not in builder.scattered)
                 if recycler is not None:
                     recycler.give_back(col)
                 del col
@@ -171,14 +174,27 @@ class Chunk:
                     builders[id(builder)] = builder
             for key, pieces in by_batch.items():
                 builder = builders[key]
-                # a batch across two chunks goes in storage order here too, to be
-                # permuted once complete: the other chunk may find the column narrow
-                # and copy its rows so, and a permutation of rows already scattered
-                # to their places would move them again (rows of other rows)
                 spans = builder.order is not None and key not in whole
                 for name in wide:
+                    if key in whole and len(pieces) == 1:
+                        # every row from one piece: one take in the batch's own order
+                        # (a wide row is long enough that reading rows out of order
+                        # costs nothing; 2.5x faster than a gather and a scatter)
+                        p, _, rows = pieces[0]
+                        self.parts[p][name].take(rows[builder.order], axis=0,
+                                                 out=builder.column(name), mode="clip")
+                        continue
+                    # a batch across two chunks: its rows straight to their places,
+                    # and the other chunk's likewise (BatchBuilder.scattered), unless
+                    # an earlier chunk found the column narrow and copied its rows in
+                    # storage order: then in storage order too, permuted once
+                    # complete (a permutation of rows already in their places would
+                    # move them again)
+                    in_order = spans and name in builder.in_order
+                    if spans and not in_order:
+                        builder.scattered.add(name)
                     for p, at, rows in pieces:
-                        _copy_rows(self.parts[p][name], builder, name, at, rows, in_order=spans)
+                        _copy_rows(self.parts[p][name], builder, name, at, rows, in_order=in_order)
                 if key in pending:
                     pending.discard(key)
                     yield builder
@@ -247,15 +263,27 @@ def _copy_rows(col: Any, builder: BatchBuilder, name: str, at: int,
         # less than gathering in order and permuting the complete batch
         n = (rows.stop - rows.start) if isinstance(rows, slice) else len(rows)
         where = builder.dest[at:at + n]
+        out = builder.column(name)
         if isinstance(rows, slice):
-            builder.column(name)[where] = col[rows]
+            out[where] = col[rows]
         else:
-            gathered = _scratch(n * (col.size // max(1, len(col))), col.dtype).reshape(
-                (n, *col.shape[1:]))
-            col.take(rows, axis=0, out=gathered, mode="clip")
-            builder.column(name)[where] = gathered
+            # in blocks that stay in the core's cache between the gather and the
+            # scatter: one 64 MB block of 8 KB rows cost 18 ms a batch, 1 MB
+            # blocks 12 ms (benchmarks/RESULTS.md, session 29)
+            per_row = col.size // max(1, len(col))
+            step = max(1, _SCATTER_BLOCK_BYTES // max(1, per_row * col.itemsize))
+            gathered = _scratch(min(n, step) * per_row, col.dtype).reshape((-1, *col.shape[1:]))
+            for s in range(0, n, step):
+                part = gathered[:min(step, n - s)]
+                col.take(rows[s:s + step], axis=0, out=part, mode="clip")
+                out[where[s:s + step]] = part
     else:
         _gather(col, rows, builder.column(name), at)
+
+
+# Rows gathered, then scattered to their places in a batch, go in blocks of about
+# this many bytes (see _copy_rows).
+_SCATTER_BLOCK_BYTES = 2**20
 
 
 def _gather(col: np.ndarray, rows: np.ndarray | slice, out: np.ndarray, at: int) -> None:
@@ -300,6 +328,9 @@ class BatchBuilder:
         # dense columns filled in storage order although ``order`` is given (the
         # batch spans two chunks): permuted when the batch is complete
         self.in_order: set[str] = set()
+        # dense columns of a batch across chunks whose rows went straight to their
+        # places (the first chunk found them wide): the later chunks' rows go so too
+        self.scattered: set[str] = set()
         self.dtypes = dtypes
         self.pool = pool
         # name -> (block, row, rows): scalar columns delivered as rows of one buffer

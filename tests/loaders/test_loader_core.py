@@ -603,19 +603,25 @@ def _assert_planned_batches(got: list[Any], expected: list[np.ndarray], everythi
         np.testing.assert_array_equal(labels, want["label"].to_numpy())
 
 
+@pytest.mark.parametrize("block", [None, 24])
+@pytest.mark.parametrize("files", [[40, 20], [20, 40]])
 @pytest.mark.parametrize("threshold", [0, 200, 2**40])
 def test_a_column_wide_in_one_chunk_and_narrow_in_the_next(
-        tmp_path: Path, testdata: Any, monkeypatch: pytest.MonkeyPatch, threshold: int) -> None:
+        tmp_path: Path, testdata: Any, monkeypatch: pytest.MonkeyPatch, threshold: int,
+        files: list[int], block: int | None) -> None:
     """Chunks of 40 and 20 rows: C1 takes 320 and 160 bytes in them, so with a
     threshold of 200 it is copied batch by batch in the first chunk and column by
-    column in the second. The batches across the two keep every row's own values
-    (they came out with other rows' values once), and every threshold gives the
-    same batches, as planned."""
+    column in the second (or the other way round, chunks of 20 then 40). The
+    batches across the two keep every row's own values (they came out with other
+    rows' values once), and every threshold gives the same batches, as planned;
+    also when rows put straight to their places go 3 at a time (``block``, bytes)."""
     import tabstream.loaders.batching as batching
 
-    path = testdata.write_export(tmp_path, file_rows=[40, 20], row_groups=[40, 20], with_lists=False)
+    path = testdata.write_export(tmp_path, file_rows=files, row_groups=files, with_lists=False)
     everything = testdata.read_all(path)
     monkeypatch.setattr(batching, "_WIDE_COLUMN_BYTES", threshold)
+    if block is not None:
+        monkeypatch.setattr(batching, "_SCATTER_BLOCK_BYTES", block)
     for seed in range(6):
         loader = Loader(path, 25, seed=seed, parts_per_chunk=1, features=["row_id", "C1", "I1"], shuffle=True)
         expected = _expected_shuffled_batches(loader, 0)
