@@ -13,6 +13,7 @@ into those numpy forms (:func:`ragged`, :func:`ragged_nested`, :func:`pad_lists`
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,8 @@ from tabstream.core.schema import Schema
 from tabstream.loaders.memory import empty, zeros
 from tabstream.loaders.options import check_int
 
-__all__ = ["Batch", "Layout", "column_layout", "numbers", "pad_lengths", "pad_lists", "pad_nested",
-           "ragged", "ragged_nested", "resize", "take_lists"]
+__all__ = ["Batch", "Layout", "ListGatherer", "column_layout", "numbers", "pad_lengths", "pad_lists",
+           "pad_nested", "ragged", "ragged_nested", "resize", "take_lists"]
 
 # (features, labels): see tabstream.loaders.core's docstring.
 Batch = tuple[dict[str, Any], Any]
@@ -223,19 +224,78 @@ def _number_type(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
-def _offsets_array(lengths: np.ndarray, large: bool) -> pa.Array:
-    """Offsets ``[0, cumsum(lengths)...]`` as an arrow int32 (int64: ``large``) array."""
-    out = empty(len(lengths) + 1, np.dtype(np.int64 if large else np.int32))
+def _offsets_array(lengths: np.ndarray, large: bool, pool: Any = None) -> pa.Array:
+    """Offsets ``[0, cumsum(lengths)...]`` as an arrow int32 (int64: ``large``) array
+    (over a buffer of ``pool``, a ``BatchPool``, when given)."""
+    dtype = np.dtype(np.int64 if large else np.int32)
+    n = len(lengths) + 1
+    out = pool.empty((_size_class(n),), dtype)[:n] if pool is not None else empty(n, dtype)
     out[0] = 0
     np.cumsum(lengths, out=out[1:], dtype=out.dtype)
-    return pa.array(out)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), n, [None, pa.py_buffer(out)])
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The ranges ``starts[k] : starts[k] + lengths[k]`` end to end, as indices."""
+def _ranges(starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The ranges ``starts[k] : starts[k] + lengths[k]`` end to end, as int64 indices
+    (into ``out`` when given: ``lengths.sum()`` items; no temporary that long).
+
+    >>> _ranges(np.array([5, 9, 0, 2]), np.array([2, 0, 3, 1])).tolist()
+    [5, 6, 0, 1, 2, 2]
+    """
+    nonzero = lengths > 0
+    starts, lengths = starts[nonzero], lengths[nonzero]
     ends = np.cumsum(lengths)
     total = int(ends[-1]) if len(ends) else 0
-    return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+    if out is None:
+        out = np.empty(total, np.int64)
+    if not total:
+        return out
+    # steps of one, and at each range's first index the jump from the previous
+    # range's last: a running sum gives the indices
+    out.fill(1)
+    out[0] = starts[0]
+    out[ends[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+    np.cumsum(out, out=out)
+    return out
+
+
+class _Arena:
+    """A thread's scratch memory for one call's temporaries (:func:`take_lists`):
+    handed out end to end, all taken back by :meth:`reset`, kept from call to call.
+    A multi-hot batch's index temporaries are tens of MB; taken from the allocator
+    afresh each time they were fresh pages to fault in (the ragged multi-hot epoch
+    of the loader benchmark: about a million page faults, a second of system time)."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self.buffers: list[np.ndarray] = [empty(1 << 16, np.dtype(np.uint8))]
+        self.used = 0
+
+    @classmethod
+    def get(cls) -> _Arena:
+        arena = getattr(cls._local, "arena", None)
+        if arena is None:
+            arena = cls._local.arena = cls()
+        arena.reset()
+        return arena
+
+    def reset(self) -> None:
+        """Everything handed out is free again; several buffers become one."""
+        if len(self.buffers) > 1:
+            size = sum(len(b) for b in self.buffers)
+            self.buffers = [empty(size, np.dtype(np.uint8))]
+        self.used = 0
+
+    def take(self, n: int, dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = max(1, n) * dtype.itemsize
+        at = -(-self.used // 64) * 64
+        if at + nbytes > len(self.buffers[-1]):
+            self.buffers.append(empty(max(nbytes, 2 * len(self.buffers[-1])), np.dtype(np.uint8)))
+            at = 0
+        self.used = at + nbytes
+        return self.buffers[-1][at:at + nbytes].view(dtype)[:n]
 
 
 # values per row from which a list take copies row by row (a slice each) rather
@@ -288,6 +348,110 @@ def _fast_lists(arr: pa.Array) -> bool:
     return _number_type(t.value_type)
 
 
+class ListGatherer:
+    """The slices of a list or list-of-lists column, as they are read, copied end to
+    end into buffers of ``pool`` (a ``BatchPool``), each slice free to go once added.
+    A large row group is read in slices: kept until all are read and then
+    concatenated, a 100 x 10 multi-hot row group held 128 MB of slices that the
+    allocator handed back to the system at once, fresh pages to fault in again for
+    the next one (the ragged multi-hot epoch of the loader benchmark: about 500k page
+    faults). ``rows``: the rows expected, to size the buffers. Slices with nulls, or
+    of other values than numbers, are kept and concatenated by arrow instead.
+
+    >>> from tabstream.loaders.memory import BatchPool
+    >>> g = ListGatherer(BatchPool(2), rows=3)
+    >>> g.add(pa.array([[[1], [2, 3]]])); g.add(pa.array([[], [[4]]]))
+    >>> g.finish().to_pylist()
+    [[[1], [2, 3]], [], [[4]]]
+    """
+
+    def __init__(self, pool: Any, rows: int) -> None:
+        self.pool = pool
+        self.rows = max(1, rows)
+        self.type: pa.DataType | None = None
+        self.levels: list[list[Any]] = []  # per level: [buffer, used, base]; the leaves last
+        self.rows_added = 0
+        self.kept: list[pa.Array] = []  # arrow's route (see the class docstring)
+
+    def add(self, arr: pa.Array) -> None:
+        if self.kept or self.pool is None or not _fast_lists(arr) or (
+                self.type is not None and arr.type != self.type):
+            if self.levels and not self.kept:
+                self.kept.append(self._built())
+            self.kept.append(arr)
+            return
+        if self.type is None:
+            self.type = arr.type
+        level, depth = arr, 0
+        first_rows = self.rows_added == 0
+        self.rows_added += len(arr)
+        while True:
+            if depth == len(self.levels):
+                self.levels.append([None, 0, 0])
+            entry = self.levels[depth]
+            if not _list_type(level.type):
+                self._append(entry, numbers(level), first_rows)
+                return
+            own = numbers(level.offsets)
+            lo, hi = int(own[0]), int(own[-1])
+            if entry[0] is None:  # offsets begin with a 0
+                self._reserve(entry, 1, own.dtype, first_rows)
+                entry[0][0] = 0
+                entry[1] = 1
+            self._reserve(entry, len(own) - 1, own.dtype, first_rows)
+            np.add(own[1:], entry[2] - lo, out=entry[0][entry[1]:entry[1] + len(own) - 1],
+                   casting="unsafe")
+            entry[1] += len(own) - 1
+            entry[2] += hi - lo
+            level = level.values.slice(lo, hi - lo)
+            depth += 1
+
+    def _append(self, entry: list[Any], values: np.ndarray, first_rows: bool) -> None:
+        self._reserve(entry, len(values), values.dtype, first_rows)
+        entry[0][entry[1]:entry[1] + len(values)] = values
+        entry[1] += len(values)
+
+    def _reserve(self, entry: list[Any], n: int, dtype: np.dtype, first_rows: bool) -> None:
+        """Room for ``n`` more items; a buffer is sized for all the rows expected, at
+        the rate of the rows seen so far (grown by half as much again when short)."""
+        buf, used = entry[0], entry[1]
+        if buf is not None and used + n <= len(buf):
+            return
+        need = used + n
+        if first_rows:  # the first slice: this level's items per row so far
+            need = max(need, -(-need * self.rows // max(1, self.rows_added)) + 1)
+        else:
+            need = max(need, len(buf) + len(buf) // 2)
+        new = self.pool.empty((_size_class(need),), dtype)
+        if used:
+            new[:used] = buf[:used]
+        entry[0] = new
+
+    def _built(self) -> pa.Array:
+        t = self.type
+        arrays = []
+        for entry in self.levels:
+            buf, used = entry[0], entry[1]
+            arrays.append(buf[:used])
+        leaf_type = t
+        types = []
+        while _list_type(leaf_type):
+            types.append(leaf_type)
+            leaf_type = leaf_type.value_type
+        out = pa.Array.from_buffers(leaf_type, len(arrays[-1]), [None, pa.py_buffer(arrays[-1])])
+        for list_type, offsets in zip(reversed(types), reversed(arrays[:-1]), strict=True):
+            offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+            out = type(pa.array([], list_type)).from_arrays(
+                pa.Array.from_buffers(offsets_type, len(offsets), [None, pa.py_buffer(offsets)]),
+                out, type=list_type)
+        return out
+
+    def finish(self) -> pa.Array:
+        if self.kept:
+            return self.kept[0] if len(self.kept) == 1 else pa.concat_arrays(self.kept)
+        return self._built()
+
+
 def take_lists(arr: pa.Array | Sequence[pa.Array], rows: np.ndarray, pool: Any = None) -> pa.Array:
     """``pc.take(arr, rows)`` for a list or list-of-lists column of numbers without
     nulls, copied a row's values at a time: they are one range at every level, where
@@ -324,23 +488,37 @@ def take_lists(arr: pa.Array | Sequence[pa.Array], rows: np.ndarray, pool: Any =
     if not _list_type(t.value_type):
         values = _copy_ranges([numbers(p.values) for p in parts], which, starts, lengths, pool)
     else:
+        arena = _Arena.get()
+        total = int(lengths.sum())
         first = np.cumsum(lengths) - lengths  # each row's first inner list in the result
-        inner_lengths = np.empty(int(lengths.sum()), np.int64)
+        # the taken inner lists' lengths, in the result's order (temporaries in the
+        # arena: a batch of 8,192 rows of 100 lists is 819,200 of each)
+        inner_lengths = arena.take(total, np.int64)
         vstarts, vlengths = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
         for part, mine in selections:
             inner = numbers(part.values.offsets)
-            taken = _ranges(starts[mine], lengths[mine])  # the inner lists of the rows
-            inner_lengths[_ranges(first[mine], lengths[mine])] = inner[taken + 1] - inner[taken]
+            n = int(lengths[mine].sum())
+            taken = _ranges(starts[mine], lengths[mine], arena.take(n, np.int64))
+            before = arena.take(n, inner.dtype)
+            inner.take(taken, out=before, mode="clip")
+            taken += 1
+            after = arena.take(n, inner.dtype)
+            inner.take(taken, out=after, mode="clip")
+            if which is None:  # the rows' inner lists are the result's, in order
+                np.subtract(after, before, out=inner_lengths)
+            else:
+                inner_lengths[_ranges(first[mine], lengths[mine], arena.take(n, np.int64))] = \
+                    np.subtract(after, before, out=after)
             vstarts[mine] = inner[starts[mine]]
             vlengths[mine] = inner[ends[mine]] - vstarts[mine]
         leaves = _copy_ranges([numbers(p.values.values) for p in parts], which, vstarts,
                               vlengths, pool)
         inner_type = t.value_type
         values = type(parts[0].values).from_arrays(
-            _offsets_array(inner_lengths, pa.types.is_large_list(inner_type)), leaves,
+            _offsets_array(inner_lengths, pa.types.is_large_list(inner_type), pool), leaves,
             type=inner_type)
-    return type(parts[0]).from_arrays(_offsets_array(lengths, pa.types.is_large_list(t)), values,
-                                      type=t)
+    return type(parts[0]).from_arrays(_offsets_array(lengths, pa.types.is_large_list(t), pool),
+                                      values, type=t)
 
 
 def ragged(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -97,6 +97,7 @@ class Recycler:
         self._keep = keep
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []   # flat uint8 buffers
+        self._lists: BatchPool | None = None
         self._lent: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array): (array, buffer)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, capacity: int = 0) -> np.ndarray:
@@ -120,6 +121,16 @@ class Recycler:
         with self._lock:
             self._lent[id(array)] = (array, buffer)
         return array
+
+    @property
+    def lists(self) -> BatchPool:
+        """The buffers a list column read in slices is put together in (see
+        :class:`~tabstream.loaders.layout.ListGatherer`): they come back once no
+        batch refers to the column any more. Made when first asked for."""
+        with self._lock:
+            if self._lists is None:
+                self._lists = BatchPool(self._keep)
+            return self._lists
 
     def forget(self, array: Any) -> None:
         """``array`` will not be handed back (it was cut or copied): let it go."""

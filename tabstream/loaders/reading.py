@@ -25,7 +25,7 @@ from tabstream.core.dtypes import is_list_type
 from tabstream.core.errors import DataError, SchemaError
 from tabstream.core.schema import Schema
 from tabstream.loaders import plan
-from tabstream.loaders.layout import Layout, column_layout, numbers, take_lists
+from tabstream.loaders.layout import Layout, ListGatherer, column_layout, numbers, take_lists
 from tabstream.loaders.memory import Recycler, decoded_sizes, empty, permutation, sorted_copy
 from tabstream.loaders.source import ParquetSource
 
@@ -214,7 +214,8 @@ class RowGroupReader:
                       recycler: Recycler | None = None,
                       use_threads: bool = True) -> dict[str, Any]:
         """A large row group read ``batch_rows`` at a time, its numbers copied into
-        one buffer per column allocated up front (list columns kept as arrow).
+        one buffer per column allocated up front (list columns gathered into pooled
+        buffers as the slices come, see ListGatherer).
 
         Read whole, parquet decodes a column into buffers that grow by doubling,
         so a 130 MB multi-hot column touches several times its size in fresh pages,
@@ -223,7 +224,7 @@ class RowGroupReader:
         next and only the final buffers are new."""
         rows = unit.stored_rows
         dense: dict[str, np.ndarray] = {}
-        lists: dict[str, list[pa.Array]] = {}
+        lists: dict[str, ListGatherer] = {}
         at = 0
         parquet = self._open(unit, path)
         try:
@@ -248,7 +249,11 @@ class RowGroupReader:
                                             col.dtype).reshape(shape))
                         out[at:at + n] = col
                     else:
-                        lists.setdefault(name, []).append(col)
+                        gatherer = lists.get(name)
+                        if gatherer is None:
+                            gatherer = lists[name] = ListGatherer(
+                                recycler.lists if recycler is not None else None, rows)
+                        gatherer.add(col)  # copied now: the slice goes (see ListGatherer)
                 at += n
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read row group {unit.row_group} of {path!r}: {exc}") from exc
@@ -256,8 +261,8 @@ class RowGroupReader:
             raise DataError(f"row group {unit.row_group} of {path!r} has a different number of "
                             f"rows than its footer says ({rows}): the file is corrupt")
         out_cols: dict[str, Any] = dict(dense)
-        for name, parts in lists.items():
-            out_cols[name] = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+        for name, gatherer in lists.items():
+            out_cols[name] = gatherer.finish()
         return {name: out_cols[name] for name in self.columns}
 
     def _column(self, name: str, col: pa.Array | pa.ChunkedArray, unit: Any, path: str,

@@ -66,3 +66,85 @@ def test_taken_values_are_a_fresh_mutable_buffer():
     out = take_lists(arr, np.array([1, 0]))
     assert out.values.buffers()[1].is_mutable
     assert out.to_pylist() == [[4] * 70, [1, 2, 3] * 30]
+
+
+# -- ListGatherer: a row group's list slices put together as they are read --------------
+def _maybe_null_part(data, t):
+    """A slice as `_part`, sometimes holding a null row or a null value (arrow's route)."""
+    arr = _part(data, t)
+    if data.draw(st.integers(0, 5)) == 0:
+        rows = arr.to_pylist()
+        at = data.draw(st.integers(0, len(rows) - 1))
+        if data.draw(st.booleans()):
+            rows[at] = None
+        else:
+            rows[at] = [None] if not pa.types.is_list(t.value_type) else [[None]]
+        arr = pa.array(rows, t)
+    return arr
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(_TYPES)), n_parts=st.integers(1, 6),
+       hint=st.sampled_from([0.1, 1.0, 3.0]))
+def test_list_gatherer_equals_arrow_concat(data, kind, n_parts, hint):
+    """Any slices (offsets not at 0, children from the middle, a null here and there)
+    gathered into one array equal arrow's concatenation; the rows expected (``hint``
+    of the true count) only sizes the buffers: too few grow them. Arrays gathered
+    earlier from the same pool keep their values while later ones reuse its buffers."""
+    from tabstream.loaders.layout import ListGatherer
+
+    t = _TYPES[kind]
+    pool = BatchPool(keep=2)
+    kept = []
+    for _round in range(3):
+        parts = [_maybe_null_part(data, t) for _ in range(n_parts)]
+        want = pa.concat_arrays(parts)
+        g = ListGatherer(pool, rows=max(1, int(len(want) * hint)))
+        for p in parts:
+            g.add(p)
+        got = g.finish()
+        got.validate(full=True)
+        assert got.type == want.type
+        assert got.to_pylist() == want.to_pylist()
+        if data.draw(st.booleans()):
+            kept.append((got, want.to_pylist()))  # alive while later rounds run
+        del got, g
+    for arr, values in kept:
+        assert arr.to_pylist() == values
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 6)), max_size=30), st.booleans())
+def test_ranges_into_a_buffer(pairs, into):
+    from tabstream.loaders.layout import _ranges
+
+    starts = np.array([s for s, _ in pairs], np.int64)
+    lengths = np.array([n for _, n in pairs], np.int64)
+    want = [i for s, n in pairs for i in range(s, s + n)]
+    out = np.full(len(want), -999, np.int64) if into else None
+    got = _ranges(starts, lengths, out)
+    assert got.tolist() == want
+    if into:
+        assert got is out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 5000), st.sampled_from(["i1", "i4", "i8", "f8"])),
+                         max_size=8), max_size=6))
+def test_arena_hands_out_separate_memory_until_reset(rounds):
+    """Every array taken between two resets keeps what was written to it, whatever
+    was taken after it (sizes past the buffer make a new one); a reset frees them all."""
+    from tabstream.loaders.layout import _Arena
+
+    arena = _Arena()
+    for sizes in rounds:
+        arena.reset()
+        taken = []
+        for k, (n, dtype) in enumerate(sizes):
+            a = arena.take(n, dtype)
+            assert a.shape == (n,) and a.dtype == np.dtype(dtype)
+            assert a.ctypes.data % 64 == 0
+            a[:] = k + 1
+            taken.append((a, k + 1))
+        for a, value in taken:
+            assert (a == value).all()
