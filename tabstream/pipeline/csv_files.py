@@ -461,9 +461,14 @@ class CsvFiles:
         if not self._rows_after(piece, block):
             return _data_error(f"{where} and its closing quote is missing: the file ends inside it",
                                "close the quote (was the file cut short?)")
+        return self._cut_value_error(piece, f"{where} and holds")
+
+    def _cut_value_error(self, piece: CsvPiece, where: str) -> DataError:
+        """A quoted value holding a line break on which the file is cut into parts;
+        ``where`` begins the message (``"<file>, line N: ... holds"``)."""
         size = self.fs.size(piece.path)
         return _data_error(
-            f"{where} and holds a line break on which the file is cut into parts (part_size="
+            f"{where} a line break on which the file is cut into parts (part_size="
             f"{self.part_size:,} reads blocks of {piece.length:,} bytes): the value cannot be "
             "split; pass a larger part_size (the cuts fall elsewhere) or "
             f"part_size={-(-size * 5 // 3):,} or more to read the file as one part",
@@ -671,6 +676,12 @@ class CsvFiles:
                 # Arrow numbers the rows it skipped (the header) too
                 line = (first_line if row.number is None
                         else 1 + self._lines_before(piece) + row.number - 1)
+                if self.sep != "\t" and row.number == 1 and self._starts_in_quotes(piece):
+                    # the block begins inside a quoted value that began in the part
+                    # before (read apart, maybe first, by another thread)
+                    return self._cut_value_error(
+                        piece, f"{piece.path}, line {line}: this part of the file (from byte "
+                        f"{piece.offset:,}) begins inside a quoted value that holds")
                 return DataError(
                     f"{piece.path}, line {line}: expected {row.expected_columns} fields "
                     f"separated by {self.sep!r}, got {row.actual_columns}: {row.text[:200]!r}"
@@ -766,6 +777,28 @@ class CsvFiles:
             err.offset = pos  # type: ignore[attr-defined]
             return err
         return None
+
+    def _starts_in_quotes(self, piece: CsvPiece) -> bool:
+        """Whether the block of ``piece`` begins inside a quoted value: an odd number of
+        quotes before it (a quote inside a quoted value is doubled). Reads the file up
+        to the block; runs only once a block has failed to parse."""
+        if not piece.offset:
+            return False
+        quotes = 0
+        with self.fs.open(piece.path, "rb") as f:
+            left = piece.offset
+            while left > 0:
+                chunk = f.read(min(left, 1 << 22))
+                if not chunk:
+                    return False
+                quotes += chunk.count(b'"')
+                left -= len(chunk)
+            while chunk := f.read(1 << 16):  # on to the line break the block starts after
+                end = chunk.find(b"\n")
+                quotes += chunk[:None if end < 0 else end].count(b'"')
+                if end >= 0:
+                    break
+        return quotes % 2 == 1
 
     def _lines_before(self, piece: CsvPiece) -> int:
         """Lines in the file before the block of ``piece`` (``read_block`` starts a

@@ -257,6 +257,46 @@ def test_a_quoted_line_break_cut_by_a_part_is_an_error_never_a_made_up_row(tmp_p
     assert refused
 
 
+def test_a_part_read_alone_that_begins_inside_a_quoted_value_says_so(tmp_path: Path) -> None:
+    """Parts are read on several threads, so the part after a cut quoted value may
+    fail first: it names the cut value (and the way out), never its broken first row
+    as a row of the wrong field count. Each part read alone: one that begins inside a
+    quoted value (known here by Python's csv module reading the file up to the part)
+    says so, one that ends inside one says that, the others read pandas' rows."""
+    rows = [[str(i), f"a {i}\nb {i}\nc", str(2 * i)] for i in range(300)]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([["id", "text", "v"], *rows])
+    text = out.getvalue()
+    path = write(tmp_path / "q.csv", text)
+    want = pd.read_csv(path, dtype=str)
+    ds = Dataset(path, cache=None, part_size=900, dtypes={"id": "string", "text": "string", "v": "string"})
+    assert len(ds.pieces) > 10
+    inside = 0
+    for piece in ds.pieces:
+        # where the part's block begins: after the first line break at or past its offset
+        begin = text.index("\n", piece.offset) + 1 if piece.offset else 0
+        in_quotes = text.count('"', 0, begin) % 2 == 1
+        try:
+            got = ds.read_piece(piece).to_pandas()
+        except DataError as exc:
+            assert "expected 3 fields" not in str(exc)
+            assert "part_size" in str(exc) and "read the file as one part" in str(exc)
+            if in_quotes:
+                line = text.count("\n", 0, begin) + 1
+                assert f"q.csv, line {line}: this part of the file (from byte {piece.offset:,}) " \
+                       "begins inside a quoted value that holds a line break" in str(exc)
+                inside += 1
+            else:
+                assert "a quoted value starts here and holds a line break" in str(exc)
+            continue
+        assert not in_quotes
+        first = int(got["id"].iloc[0])
+        pd.testing.assert_frame_equal(got.reset_index(drop=True),
+                                      want.iloc[first:first + len(got)].reset_index(drop=True),
+                                      check_dtype=False)
+    assert inside
+
+
 def test_a_quote_left_open_at_the_end_of_the_file_is_an_error(tmp_path: Path) -> None:
     text = 'a,b\n1,x\n2,"abc\n3,def\n'
     path = write(tmp_path / "open.csv", text)
