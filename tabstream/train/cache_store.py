@@ -235,6 +235,9 @@ class _Table:
         self.fd: int | None = None
         self.ids_fd: int | None = None
         self.dirty: list[np.ndarray] = []  # ids written since the last commit (disk)
+        # the commit of the change log's last segment (disk): what a mark records, so
+        # that a log cut short is seen at open (None: read from the file when asked)
+        self.last_change: int | None = None
         self.index = SlotIndex()
         self.count = 0  # slots given out (disk)
         self.kept = 0  # slots at the last mark: rewrites of these are logged for undo
@@ -329,13 +332,32 @@ class _Table:
         self.count = self.kept = self.allocated = count
         self.dirty = []
 
-    def check_changes(self, mark: int) -> None:
+    def check_changes(self, mark: int, recorded: int | None = None,
+                      rolling_back_to: int | None = None) -> None:
         """Every id the change log lists for commits up to ``mark`` has a committed
         slot (see :meth:`open_slots`): a row a commit changed was given a slot before
         it. A mark's slot count lower than the files hold drops committed rows; a
         crash cannot leave that (segments after the mark are ignored, a rollback cuts
-        the log before its mark is written, so a crash leaves fewer ids, never more)."""
-        for tag, ids in _read_segments(self.changes_path):
+        the log before its mark is written, so a crash leaves fewer ids, never more).
+        ``recorded``: the commit of the log's last segment as the mark records it
+        (absent in folders written before it was): a log whose last whole segment up
+        to ``mark`` is another was cut short or edited, and its rows would be missing
+        from every later :meth:`ParameterServer.export_delta`. ``rolling_back_to``:
+        that commit of the previous mark while a rollback to it is under way (the log
+        may be cut there already)."""
+        segments = _read_segments(self.changes_path)
+        last = max((tag for tag, _ in segments if tag <= mark), default=0)
+        if recorded is not None and last not in (recorded, rolling_back_to):
+            found = (f"its last whole segment up to that commit is commit {last}'s" if last
+                     else "it holds no whole segment up to that commit")
+            raise DataError(
+                f"parameter server file {self.changes_path}: the last commit (field "
+                f"'mark.changes.{self.cfg.name}' of {_META}) changed rows in commit {recorded}, "
+                f"but {found}; the change log was cut short or edited, and export_delta "
+                "would leave out the rows it lost",
+                hint="restore the folder from a copy, or start a new server")
+        self.last_change = last
+        for tag, ids in segments:
             if tag > mark:
                 continue
             lost = ids[self.index.find(ids) < 0]
@@ -470,7 +492,15 @@ class _Table:
         ids = np.unique(np.concatenate(self.dirty)) if self.dirty else np.zeros(0, np.int64)
         if len(ids):
             _append_segment(self.changes_path, tag, ids)
+            self.last_change = tag
         self.dirty = []
+
+    def change_mark(self, upto: int) -> int:
+        """The commit of the change log's last segment up to ``upto`` (0: none)."""
+        if self.last_change is None:
+            self.last_change = max((tag for tag, _ in _read_segments(self.changes_path)
+                                    if tag <= upto), default=0)
+        return self.last_change
 
     def changed(self, after: int, upto: int | None = None) -> np.ndarray:
         """Sorted ids in the change-log segments of marks in ``(after, upto]``."""
@@ -719,6 +749,15 @@ def _check_mark(state: Any, path: Path, prefix: str, configs: Sequence[TableConf
                 raise _bad_field(path, f"{prefix}{key}.{name}", n, "an integer >= 0"
                                  + (f" and <= {names[name].cardinality} (the table's rows)"
                                     if key == "slots" else ""))
+    changes = state.get("changes")
+    if changes is not None:  # absent in folders written before it was recorded
+        if not isinstance(changes, dict) or not set(changes) <= set(names):
+            raise _bad_field(path, prefix + "changes", changes,
+                             f"an object of the commits of tables {sorted(names)}")
+        for name, tag in changes.items():
+            if not (_is_int(tag) and 0 <= tag <= state["version"]):
+                raise _bad_field(path, f"{prefix}changes.{name}", tag,
+                                 f"an integer from 0 to {state['version']} (the commit's version)")
     _check_resets(state.get("resets") or {}, path, prefix + "resets", configs)
 
 
@@ -942,6 +981,9 @@ class ParameterServer:
         if self.storage == "disk":  # slots given out per table (what a rollback keeps)
             tables = getattr(self, "_tables", None)
             state["slots"] = {c.name: tables[c.name].count if tables else 0 for c in self.configs}
+            # the commit of each change log's last segment (see _Table.check_changes)
+            state["changes"] = {c.name: tables[c.name].change_mark(self.version) if tables else 0
+                                for c in self.configs}
         return state
 
     def _set_mark_state(self, state: dict[str, Any]) -> None:
@@ -1075,9 +1117,13 @@ class ParameterServer:
                 self._upgrade_v2()
             else:
                 slots = mark["slots"]  # checked by open (_check_meta)
+                changes = mark.get("changes") or {}  # absent before it was recorded
+                # a rollback under way may have cut the logs at the previous mark
+                before = ((self._previous_state or {}).get("changes") or {}
+                          if self._rollback is not None else {})
                 for name, table in self._tables.items():
                     table.open_slots(int(slots[name]))
-                    table.check_changes(self.mark)
+                    table.check_changes(self.mark, changes.get(name), before.get(name))
                 self._committed = self._mark_state()
                 for cfg in self.configs:  # left by an upgrade killed after its meta file
                     for suffix in ("rows.f32", "weight.f32", "state.f32", "version.i64"):
@@ -1349,6 +1395,7 @@ class ParameterServer:
             for table in self._tables.values():
                 table.cut(self._previous_state.get("slots", {}).get(table.cfg.name))
                 _keep_segments(table.changes_path, to)
+                table.last_change = None  # read again from the log as cut
             self._set_mark_state(self._previous_state)
             self.mark, self.previous_mark, self._previous_state = self.version, None, None
             self._committed = self._mark_state()

@@ -166,6 +166,10 @@ def _set(path, value):
                                     r"ids from 0 to 999"),
     ("mark.resets", {"C9": [1]}, r"field 'mark\.resets' is \{'C9': \[1\]\}, expected an object of "
                                  r"ids per table"),
+    ("mark.changes.C1", 99, r"field 'mark\.changes\.C1' is 99, expected an integer from 0 to 3 "
+                            r"\(the commit's version\)"),
+    ("mark.changes", [1], r"field 'mark\.changes' is \[1\], expected an object of the commits of "
+                          r"tables \['C1'\]"),
     ("previous", "x", r"field 'previous' is 'x', expected an object"),
     ("pending_export", 5, r"field 'pending_export' is 5, expected null or"),
     ("tables.0.name", "_C1", r"field 'tables\.name' is '_C1', expected a table name that can "
@@ -253,3 +257,63 @@ def test_a_table_trained_more_steps_than_it_has_rows_reopens(tmp_path, storage):
     np.testing.assert_allclose(again.lookup("small", np.arange(3)), w, rtol=1e-5, atol=1e-6)
     assert again.table_steps["small"] == 7
     again.close()
+
+
+def _change_log_commits(path):
+    """The commits of a change log's whole segments, read as its format says: magic
+    (8 bytes), commit and count (int64), the ids, the count again."""
+    data, out, pos = path.read_bytes(), [], 0
+    while pos + 32 <= len(data):
+        tag, n = np.frombuffer(data, np.int64, 2, pos + 8)
+        end = pos + 24 + 8 * int(n)
+        if end + 8 > len(data):
+            break
+        out.append((int(tag), pos, end + 8))
+        pos = end + 8
+    return out
+
+
+@pytest.mark.parametrize("cut", ["inside-the-last", "whole-last", "everything"])
+def test_a_change_log_cut_short_is_refused_and_left_as_found(tmp_path, cut):
+    """A change log that lost committed segments (cut inside its last one, at a
+    segment's end, or emptied) would leave those rows out of every later
+    export_delta: open refuses it, naming the file, the field and both commits, and
+    changes nothing. A log with an uncommitted segment after the mark still opens."""
+    folder = tmp_path / "ps"
+    ps = ParameterServer(folder, _tables(), storage="disk", seed=3, lr=0.5)
+    for step in range(3):  # three commits, each changing rows
+        ps.apply("C1", (IDS + step) % 1000, np.ones((len(IDS), 4), np.float32))
+        ps.flush()
+    ps.close()
+    log = folder / "C1.changes.i64"
+    segments = _change_log_commits(log)
+    assert [tag for tag, _, _ in segments] == [1, 2, 3]
+    keep = {"inside-the-last": segments[-1][2] - 5, "whole-last": segments[-1][1], "everything": 0}[cut]
+    with open(log, "r+b") as f:
+        f.truncate(keep)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != "_lock"}
+    last = {"inside-the-last": "commit 2's", "whole-last": "commit 2's", "everything": "no whole segment"}[cut]
+    with pytest.raises(DataError, match=rf"C1\.changes\.i64: the last commit \(field 'mark\.changes\.C1' "
+                                        rf"of _server\.json\) changed rows in commit 3, but .*{last}"):
+        ParameterServer.open(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()
+            if p.is_file() and p.name != "_lock"} == before
+
+
+def test_an_uncommitted_change_log_segment_is_dropped_and_the_folder_opens(tmp_path):
+    """A flush killed after its change-log segment, before its mark: the segment (of a
+    commit after the mark) is ignored and cut, the rows are the mark's."""
+    folder = tmp_path / "ps"
+    _trained(folder, steps=2)
+    log = folder / "C1.changes.i64"
+    whole = log.read_bytes()
+    # a segment of the next commit appended as a flush would, then no mark for it
+    mark = json.loads((folder / "_server.json").read_text())["mark"]["version"]
+    extra = whole[:8] + np.array([mark + 1, 2], np.int64).tobytes() \
+        + np.array([3, 4], np.int64).tobytes() + np.int64(2).tobytes()
+    log.write_bytes(whole + extra)
+    ps = ParameterServer.open(folder)
+    np.testing.assert_allclose(ps.lookup("C1", ALL), _expected(2), rtol=1e-6)
+    assert set(ps.touched("C1").tolist()) == set(IDS.tolist())
+    ps.close()
+    assert log.read_bytes() == whole
