@@ -103,6 +103,17 @@ def client_for(client: Any, dataset: Any) -> Any:
     return backends.execution_client(getattr(dataset, "backend_name", backends.DEFAULT_BACKEND), client)
 
 
+def _with_leaf(t: pa.DataType, leaf: pa.DataType) -> pa.DataType:
+    """``t`` with its values (a list's innermost values) of type ``leaf``."""
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_with_leaf(t.value_type, leaf), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(_with_leaf(t.value_type, leaf))
+    if pa.types.is_list(t):
+        return pa.list_(_with_leaf(t.value_type, leaf))
+    return leaf
+
+
 def conform(table: pa.Table, schema: Schema) -> pa.Table:
     """Cast input columns to the types the workflow was fitted on when they differ
     only in representation (pandas turns nullable ints into float64, say)."""
@@ -112,9 +123,11 @@ def conform(table: pa.Table, schema: Schema) -> pa.Table:
     for name, col in zip(table.column_names, table.columns):
         expected = schema[name]
         dtype, is_list = arrow_type_to_dtype(col.type)
-        if not is_list and not expected.is_list and dtype != expected.dtype and expected.dtype != "unknown":
+        if is_list == expected.is_list and dtype != expected.dtype and expected.dtype != "unknown":
+            # a list column's elements too (the serving artifact casts them alike)
+            target = _with_leaf(col.type, dtype_to_arrow_type(expected.dtype))
             try:
-                col = col.cast(dtype_to_arrow_type(expected.dtype))
+                col = col.cast(target)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
                 raise SchemaError(
                     f"input column {name!r} is {dtype}, but the workflow was fitted on "

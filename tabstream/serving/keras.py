@@ -181,7 +181,12 @@ class RawFeatures(keras.layers.Layer):
             if spec.kind == "string":
                 col = _Column.of_strings(values, present)
             elif spec.kind == "float":
-                col = _Column(tf.cast(values, tf.float64), present, "float")
+                values = tf.cast(values, tf.float64)
+                if spec.dtype in ("float32", "float16"):  # rounded as Workflow.transform casts it
+                    values = tf.cast(tf.cast(values, spec.dtype), tf.float64)
+                col = _Column(values, present, "float")
+            elif spec.kind == "bool":  # any other number is True, as Workflow.transform casts it
+                col = _Column(tf.cast(tf.not_equal(tf.cast(values, tf.int64), 0), tf.int64), present, "bool")
             else:
                 col = _Column(tf.cast(values, tf.int64), present, spec.kind)
             if spec.is_list:

@@ -139,6 +139,13 @@ def _hash_together(cols: list[Any], seeds: tuple[int, ...]) -> None:
             col._hashes[seed] = piece
 
 
+# A float column fitted narrower than float64: its values in a request (float64, as
+# pandas and JSON clients send them) are rounded to that width first, as
+# Workflow.transform casts them; a float64 0.1 would match no vocabulary value fitted
+# from float32 0.1, nor hash or bucket like it.
+_NARROW_FLOATS = {"float32": torch.float32, "float16": torch.float16}
+
+
 def _as(x: Any, dtype: Any) -> Any:
     """``x.to(dtype)`` only where it changes something: an exported program runs every
     node from Python, a no-op cast too (two nodes with its metadata check)."""
@@ -311,7 +318,13 @@ class RawFeatures(nn.Module):
                 starts = offsets[:-1]
                 col = _Column(data, present, "string", starts, offsets[1:] - starts)
             elif spec.kind == "float":
-                col = _Column(_as(inputs[spec.name], torch.float64), present, "float")
+                values = _as(inputs[spec.name], torch.float64)
+                narrow = _NARROW_FLOATS.get(spec.dtype)
+                if narrow is not None:  # rounded as Workflow.transform casts it (see plan)
+                    values = values.to(narrow).to(torch.float64)
+                col = _Column(values, present, "float")
+            elif spec.kind == "bool":  # any other number is True, as Workflow.transform casts it
+                col = _Column(_as(inputs[spec.name], torch.int64).ne(0).to(torch.int64), present, "bool")
             else:
                 col = _Column(_as(inputs[spec.name], torch.int64), present, spec.kind)
             if spec.is_list:

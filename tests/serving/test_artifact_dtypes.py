@@ -135,3 +135,41 @@ def test_string_outputs_are_refused_by_name():
     wf = ts.Workflow(["c"] + (["t"] >> ops.HashBucket(5))).fit(ts.Dataset(lists))
     with pytest.raises(ExportError, match=r"output columns \['c'\] are strings"):
         wf.to_torch()
+
+
+@pytest.mark.parametrize("fitted", ["float32", "float16"])
+def test_a_float64_request_of_a_narrower_fitted_column_is_rounded_as_the_workflow(framework, fitted):
+    """Fitted from float32 (or float16) values, sent as float64 as pandas and JSON
+    clients send them: rounded to the fitted width first, as Workflow.transform casts
+    them. Unrounded, float64 0.1 matched no vocabulary value (every id out of
+    vocabulary), and hashed and bucketed as another number."""
+    fit = pa.table({"x": pa.array([0.1, 0.2, 0.7, 0.1, None], pa.float32()).cast(fitted)})
+    node = ((["x"] >> ops.Categorify())
+            + (["x"] >> ops.HashBucket(1000) >> ops.Rename(postfix="_h"))
+            + (["x"] >> ops.Bucketize([0.7]) >> ops.Rename(postfix="_b")))
+    wf = ts.Workflow(node).fit(ts.Dataset(fit))
+    wide = pa.table({"x": pa.array([0.1, 0.2, 0.7, None], pa.float64())})
+    narrow = pa.table({"x": wide.column("x").cast(fitted)})  # the same values, as fitted
+    names = [o.name for o in build_plan(wf).outputs]
+    got = _features(wf, wide, framework)
+    assert_same(got, expected_features(wf, wide, names))
+    assert_same(got, expected_features(wf, narrow, names))
+    ids = np.asarray(got["x"])
+    assert len(set(ids[:3].tolist())) == 3 and (ids[:3] >= 3).all()  # in the vocabulary
+    # the buckets of the values as fitted (float32 0.7 is below 0.7, float16 0.7 above)
+    rounded = np.array([0.1, 0.2, 0.7], fitted).astype(np.float64)
+    assert np.asarray(got["x_b"])[:3].tolist() == np.searchsorted([0.7], rounded, side="right").tolist()
+
+
+def test_a_number_sent_for_a_bool_column_is_true_unless_zero(framework):
+    """A bool column served from integers: 2 is True, as Workflow.transform casts it
+    (it was an unseen value 2 in the artifact)."""
+    fit = pa.table({"b": pa.array([True, False, None, True])})
+    node = (["b"] >> ops.Categorify()) + (["b"] >> ops.HashBucket(7) >> ops.Rename(postfix="_h"))
+    wf = ts.Workflow(node).fit(ts.Dataset(fit))
+    ints = pa.table({"b": pa.array([1, 0, None, 2])})
+    bools = pa.table({"b": pa.array([True, False, None, True])})
+    names = [o.name for o in build_plan(wf).outputs]
+    got = _features(wf, ints, framework)
+    assert_same(got, expected_features(wf, ints, names))
+    assert_same(got, expected_features(wf, bools, names))

@@ -106,7 +106,14 @@ def test_bundled_model_scores_raw_rows_in_a_fresh_process(wf, tmp_path):
     export(layer, str(tmp_path / "artifact"), model=model)
     np.savez(tmp_path / "inputs.npz", **raw_arrays(rows, layer.plan.inputs, "torch"))
     run_fresh(RUN, str(tmp_path))
-    np.testing.assert_allclose(np.load(tmp_path / "outputs.npz")["scores"], expected, rtol=0, atol=1e-6)
+    scores = np.load(tmp_path / "outputs.npz")["scores"]
+    # f <= -1 is clipped to -1 and log1p'd to -inf by the workflow, in both routes
+    # alike (the features test above); what a model makes of an infinite input
+    # depends on its kernels (eager NaN, the saved graph finite on oneDNN's AVX-512
+    # path), so those rows' scores are compared where the features are finite only
+    finite = np.isfinite(features["f"])
+    assert finite.mean() > 0.6
+    np.testing.assert_allclose(scores[finite], expected[finite], rtol=0, atol=1e-6)
 
 
 def test_combo_categorify_is_refused_by_name():
