@@ -780,25 +780,31 @@ class CsvFiles:
 
     def _starts_in_quotes(self, piece: CsvPiece) -> bool:
         """Whether the block of ``piece`` begins inside a quoted value: an odd number of
-        quotes before it (a quote inside a quoted value is doubled). Reads the file up
-        to the block; runs only once a block has failed to parse."""
+        quotes before it (a quote inside a quoted value is doubled). Only when every
+        quote before it opens or closes a value (at a field's edge) or is one of a
+        doubled pair: a quote inside an unquoted field (``5" floppy``) is plain data
+        to the parser and would put the count out of step, so then the answer is no
+        (the error stays the parser's). Reads the file up to the block; runs only once
+        a block has failed to parse."""
         if not piece.offset:
             return False
-        quotes = 0
         with self.fs.open(piece.path, "rb") as f:
-            left = piece.offset
-            while left > 0:
-                chunk = f.read(min(left, 1 << 22))
-                if not chunk:
-                    return False
-                quotes += chunk.count(b'"')
-                left -= len(chunk)
+            data = f.read(piece.offset)
             while chunk := f.read(1 << 16):  # on to the line break the block starts after
                 end = chunk.find(b"\n")
-                quotes += chunk[:None if end < 0 else end].count(b'"')
+                data += chunk[:None if end < 0 else end]
                 if end >= 0:
                     break
-        return quotes % 2 == 1
+        buf = np.frombuffer(data, np.uint8)
+        at = np.flatnonzero(buf == ord('"'))
+        if not len(at):
+            return False
+        edges = np.frombuffer(b"\n\r" + self.sep.encode(), np.uint8)
+        before = np.where(at > 0, buf[np.maximum(at - 1, 0)], ord("\n"))
+        after = np.where(at + 1 < len(buf), buf[np.minimum(at + 1, len(buf) - 1)], ord("\n"))
+        framed = (np.isin(before, edges) | np.isin(after, edges)
+                  | (before == ord('"')) | (after == ord('"')))
+        return bool(framed.all()) and len(at) % 2 == 1
 
     def _lines_before(self, piece: CsvPiece) -> int:
         """Lines in the file before the block of ``piece`` (``read_block`` starts a

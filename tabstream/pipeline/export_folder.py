@@ -842,7 +842,8 @@ def refuse_input_overlap(fs: Any, root: str, output_path: str, input_fs: Any, in
         sep = os.sep
     else:
         def norm(p: str) -> str:
-            return p.split("://", 1)[-1].rstrip("/")  # the dataset keeps its files as URLs
+            # the dataset keeps its files as URLs; a store reads "a//b" as "a/b"
+            return re.sub("/+", "/", p.split("://", 1)[-1]).rstrip("/")
         sep = "/"
     target = norm(root)
     inside = [f for f in inputs if norm(f) == target or norm(f).startswith(target.rstrip(sep) + sep)]

@@ -1118,12 +1118,14 @@ class ParameterServer:
             else:
                 slots = mark["slots"]  # checked by open (_check_meta)
                 changes = mark.get("changes") or {}  # absent before it was recorded
-                # a rollback under way may have cut the logs at the previous mark
-                before = ((self._previous_state or {}).get("changes") or {}
+                # a rollback under way may have cut the logs at the previous mark, of
+                # which a folder written before the field existed records nothing
+                before = ((self._previous_state or {}).get("changes")
                           if self._rollback is not None else {})
                 for name, table in self._tables.items():
                     table.open_slots(int(slots[name]))
-                    table.check_changes(self.mark, changes.get(name), before.get(name))
+                    table.check_changes(self.mark, None if before is None else changes.get(name),
+                                        (before or {}).get(name))
                 self._committed = self._mark_state()
                 for cfg in self.configs:  # left by an upgrade killed after its meta file
                     for suffix in ("rows.f32", "weight.f32", "state.f32", "version.i64"):
@@ -1194,6 +1196,7 @@ class ParameterServer:
             t.dirty = []
             t.sync()
             t.kept = t.count
+            t.last_change = None  # the upgrade wrote the change log: read it again
         self._committed = self._mark_state()
         self._write_meta()
         for cfg in self.configs:
@@ -1443,6 +1446,9 @@ class ParameterServer:
             for table in self._tables.values():  # rows first written after the mark
                 table.cut(self._committed["slots"][table.cfg.name])
                 table.dirty = []
+                # a segment of a flush that failed after writing it (not committed)
+                _keep_segments(table.changes_path, self.mark)
+                table.last_change = None
         else:
             for table in self._tables.values():
                 newer = np.flatnonzero(table.version_array > self.mark)

@@ -297,6 +297,36 @@ def test_a_part_read_alone_that_begins_inside_a_quoted_value_says_so(tmp_path: P
     assert inside
 
 
+@pytest.mark.parametrize("stray", ['5,5" floppy', '5,x"y'])
+def test_a_quote_inside_an_unquoted_field_does_not_pass_for_a_cut_value(tmp_path: Path, stray: str) -> None:
+    """A quote inside an unquoted field is plain data to the parser (pandas reads
+    ``5" floppy``): counted, it would make a genuine field-count error at the start
+    of a later part look like a cut quoted value. Each part read alone: the one
+    holding the bad line names it with its field count."""
+    first_lines = 0
+    for bad in range(250, 320):  # blocks of 600 bytes: some bad line starts a part
+        lines = ["id,name", *[f"{i},item{i:04d}" for i in range(400)]]
+        lines[6] = stray
+        lines[bad] = f"{bad - 1},oops,extra"
+        text = "\n".join(lines) + "\n"
+        path = write(tmp_path / "s.csv", text)
+        if bad == 250:
+            assert pd.read_csv(path, nrows=8).iloc[5, 1] == stray.split(",")[1]
+        ds = Dataset(path, cache=None, part_size=1000)
+        starts = {text.count("\n", 0, text.index("\n", p.offset) + 1) + 1 for p in ds.pieces if p.offset}
+        first_lines += bad + 1 in starts
+        seen = 0
+        for piece in ds.pieces:
+            try:
+                ds.read_piece(piece)
+            except DataError as exc:
+                assert "begins inside a quoted value" not in str(exc)
+                assert f"s.csv, line {bad + 1}: expected 2 fields separated by ',', got 3" in str(exc)
+                seen += 1
+        assert seen == 1
+    assert first_lines  # the case that was misread: the bad line first in its part
+
+
 def test_a_quote_left_open_at_the_end_of_the_file_is_an_error(tmp_path: Path) -> None:
     text = 'a,b\n1,x\n2,"abc\n3,def\n'
     path = write(tmp_path / "open.csv", text)

@@ -84,12 +84,13 @@ def test_export_beside_or_below_the_input_files_still_works(tmp_path):
         assert len(pairs) == df["a"].nunique()
 
 
-def test_object_store_prefix_holding_the_input_is_refused(s3):
+@pytest.mark.parametrize("target", ["s3://bkt/logs", "s3://bkt//logs/", "s3://bkt"])
+def test_object_store_prefix_holding_the_input_is_refused(s3, target):
     fs, options = s3
     fs.pipe_file("bkt/logs/day0.parquet", _frame().to_parquet())
     ds = ts.Dataset("s3://bkt/logs", storage_options=options)
-    with pytest.raises(FileExistsError, match="s3://bkt/logs.*replace or hide what it reads"):
-        ds.to_parquet("s3://bkt/logs", storage_options=options, overwrite=True)
+    with pytest.raises(FileExistsError, match="replace or hide what it reads"):
+        ds.to_parquet(target, storage_options=options, overwrite=True)
     fs.invalidate_cache()
     assert fs.find("bkt/logs") == ["bkt/logs/day0.parquet"]
 

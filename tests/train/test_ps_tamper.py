@@ -317,3 +317,106 @@ def test_an_uncommitted_change_log_segment_is_dropped_and_the_folder_opens(tmp_p
     assert set(ps.touched("C1").tolist()) == set(IDS.tolist())
     ps.close()
     assert log.read_bytes() == whole
+
+
+# -- healthy folders the change-log record must not refuse --------------------------
+def test_an_upgraded_older_folder_reopens_after_close(tmp_path):
+    """Folders of formats 1 and 2 are upgraded by open (their change logs written
+    anew); closed without a flush and opened again, they open (the mark records the
+    rewritten logs' last commits, not what was there before the upgrade)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cache_store_format import write_format_1, write_format_2
+
+    for k, writer in enumerate((write_format_1, write_format_2)):
+        folder = tmp_path / f"ps{k}"
+        writer(folder, np.random.default_rng(k))
+        ps = ParameterServer.open(folder)
+        rows = ps.lookup(ps.configs[0].name, np.arange(ps.configs[0].cardinality))
+        ps.close()
+        ps = ParameterServer.open(folder)
+        np.testing.assert_array_equal(ps.lookup(ps.configs[0].name, np.arange(ps.configs[0].cardinality)), rows)
+        ps.close()
+
+
+def _fail_next_meta_write(monkeypatch):
+    import tabstream.train.cache_store as cache_store
+
+    real = cache_store.write_json_file
+
+    def full_disk(*args, **kwargs):
+        monkeypatch.setattr(cache_store, "write_json_file", real)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache_store, "write_json_file", full_disk)
+
+
+@pytest.mark.parametrize("then", ["flush", "train-and-flush", "export_delta", "flush-without-rollback"])
+def test_a_flush_failed_on_a_full_disk_then_rolled_back_reopens(tmp_path, monkeypatch, then):
+    """A flush that wrote its change-log segment and then failed on a full disk
+    (``_server.json`` not written), the uncommitted work discarded with
+    ``rollback_to(mark)`` (or the flush simply tried again): every later route opens
+    again, with the rows numpy computes and the changed rows the log names."""
+    folder = tmp_path / "ps"
+    ps = ParameterServer(folder, _tables(), storage="disk", seed=3, lr=0.5)
+    g = np.ones((len(IDS), 4), np.float32)
+    ps.apply("C1", IDS, g)
+    ps.flush()                                   # mark 1
+    ps.apply("C1", np.array([5, 7, 3]), np.ones((3, 4), np.float32))  # 3 first written here
+    _fail_next_meta_write(monkeypatch)
+    with pytest.raises(DataError, match="could not commit"):
+        ps.flush()
+    steps, touched = 1, set(IDS.tolist())
+    if then == "flush-without-rollback":
+        ps.flush()
+        touched |= {3}
+    else:
+        ps.rollback_to(ps.mark)                  # the failed interval discarded
+        if then == "train-and-flush":
+            ps.apply("C1", IDS, g)
+            ps.flush()
+            steps = 2
+        elif then == "export_delta":
+            ps.export_delta(tmp_path / "delta")
+        else:
+            ps.flush()
+    ps.close()
+    ps = ParameterServer.open(folder)
+    assert set(ps.touched("C1").tolist()) == touched
+    if then != "flush-without-rollback":
+        np.testing.assert_allclose(ps.lookup("C1", ALL), _expected(steps), rtol=1e-6)
+    ps.close()
+
+
+def test_a_rollback_killed_in_a_folder_whose_previous_mark_predates_the_record(tmp_path):
+    """A folder whose marks were written before ``mark.changes`` existed, opened by
+    this version (which records it from then on), and a rollback to the previous mark
+    killed right after the change log was cut: open finishes the rollback."""
+    folder = tmp_path / "ps"
+    _trained(folder, steps=1)                    # mark 1
+    ps = ParameterServer.open(folder)
+    ps.apply("C1", IDS, np.ones((len(IDS), 4), np.float32))
+    ps.flush()                                   # mark 2, previous 1
+    ps.close()
+
+    def strip(meta):
+        for key in ("mark", "previous"):
+            meta[key].pop("changes", None)       # as the older version wrote them
+    _edit_meta(folder, strip)
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import tabstream.train.cache_store as cs
+        ps = cs.ParameterServer.open({str(folder)!r})
+        real = cs._keep_segments
+        def cut_then_die(path, upto):
+            real(path, upto)
+            os.kill(os.getpid(), signal.SIGKILL)
+        cs._keep_segments = cut_then_die
+        ps.rollback_to(1)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    ps = ParameterServer.open(folder)
+    assert ps.mark == 1
+    np.testing.assert_allclose(ps.lookup("C1", ALL), _expected(1), rtol=1e-6)
+    ps.close()
