@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import os
+import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -224,6 +225,8 @@ class Dataset:
             raise TypeError(f"strict_schema must be True or False, got {strict_schema!r}")
         self.strict_schema = strict_schema
         self.read_kwargs = read_kwargs
+        # what dask knows this Dataset by (see __dask_tokenize__)
+        self._token = uuid.uuid4().hex
         self.fs: fsspec.AbstractFileSystem | None = None
         self.files: list[str] = []
         self._table: pa.Table | None = None
@@ -598,6 +601,7 @@ class Dataset:
         if self._row_filter is not None:
             raise ValueError("splitting an already split dataset is not supported; split once into all parts")
         view = copy.copy(self)
+        view._token = uuid.uuid4().hex  # other rows: another Dataset to dask
         view._row_filter = row_filter
         view._cache = copy.copy(self._cache)  # kept partitions are counted per Dataset
         view._piece_index = {p: i for i, p in enumerate(self._pieces)}
@@ -669,6 +673,15 @@ class Dataset:
         from tabstream.pipeline.npy import write_npy
 
         return write_npy(self.read_piece, self.pieces, output_path, append=append)
+
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        """One token per Dataset object (and its copies in other processes), never
+        shared with another Dataset. Tokenized by its attributes, two Datasets of one
+        path read at different times were the same to dask, which reuses a live
+        graph's expression of the same token: a file rewritten and read through a new
+        Dataset while the old one lived (a failed read's traceback kept it) gave
+        rows of the old file from the old Dataset's partition cache."""
+        return ("tabstream.Dataset", self._token)
 
     def __repr__(self) -> str:
         src = self.files[0] if self.files else self.engine
