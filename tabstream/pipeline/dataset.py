@@ -145,8 +145,9 @@ class Dataset:
         :class:`~tabstream.core.errors.BackendUnavailableError` naming what is missing.
         The choice is ``backend_name``.
     cache:
-        ``"disk"`` keeps each partition, as read, in an Arrow IPC file under
-        ``cache_dir`` (a temporary folder removed with the Dataset), so the second
+        ``"disk"`` keeps each partition, as read, in an Arrow IPC file in a folder of
+        the Dataset's own (made in ``cache_dir``, else in the temporary folder, and
+        removed with the Dataset; never ``cache_dir`` itself), so the second
         pass (fit, then export) maps it instead of parsing the raw files again.
         Costs disk space about the size of the data in memory. ``"auto"`` (the
         default) is ``"disk"`` for raw CSV/TSV logs, where parsing is the cost (fit

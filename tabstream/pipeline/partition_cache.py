@@ -33,14 +33,18 @@ _CACHE_DIR_LOCK = threading.Lock()
 
 
 class PartitionCache:
-    """A Dataset's partitions as read, kept in uncompressed Arrow IPC files in ``folder``
-    (made on first use, a temporary folder removed with this object), so that the
-    second pass over the data (fit, then export) memory-maps them instead of parsing
-    again. With ``auto`` (``cache="auto"``) a partition the budget or the disk cannot
-    hold is simply read again when next needed, with one :class:`CacheWarning`."""
+    """A Dataset's partitions as read, kept in uncompressed Arrow IPC files in a folder
+    of its own (made on first use in ``parent``, the user's ``cache_dir``, or the
+    temporary folder; removed with this object), so that the second pass over the
+    data (fit, then export) memory-maps them instead of parsing again. Never
+    ``parent`` itself: its files are named by partition only, so two Datasets given
+    one ``cache_dir`` (or one run after another) read each other's partitions. With
+    ``auto`` (``cache="auto"``) a partition the budget or the disk cannot hold is
+    simply read again when next needed, with one :class:`CacheWarning`."""
 
-    def __init__(self, folder: str | None, auto: bool) -> None:
-        self.folder = folder
+    def __init__(self, parent: str | None, auto: bool) -> None:
+        self.parent = parent
+        self.folder: str | None = None
         self.auto = auto
         self.owner_pid = os.getpid()  # "auto" caches in this process only
         self.kept_bytes = 0  # parquet partitions kept by "auto" (see PARQUET_CACHE_MAX_BYTES)
@@ -63,12 +67,13 @@ class PartitionCache:
                     return read_raw(piece, columns, dictionary)
                 with _CACHE_DIR_LOCK:  # the first partitions are read side by side
                     if self.folder is None:
-                        self.folder = _new_cache_dir()
+                        self.folder = _new_cache_dir(self.parent)
                         weakref.finalize(self, shutil.rmtree, self.folder, True)
         except OSError as exc:
             if not self.auto:
                 raise
-            self.warn_off(f"the cache's temporary folder cannot be made ({exc})")
+            self.warn_off(f"the cache folder {self.parent} cannot be used ({exc})" if self.parent
+                          else f"the cache's temporary folder cannot be made ({exc})")
             return read_raw(piece, columns, dictionary)
         names = list(wanted) if wanted is not None else names
         if dictionary:
@@ -273,21 +278,24 @@ def _no_room(folder: str, usage: Any) -> str:
 _CACHE_PREFIX = "tabstream-cache-"
 
 
-_cache_leftovers_checked = False
+# the parent folders whose leftovers this process has removed (see _new_cache_dir)
+_cache_leftovers_checked: set[str] = set()
 
 
-def _new_cache_dir() -> str:
-    """A temporary folder for a Dataset's partition cache, named with its owner
-    (``tabstream-cache-<host>-<pid>-s<start>-<random>``). The folder is removed with
-    its Dataset, but a process killed (``kill -9``, out of memory) leaves it: the
-    first cache folder a process makes removes the leftovers of dead owners (and
-    unnamed ones older than a day, from older versions)."""
-    global _cache_leftovers_checked
+def _new_cache_dir(parent: str | None = None) -> str:
+    """A folder for a Dataset's partition cache in ``parent`` (default: the temporary
+    folder), named with its owner (``tabstream-cache-<host>-<pid>-s<start>-<random>``).
+    The folder is removed with its Dataset, but a process killed (``kill -9``, out of
+    memory) leaves it: the first cache folder a process makes in a parent removes the
+    leftovers of dead owners there (and unnamed ones older than a day, from older
+    versions). A ``parent`` that does not exist is an OSError (not made)."""
     from tabstream.core.scratch import owner_pattern, owner_tag, remove_leftovers
 
-    parent = tempfile.gettempdir()
-    if not _cache_leftovers_checked:
-        _cache_leftovers_checked = True
+    parent = parent or tempfile.gettempdir()
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"no such folder: {parent}")
+    if parent not in _cache_leftovers_checked:
+        _cache_leftovers_checked.add(parent)
         remove_leftovers(fsspec.filesystem("file"), parent,
                          owner_pattern(re.escape(_CACHE_PREFIX), r"[A-Za-z0-9_]+"))
     return tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{owner_tag()}-", dir=parent)

@@ -33,11 +33,11 @@ def test_a_killed_process_leaves_a_cache_folder_the_next_one_removes(monkeypatch
     os.utime(old, (day_ago, day_ago))
     other = tmp_path / "somebody-else"
     other.mkdir()
-    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", False)
+    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", set())
     mine = Path(partition_cache._new_cache_dir())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, young.name, other.name])
     assert mine.name.startswith("tabstream-cache-") and f"-{os.getpid()}-" in mine.name
     # this process is alive: its folder survives the next check
-    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", False)
+    monkeypatch.setattr(partition_cache, "_cache_leftovers_checked", set())
     second = Path(partition_cache._new_cache_dir())
     assert mine.is_dir() and second.is_dir()

@@ -514,7 +514,7 @@ with warnings.catch_warnings(record=True) as caught:
         got = pa.concat_tables([ds.read_piece(p) for p in ds.pieces]).to_pandas()
         pd.testing.assert_frame_equal(got, expected)
 said = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
-print(json.dumps([ds.npartitions, said, os.listdir(cache)]))
+print(json.dumps([ds.npartitions, said, [f for _, _, files in os.walk(cache) for f in files]]))
 """
 
 
