@@ -58,6 +58,7 @@ from tabstream import backends
 from tabstream.core.dtypes import (
     arrow_to_pandas,
     arrow_type_to_dtype,
+    dtype_to_arrow_type,
 )
 from tabstream.core.errors import DatasetWarning, SchemaError
 from tabstream.core.merlin import read_merlin_schema
@@ -342,12 +343,26 @@ class Dataset:
                 schema = pa.schema([sample.field(f.name) if f.name in untyped else f for f in schema])
             return schema
         if self.engine == "parquet":
-            self._parquet = ParquetFiles(self.fs, self.files, self._folders, self._file_tags, self.strict_schema)
+            self._parquet = ParquetFiles(self.fs, self.files, self._folders, self._file_tags,
+                                         self.strict_schema, self._stored_types())
             return self._parquet.plan()
         self._csv = CsvFiles(self.fs, self.files, self._file_tags, self.read_kwargs, self.part_size)
         schema = self._csv.plan(MAX_CSV_COLUMNS)
         self._pieces = self._csv.pieces
         return schema
+
+    def _stored_types(self) -> dict[str, pa.DataType]:
+        """The Arrow types of the stored schema's scalar columns (hive partition
+        columns take theirs from it, see :func:`~tabstream.pipeline.paths.hive_partitions`)."""
+        out = {}
+        for col in self._stored_schema or []:
+            if col.is_list or col.dtype == "unknown":
+                continue
+            try:
+                out[col.name] = dtype_to_arrow_type(col.dtype)
+            except (TypeError, ValueError):
+                continue
+        return out
 
     def _merge_schema(self, given: Schema | None) -> Schema:
         cols = []

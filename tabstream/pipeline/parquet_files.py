@@ -85,10 +85,12 @@ class ParquetFiles:
     values) and ``arrow_schema`` (the files' unified schema)."""
 
     def __init__(self, fs: Any, files: list[str], folders: list[tuple[str, Any]],
-                 file_tags: dict[str, str | None], strict_schema: bool) -> None:
+                 file_tags: dict[str, str | None], strict_schema: bool,
+                 hive_types: dict[str, pa.DataType] | None = None) -> None:
         self.fs = fs
         self.files = files
         self.folders = folders
+        self.hive_types = hive_types  # partition columns' types, from the stored schema
         self.file_tags = file_tags
         self.strict_schema = strict_schema
         self.file_schemas: dict[str, pa.Schema] = {}
@@ -122,7 +124,8 @@ class ParquetFiles:
             unified = unify_schemas(unified, arrow_schema, owners, path)
         assert unified is not None
         check_schema_gaps(self.file_schemas, owners, self.strict_schema)
-        self.hive_values, hive_fields = hive_partitions(self.fs, self.files, self.folders)
+        self.hive_values, hive_fields = hive_partitions(self.fs, self.files, self.folders,
+                                                        self.hive_types)
         for field in hive_fields:
             if field.name not in unified.names:  # a column inside the files wins
                 unified = unified.append(field)

@@ -198,12 +198,15 @@ def infer_engine(files: list[str]) -> str:
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
-def hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]]
-                     ) -> tuple[dict[str, dict[str, Any]], list[pa.Field]]:
+def hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]],
+                    types: dict[str, pa.DataType] | None = None,
+                    ) -> tuple[dict[str, dict[str, Any]], list[pa.Field]]:
     """Partition columns of hive-style folders (``root/col=value/part.parquet``) below
-    each folder searched: ``{file: {column: value}}`` and the columns' fields (int64
-    when every value is an integer, bool for true/false, else string; the folder
-    ``__HIVE_DEFAULT_PARTITION__`` is a missing value)."""
+    each folder searched: ``{file: {column: value}}`` and the columns' fields. A
+    column's type is the one ``types`` gives (the stored schema of the export that
+    wrote the folders: a string column of ``"02134"`` stays a string), else guessed
+    from the values (int64 when every value is an integer, bool for true/false, else
+    string); the folder ``__HIVE_DEFAULT_PARTITION__`` is a missing value."""
     roots = sorted((f for f, pattern in folders if pattern is None), key=len, reverse=True)
     raw: dict[str, dict[str, str]] = {}
     order: list[str] | None = None
@@ -229,7 +232,17 @@ def hive_partitions(fs: Any, files: list[str], folders: list[tuple[str, Any]]
     fields, values = [], {url: {} for url in raw}
     for key in order:
         seen = [v[key] for v in raw.values() if v[key] != _HIVE_NULL]
-        if seen and all(re.fullmatch(r"-?\d+", v) for v in seen):
+        if types and key in types:
+            typ = types[key]
+
+            def convert(v: str, typ: pa.DataType = typ, key: str = key) -> Any:
+                try:
+                    return pa.scalar(v, pa.string()).cast(typ).as_py()
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise DataError(
+                        f"partition folder {key}={v}: the stored schema says column {key!r} is "
+                        f"{typ}, and {v!r} is not one ({exc})") from None
+        elif seen and all(re.fullmatch(r"-?\d+", v) for v in seen):
             typ, convert = pa.int64(), int
         elif seen and all(v in ("true", "false") for v in seen):
             typ, convert = pa.bool_(), (lambda v: v == "true")

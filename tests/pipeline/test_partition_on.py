@@ -121,3 +121,30 @@ def test_loader_refuses_a_partitioned_export(tmp_path):
     with pytest.raises(DataError, match=r"day=\d/part_\d+\.parquet: the dataset is hive-partitioned "
                                         r"\(col=value folders for \['day'\]\); loaders read"):
         Loader(str(tmp_path / "out"), batch_size=16, features=["x"], labels=["row"], shuffle=True)
+
+
+@pytest.mark.parametrize(("values", "dtype"), [
+    (["02134", "2134", "10001"], "string"),   # leading zeros: as integers two would be one
+    (["true", "false", "true"], "string"),    # not booleans
+    ([3, -1, 12], "int32"),                   # the stored width, not a guessed int64
+    ([True, False, True], "bool"),
+])
+def test_partition_columns_read_back_with_their_stored_dtype(tmp_path, values, dtype):
+    """An export's partition columns read back through Dataset take the dtype its
+    schema stores, not one guessed from the folder names; pandas reads the same."""
+    frame = pd.DataFrame({"key": pd.array(values, dtype="string" if dtype == "string" else dtype),
+                          "v": [1, 2, 3]})
+    ts.Dataset(frame).to_parquet(str(tmp_path / "out"), partition_on=["key"])
+    back = ts.Dataset(str(tmp_path / "out"))
+    assert back.schema["key"].dtype == dtype
+    got = back.compute().sort_values("v")
+    assert got["key"].tolist() == list(values)
+    assert got["v"].tolist() == [1, 2, 3]
+
+
+def test_hive_folders_without_a_schema_still_guess_integers(tmp_path):
+    for day in (1, 2):
+        (tmp_path / f"day={day}").mkdir()
+        pd.DataFrame({"v": [day * 10]}).to_parquet(tmp_path / f"day={day}" / "part.parquet")
+    got = ts.Dataset(str(tmp_path)).compute().sort_values("v")
+    assert got["day"].tolist() == [1, 2] and str(got["day"].dtype).lower().startswith("int")
