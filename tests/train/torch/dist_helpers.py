@@ -40,8 +40,12 @@ def launch(world_size: int, scenario: str, out: Path, *args: str,
     return each rank's (stdout, stderr); fail with every rank's stderr when one
     fails or time runs out."""
     port = free_port()
+    # PYTHONFAULTHANDLER: a rank that dies of a signal prints its threads' stacks
+    # (a rank 0 of the reshard tests exited -11 without a word, twice in about 25
+    # runs on one machine, not reproduced since)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, "-W", "error", str(worker), scenario, str(out), *args],
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
